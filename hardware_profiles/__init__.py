@@ -1,0 +1,1 @@
+"""Hardware profiles as data files (TOML). See planner/hardware.py for the schema."""

@@ -1,0 +1,76 @@
+"""Communication time: an alpha-beta model per collective and per link tier.
+
+Ring all-reduce moves 2*(n-1)/n of the buffer through each GPU's link, reduce-scatter and
+all-gather (n-1)/n each (Patarasuk & Yuan 2009; the 'bus bandwidth' of nccl-tests). A group
+that spans nodes reduces hierarchically: inside each node over NVLink, across nodes with each
+GPU using its share of the node's NICs, then inside the node again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.hardware import HardwareProfile
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """Achieved bandwidth (bytes/s per GPU per direction) and latency (s) of the two tiers."""
+
+    intra_bw: float
+    inter_bw: float
+    intra_lat: float
+    inter_lat: float
+    gpus_per_node: int
+
+    @classmethod
+    def of(cls, hw: HardwareProfile) -> "Links":
+        n, e = hw.network, hw.efficiency
+        return cls(n.intra_bytes_per_s * e.intra_node_bw, n.inter_bytes_per_s * e.inter_node_bw,
+                   n.intra_latency_s, n.inter_latency_s, n.gpus_per_node)
+
+
+def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: float) -> np.ndarray:
+    """``passes`` = 2 for all-reduce, 1 for reduce-scatter or all-gather; zero when n == 1."""
+    n = np.asarray(n, dtype=float)
+    steps = passes * (n - 1)
+    return np.where(n > 1, steps / np.maximum(n, 1) * bytes_ / bw + steps * lat, 0.0)
+
+
+def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray,
+                     passes: float) -> np.ndarray:
+    """Time of a collective over ``size`` ranks spaced ``stride`` apart (ranks fill nodes in order).
+
+    k = ranks of the group inside one node; when the group spans nodes, the k ranks first
+    reduce-scatter inside the node, the n/k node-level shards cross the network in parallel
+    (one NIC share per GPU), and the result is gathered inside the node again.
+    """
+    size = np.asarray(size)
+    gpn = links.gpus_per_node
+    per_node = np.clip(gpn // np.maximum(stride, 1), 1, None)
+    k = np.minimum(size, per_node)
+    nodes = np.maximum(size // k, 1)
+    inside = _ring(bytes_, k, links.intra_bw, links.intra_lat, passes)
+    across = _ring(bytes_ / k, nodes, links.inter_bw, links.inter_lat, passes)
+    return inside + across
+
+
+def tp_collective(links: Links, bytes_: np.ndarray, tp: np.ndarray, passes: float = 2.0) -> np.ndarray:
+    """A tensor-parallel all-reduce (or its reduce-scatter + all-gather pair under sequence
+    parallel: the same bytes) over contiguous ranks."""
+    return group_collective(links, bytes_, tp, np.ones_like(tp), passes)
+
+
+def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Send one activation (or its gradient) to the next pipeline stage, tp*dp ranks away.
+
+    Across nodes each of the tp ranks sends 1/tp of it and the receivers all-gather over
+    NVLink (Megatron's scatter/gather optimisation, Narayanan et al. 2021, Sec. 4.1)."""
+    stride = tp * dp
+    inter = stride >= links.gpus_per_node
+    tpf = tp.astype(float)
+    across = bytes_ / tpf / links.inter_bw + links.inter_lat + _ring(bytes_, tp, links.intra_bw, links.intra_lat, 1.0)
+    inside = bytes_ / links.intra_bw + links.intra_lat
+    return np.where(inter, across, inside)

@@ -1,0 +1,71 @@
+"""Pipeline schedule: how layers split into stages, the bubble, and micro-batches in flight.
+
+The reference trainer calls ``stage_layer_ranges`` too, so what is predicted is what is run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.errors import require
+
+
+def stage_layer_counts(layers: int, stages: int) -> list[int]:
+    """Layers per (virtual) stage, in pipeline order.
+
+    Even split; a remainder r goes one layer each to stages 1..r (not stage 0, which already
+    holds the embedding and the most micro-batches in flight under 1F1B).
+    """
+    require(stages >= 1, "pp", stages, "a positive integer")
+    require(stages <= layers, "pp", stages, f"at most layers={layers} (every stage needs a layer)")
+    base, extra = divmod(layers, stages)
+    counts = [base] * stages
+    for i in range(extra):
+        counts[1 + i if stages > 1 else 0] += 1
+    return counts
+
+
+def stage_layer_ranges(layers: int, pp: int, vpp: int = 1) -> list[list[tuple[int, int]]]:
+    """For each pipeline rank, its [start, end) layer ranges (one per virtual stage).
+
+    Virtual stage k (0 .. pp*vpp-1) runs on rank k % pp (Megatron's interleaved assignment).
+    Interleaving needs layers divisible by pp*vpp; otherwise chunks would be empty or uneven.
+    """
+    if vpp > 1:
+        require(layers % (pp * vpp) == 0, "vpp", vpp,
+                f"interleaving needs layers={layers} divisible by pp*vpp={pp * vpp}")
+    counts = stage_layer_counts(layers, pp * vpp)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    ranges: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    for k in range(pp * vpp):
+        ranges[k % pp].append((int(starts[k]), int(starts[k + 1])))
+    return ranges
+
+
+def stage_layers_arrays(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised ``stage_layer_counts`` for three stages that bound the peak and the pace:
+    the first stage, the fullest stage (stage 1 when there is a remainder) and the last stage."""
+    base, extra = np.divmod(layers, pp)
+    first = np.where(pp == 1, layers, base)
+    fullest = base + (extra > 0)
+    last = np.where(pp == 1, layers, base + (extra >= pp - 1) * (extra > 0))
+    return first, fullest, last
+
+
+def bubble_fraction_ideal(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Idle time over ideal pipeline time: (p-1)/(v*m) for 1F1B and interleaved 1F1B
+    (Narayanan et al. 2021, Sec. 2.2); GPipe has the same (p-1)/m (Huang et al. 2019)."""
+    return (pp - 1) / (vpp * m)
+
+
+def in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, schedule: np.ndarray,
+              stage: np.ndarray) -> np.ndarray:
+    """Micro-batches whose activations a stage holds at its peak, in units of one micro-batch
+    through that stage's layers.
+
+    1F1B: stage i holds p - i (Narayanan et al. 2021, Sec. 2.2.1). Interleaved: the first stage
+    holds p * (1 + (p-1)/(p*v)) = p + (p-1)/v (Korthikanti et al. 2022, Sec. 4.2.3); we add the
+    same (p-1)/v to every stage. GPipe: all m. Never more than the micro-batches that exist.
+    """
+    one_f_one_b = (pp - stage) + np.where(vpp > 1, (pp - 1) / vpp, 0.0)
+    return np.minimum(np.where(schedule == 1, m, one_f_one_b), m)

@@ -1,0 +1,162 @@
+"""Step time and where it goes.
+
+Per micro-batch and pipeline stage: GEMMs at a size-dependent fraction of peak (bounded below by
+their memory traffic, the roofline), attention core, element-wise kernels as bytes over HBM
+bandwidth, tensor-parallel collectives; then the pipeline (1F1B, interleaved, GPipe) with its
+bubble and point-to-point sends, the data-parallel gradient reduction with the part hidden
+behind backward, and the optimizer step as memory-bound work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner import comm
+from planner.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm
+from planner.hardware import HardwareProfile
+from planner.layout import Candidates, Job
+from planner.memory import ACT_BYTES, GRAD_BYTES
+from planner.model import ModelSpec
+from planner.pipeline import stage_layers_arrays
+
+FLASH_BACKWARD_RATIO = 2.5  # flash attention backward / forward time (Dao 2023, FlashAttention-2, Sec. 3)
+LOGIT_TRAFFIC_BYTES = 12  # per logit, forward + backward cross-entropy (16-bit in, fp32 exp, 16-bit grad)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Seconds per optimizer step on the critical path, by part (they add up to ``step``)."""
+
+    compute: np.ndarray
+    tp_comm: np.ndarray
+    pp_comm: np.ndarray
+    dp_comm: np.ndarray
+    bubble: np.ndarray
+    optimizer: np.ndarray
+    other: np.ndarray
+
+    @property
+    def step(self) -> np.ndarray:
+        return self.compute + self.tp_comm + self.pp_comm + self.dp_comm + self.bubble + self.optimizer + self.other
+
+
+def _peak(hw: HardwareProfile, precision: str) -> float:
+    return hw.gpu.peak_flops["bf16" if precision == "fp8" and not hw.gpu.supports("fp8") else precision]
+
+
+def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float) -> np.ndarray:
+    """max(compute at size-dependent efficiency, memory traffic of A, B and C): a roofline whose
+    compute roof is ``matmul * d/(d + matmul_half_dim)`` of peak, d the smallest GEMM dimension."""
+    e = hw.efficiency
+    d = g.min_dim
+    compute = g.flops / (peak * e.matmul * d / (d + e.matmul_half_dim))
+    traffic = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hw.gpu.hbm_bytes_per_s * e.memory)
+    return np.maximum(compute, traffic)
+
+
+def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes of the element-wise kernels of one layer's forward per micro-batch per GPU:
+    (layer without attention core, attention-core softmax/dropout). Fused kernels as in
+    Megatron-LM: norm, bias-dropout-add, bias-GELU or SwiGLU, scale-mask-softmax; RoPE on Q, K."""
+    e = ACT_BYTES[job.precision]
+    h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
+    drop = 1.0 if model.has_dropout else 0.0
+    # Two norms (read + write h each), two residual adds (read 2h, write h, + 1-byte mask).
+    replicated = 2 * 2 * h + 2 * (3 * h + 0.5 * h * drop)
+    split = 3 * f + 2 * (h + hkv) if model.gated_mlp else 2 * f  # SwiGLU + RoPE, or bias-GELU
+    softmax = (2 + 2.5 * drop) * a * s if job.attention == "standard" else 0.0
+    tp = c.tp.astype(float)
+    tokens = c.mb * s
+    layer = e * tokens * (np.where(c.sp, replicated / tp, replicated) + split / tp)
+    return layer, e * tokens * softmax / tp
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerTimes:
+    forward: np.ndarray
+    backward: np.ndarray
+    recompute: np.ndarray
+    tp_comm: np.ndarray  # exposed, forward + backward + recompute
+
+
+def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+                links: comm.Links) -> _LayerTimes:
+    e = hw.efficiency
+    act = ACT_BYTES[job.precision]
+    peak = _peak(hw, job.precision)
+    gemms = sum(gemm_time(g, hw, peak, act) for g in layer_gemms(model, c.mb, c.tp))
+    attn_flops = attention_core_flops(model, c.mb, c.tp)
+    half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
+    if job.attention == "flash":  # causal: flash skips the upper triangle
+        attn_fwd = 0.5 * attn_flops / (half_peak * e.flash_attention)
+        attn_bwd = FLASH_BACKWARD_RATIO * attn_fwd
+    else:  # two batched GEMMs of (s x d) @ (d x s) and (s x s) @ (s x d) per head
+        d = model.head_dim
+        eff = e.matmul * d / (d + e.matmul_half_dim)
+        attn_fwd = attn_flops / (half_peak * eff)
+        attn_bwd = 2 * attn_fwd
+    hbm = hw.gpu.hbm_bytes_per_s * e.memory
+    ew_layer, ew_softmax = _elementwise_bytes(model, c, job)
+    fwd = gemms + attn_fwd + (ew_layer + ew_softmax) / hbm + e.layer_overhead_s
+    bwd = 2 * gemms + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm + 2 * e.layer_overhead_s
+    selective = np.where(job.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
+    recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
+    # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
+    # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
+    collective = comm.tp_collective(links, act * c.mb * model.seq_len * model.hidden, c.tp)
+    tp = (4 + 2 * (c.recompute == 2)) * collective * (1 - e.tp_overlap)
+    return _LayerTimes(fwd, bwd, recompute, tp)
+
+
+def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[StepTime, np.ndarray]:
+    """The step's breakdown and the hardware FLOP/s-relevant compute time of one micro-batch."""
+    e = hw.efficiency
+    links = comm.Links.of(hw)
+    lt = layer_times(model, hw, job, c, links)
+    act = ACT_BYTES[job.precision]
+    half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
+    head = gemm_time(logits_gemm(model, c.mb, c.tp), hw, half_peak, act)
+    loss = LOGIT_TRAFFIC_BYTES * c.mb * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
+    head_time = 3 * head + loss  # forward + backward of the output head and the cross-entropy
+
+    first, fullest, last = stage_layers_arrays(model.layers, c.pp)
+    per_layer = lt.forward + lt.backward + lt.recompute
+    # The pace of the pipeline is set by its slowest stage (the last one carries the head).
+    compute_mb = np.maximum(fullest * per_layer, last * per_layer + head_time)
+    layers_pace = np.where(fullest * per_layer >= last * per_layer + head_time, fullest, last)
+    tp_mb = layers_pace * lt.tp_comm
+    m = c.m.astype(float)
+    p, v = c.pp, c.vpp.astype(float)
+    p2p_one = comm.p2p(links, act * c.mb * model.seq_len * model.hidden, c.tp, c.dp)
+    pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
+    per_mb = compute_mb + tp_mb + pp_mb
+    bubble = (p - 1) / v * per_mb
+
+    # Data parallel: the stage with the most parameters reduces the most gradient bytes.
+    params = np.maximum(fullest * model.layer_params, first * model.layer_params + model.embedding_params)
+    shard = params / c.tp
+    grad_bytes = shard * GRAD_BYTES[job.precision]
+    param_bytes = shard * act
+    ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0)
+    rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0)
+    ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0)
+    bwd_mb = layers_pace * lt.backward
+    hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
+    fwd_mb = layers_pace * lt.forward
+    zero3 = m * np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb))
+    dp = np.select([c.zero == 0, c.zero == 1, c.zero == 2],
+                   [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag,
+                    m * np.maximum(0.0, rs - hidden) + ag], zero3)
+
+    # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
+    mixed = job.precision in ("fp16", "bf16", "fp8")
+    optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
+    held = shard / np.where(c.zero >= 1, c.dp, 1)
+    optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory)
+
+    overhead_mb = layers_pace * (3 + (c.recompute == 2)) * e.layer_overhead_s
+    st = StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
+                  bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s)
+    return st, compute_mb

@@ -1,0 +1,70 @@
+"""Parsing and formatting of quantities. Inside the planner everything is SI base units.
+
+GB means 1e9 bytes and GiB means 2**30 bytes; the two are never mixed silently.
+"""
+
+from __future__ import annotations
+
+import re
+
+from planner.errors import PlannerError
+
+GIB = 2**30
+GB = 10**9
+TERA = 10**12
+
+_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+_NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGTP]?)\s*$", re.IGNORECASE)
+
+
+def parse_count(text: str | float | int, field: str) -> float:
+    """'33B' -> 3.3e10, '1T' -> 1e12, '4M' -> 4e6, '2e9' -> 2e9. Positive only."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _NUMBER.match(str(text))
+        if not match:
+            raise PlannerError(field, text, "a positive number with an optional K/M/B/T suffix, e.g. 33B, 1T, 4M")
+        value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
+    if not value > 0:
+        raise PlannerError(field, text, "must be greater than zero")
+    return value
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d|w)?\s*$", re.IGNORECASE)
+_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, field: str) -> float:
+    """'30d' -> seconds, '12h', '90min', '3600s' or a bare number of days."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise PlannerError(field, text, "a duration like 30d, 12h, 90min or 3600s")
+    unit = (match.group(2) or "d").lower()
+    value = float(match.group(1)) * _SECONDS[unit]
+    if not value > 0:
+        raise PlannerError(field, text, "must be greater than zero")
+    return value
+
+
+def fmt_count(value: float) -> str:
+    """3.25e10 -> '32.5B' (for parameters and tokens)."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def fmt_bytes(value: float) -> str:
+    """Bytes as GiB (binary), the unit GPU memory is sold and reported in."""
+    return f"{value / GIB:.1f} GiB"
+
+
+def fmt_seconds(value: float) -> str:
+    if value >= 86400:
+        return f"{value / 86400:.1f} days"
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 1:
+        return f"{value:.2f} s"
+    return f"{value * 1e3:.1f} ms"
