@@ -49,7 +49,7 @@ def main() -> None:
     runs = load_published(DATA)
     base = get_profile("a100-80g").efficiency
     eff = fit(runs, base)
-    print("fitted:", {n: round(getattr(eff, n), 4) for n in FACTORS})
+    print("fitted:", ", ".join(f"{n} = {getattr(eff, n):.4f}" for n in FACTORS))
     measured = np.array([r.measured_step_s for r in runs])
     pred = predict(runs, eff)
     loo = []

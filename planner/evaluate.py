@@ -22,7 +22,7 @@ class Evaluation:
     """Columns aligned with the candidates. Seconds, bytes, FLOP/s, joules: SI units."""
 
     candidates: Candidates
-    memory: Memory
+    memory: Memory  # the peak stage
     time: StepTime
     capacity_bytes: float
     tokens_per_step: np.ndarray
@@ -34,6 +34,7 @@ class Evaluation:
     power_watts: float
     pue: float
     price_usd_per_gpu_hour: float
+    stage_memory: tuple[Memory, ...] = ()  # first, fullest and last pipeline stage
 
     @property
     def fits(self) -> np.ndarray:
@@ -88,7 +89,7 @@ class Evaluation:
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
-    mem = memory(model, hw, job, c)
+    mem, stages = memory(model, hw, job, c)
     st, _ = step_time(model, hw, job, c)
     tokens = c.gb * model.seq_len
     per_token = model_flops_per_token(model)
@@ -99,4 +100,5 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
         hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute)) * tokens,
         peak_flops=_peak(hw, "bf16" if job.precision == "fp8" else job.precision),
         train_tokens=job.train_tokens(model), gpus=gpus,
-        power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price)
+        power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
+        stage_memory=stages)

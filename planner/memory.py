@@ -73,8 +73,10 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job) -> np.
     return per_token * c.mb * s
 
 
-def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> Memory:
-    """Peak memory per GPU over the pipeline stages that can hold it (first, fullest, last)."""
+def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[Memory, tuple[Memory, ...]]:
+    """Peak memory per GPU, and the memory of the three stages that can hold the peak: the first
+    (embedding, most micro-batches in flight), the fullest (an extra layer when layers do not
+    divide) and the last (head, logits). Other stages hold less than one of these."""
     eff = hw.efficiency
     tp, dp, pp = c.tp.astype(float), c.dp.astype(float), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
@@ -86,7 +88,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> Me
     first, fullest, last = stage_layers_arrays(model.layers, pp)
     e = 2 if job.precision in ("fp16", "bf16", "fp8") else 4
     tokens = c.mb * model.seq_len
-    best = None
+    stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
         is_first, is_last = index == 0, index == pp - 1
         params = layers * model.layer_params
@@ -109,9 +111,11 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> Me
         distributed = (c.dp * c.tp * c.pp) > 1
         other = (eff.cuda_context_bytes + np.where(distributed, eff.comm_buffer_bytes, 0.0) + gather
                  + eff.fragmentation * (acts + grads))
-        mem = Memory(weights, grads, optim, acts, other, index)
-        best = mem if best is None else _pick_larger(best, mem)
-    return best
+        stages.append(Memory(weights, grads, optim, acts, other, index))
+    peak = stages[0]
+    for mem in stages[1:]:
+        peak = _pick_larger(peak, mem)
+    return peak, tuple(stages)
 
 
 def _fields(c: Candidates) -> dict:

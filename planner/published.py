@@ -41,7 +41,7 @@ def megatron_job() -> Job:
 def load_published(path: str | Path) -> list[PublishedRun]:
     path = Path(path)
     try:
-        rows = list(csv.DictReader(path.open()))
+        rows = list(csv.DictReader(path.read_text().splitlines()))
     except OSError as exc:
         raise PlannerError("published", str(path), f"cannot read ({exc.strerror})") from None
     if not rows:

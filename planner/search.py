@@ -15,7 +15,7 @@ import numpy as np
 from planner.errors import PlannerError, require
 from planner.evaluate import Evaluation, evaluate
 from planner.hardware import HardwareProfile
-from planner.layout import RECOMPUTE, SCHEDULES, Candidates, Job, default_global_batch
+from planner.layout import RECOMPUTE, SCHEDULES, TARGET_BATCH_TOKENS, Candidates, Job, default_global_batch
 from planner.model import ModelSpec
 
 OBJECTIVES = ("time", "cost", "memory")
@@ -112,7 +112,10 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     base = np.array(triples, dtype=np.int64)
     mbs = [pins.micro_batch] if pins.micro_batch is not None else list(MICRO_BATCHES)
     zeros = [pins.zero_stage] if pins.zero_stage is not None else [0, 1, 2, 3]
-    rcs = [RECOMPUTE.index(pins.recompute)] if pins.recompute is not None else [0, 1, 2]
+    # Selective recompute recomputes the attention core, which flash attention already does in
+    # its backward: the two are the same layout then, so it is searched only with standard attention.
+    rcs = ([RECOMPUTE.index(pins.recompute)] if pins.recompute is not None
+           else [0, 2] if job.attention == "flash" else [0, 1, 2])
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
     sched = [SCHEDULES.index(pins.schedule)] if pins.schedule is not None else [0]
     grid = np.array(np.meshgrid(np.arange(len(base)), mbs, zeros, rcs, sps, sched, indexing="ij")).reshape(6, -1)
@@ -121,9 +124,10 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     mb, zero, rc, sp, schedule = grid[1], grid[2], grid[3], grid[4].astype(bool), grid[5]
     if job.global_batch is not None:
         gb = np.full_like(dp, job.global_batch)
-    else:
+        keep = gb % (dp * mb) == 0
+    else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
         gb = default_global_batch(model, dp * mb)
-    keep = gb % (dp * mb) == 0
+        keep = (gb * model.seq_len <= 1.5 * TARGET_BATCH_TOKENS) | (gb == dp * mb) & (mb == 1)
     keep &= ~(sp & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
     m = gb // (dp * mb)
     keep &= (vpp == 1) | (m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
@@ -147,9 +151,11 @@ def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
     primary = {"time": ev.train_seconds, "cost": ev.cost_usd, "memory": ev.memory.total}[objective]
     primary = np.where(ev.fits, primary, np.inf)
-    # Layouts within 0.1% of each other on the objective are a tie: prefer less memory.
+    # Layouts within 0.1% of each other on the objective are a tie: prefer less memory. Layouts
+    # that do not fit come last, those closest to fitting first.
     bucket = np.round(np.log(primary, where=np.isfinite(primary), out=np.full_like(primary, np.inf)) / 1e-3)
-    return np.lexsort((ev.memory.total, ev.step_s, bucket))
+    second = np.where(ev.fits, ev.step_s, ev.memory.total)
+    return np.lexsort((ev.memory.total, second, bucket))
 
 
 def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -173,9 +179,13 @@ def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
     """The evaluation restricted (and reordered) to ``index``."""
     import dataclasses
 
-    mem = type(ev.memory)(*(getattr(ev.memory, f)[index] for f in ev.memory.__slots__))
+    def cut(m):
+        return type(m)(*(getattr(m, f)[index] for f in m.__slots__))
+
+    mem = cut(ev.memory)
     st = type(ev.time)(*(getattr(ev.time, f)[index] for f in ev.time.__slots__))
     return dataclasses.replace(ev, candidates=ev.candidates.take(index), memory=mem, time=st,
+                               stage_memory=tuple(cut(m) for m in ev.stage_memory),
                                tokens_per_step=ev.tokens_per_step[index],
                                model_flops_per_step=ev.model_flops_per_step[index],
                                hardware_flops_per_step=ev.hardware_flops_per_step[index])

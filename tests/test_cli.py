@@ -1,0 +1,105 @@
+"""The command line: the JSON contract, exit codes, one-line errors, a light import path."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_estimate_json_contract(capsys):
+    code, out, _ = run(capsys, "estimate", "--params", "33B", "--gpus", "128", "--format", "json")
+    assert code == 0
+    d = json.loads(out)
+    assert set(d["model"]) >= {"name", "params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                               "seq_len"}
+    assert d["cluster"] == {"gpu": "a100-80g", "gpus": 128, "gpus_per_node": 8}
+    assert set(d["layout"]) >= {"dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "grad_accum", "zero_stage",
+                                "recompute", "sequence_parallel", "precision"}
+    assert set(d["memory"]) >= {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                                "other_bytes", "total_bytes", "capacity_bytes", "fits"}
+    assert set(d["time"]) == {"step_s", "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+                              "optimizer_s", "other_s"}
+    assert set(d["train"]) >= {"tokens", "seconds", "days", "gpu_hours", "energy_kwh", "cost_usd"}
+    for key in ("bubble_fraction", "comm_fraction", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"):
+        assert isinstance(d[key], float)
+    assert isinstance(d["warnings"], list)
+    t = d["time"]
+    assert sum(v for k, v in t.items() if k != "step_s") == pytest.approx(t["step_s"])
+    m = d["memory"]
+    assert sum(m[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                              "other_bytes")) == pytest.approx(m["total_bytes"])
+    assert d["layout"]["dp"] * d["layout"]["tp"] * d["layout"]["pp"] == 128
+    assert d["train"]["tokens"] == pytest.approx(20 * d["model"]["params"])  # Chinchilla default
+    # days = tokens / (tokens/s) / 86400; GPU-hours = days * 24 * GPUs
+    assert d["train"]["days"] == pytest.approx(d["train"]["tokens"] / d["tokens_per_s"] / 86400)
+    assert d["train"]["gpu_hours"] == pytest.approx(d["train"]["days"] * 24 * 128)
+    assert d["train"]["energy_kwh"] == pytest.approx(d["train"]["seconds"] * 128 * 400 * 1.2 / 3.6e6)
+
+
+def test_search_json(capsys):
+    code, out, _ = run(capsys, "search", "--preset", "llama-7b", "--gpus", "16", "--format", "json", "--top", "3")
+    d = json.loads(out)
+    assert code == 0 and d["evaluated"] >= d["feasible"] > 0 and len(d["results"]) == 3
+    assert d["results"][0]["time"]["step_s"] <= d["results"][1]["time"]["step_s"] * 1.001
+
+
+def test_text_report_and_csv(capsys):
+    code, out, _ = run(capsys, "estimate", "--preset", "llama-7b", "--gpus", "8")
+    assert code == 0 and "memory" in out and "MFU" in out and "days" in out
+    code, out, _ = run(capsys, "search", "--preset", "llama-7b", "--gpus", "8", "--format", "csv", "--top", "2")
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == 3 and lines[0].startswith("model,params,gpu")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["estimate", "--params", "33B", "--gpu", "a100-80"], "did you mean"),
+    (["estimate", "--preset", "llama-34b"], "did you mean"),
+    (["estimate", "--params", "lots"], "params="),
+    (["estimate", "--params=-5B"], "params="),
+    (["estimate", "--params", "33B", "--gpus", "0"], "gpus="),
+    (["estimate", "--params", "33B", "--gpus", "128", "--tp", "3"], "tp=3"),
+    (["estimate", "--params", "33B", "--gpus", "32", "--dp", "4", "--tp", "2", "--pp", "2"], "dp=4 tp=2 pp=2"),
+    (["estimate", "--preset", "llama-7b", "--gpus", "8", "--dp", "8", "--micro-batch", "4", "--global-batch", "100"],
+     "global_batch=100"),
+    (["estimate", "--preset", "llama-7b", "--precision", "fp4"], "invalid choice"),
+    (["estimate", "--layers", "4", "--hidden", "100", "--heads", "3"], "heads=3"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    try:
+        code, out, err = run(capsys, *argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code, (out, err) = exit_.code, capsys.readouterr()
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_pinned_layout_that_does_not_fit_exits_3_with_report(capsys):
+    code, out, _ = run(capsys, "estimate", "--preset", "llama-33b", "--gpus", "128", "--tp", "1", "--pp", "1",
+                       "--zero", "0", "--recompute", "none", "--micro-batch", "8", "--format", "json")
+    d = json.loads(out)
+    assert code == 3 and d["memory"]["fits"] is False and d["nearest_fit"]["memory"]["fits"] is True
+
+
+def test_presets_and_profiles_list(capsys):
+    code, out, _ = run(capsys, "presets")
+    assert code == 0 and "llama3-405b" in out and "gpt3-175b" in out and "megatron-1t" in out
+    code, out, _ = run(capsys, "profiles", "--format", "json")
+    names = set(json.loads(out))
+    assert {"a100-40g", "a100-80g", "a6000", "v100-16g", "v100-32g", "h100-80g", "h200"} <= names
+
+
+def test_cli_import_path_is_light():
+    code = ("import sys, planner.cli, planner.plan, planner.report, planner.inputs; "
+            "print(sorted(m for m in ('torch', 'matplotlib', 'streamlit', 'pandas', 'scipy', 'pynvml') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

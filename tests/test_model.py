@@ -1,0 +1,92 @@
+"""Parameter counts against published figures and hand-derived formulas."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PlannerError
+from planner.model import ModelSpec
+from planner.presets import get_preset, presets, resolve_params
+
+DATA = Path(__file__).parent.parent / "benchmarks" / "data"
+
+
+@pytest.mark.parametrize("name, published, tolerance", [
+    ("gpt3-175b", 175e9, 0.005),  # Brown et al. 2020, Table 2.1
+    ("llama-7b", 6.7e9, 0.01),  # Touvron et al. 2023, Table 2 prints 6.7B
+    ("llama-65b", 65.2e9, 0.005),  # Table 2 prints 65.2B
+])
+def test_params_match_published_within_tolerance(name, published, tolerance):
+    assert get_preset(name).params == pytest.approx(published, rel=tolerance)
+
+
+@pytest.mark.parametrize("name, exact", [
+    # Counts of the released checkpoints (sum of tensor sizes in the published weights).
+    ("llama-7b", 6_738_415_616),
+    ("llama-13b", 13_015_864_320),
+    ("llama2-70b", 68_976_648_192),
+    ("llama3-8b", 8_030_261_248),
+    ("llama3-70b", 70_553_706_496),
+])
+def test_llama_params_equal_released_checkpoints(name, exact):
+    assert get_preset(name).params == exact
+
+
+def test_megatron_presets_match_table1_params():
+    rows = list(csv.DictReader((DATA / "megatron2021_table1.csv").read_text().splitlines()))
+    names = ["megatron-1.7b", "megatron-3.6b", "megatron-7.5b", "megatron-18b", "megatron-39b", "megatron-76b",
+             "megatron-145b", "megatron-310b", "megatron-530b", "megatron-1t"]
+    for name, row in zip(names, rows):
+        spec = get_preset(name)
+        assert (spec.layers, spec.hidden, spec.heads) == (int(row["num_layers"]), int(row["hidden_size"]),
+                                                          int(row["attention_heads"]))
+        assert spec.params / 1e9 == pytest.approx(float(row["params_billion"]), abs=0.051)
+
+
+@pytest.mark.parametrize("l, h, a, v, s", [(24, 2304, 24, 51200, 2048), (96, 12288, 96, 51200, 2048),
+                                           (2, 64, 4, 100, 16)])
+def test_gpt_params_equal_megatron_eq2(l, h, a, v, s):
+    # Narayanan et al. 2021, eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), tied embeddings;
+    # eq. 2 leaves out the final LayerNorm (weight and bias: 2h), which the model has.
+    spec = ModelSpec(arch="gpt", layers=l, hidden=h, heads=a, vocab=v, seq_len=s)
+    eq2 = 12 * l * h**2 * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+    assert spec.params == pytest.approx(eq2 + 2 * h, rel=1e-12)
+
+
+def test_llama_layer_by_hand():
+    # q, o: h*h; k, v: h*kv_hidden (GQA); SwiGLU 3*h*f; two RMSNorm weights.
+    spec = ModelSpec(arch="llama", layers=3, hidden=256, heads=8, kv_heads=2, ffn_hidden=512, vocab=1000)
+    layer = 2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 512 + 2 * 256
+    assert spec.layer_params == layer
+    assert spec.params == 3 * layer + 1000 * 256 * 2 + 256
+
+
+def test_untied_gpt_adds_a_head():
+    tied = ModelSpec(arch="gpt", layers=2, hidden=64, heads=4, vocab=100, seq_len=16)
+    assert tied.replace(tied_embeddings=False).params - tied.params == 100 * 64
+
+
+@pytest.mark.parametrize("changes, field", [({"heads": 7}, "heads"), ({"kv_heads": 3}, "kv_heads"),
+                                            ({"layers": 0}, "layers"), ({"arch": "rnn"}, "arch"),
+                                            ({"hidden": -64}, "hidden")])
+def test_bad_shapes_name_the_field(changes, field):
+    with pytest.raises(PlannerError) as err:
+        ModelSpec(**{"arch": "llama", "layers": 2, "hidden": 64, "heads": 4, **changes})
+    assert err.value.field == field
+
+
+def test_params_resolution_prefers_a_near_preset_and_documents_the_rule():
+    spec, note = resolve_params(33e9)
+    assert spec.name == "llama-33b" and "preset" in note
+    spec, note = resolve_params(100e9)
+    assert abs(spec.params / 100e9 - 1) < 0.02 and "scaling rule" in note
+    assert spec.heads % 8 == 0 and 90 <= spec.hidden / spec.layers <= 140
+
+
+def test_every_preset_is_valid_and_sourced():
+    from planner.presets import preset_source
+
+    assert len(presets()) >= 27
+    for name in presets():
+        assert preset_source(name)

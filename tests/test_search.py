@@ -1,0 +1,85 @@
+"""Search: every layout valid, ranked, pins respected, the nearest fitting layout found."""
+
+import numpy as np
+import pytest
+
+from planner.errors import PlannerError
+from planner.hardware import get_profile
+from planner.layout import Job
+from planner.plan import plan
+from planner.presets import get_preset
+from planner.search import Pins, search
+
+A100 = get_profile("a100-80g")
+
+
+def test_every_enumerated_layout_is_valid_and_fitting_ones_come_first():
+    model = get_preset("llama-33b")
+    r = search(model, A100, Job(), 128)
+    c, ev = r.evaluation.candidates, r.evaluation
+    assert r.evaluated == len(c) > 1000
+    assert np.all(c.dp * c.tp * c.pp == 128)
+    assert np.all(c.gb % (c.dp * c.mb) == 0)
+    assert np.all(model.heads % c.tp == 0)
+    assert np.all(model.layers % (c.pp * c.vpp) == 0)[()] or np.all(c.vpp[model.layers % (c.pp * c.vpp) != 0] == 1)
+    fits = ev.fits
+    assert r.feasible == fits.sum() and np.all(fits[: r.feasible]) and not np.any(fits[r.feasible:])
+    t = ev.train_seconds[: r.feasible]
+    assert np.all(np.diff(t) >= -1e-3 * t[:-1])  # ranked by time (ties within 0.1%)
+
+
+def test_pins_are_kept():
+    model = get_preset("llama-13b")
+    p = plan(model, A100, Job(), 64, Pins(tp=4, pp=2, zero_stage=1, recompute="full"))
+    lay = p.best.layout
+    assert (lay.tp, lay.pp, lay.zero_stage, lay.recompute, lay.dp) == (4, 2, 1, "full", 8)
+    for e in p.runners_up:
+        assert (e.layout.tp, e.layout.pp) == (4, 2)
+
+
+def test_a_fully_pinned_layout_is_a_search_of_one():
+    model = get_preset("llama-7b")
+    pins = Pins(dp=4, tp=2, pp=1, vpp=1, micro_batch=2, zero_stage=0, recompute="none", sequence_parallel=True,
+                schedule="1f1b")
+    r = search(model, A100, Job(global_batch=64), 8, pins)
+    assert r.evaluated == 1
+
+
+def test_pinned_layout_that_does_not_fit_reports_the_nearest_that_does():
+    model = get_preset("llama-33b")
+    p = plan(model, A100, Job(), 128, Pins(tp=1, pp=1, zero_stage=0, recompute="none", micro_batch=8))
+    assert not p.fits and p.best.memory.total_bytes > p.best.memory.capacity_bytes
+    assert p.nearest_fit is not None and p.nearest_fit.fits
+    assert any(w.startswith("does not fit") for w in p.best.warnings)
+
+
+@pytest.mark.parametrize("pins, gpus, field", [
+    (Pins(tp=3), 128, "tp"),  # 3 does not divide 52 heads
+    (Pins(dp=4, tp=2, pp=2), 32, "dp*tp*pp"),
+    (Pins(pp=7), 128, "pp"),  # 7 does not divide 128
+    (Pins(pp=4, vpp=4), 128, "vpp"),  # 60 layers not divisible by 16
+])
+def test_invalid_pins_name_the_constraint(pins, gpus, field):
+    with pytest.raises(PlannerError) as err:
+        search(get_preset("llama-33b"), A100, Job(), gpus, pins)
+    assert err.value.field == field
+
+
+def test_global_batch_not_divisible_by_dp_times_micro_batch():
+    with pytest.raises(PlannerError) as err:
+        search(get_preset("llama-7b"), A100, Job(global_batch=100), 8, Pins(dp=8, micro_batch=4))
+    assert err.value.field == "global_batch"
+
+
+def test_bf16_on_v100_is_refused_with_the_alternatives():
+    with pytest.raises(PlannerError) as err:
+        search(get_preset("llama-7b"), get_profile("v100-32g"), Job(precision="bf16"), 8)
+    assert "fp16" in str(err.value)
+
+
+def test_fp8_runs_faster_than_bf16_on_h100():
+    model = get_preset("llama3-70b")
+    h100 = get_profile("h100-80g")
+    bf16 = plan(model, h100, Job(precision="bf16"), 256).best
+    fp8 = plan(model, h100, Job(precision="fp8"), 256).best
+    assert fp8.time.step_s < bf16.time.step_s
