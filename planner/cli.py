@@ -14,6 +14,11 @@ from planner.errors import PlannerError
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 
+# Subcommands that live in their own modules. Each module has ``add_parser(sub)``, which adds its
+# parser and sets ``func`` (a function of the parsed args returning the exit code) with
+# ``set_defaults``. They are imported when the parser is built: keep their imports light.
+EXTENSIONS: tuple[str, ...] = ()
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the flag, the value and what is allowed."""
@@ -53,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     _formats(p)
     sub.add_parser("run", help="train with the reference trainer under torchrun (see `planner run --help`)",
                    add_help=False)
+    import importlib
+
+    for name in EXTENSIONS:
+        importlib.import_module(name).add_parser(sub)
     return parser
 
 
@@ -65,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "func", None) is not None:
+            return args.func(args)
         return COMMANDS[args.command](args)
     except PlannerError as exc:
         print(f"planner {args.command}: {exc}", file=sys.stderr)
