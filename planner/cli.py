@@ -90,7 +90,7 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     from planner.report import CSV_COLUMNS, csv_row, estimate_report
 
     x = inputs_from_args(a)
-    p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top)
+    p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
     if a.format == "json":
         out = p.best.to_json()
         out["model_note"] = x.model_note

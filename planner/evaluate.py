@@ -34,6 +34,7 @@ class Evaluation:
     power_watts: float
     pue: float
     price_usd_per_gpu_hour: float
+    packing_efficiency: float
     stage_memory: tuple[Memory, ...] = ()  # first, fullest and last pipeline stage
 
     @property
@@ -71,7 +72,8 @@ class Evaluation:
 
     @property
     def train_seconds(self) -> np.ndarray:
-        return self.train_tokens / self.tokens_per_s
+        """Ideal (failure-free) time: the planned real tokens over the real-token rate."""
+        return self.train_tokens / (self.tokens_per_s * self.packing_efficiency)
 
     @property
     def gpu_hours(self) -> np.ndarray:
@@ -92,7 +94,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
     mem, stages = memory(model, hw, job, c)
     st, _ = step_time(model, hw, job, c)
     tokens = c.gb * model.seq_len
-    per_token = model_flops_per_token(model)
+    per_token = model_flops_per_token(model, job)
     price = job.price_usd_per_gpu_hour if job.price_usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
     return Evaluation(
         candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
@@ -101,4 +103,4 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
         peak_flops=_peak(hw, "bf16" if job.precision == "fp8" else job.precision),
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
-        stage_memory=stages)
+        packing_efficiency=job.packing_efficiency, stage_memory=stages)

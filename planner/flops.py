@@ -8,10 +8,14 @@ weight gradients). Attention scores and values add 4*s*h FLOPs per token per lay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from planner.model import ModelSpec
+
+if TYPE_CHECKING:
+    from planner.layout import Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +61,20 @@ def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> Ge
     return Gemm(micro_batch * model.seq_len, model.vocab / tp, model.hidden)
 
 
-def model_flops_per_token(model: ModelSpec) -> float:
+def model_flops_per_token(model: ModelSpec, job: "Job | None" = None) -> float:
     """Training FLOPs per token without recomputation: 3x forward, where forward is
     2 FLOPs per matmul weight (layers and output head) plus 4*s*h per layer for attention.
-    This is what MFU counts (PaLM convention, non-causal attention like Megatron's eq. 3)."""
-    forward = 2.0 * model.matmul_params_per_token + 4.0 * model.seq_len * model.hidden * model.layers
-    return 3.0 * forward
+    This is what MFU counts (PaLM convention, non-causal attention like Megatron's eq. 3).
+
+    LoRA: frozen weights need only input gradients in backward (1x their forward, not 2x), the
+    attention core still 2x, and the adapters 3x their forward: 4W + 3A + 3a per token."""
+    from planner.finetune import lora_forward_flops_per_token
+
+    weights = 2.0 * model.matmul_params_per_token
+    attention = 4.0 * model.seq_len * model.hidden * model.layers
+    if job is not None and job.lora:
+        return 2 * weights + 3 * attention + 3 * lora_forward_flops_per_token(model, job)
+    return 3.0 * (weights + attention)
 
 
 def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray) -> np.ndarray:

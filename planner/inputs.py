@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.hardware import PRECISIONS, HardwareProfile, get_profile
-from planner.layout import ATTENTION, RECOMPUTE, SCHEDULES, Job
+from planner.layout import ATTENTION, LORA_TARGETS, MODES, RECOMPUTE, SCHEDULES, Job
 from planner.model import ARCHS, ModelSpec
 from planner.presets import get_preset, resolve_params
+from planner.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 from planner.search import Pins
 from planner.units import parse_count
 
@@ -50,6 +51,27 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-overlap", action="store_true", help="DP gradient reduction after backward, not during it")
     g.add_argument("--price-per-gpu-hour", type=float, help="USD (default: the profile's indicative rate)")
     g.add_argument("--pue", type=float, default=1.2, help="data-centre power usage effectiveness (default 1.2)")
+    g.add_argument("--mode", choices=MODES, default="pretrain",
+                   help="pretrain, full-finetune, or lora (frozen model + rank-r adapters)")
+    g.add_argument("--lora-r", type=int, default=8, help="LoRA rank (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (default 16; scales, costs nothing)")
+    g.add_argument("--lora-targets", default="q_proj,v_proj",
+                   help=f"comma-separated, from {','.join(LORA_TARGETS)} (default q_proj,v_proj)")
+    g.add_argument("--packing-efficiency", type=float, default=1.0,
+                   help="share of sequence positions holding real tokens (default 1.0: packed)")
+    o = p.add_argument_group("operations (failures, checkpoints, storage, data)")
+    o.add_argument("--mtbf-gpu-hours", type=float, help="mean time between failures per GPU "
+                   f"(default {LLAMA3_MTBF_GPU_HOURS:,.0f}: Llama 3's 419 interruptions in 54 days on 16,384 GPUs; "
+                   "inf: none)")
+    o.add_argument("--mtbf-node-hours", type=float, help="the same per node (divided among its GPUs)")
+    o.add_argument("--restart-minutes", type=float, default=10.0, help="detect + reschedule + re-init (default 10)")
+    o.add_argument("--storage-gbps", type=float, help="storage bandwidth in GB/s, read and write (default 20)")
+    o.add_argument("--storage-write-gbps", type=float, help="checkpoint write bandwidth, GB/s, aggregate")
+    o.add_argument("--storage-read-gbps", type=float, help="read bandwidth (loads, data), GB/s, aggregate")
+    o.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (default 3, the seed's keep_last)")
+    o.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (default: Young/Daly optimum)")
+    o.add_argument("--epochs", type=float, default=1.0, help="passes over the dataset (sizes it; default 1)")
+    o.add_argument("--token-bytes", type=int, help="bytes per stored token (default 2 if vocab <= 65536, else 4)")
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -77,6 +99,7 @@ class Inputs:
     gpus: int
     job: Job
     pins: Pins
+    ops: Operations
 
 
 def model_from_args(a: argparse.Namespace) -> tuple[ModelSpec, str]:
@@ -111,8 +134,29 @@ def hardware_from_args(name: str, gpus_per_node: int | None) -> HardwareProfile:
 
 def job_from_args(a: argparse.Namespace) -> Job:
     tokens = parse_count(a.tokens, "tokens") if a.tokens else None
+    targets = tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
     return Job(tokens=tokens, global_batch=a.global_batch, precision=a.precision, attention=a.attention,
-               overlap_grad_reduce=not a.no_overlap, price_usd_per_gpu_hour=a.price_per_gpu_hour, pue=a.pue)
+               overlap_grad_reduce=not a.no_overlap, price_usd_per_gpu_hour=a.price_per_gpu_hour, pue=a.pue,
+               mode=a.mode, lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_targets=targets,
+               packing_efficiency=a.packing_efficiency)
+
+
+def ops_from_args(a: argparse.Namespace, gpus_per_node: int) -> Operations:
+    if a.mtbf_gpu_hours is not None and a.mtbf_node_hours is not None:
+        raise PlannerError("mtbf_node_hours", a.mtbf_node_hours, "give --mtbf-gpu-hours or --mtbf-node-hours")
+    mtbf = LLAMA3_MTBF_GPU_HOURS if a.mtbf_gpu_hours is None else a.mtbf_gpu_hours
+    if a.mtbf_node_hours is not None:
+        if not a.mtbf_node_hours > 0:
+            raise PlannerError("mtbf_node_hours", a.mtbf_node_hours, "greater than zero hours (inf: no failures)")
+        mtbf = a.mtbf_node_hours * gpus_per_node  # a node failing stops all its GPUs' work
+    write = a.storage_write_gbps or a.storage_gbps or 20.0
+    read = a.storage_read_gbps or a.storage_gbps or 20.0
+    for name, value in (("storage_write_gbps", write), ("storage_read_gbps", read), ("storage_gbps", a.storage_gbps)):
+        if value is not None and not value > 0:
+            raise PlannerError(name, value, "greater than zero GB/s")
+    return Operations(mtbf_gpu_hours=mtbf, restart_s=a.restart_minutes * 60, storage_write_bytes_per_s=write * 1e9,
+                      storage_read_bytes_per_s=read * 1e9, keep_last=a.keep_last,
+                      checkpoint_interval_steps=a.checkpoint_interval, epochs=a.epochs, token_bytes=a.token_bytes)
 
 
 def pins_from_args(a: argparse.Namespace) -> Pins:
@@ -121,8 +165,13 @@ def pins_from_args(a: argparse.Namespace) -> Pins:
 
 
 def inputs_from_args(a: argparse.Namespace) -> Inputs:
+    from planner.finetune import trainable_params
+
     model, note = model_from_args(a)
     if a.gpus < 1:
         raise PlannerError("gpus", a.gpus, "a positive integer")
-    return Inputs(model=model, model_note=note, hardware=hardware_from_args(a.gpu, a.gpus_per_node), gpus=a.gpus,
-                  job=job_from_args(a), pins=pins_from_args(a))
+    hw = hardware_from_args(a.gpu, a.gpus_per_node)
+    job = job_from_args(a)
+    trainable_params(model, job)  # validates LoRA targets and rank against this model
+    return Inputs(model=model, model_note=note, hardware=hw, gpus=a.gpus, job=job, pins=pins_from_args(a),
+                  ops=ops_from_args(a, hw.network.gpus_per_node))

@@ -17,9 +17,16 @@ from planner.hardware import PRECISIONS
 from planner.model import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
+MODES = ("pretrain", "full-finetune", "lora")
+# LoRA target modules (Hu et al. 2021), named as in LLaMA/PEFT; for gpt, up_proj/down_proj are the
+# MLP's fc1/fc2 and gate_proj does not exist.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FINETUNE_DEFAULT_TOKENS = 1e9  # fine-tuning has no Chinchilla rule: an assumption, stated in the output
 ATTENTION = ("flash", "standard")
 SCHEDULES = ("1f1b", "gpipe")  # 1f1b with vpp > 1 is interleaved 1F1B
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
+# Fine-tuning batches are far smaller (Llama 2 SFT: 64 sequences of 4096): about 256K tokens.
+FINETUNE_BATCH_TOKENS = 2**18
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
 
 
@@ -70,6 +77,11 @@ class Job:
     overlap_grad_reduce: bool = True  # DP gradient reduction overlapped with backward (DDP/FSDP do)
     price_usd_per_gpu_hour: float | None = None  # None: the hardware profile's figure
     pue: float = 1.2  # power usage effectiveness of the data centre
+    mode: str = "pretrain"  # pretrain | full-finetune | lora
+    lora_r: int = 8  # the seed article's LoRA config: r=8, alpha=16, q_proj and v_proj
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    packing_efficiency: float = 1.0  # real tokens / sequence positions (1.0: documents packed, no padding)
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
@@ -80,9 +92,29 @@ class Job:
         require(self.price_usd_per_gpu_hour is None or self.price_usd_per_gpu_hour >= 0,
                 "price_per_gpu_hour", self.price_usd_per_gpu_hour, "zero or more (USD)")
         require(1.0 <= self.pue <= 3.0, "pue", self.pue, "between 1.0 and 3.0")
+        require(self.mode in MODES, "mode", self.mode, f"one of {', '.join(MODES)}")
+        require(0 < self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
+                "in (0, 1]: the share of sequence positions holding real tokens")
+        if self.mode == "lora":
+            require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")
+            require(self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "greater than zero")
+            require(len(self.lora_targets) > 0, "lora_targets", "", f"one or more of {', '.join(LORA_TARGETS)}")
+            for t in self.lora_targets:
+                require(t in LORA_TARGETS, "lora_targets", t, f"each one of {', '.join(LORA_TARGETS)}")
+
+    @property
+    def lora(self) -> bool:
+        return self.mode == "lora"
+
+    @property
+    def batch_tokens_target(self) -> int:
+        """The default global batch in tokens when ``global_batch`` is not given."""
+        return TARGET_BATCH_TOKENS if self.mode == "pretrain" else FINETUNE_BATCH_TOKENS
 
     def train_tokens(self, model: ModelSpec) -> float:
-        return self.tokens if self.tokens is not None else CHINCHILLA_TOKENS_PER_PARAM * model.params
+        if self.tokens is not None:
+            return self.tokens
+        return CHINCHILLA_TOKENS_PER_PARAM * model.params if self.mode == "pretrain" else FINETUNE_DEFAULT_TOKENS
 
     def replace(self, **changes: object) -> "Job":
         return dataclasses.replace(self, **changes)
@@ -133,7 +165,8 @@ class Candidates:
                    schedule=col(lambda x: SCHEDULES.index(x.schedule)))
 
 
-def default_global_batch(model: ModelSpec, dp_mb: np.ndarray | int) -> np.ndarray:
-    """About TARGET_BATCH_TOKENS per step, rounded to a multiple of dp*micro_batch (at least one)."""
-    per_seq = TARGET_BATCH_TOKENS / model.seq_len
+def default_global_batch(model: ModelSpec, dp_mb: np.ndarray | int,
+                         target_tokens: int = TARGET_BATCH_TOKENS) -> np.ndarray:
+    """About ``target_tokens`` per step, rounded to a multiple of dp*micro_batch (at least one)."""
+    per_seq = target_tokens / model.seq_len
     return np.maximum(1, np.rint(per_seq / dp_mb)).astype(np.int64) * dp_mb

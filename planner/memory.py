@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.finetune import lora_params_per_layer
 from planner.hardware import HardwareProfile
 from planner.layout import Candidates, Job
 from planner.model import ModelSpec
@@ -38,13 +39,16 @@ class Memory:
     activations: np.ndarray
     other: np.ndarray
     stage: np.ndarray
+    total: np.ndarray  # the sum of the five parts, computed once by ``Memory.of``
 
-    @property
-    def total(self) -> np.ndarray:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+    @classmethod
+    def of(cls, weights, gradients, optimizer, activations, other, stage) -> "Memory":
+        return cls(weights, gradients, optimizer, activations, other, stage,
+                   weights + gradients + optimizer + activations + other)
 
 
-def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job) -> np.ndarray:
+def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
+                               recompute: np.ndarray | None = None) -> np.ndarray:
     """Activations one layer keeps for backward, per micro-batch, per GPU.
 
     Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
@@ -56,20 +60,22 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job) -> np.
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
     Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
+    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full).
     """
+    rc = c.recompute if recompute is None else recompute
     e = ACT_BYTES[job.precision]
     h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
     drop = 1.0 if model.has_dropout else 0.0
     replicated = 4 * e * h + 2 * h * drop
     split = e * (2 * h + 2 * hkv) + (3 if model.gated_mlp else 2) * e * f
     if job.attention == "standard":
-        scores = np.where(c.recompute == 0, e * a * s + 3 * a * s * drop, 0.0)
+        scores = np.where(rc == 0, e * a * s + 3 * a * s * drop, 0.0)
     else:
         scores = np.full(len(c), 4.0 * a)
     tp = c.tp.astype(float)
     per_token = np.where(c.sp, replicated / tp, replicated) + (split + scores) / tp
     full = np.where(c.sp, e * h / tp, e * h)
-    per_token = np.where(c.recompute == 2, full, per_token)
+    per_token = np.where(rc == 2, full, per_token)
     return per_token * c.mb * s
 
 
@@ -82,8 +88,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     act_layer = activation_bytes_per_layer(model, c, job)
     # One layer's full activations for the micro-batch being recomputed (the working set).
-    no_rc = activation_bytes_per_layer(model, Candidates(**{**_fields(c), "recompute": np.zeros_like(c.recompute)}),
-                                       job)
+    no_rc = activation_bytes_per_layer(model, c, job, recompute=np.zeros_like(c.recompute))
     working = np.where(c.recompute == 2, no_rc, 0.0)
     first, fullest, last = stage_layers_arrays(model.layers, pp)
     e = 2 if job.precision in ("fp16", "bf16", "fp8") else 4
@@ -97,9 +102,12 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
         head = model.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
         params = params + np.where(is_last, model.norm_params + head, 0)
         shard = params / tp
-        weights = shard * wb / np.where(c.zero >= 3, dp, 1)
-        grads = shard * gb / np.where(c.zero >= 2, dp, 1)
-        optim = shard * ob / np.where(c.zero >= 1, dp, 1)
+        # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
+        # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
+        trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
+        weights = (shard * wb + (trained * wb if job.lora else 0.0)) / np.where(c.zero >= 3, dp, 1)
+        grads = trained * gb / np.where(c.zero >= 2, dp, 1)
+        optim = trained * ob / np.where(c.zero >= 1, dp, 1)
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
         acts = layers * act_layer * flight + working
         # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
@@ -111,15 +119,11 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
         distributed = (c.dp * c.tp * c.pp) > 1
         other = (eff.cuda_context_bytes + np.where(distributed, eff.comm_buffer_bytes, 0.0) + gather
                  + eff.fragmentation * (acts + grads))
-        stages.append(Memory(weights, grads, optim, acts, other, index))
+        stages.append(Memory.of(weights, grads, optim, acts, other, index))
     peak = stages[0]
     for mem in stages[1:]:
         peak = _pick_larger(peak, mem)
     return peak, tuple(stages)
-
-
-def _fields(c: Candidates) -> dict:
-    return {name: getattr(c, name) for name in c.__slots__}
 
 
 def _pick_larger(a: Memory, b: Memory) -> Memory:

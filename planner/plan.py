@@ -13,6 +13,7 @@ import numpy as np
 from planner.hardware import HardwareProfile
 from planner.layout import RECOMPUTE, SCHEDULES, Job
 from planner.model import ModelSpec
+from planner.resilience import Operations
 from planner.results import Estimate, estimate_at
 from planner.search import Pins, SearchResult, search
 
@@ -31,20 +32,20 @@ class Plan:
 
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
-         objective: str = "time", top: int = 5) -> Plan:
+         objective: str = "time", top: int = 5, ops: Operations = Operations()) -> Plan:
     result = search(model, hw, job, gpus, pins, objective)
     ev = result.evaluation
-    best = estimate_at(ev, 0, model, hw, job)
+    best = estimate_at(ev, 0, model, hw, job, ops)
     count = min(len(ev.candidates), top + 1) if best.fits else 1
-    runners = tuple(estimate_at(ev, i, model, hw, job) for i in range(1, count) if bool(ev.fits[i]))
+    runners = tuple(estimate_at(ev, i, model, hw, job, ops) for i in range(1, count) if bool(ev.fits[i]))
     nearest = None
     if not best.fits:
-        nearest = nearest_fitting(model, hw, job, gpus, pins, objective)
+        nearest = nearest_fitting(model, hw, job, gpus, pins, objective, ops)
     return Plan(best=best, runners_up=runners, result=result, nearest_fit=nearest, pinned=tuple(pins.pinned()))
 
 
 def nearest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins,
-                    objective: str) -> Estimate | None:
+                    objective: str, ops: Operations = Operations()) -> Estimate | None:
     """The fitting layout that changes the fewest pinned fields (then the best by objective)."""
     free = search(model, hw, job, gpus, Pins(), objective)
     ev = free.evaluation
@@ -63,4 +64,4 @@ def nearest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, 
         changed += columns[name] != value
     # The evaluation is already in rank order, so the first fitting row with the fewest changes wins.
     i = fits[np.argmin(changed[fits])]
-    return estimate_at(ev, int(i), model, hw, job)
+    return estimate_at(ev, int(i), model, hw, job, ops)

@@ -43,9 +43,11 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
     nodes = -(-e.gpus // hw.network.gpus_per_node)
     job = e.job
-    tokens_note = (f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"
-                   if job.tokens is None else "--tokens")
-    batch_note = "default: about 4M tokens" if job.global_batch is None else "--global-batch"
+    tokens_note = ("--tokens" if job.tokens is not None else
+                   f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"
+                   if job.mode == "pretrain" else "default for fine-tuning, an assumption; --tokens to set")
+    batch_note = (f"default: about {fmt_count(job.batch_tokens_target)} tokens" if job.global_batch is None
+                  else "--global-batch")
     lines = [
         f"model    {e.model.describe()}",
         *( [f"         {model_note}"] if model_note else []),
@@ -76,6 +78,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"train    {tr.days:.1f} days | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
         f"(TDP x PUE {tr.pue}) | ${fmt_count(tr.cost_usd)} at ${tr.price_usd_per_gpu_hour:.2f}/GPU-hour",
     ]
+    lines += operations_lines(e)
     if p.nearest_fit is not None:
         n = p.nearest_fit
         lines += ["", f"nearest layout that fits: {layout_line(n)}",
@@ -87,6 +90,50 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     lines += ["", "warnings: " + ("none" if not e.warnings else "")]
     lines += [f"  - {w}" for w in e.warnings]
     return "\n".join(lines)
+
+
+def _bytes(x: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.1f} s"
+
+
+def operations_lines(e: Estimate) -> list[str]:
+    """Fine-tuning mode, failures and checkpoints, the data feed."""
+    out = []
+    job = e.job
+    if job.mode != "pretrain":
+        what = (f"lora (r {job.lora_r}, alpha {job.lora_alpha:g}, {','.join(job.lora_targets)})"
+                if job.lora else job.mode)
+        out.append(f"mode     {what}: {e.trainable_params:,} trainable of {e.model.params:,} parameters "
+                   f"({e.trainable_params / e.model.params:.2%})")
+    r, c, d = e.reliability, e.checkpoint, e.data_feed
+    if r is not None and c is not None:
+        every = (f"checkpoint every {c.interval_steps} steps ({_duration(c.interval_s)}, "
+                 f"{'Young/Daly optimum' if r.mtbf_job_hours != float('inf') else 'as set'})"
+                 if c.interval_steps else "no failures assumed: checkpoint only as you need")
+        mtbf = "no failures" if r.mtbf_job_hours == float("inf") else f"job MTBF {r.mtbf_job_hours:,.0f} h"
+        out += [f"expected {r.expected_seconds / 86400:.1f} days with failures and checkpoints "
+                f"(goodput {r.goodput:.1%}; ideal {r.ideal_seconds / 86400:.1f}): "
+                f"{r.expected_interruptions:.1f} interruptions ({mtbf})",
+                f"         {every}; {_bytes(c.bytes_total)} each ({_bytes(c.bytes_per_gpu)} per GPU), "
+                f"{c.save_s:.1f} s to save, {c.load_s:.1f} s to load, {_bytes(c.storage_bytes)} kept"]
+    if d is not None:
+        out.append(f"data     {_bytes(d.bytes_per_s)}/s of {d.token_bytes}-byte tokens from storage "
+                   f"({_bytes(d.storage_read_bytes_per_s)}/s available); dataset {_bytes(d.dataset_bytes)}; "
+                   f"prefetch {d.prefetch_samples_per_rank} samples ({_bytes(d.prefetch_bytes_per_rank)}) per rank")
+    return [""] + out if out else []
 
 
 TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "mb", "accum", "zero", "recompute", "sp", "mem GiB", "step s",

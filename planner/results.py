@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from planner.checks import warnings_for
 from planner.evaluate import Evaluation
+from planner.finetune import trainable_params
+from planner.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.hardware import HardwareProfile
 from planner.layout import Job, Layout
 from planner.model import ModelSpec
@@ -80,6 +82,10 @@ class Estimate:
     train: TrainTotals
     warnings: tuple[str, ...]
     stage_memory: tuple[StageMemory, ...] = ()
+    trainable_params: int = 0
+    checkpoint: CheckpointPlan | None = None
+    reliability: ReliabilityPlan | None = None
+    data_feed: DataFeedPlan | None = None
 
     @property
     def fits(self) -> bool:
@@ -108,10 +114,21 @@ class Estimate:
             "hfu": self.hfu,
             "train": dataclasses.asdict(self.train),
             "warnings": list(self.warnings),
+            "mode": self.job.mode,
+            "trainable_params": self.trainable_params,
+            "checkpoint": dataclasses.asdict(self.checkpoint) if self.checkpoint else None,
+            "reliability": _finite(dataclasses.asdict(self.reliability)) if self.reliability else None,
+            "data_feed": dataclasses.asdict(self.data_feed) if self.data_feed else None,
         }
 
 
-def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job) -> Estimate:
+def _finite(d: dict) -> dict:
+    """JSON has no infinity: an infinite MTBF (no failures) is written as null."""
+    return {k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in d.items()}
+
+
+def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
+                ops: Operations = Operations()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate."""
     c, mem, t = ev.candidates, ev.memory, ev.time
     layout = c.layout(i)
@@ -133,10 +150,15 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                                 optimizer_bytes=f(sm.optimizer), activations_bytes=f(sm.activations),
                                 other_bytes=f(sm.other), total_bytes=f(sm.total))
     bubble, comm = f(ev.bubble_fraction), f(ev.comm_fraction)
+    trainable = trainable_params(model, job)
+    checkpoint, reliability, feed = plan_operations(model, job, layout, ev.gpus, time.step_s, seconds,
+                                                    f(ev.tokens_per_s), trainable, ops)
     warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=memory.total_bytes,
                             capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
-                            grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node)
+                            grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
+                            feed=feed, reliability=reliability)
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=f(ev.tokens_per_s),
                     model_tflops_per_gpu=f(ev.model_flops_per_gpu) / 1e12, mfu=f(ev.mfu), hfu=f(ev.hfu),
-                    train=train, warnings=tuple(warnings), stage_memory=tuple(stages[k] for k in sorted(stages)))
+                    train=train, warnings=tuple(warnings), stage_memory=tuple(stages[k] for k in sorted(stages)),
+                    trainable_params=trainable, checkpoint=checkpoint, reliability=reliability, data_feed=feed)

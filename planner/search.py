@@ -15,7 +15,7 @@ import numpy as np
 from planner.errors import PlannerError, require
 from planner.evaluate import Evaluation, evaluate
 from planner.hardware import HardwareProfile
-from planner.layout import RECOMPUTE, SCHEDULES, TARGET_BATCH_TOKENS, Candidates, Job, default_global_batch
+from planner.layout import RECOMPUTE, SCHEDULES, Candidates, Job, default_global_batch
 from planner.model import ModelSpec
 
 OBJECTIVES = ("time", "cost", "memory")
@@ -111,7 +111,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                           f"and kv_heads={model.kv_heads} and the fields pinned ({pins.pinned()})")
     base = np.array(triples, dtype=np.int64)
     mbs = [pins.micro_batch] if pins.micro_batch is not None else list(MICRO_BATCHES)
-    zeros = [pins.zero_stage] if pins.zero_stage is not None else [0, 1, 2, 3]
+    # LoRA's optimizer states and gradients are tiny: sharding them (ZeRO-1/2) buys nothing.
+    zeros = [pins.zero_stage] if pins.zero_stage is not None else [0, 3] if job.lora else [0, 1, 2, 3]
     # Selective recompute recomputes the attention core, which flash attention already does in
     # its backward: the two are the same layout then, so it is searched only with standard attention.
     rcs = ([RECOMPUTE.index(pins.recompute)] if pins.recompute is not None
@@ -126,8 +127,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         gb = np.full_like(dp, job.global_batch)
         keep = gb % (dp * mb) == 0
     else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
-        gb = default_global_batch(model, dp * mb)
-        keep = (gb * model.seq_len <= 1.5 * TARGET_BATCH_TOKENS) | (gb == dp * mb) & (mb == 1)
+        gb = default_global_batch(model, dp * mb, job.batch_tokens_target)
+        keep = (gb * model.seq_len <= 1.5 * job.batch_tokens_target) | (gb == dp * mb) & (mb == 1)
     keep &= ~(sp & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
     m = gb // (dp * mb)
     keep &= (vpp == 1) | (m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp

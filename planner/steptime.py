@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner import comm
+from planner.finetune import lora_params_per_layer
 from planner.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm
 from planner.hardware import HardwareProfile
 from planner.layout import Candidates, Job
@@ -99,8 +100,14 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         attn_bwd = 2 * attn_fwd
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
     ew_layer, ew_softmax = _elementwise_bytes(model, c, job)
-    fwd = gemms + attn_fwd + (ew_layer + ew_softmax) / hbm + e.layer_overhead_s
-    bwd = 2 * gemms + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm + 2 * e.layer_overhead_s
+    # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
+    # GEMMs run at the matmul roof (they are < 1% of the FLOPs at the ranks people use).
+    weight_grads = 0 if job.lora else 1
+    adapter = (lora_params_per_layer(model, job) * 2.0 * c.mb * model.seq_len / c.tp / (peak * e.matmul)
+               if job.lora else 0.0)
+    fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm + e.layer_overhead_s
+    bwd = ((1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm
+           + 2 * e.layer_overhead_s)
     selective = np.where(job.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
@@ -119,7 +126,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
     head = gemm_time(logits_gemm(model, c.mb, c.tp), hw, half_peak, act)
     loss = LOGIT_TRAFFIC_BYTES * c.mb * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
-    head_time = 3 * head + loss  # forward + backward of the output head and the cross-entropy
+    head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
 
     first, fullest, last = stage_layers_arrays(model.layers, c.pp)
     per_layer = lt.forward + lt.backward + lt.recompute
@@ -137,23 +144,25 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     params = np.maximum(fullest * model.layer_params, first * model.layer_params + model.embedding_params)
     shard = params / c.tp
-    grad_bytes = shard * GRAD_BYTES[job.precision]
+    trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
+    grad_bytes = trained * GRAD_BYTES[job.precision]
     param_bytes = shard * act
     ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0)
     rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0)
-    ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0)
+    ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0)  # ZeRO-3: gather the weights
+    ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0)  # ZeRO-1/2: updated weights
     bwd_mb = layers_pace * lt.backward
     hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
     fwd_mb = layers_pace * lt.forward
     zero3 = m * np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb))
     dp = np.select([c.zero == 0, c.zero == 1, c.zero == 2],
-                   [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag,
-                    m * np.maximum(0.0, rs - hidden) + ag], zero3)
+                   [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step,
+                    m * np.maximum(0.0, rs - hidden) + ag_step], zero3)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
-    held = shard / np.where(c.zero >= 1, c.dp, 1)
+    held = trained / np.where(c.zero >= 1, c.dp, 1)
     optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory)
 
     overhead_mb = layers_pace * (3 + (c.recompute == 2)) * e.layer_overhead_s
