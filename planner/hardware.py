@@ -39,6 +39,9 @@ class Network:
     intra_latency_s: float  # per collective step (NCCL-level alpha)
     inter_latency_s: float
     description: str = ""
+    # Devices of a node that can compute at the same time. GPUs: all of them. A CPU host running
+    # one process per "device" on fewer cores time-slices them (a probed CPU profile sets this).
+    compute_slots: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,7 +135,8 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
                       inter_bytes_per_s=float(_get(n, "inter_node_gbit_per_s", str(path))) * 1e9 / 8 / gpn,
                       intra_latency_s=float(n.get("intra_node_latency_us", 5.0)) * 1e-6,
                       inter_latency_s=float(n.get("inter_node_latency_us", 10.0)) * 1e-6,
-                      description=n.get("description", ""))
+                      description=n.get("description", ""),
+                      compute_slots=int(n["compute_slots"]) if "compute_slots" in n else None)
     return HardwareProfile(name=data.get("name", path.stem), description=data.get("description", ""),
                            gpu=gpu, network=network, efficiency=efficiency_from_table(data.get("efficiency", {})),
                            price_usd_per_gpu_hour=float(data.get("price_usd_per_gpu_hour", 2.0)),

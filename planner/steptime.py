@@ -128,8 +128,14 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     loss = LOGIT_TRAFFIC_BYTES * c.mb * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
     head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
 
+    # Devices sharing a host's cores (CPU runs) each compute at slots/devices of their speed.
+    slow = 1.0
+    if hw.network.compute_slots:
+        on_node = np.minimum(c.dp * c.tp * c.pp, hw.network.gpus_per_node)
+        slow = np.maximum(1.0, on_node / hw.network.compute_slots)
+    head_time = head_time * slow
     first, fullest, last = stage_layers_arrays(model.layers, c.pp)
-    per_layer = lt.forward + lt.backward + lt.recompute
+    per_layer = (lt.forward + lt.backward + lt.recompute) * slow
     # The pace of the pipeline is set by its slowest stage (the last one carries the head).
     compute_mb = np.maximum(fullest * per_layer, last * per_layer + head_time)
     layers_pace = np.where(fullest * per_layer >= last * per_layer + head_time, fullest, last)
@@ -151,9 +157,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0)
     ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0)  # ZeRO-3: gather the weights
     ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0)  # ZeRO-1/2: updated weights
-    bwd_mb = layers_pace * lt.backward
+    bwd_mb = layers_pace * lt.backward * slow
     hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
-    fwd_mb = layers_pace * lt.forward
+    fwd_mb = layers_pace * lt.forward * slow
     zero3 = m * np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb))
     dp = np.select([c.zero == 0, c.zero == 1, c.zero == 2],
                    [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step,
@@ -163,9 +169,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
     held = trained / np.where(c.zero >= 1, c.dp, 1)
-    optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory)
+    optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory) * slow
 
-    overhead_mb = layers_pace * (3 + (c.recompute == 2)) * e.layer_overhead_s
+    overhead_mb = layers_pace * (3 + (c.recompute == 2)) * e.layer_overhead_s * slow
     st = StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
                   bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s)
     return st, compute_mb

@@ -1,0 +1,243 @@
+"""`planner probe`: micro-benchmarks of the machine at hand, written as a hardware profile.
+
+Matmul FLOP/s over sizes and dtypes (the efficiency curve), memory bandwidth, and all-reduce,
+all-gather and point-to-point bandwidth and latency across N local processes (gloo on CPU, NCCL on
+GPU; bus bandwidth as nccl-tests defines it). torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.hardware import HardwareProfile, efficiency_to_table
+from planner.units import GIB
+
+CPU_SIZES = (64, 128, 256, 512, 1024)
+GPU_SIZES = (256, 512, 1024, 2048, 4096, 8192)
+COLLECTIVE_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
+
+
+@dataclass
+class ProbeResult:
+    device: str  # "cpu" or "cuda"
+    device_name: str
+    matmul: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # dtype -> [(n, FLOP/s)]
+    memory_bytes_per_s: float = 0.0
+    collectives: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # op -> [(bytes, s)]
+    nprocs: int = 1
+    cores: int = 1
+    memory_bytes: float = 0.0
+    torch_version: str = ""
+
+
+def _timeit(fn, sync, min_seconds: float) -> float:
+    """Median seconds per call over repeats filling ``min_seconds``."""
+    fn()
+    sync()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_seconds or len(times) < 3:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def probe_matmul(device: str, dtypes: list[str], sizes: tuple[int, ...], seconds: float) -> dict:
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name in dtypes:
+        dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        points = []
+        for n in sizes:
+            a = torch.randn(n, n, device=device, dtype=dtype)
+            b = torch.randn(n, n, device=device, dtype=dtype)
+            t = _timeit(lambda: torch.mm(a, b), sync, seconds)
+            points.append((n, 2.0 * n**3 / t))
+        out[name] = points
+    return out
+
+
+def probe_memory(device: str, seconds: float) -> float:
+    """Copy bandwidth, counting read + write: 2 x bytes / time."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    n = (256 if device == "cpu" else 2048) * 2**20 // 4
+    a = torch.empty(n, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    a.fill_(1.0)
+    t = _timeit(lambda: b.copy_(a), sync, seconds)
+    return 2 * a.numel() * 4 / t
+
+
+def _collective_worker(rank: int, world: int, backend: str, port: int, sizes: tuple[int, ...], out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
+    results: dict[str, list[tuple[int, float]]] = {"all_reduce": [], "all_gather": [], "p2p": []}
+    for size in sizes:
+        x = torch.ones(size // 4, dtype=torch.float32, device=device)
+        parts = [torch.empty_like(x) for _ in range(world)]
+
+        def timed(fn) -> float:
+            for _ in range(2):
+                fn()
+            sync()
+            dist.barrier()
+            reps, t0 = 5, time.perf_counter()
+            for _ in range(reps):
+                fn()
+            sync()
+            return (time.perf_counter() - t0) / reps
+
+        results["all_reduce"].append((size, timed(lambda: dist.all_reduce(x))))
+        results["all_gather"].append((size * world, timed(lambda: dist.all_gather(parts, x))))
+
+        def pingpong() -> None:  # rank 0 <-> rank 1, one way per call on average
+            if rank == 0:
+                dist.send(x, 1)
+                dist.recv(x, 1)
+            elif rank == 1:
+                dist.recv(x, 0)
+                dist.send(x, 0)
+
+        results["p2p"].append((size, timed(pingpong) / 2))
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def probe_collectives(nprocs: int, backend: str, sizes: tuple[int, ...]) -> dict:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "collectives.json")
+        mp.start_processes(_collective_worker, args=(nprocs, backend, port, sizes, out), nprocs=nprocs,
+                           start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def fit_half_dim(points: list[tuple[int, float]], half_dim: float | None = None) -> tuple[float, float]:
+    """Fit FLOP/s(n) = P * n / (n + d) over a grid of d (P in closed form, relative error);
+    returns (P, d). With ``half_dim`` given, only P is fitted."""
+    best = (math.inf, 0.0, 0.0)
+    grid = [half_dim] if half_dim is not None else [0.0] + [2 ** (k / 4) for k in range(0, 60)]
+    for d in grid:
+        # minimise sum (P w/f - 1)^2 over P: P = sum(w/f) / sum((w/f)^2)
+        w = [n / (n + d) for n, _ in points]
+        p = sum(wi / f for wi, (_, f) in zip(w, points)) / sum((wi / f) ** 2 for wi, (_, f) in zip(w, points))
+        err = sum((p * wi / f - 1) ** 2 for wi, (_, f) in zip(w, points))
+        if err < best[0]:
+            best = (err, p, d)
+    return best[1], best[2]
+
+
+def fit_alpha_beta(points: list[tuple[int, float]], factor: float) -> tuple[float, float]:
+    """Least squares t = alpha + factor * bytes / bw; returns (alpha seconds, bw bytes/s)."""
+    xs = [factor * b for b, _ in points]
+    ts = [t for _, t in points]
+    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
+    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
+    slope = max(slope, 1e-15)
+    return max(mt - slope * mx, 0.0), 1.0 / slope
+
+
+def run_probe(nprocs: int, quick: bool = False, device: str | None = None) -> ProbeResult:
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    seconds = 0.05 if quick else 0.3
+    if device == "cuda":
+        name, dtypes, sizes = torch.cuda.get_device_name(0), ["fp32", "tf32", "bf16", "fp16"], GPU_SIZES
+        memory = float(torch.cuda.get_device_properties(0).total_memory)
+    else:
+        name, dtypes, sizes = platform.processor() or platform.machine(), ["fp32", "bf16"], CPU_SIZES
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(nprocs, 1)
+        torch.set_num_threads(1)  # as under torchrun: one thread per process
+    if quick:
+        sizes = sizes[:-1]
+    result = ProbeResult(device=device, device_name=name, nprocs=nprocs, memory_bytes=memory,
+                         cores=len(os.sched_getaffinity(0)), torch_version=torch.__version__)
+    result.matmul = probe_matmul(device, dtypes, sizes, seconds)
+    result.memory_bytes_per_s = probe_memory(device, seconds)
+    if nprocs > 1:
+        backend = "nccl" if device == "cuda" else "gloo"
+        result.collectives = probe_collectives(nprocs, backend, COLLECTIVE_BYTES[:-1] if quick else COLLECTIVE_BYTES)
+    return result
+
+
+def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None) -> str:
+    """A hardware profile from probe results. With a base (datasheet) profile, the datasheet peaks
+    stay and the measurements become efficiency factors; without one (a CPU), the fitted peaks are
+    the peaks and the factors are 1."""
+    main_dtype = "bf16" if r.device == "cuda" else "fp32"
+    peak, half = fit_half_dim(r.matmul.get(main_dtype) or next(iter(r.matmul.values())))
+    # One half-size per profile: the other dtypes' peaks are fitted with the main dtype's.
+    fits = {dt: fit_half_dim(points, half) for dt, points in r.matmul.items()}
+    n = max(r.nprocs, 2)
+    lines = [f'# Probed by `planner probe` on {socket.gethostname()} ({r.device_name}), '
+             f'{datetime.date.today().isoformat()}, torch {r.torch_version}.',
+             f'name = "{name}"', f'description = "probed: {r.device_name} ({r.device}, {r.nprocs} processes)"', "",
+             "[gpu]", f'model = "{r.device_name}"']
+    if base is not None:
+        g = base.gpu
+        lines += [f"memory_gib = {g.memory_bytes / GIB:g}", f"hbm_gb_per_s = {g.hbm_bytes_per_s / 1e9:g}",
+                  f"tdp_w = {g.tdp_watts:g}"]
+        lines += [f"{p}_tflops = {v / 1e12:g}" for p, v in g.peak_flops.items() if v]
+        eff = base.efficiency.replace(matmul=min(1.0, peak / g.peak_flops[main_dtype]), matmul_half_dim=half,
+                                      memory=min(1.0, r.memory_bytes_per_s / g.hbm_bytes_per_s))
+    else:
+        lines += [f"memory_gib = {r.memory_bytes / GIB:.1f}  # host memory / processes",
+                  f"hbm_gb_per_s = {r.memory_bytes_per_s / 1e9:.2f}  # measured copy bandwidth",
+                  f"tdp_w = {15 * r.cores}  # an assumption: 15 W per core"]
+        for dt in ("fp32", "tf32", "fp16", "bf16"):
+            if dt in fits:
+                lines.append(f"{dt}_tflops = {fits[dt][0] / 1e12:.6g}  # fitted from the matmul curve")
+        eff = None
+    link, lat = 0.0, 10e-6
+    if r.collectives:
+        lat_total, bw = fit_alpha_beta(r.collectives["all_reduce"], 2 * (n - 1) / n)
+        link, lat = bw, lat_total / (2 * (n - 1))
+    intra = link or r.memory_bytes_per_s / 4
+    lines += ["", "[node]", f"gpus_per_node = {r.nprocs}",
+              f"intra_node_gb_per_s = {intra / 1e9:.4g}  # all-reduce bus bandwidth (fitted alpha-beta)",
+              f"inter_node_gbit_per_s = {intra * 8 / 1e9 * r.nprocs:.4g}  # loopback: same as inside",
+              f"intra_node_latency_us = {lat * 1e6:.4g}", f"inter_node_latency_us = {lat * 1e6:.4g}"]
+    if r.device == "cpu":
+        lines.append(f"compute_slots = {r.cores}  # cores: more processes than this time-slice them")
+    lines += ["", "[efficiency]"]
+    table = efficiency_to_table(eff) if eff is not None else {"matmul": 1.0, "matmul_half_dim": half, "memory": 1.0,
+                                                               "intra_node_bw": 1.0, "inter_node_bw": 1.0}
+    lines += [f"{k} = {v:.6g}" for k, v in table.items()]
+    lines += ["", "[provenance]", 'kind = "probe"', f'date = "{datetime.datetime.now().isoformat(timespec="seconds")}"',
+              f"matmul_json = '{json.dumps(r.matmul)}'",
+              f"memory_bytes_per_s = {r.memory_bytes_per_s:.6g}",
+              f"collectives_json = '{json.dumps(r.collectives)}'"]
+    return "\n".join(lines) + "\n"
