@@ -19,6 +19,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes, shorter timings")
     p.set_defaults(func=cmd_probe)
 
+    p = sub.add_parser("calibrate", help="fit a profile's efficiency factors to run records")
+    p.add_argument("runs", nargs="+", help="run folders, record.json files, or folders of runs")
+    p.add_argument("--base", required=True, help="the profile the runs ran on (a probed one for CPU runs)")
+    p.add_argument("--out", required=True, help="calibrated profile file to write (TOML)")
+    p.add_argument("--name", help="profile name (default: the file's stem)")
+    p.add_argument("--factors", help="comma-separated factors to fit (default: "
+                   "matmul,matmul_half_dim,memory,intra_node_bw,layer_overhead_s,step_overhead_s)")
+    p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("validate", help="predicted vs measured, per run, with the error")
+    p.add_argument("runs", nargs="*", help="run folders, record.json files, or folders of runs")
+    p.add_argument("--published", help="a published-results CSV (columns of megatron2021_table1.csv)")
+    p.add_argument("--gpu", help="profile to predict with (default: the one each run names or matches)")
+    p.add_argument("--plot", help="write predicted-vs-measured to this PNG")
+    p.add_argument("--format", choices=("text", "json", "csv"), default="text")
+    p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
+    p.set_defaults(func=cmd_validate)
+
 
 def cmd_probe(a: argparse.Namespace) -> int:
     from pathlib import Path
@@ -46,4 +65,62 @@ def cmd_probe(a: argparse.Namespace) -> int:
     for op, points in result.collectives.items():
         print(f"{op}: " + ", ".join(f"{b // 1024} KiB {t * 1e3:.2f} ms" for b, t in points))
     print(f"wrote {a.out}")
+    return 0
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from planner.calibrate import DEFAULT_FACTORS, calibrate, calibrated_profile_toml, check_factors, describe_fit
+    from planner.files import write_atomic
+    from planner.hardware import get_profile
+    from planner.measured import load_measurements
+
+    base = get_profile(a.base)
+    factors = tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors else DEFAULT_FACTORS
+    runs, skipped = load_measurements(a.runs, strict=a.strict)
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
+    check_factors(factors, len(runs))
+    fit = calibrate(runs, base, factors)
+    print(describe_fit(fit, runs))
+    if not fit.converged:
+        print(f"planner calibrate: {fit.message}; kept the base profile {base.name}, wrote nothing",
+              file=sys.stderr)
+        return 1
+    name = a.name or Path(a.out).stem
+    write_atomic(a.out, calibrated_profile_toml(base, fit, runs, name))
+    print(f"wrote {a.out} (profile {name}; use --gpu {a.out})")
+    return 0
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    import json
+
+    from planner.hardware import get_profile
+    from planner.measured import load_measurements, published_measurements
+    from planner.validate import compare, plot, summary, table
+
+    if not a.runs and not a.published:
+        raise PlannerError("runs", "none", "give run folders/records, or --published FILE.csv")
+    runs, skipped = load_measurements(a.runs, strict=a.strict) if a.runs else ([], [])
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
+    if a.published:
+        runs += published_measurements(a.published)
+    if not runs:
+        raise PlannerError("runs", len(a.runs), "no usable run record")
+    points = compare(runs, get_profile(a.gpu) if a.gpu else None)
+    if a.format == "json":
+        print(json.dumps({"points": [{k: getattr(p, k) for k in p.__slots__} for p in points],
+                          "summary": summary(points), "skipped": skipped}, indent=1))
+    elif a.format == "csv":
+        print("run,quantity,predicted,measured,error")
+        for p in points:
+            print(f"{p.run},{p.quantity},{p.predicted!r},{p.measured!r},{p.error!r}")
+    else:
+        print(table(points))
+    if a.plot:
+        plot(points, a.plot)
+        print(f"wrote {a.plot}", file=sys.stderr)
     return 0

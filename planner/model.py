@@ -29,6 +29,7 @@ class ModelSpec:
     vocab: int = 32000
     seq_len: int = 2048
     tied_embeddings: bool | None = None  # None: tied for gpt, untied for llama
+    dropout: float | None = None  # None: 0.1 for gpt (GPT-2/3, Megatron-LM), 0 for llama
 
     def __post_init__(self) -> None:
         require(self.arch in ARCHS, "arch", self.arch, f"one of {', '.join(ARCHS)}")
@@ -41,6 +42,9 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.arch, self.hidden))
         if self.tied_embeddings is None:
             object.__setattr__(self, "tied_embeddings", self.arch == "gpt")
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", 0.1 if self.arch == "gpt" else 0.0)
+        require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "in [0, 1)")
         require(isinstance(self.kv_heads, int) and self.kv_heads > 0, "kv_heads", self.kv_heads, "a positive integer")
         require(isinstance(self.ffn_hidden, int) and self.ffn_hidden > 0, "ffn_hidden", self.ffn_hidden,
                 "a positive integer")
@@ -69,7 +73,8 @@ class ModelSpec:
 
     @property
     def has_dropout(self) -> bool:
-        return self.arch == "gpt"
+        """Dropout keeps 1-byte masks for backward and costs element-wise passes."""
+        return self.dropout > 0
 
     @property
     def learned_positions(self) -> bool:
