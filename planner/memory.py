@@ -26,7 +26,7 @@ GRAD_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 4, "fp8": 4}
 # AdamW: fp32 momentum + variance (8), plus the fp32 master weights (4) under mixed precision.
 OPTIMIZER_BYTES = {"fp32": 8, "tf32": 8, "fp16": 12, "bf16": 12, "fp8": 12}
 ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
-LOGIT_BYTES = 6  # 16-bit logits plus the fp32 copy the cross-entropy keeps (Megatron vocab-parallel CE)
+FP32_LOGIT_BYTES = 4  # the fp32 copy the cross-entropy keeps beside the logits (Megatron vocab-parallel CE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
         the MLP (4 * e*h) and the two dropout masks (2 * h, GPT only);
       split by TP: Q, K, V and the attention output (e*(2h + 2h_kv)), the MLP's internal
         tensors (2 * e*f for GELU, 3 * e*f for SwiGLU), and for standard attention the softmax
-        output (e*a*s) plus dropout mask and output (3*a*s with dropout); flash attention keeps
+        output (e*a*s) plus dropout mask and output ((1 + e)*a*s with dropout); flash attention keeps
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
     Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
@@ -69,7 +69,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
     replicated = 4 * e * h + 2 * h * drop
     split = e * (2 * h + 2 * hkv) + (3 if model.gated_mlp else 2) * e * f
     if job.attention == "standard":
-        scores = np.where(rc == 0, e * a * s + 3 * a * s * drop, 0.0)
+        scores = np.where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
     else:
         scores = np.full(len(c), 4.0 * a)
     tp = c.tp.astype(float)
@@ -113,7 +113,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
         # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
         mask = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight / np.where(c.sp, tp, 1)
         acts = acts + np.where(is_first, mask, 0.0)
-        acts = acts + np.where(is_last, LOGIT_BYTES * tokens * model.vocab / tp, 0.0)
+        logits = (ACT_BYTES[job.precision] + FP32_LOGIT_BYTES) * tokens * model.vocab / tp
+        acts = acts + np.where(is_last, logits, 0.0)
         # ZeRO-3 gathers one layer's full weights and prefetches the next: two 16-bit layers.
         gather = np.where(c.zero >= 3, 2 * model.layer_params / tp * e, 0.0)
         distributed = (c.dp * c.tp * c.pp) > 1
