@@ -19,6 +19,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes, shorter timings")
     p.set_defaults(func=cmd_probe)
 
+    p = sub.add_parser("profile", help="run a grid of short reference-trainer runs, one run record each")
+    p.add_argument("--grid", default="cpu", help="cpu (14 runs) or cpu-ci (8 runs)")
+    p.add_argument("--out", default="runs/grid", help="folder for the runs (default runs/grid)")
+    p.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
+    p.add_argument("--gpu", help="the profile the runs are predicted with (e.g. one from `planner probe`)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it counts as failed")
+    p.set_defaults(func=cmd_profile)
+
     p = sub.add_parser("calibrate", help="fit a profile's efficiency factors to run records")
     p.add_argument("runs", nargs="+", help="run folders, record.json files, or folders of runs")
     p.add_argument("--base", required=True, help="the profile the runs ran on (a probed one for CPU runs)")
@@ -124,3 +132,18 @@ def cmd_validate(a: argparse.Namespace) -> int:
         plot(points, a.plot)
         print(f"wrote {a.plot}", file=sys.stderr)
     return 0
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from planner.hardware import get_profile
+    from planner.profile_grid import grid_runs, run_grid
+
+    if a.gpu:
+        get_profile(a.gpu)  # a bad name fails here, not in every run
+    runs = grid_runs(a.grid, a.steps, Path(a.out), a.gpu)
+    summary = run_grid(runs, Path(a.out), a.timeout)
+    ok = sum(e["status"] == "ok" for e in summary)
+    print(f"{ok} of {len(summary)} runs completed; records under {a.out} (summary: {a.out}/grid.json)")
+    return 0 if ok else 1

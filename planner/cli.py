@@ -17,7 +17,7 @@ EXIT_DOES_NOT_FIT = 3
 # Subcommands that live in their own modules. Each module has ``add_parser(sub)``, which adds its
 # parser and sets ``func`` (a function of the parsed args returning the exit code) with
 # ``set_defaults``. They are imported when the parser is built: keep their imports light.
-EXTENSIONS: tuple[str, ...] = ("planner.calibrate_cli", "planner.decide_cli", "planner.export_cli")
+EXTENSIONS: tuple[str, ...] = ("planner.calibrate_cli", "planner.decide_cli", "planner.export_cli", "planner.app_cli")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 
 from planner.hardware import PRECISIONS
 from planner.inputs import DEFAULT_GPU
-from planner.layout import ATTENTION, RECOMPUTE, SCHEDULES
+from planner.layout import ATTENTION, MODES, RECOMPUTE, SCHEDULES
+from planner.resilience import LLAMA3_MTBF_GPU_HOURS
 from planner.model import ARCHS
 
 AUTO = "auto"  # a layout field left to the search
 MODEL_SOURCES = ("params", "preset", "shape")
+LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
+                    "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
 OBJECTIVES = ("time", "cost", "memory")
 
 
@@ -73,8 +76,9 @@ def fields() -> tuple[Field, ...]:
         Field(name="gpu", label="GPU profile", kind="choice", default=DEFAULT_GPU, choices=tuple(profile_names()),
               group="hardware", help="built-in and calibrated profiles (`planner profiles`)"),
         Field(name="gpus", label="GPUs", kind="int", default=128, low=1, high=65536, step=8, group="hardware"),
-        Field(name="tokens", label="Tokens to train (billions; 0: 20 per parameter)", kind="float", default=0.0,
-              low=0.0, high=1e6, step=100.0, group="job", help="0 is the Chinchilla rule, 20 tokens per parameter"),
+        Field(name="tokens", label="Tokens to train (billions; 0: default)", kind="float", default=0.0,
+              low=0.0, high=1e6, step=100.0, group="job",
+              help="0: the Chinchilla rule (20 tokens per parameter) for pre-training, 1B for fine-tuning"),
         Field(name="precision", label="Precision", kind="choice", default="bf16", choices=PRECISIONS, group="job"),
         Field(name="attention", label="Attention", kind="choice", default="flash", choices=ATTENTION, group="job"),
         Field(name="overlap", label="Overlap DP reduction with backward", kind="bool", default=True, group="job"),
@@ -82,6 +86,26 @@ def fields() -> tuple[Field, ...]:
               low=0.0, high=1000.0, step=0.25, optional=True, group="job"),
         Field(name="pue", label="PUE", kind="float", default=1.2, low=1.0, high=3.0, step=0.05, group="job",
               help="data-centre power usage effectiveness"),
+        Field(name="mode", label="Training", kind="choice", default="pretrain", choices=MODES, group="finetune",
+              help="pre-training, full fine-tuning, or LoRA (frozen model + rank-r adapters)"),
+        Field(name="lora_r", label="LoRA rank r", kind="int", default=8, low=1, high=4096, group="finetune"),
+        Field(name="lora_alpha", label="LoRA alpha", kind="float", default=16.0, low=0.01, high=65536.0, step=1.0,
+              group="finetune", help="scales the update; costs nothing"),
+        Field(name="lora_targets", label="LoRA targets", kind="choice", default=LORA_TARGET_SETS[0],
+              choices=LORA_TARGET_SETS, group="finetune"),
+        Field(name="mtbf_gpu_hours", label="MTBF per GPU, hours (0: no failures)", kind="float",
+              default=round(LLAMA3_MTBF_GPU_HOURS), low=0.0, high=1e9, step=1000.0, group="operations",
+              help="default: Llama 3's 419 unexpected interruptions in 54 days on 16,384 GPUs"),
+        Field(name="restart_minutes", label="Restart after a failure, minutes", kind="float", default=10.0,
+              low=0.0, high=1440.0, step=1.0, group="operations", help="detect, reschedule, re-initialise"),
+        Field(name="storage_gbps", label="Storage bandwidth, GB/s", kind="float", default=20.0, low=0.001,
+              high=100000.0, step=1.0, group="operations", help="aggregate, for checkpoints and training data"),
+        Field(name="keep_last", label="Checkpoints kept", kind="int", default=3, low=1, high=1000,
+              group="operations"),
+        Field(name="epochs", label="Epochs over the dataset", kind="float", default=1.0, low=0.01, high=1000.0,
+              step=1.0, group="operations"),
+        Field(name="packing_efficiency", label="Packing efficiency", kind="float", default=1.0, low=0.01, high=1.0,
+              step=0.05, group="operations", help="share of sequence positions holding real tokens"),
         Field(name="tp", label="Tensor parallel (0: search)", kind="int", default=0, low=0, high=1024,
               group="layout"),
         Field(name="pp", label="Pipeline stages (0: search)", kind="int", default=0, low=0, high=1024,
@@ -210,6 +234,17 @@ def argv_from_state(state: Mapping[str, object]) -> list[str]:
         argv += ["--price-per-gpu-hour", f"{float(s['price']):.10g}"]
     if s["pue"] != field_map()["pue"].default:
         argv += ["--pue", f"{float(s['pue']):.10g}"]
+    if s["mode"] != "pretrain":
+        argv += ["--mode", str(s["mode"])]
+    if s["mode"] == "lora":
+        argv += ["--lora-r", str(s["lora_r"]), "--lora-alpha", f"{float(s['lora_alpha']):.10g}",
+                 "--lora-targets", str(s["lora_targets"])]
+    if s["mtbf_gpu_hours"] != field_map()["mtbf_gpu_hours"].default:
+        argv += ["--mtbf-gpu-hours", "inf" if not s["mtbf_gpu_hours"] else f"{float(s['mtbf_gpu_hours']):.10g}"]
+    for name in ("restart_minutes", "storage_gbps", "keep_last", "epochs", "packing_efficiency"):
+        if s[name] != field_map()[name].default:
+            value = s[name]
+            argv += [f"--{name.replace('_', '-')}", f"{value:.10g}" if isinstance(value, float) else str(value)]
     for name in ("tp", "pp", "vpp", "micro_batch"):
         if s[name]:
             argv += [f"--{name.replace('_', '-')}", str(s[name])]
@@ -248,3 +283,13 @@ def pins_from_layout(layout: Mapping[str, object]) -> dict[str, object]:
             "micro_batch": int(layout["micro_batch"]), "global_batch": int(layout["global_batch"]),
             "zero": str(layout["zero_stage"]), "recompute": str(layout["recompute"]),
             "sequence_parallel": "on" if layout["sequence_parallel"] else "off", "schedule": str(layout["schedule"])}
+
+
+def pin_value(planner_field: str, value: object) -> tuple[str, object]:
+    """A planner layout field and value (as PlannerError and Pins name them) as the sidebar field and
+    its widget value: zero_stage 3 -> ('zero', '3'), sequence_parallel True -> ('sequence_parallel', 'on')."""
+    if planner_field == "zero_stage":
+        return "zero", str(value)
+    if planner_field == "sequence_parallel":
+        return planner_field, "on" if value else "off"
+    return planner_field, value

@@ -39,8 +39,8 @@ class Network:
     intra_latency_s: float  # per collective step (NCCL-level alpha)
     inter_latency_s: float
     description: str = ""
-    # Devices of a node that can compute at the same time. GPUs: all of them. A CPU host running
-    # one process per "device" on fewer cores time-slices them (a probed CPU profile sets this).
+    # Devices of a node that can compute at the same time. GPUs: all of them (None). A CPU host
+    # shares its cores among its processes (a probed CPU profile sets this to the core count).
     compute_slots: int | None = None
 
 

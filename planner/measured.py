@@ -36,7 +36,7 @@ class Measurement:
     tokens_per_s: float | None = None
     mfu: float | None = None
     peak_memory_bytes: float | None = None
-    memory_kind: str | None = None  # "cuda_allocated" is comparable with the planner's total; RSS is not
+    memory_kind: str | None = None  # "cuda" (allocated) is comparable with the planner's total; CPU RSS is not
     bubble_fraction: float | None = None
     comm_fraction: float | None = None
 

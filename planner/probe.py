@@ -24,6 +24,7 @@ from planner.units import GIB
 CPU_SIZES = (64, 128, 256, 512, 1024)
 GPU_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 COLLECTIVE_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
+HOST_PROCESSES = 64  # a CPU profile's "GPUs per node": any run on one host fits in one node
 
 
 @dataclass
@@ -226,12 +227,14 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
         lat_total, bw = fit_alpha_beta(r.collectives["all_reduce"], 2 * (n - 1) / n)
         link, lat = bw, lat_total / (2 * (n - 1))
     intra = link or r.memory_bytes_per_s / 4
-    lines += ["", "[node]", f"gpus_per_node = {r.nprocs}",
+    # A CPU host runs any number of processes ("devices"); they share its cores (compute_slots).
+    per_node = HOST_PROCESSES if r.device == "cpu" else r.nprocs
+    lines += ["", "[node]", f"gpus_per_node = {per_node}",
               f"intra_node_gb_per_s = {intra / 1e9:.4g}  # all-reduce bus bandwidth (fitted alpha-beta)",
-              f"inter_node_gbit_per_s = {intra * 8 / 1e9 * r.nprocs:.4g}  # loopback: same as inside",
+              f"inter_node_gbit_per_s = {intra * 8 / 1e9 * per_node:.4g}  # loopback: same as inside",
               f"intra_node_latency_us = {lat * 1e6:.4g}", f"inter_node_latency_us = {lat * 1e6:.4g}"]
     if r.device == "cpu":
-        lines.append(f"compute_slots = {r.cores}  # cores: more processes than this time-slice them")
+        lines.append(f"compute_slots = {r.cores}  # cores, shared by the processes of a run")
     lines += ["", "[efficiency]"]
     table = efficiency_to_table(eff) if eff is not None else {"matmul": 1.0, "matmul_half_dim": half, "memory": 1.0,
                                                                "intra_node_bw": 1.0, "inter_node_bw": 1.0}

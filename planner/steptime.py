@@ -128,11 +128,12 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     loss = LOGIT_TRAFFIC_BYTES * c.mb * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
     head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
 
-    # Devices sharing a host's cores (CPU runs) each compute at slots/devices of their speed.
+    # A CPU host's cores are shared by its processes (threads per process = cores / processes,
+    # as the trainer's launcher sets them): each computes at cores/processes of one core's speed.
     slow = 1.0
     if hw.network.compute_slots:
         on_node = np.minimum(c.dp * c.tp * c.pp, hw.network.gpus_per_node)
-        slow = np.maximum(1.0, on_node / hw.network.compute_slots)
+        slow = on_node / hw.network.compute_slots
     head_time = head_time * slow
     first, fullest, last = stage_layers_arrays(model.layers, c.pp)
     per_layer = (lt.forward + lt.backward + lt.recompute) * slow

@@ -27,6 +27,6 @@ def test_quick_probe_writes_a_profile_the_planner_uses(tmp_path):
     assert main(["probe", "--out", str(out), "--nprocs", "2", "--quick"]) == 0
     hw = load_profile_file(out)
     assert hw.gpu.peak_flops["fp32"] > 1e9 and hw.gpu.hbm_bytes_per_s > 1e8
-    assert hw.network.gpus_per_node == 2 and hw.network.intra_bytes_per_s > 0 and hw.network.compute_slots >= 1
+    assert hw.network.gpus_per_node >= 2 and hw.network.intra_bytes_per_s > 0 and hw.network.compute_slots >= 1
     assert main(["estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq-len", "32",
                  "--gpu", str(out), "--gpus", "2", "--precision", "fp32", "--tokens", "1M"]) == 0

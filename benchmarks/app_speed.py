@@ -1,0 +1,106 @@
+"""How long one interaction with the what-if explorer takes: the planner's recompute, uncached and
+cached, and the whole page run (script computing and drawing) as Streamlit's AppTest measures it.
+
+    python benchmarks/app_speed.py [--repeats 5]
+
+"compute" is planner.explore.compute for the new input (what st.cache_data saves); "page" is the
+app's own timer around one script run (st.session_state["_run_ms"]), first with a value not seen
+before (the search runs), then with a value seen before (st.cache_data answers). The Hardware tab
+searches every profile, so it is timed on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from pathlib import Path
+
+from planner import explore, explore_state
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (what the user does, the sidebar field, values to visit in turn: each new one once, then again)
+INTERACTIONS = [
+    ("GPUs 128 -> 256", "gpus", [256, 512, 64, 1024, 32]),
+    ("GPU profile", "gpu", ["a6000", "h100-80g", "v100-32g", "a100-40g", "h200"]),
+    ("recompute pinned", "recompute", ["full", "selective", "none"]),
+    ("tp pinned", "tp", [2, 4, 1]),
+    ("micro-batch pinned", "micro_batch", [1, 2, 4, 8]),
+    ("tokens to train", "tokens", [500.0, 1000.0, 2000.0, 4000.0]),
+    ("model size", "params", [13.0, 70.0, 7.0, 175.0]),
+    ("precision", "precision", ["fp16", "fp8", "fp32"]),
+    ("impossible tp (error + nearest values)", "tp", [3, 5, 7]),
+]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.1f}"
+
+
+def compute_times(field: str, values: list, repeats: int) -> float:
+    """Median seconds of explore.compute for each value (no cache: the function itself)."""
+    times = []
+    for value in values:
+        argv = explore_state.argv_from_state({**explore_state.defaults(), field: value})
+        for _ in range(repeats):
+            start = time.perf_counter()
+            explore.compute(argv)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def page_times(field: str, values: list, tab: str = "Plan") -> tuple[float, float]:
+    """Median page-run ms for values not seen before, and for the same values seen again."""
+    from streamlit.testing.v1 import AppTest
+
+    # AppTest runs the page outside `streamlit run`; Streamlit logs that it noticed, once per page.
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").disabled = True
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params["tab"] = tab
+    at.run()
+    default = explore_state.defaults()[field]
+
+    def visit(value) -> float:
+        kind = explore_state.field_map()[field].kind
+        widget = at.number_input(key=field) if kind in ("int", "float") else at.selectbox(key=field)
+        widget.set_value(value).run()
+        assert not at.exception, [e.message for e in at.exception]
+        return at.session_state["_run_ms"] / 1e3
+
+    first = [visit(v) for v in values]
+    visit(default)
+    again = [visit(v) for v in values]
+    return statistics.median(first), statistics.median(again)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    explore.compute(explore_state.argv_from_state(explore_state.defaults()))  # imports, profile files
+    print("what-if explorer, one interaction, milliseconds (median); default 33B on 128 x a100-80g")
+    print(f"{'interaction':42s} {'compute':>8s} {'page, new':>10s} {'page, seen':>10s}")
+    for label, field, values in INTERACTIONS:
+        c = compute_times(field, values, args.repeats)
+        new, seen = page_times(field, values)
+        print(f"{label:42s} {ms(c):>8s} {ms(new):>10s} {ms(seen):>10s}")
+    print("\nHardware tab (every profile; the sweep: 7 profiles x 10 GPU counts)")
+    state = explore_state.defaults()
+    start = time.perf_counter()
+    explore.compare_hardware(explore_state.comparison_argv(state), 256)
+    compare = time.perf_counter() - start
+    start = time.perf_counter()
+    explore.sweep(explore_state.sweep_argv({**state, "params": 13.0}))
+    sweep = time.perf_counter() - start
+    new_gpus, seen_gpus = page_times("gpus", [256, 512, 64], tab="Hardware")
+    new_model, seen_model = page_times("params", [13.0, 70.0], tab="Hardware")
+    print(f"{'compare 7 profiles at one GPU count':42s} {ms(compare):>8s}")
+    print(f"{'days-vs-GPUs sweep (70 searches)':42s} {ms(sweep):>8s}")
+    print(f"{'GPUs changed, Hardware tab open':42s} {'':>8s} {ms(new_gpus):>10s} {ms(seen_gpus):>10s}")
+    print(f"{'model changed, Hardware tab open':42s} {'':>8s} {ms(new_model):>10s} {ms(seen_model):>10s}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""`planner profile`: a grid of short reference-trainer runs, one run record each.
+
+Each run is `python -m reference_trainer.launch ...` in its own process (its output goes to the
+run's log file); a failed run is recorded as failed and the grid goes on. The grid's summary,
+grid.json, lists every run with its status.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import PlannerError
+from planner.files import write_atomic
+
+# Tiny shapes a 2-core CPU trains in milliseconds per step (vocab and seq kept small).
+CPU_MODELS = {
+    "gpt-s": ["--arch", "gpt", "--layers", "4", "--hidden", "128", "--heads", "4", "--vocab", "512",
+              "--seq-len", "128", "--dropout", "0"],
+    "llama-m": ["--arch", "llama", "--layers", "4", "--hidden", "256", "--heads", "8", "--kv-heads", "4",
+                "--vocab", "1024", "--seq-len", "128"],
+    "gpt-l": ["--arch", "gpt", "--layers", "8", "--hidden", "256", "--heads", "8", "--vocab", "1024",
+              "--seq-len", "256", "--dropout", "0"],
+}
+# (model, dp, tp, pp, micro_batch, global_batch, recompute)
+GRIDS: dict[str, list[tuple[str, int, int, int, int, int, str]]] = {
+    "cpu": [
+        ("gpt-s", 1, 1, 1, 4, 16, "none"), ("gpt-s", 2, 1, 1, 2, 16, "none"), ("gpt-s", 1, 2, 1, 8, 16, "none"),
+        ("gpt-s", 1, 1, 2, 1, 16, "none"), ("gpt-s", 2, 2, 1, 4, 16, "full"), ("llama-m", 1, 1, 1, 2, 8, "none"),
+        ("llama-m", 2, 1, 1, 4, 16, "none"), ("llama-m", 1, 2, 1, 4, 8, "full"), ("llama-m", 1, 1, 2, 2, 16, "none"),
+        ("llama-m", 2, 1, 2, 2, 16, "none"), ("gpt-l", 1, 1, 1, 1, 4, "none"), ("gpt-l", 2, 1, 1, 2, 8, "full"),
+        ("gpt-l", 1, 2, 2, 2, 8, "none"), ("gpt-l", 1, 1, 2, 4, 16, "none"),
+    ],
+}
+GRIDS["cpu-ci"] = [GRIDS["cpu"][i] for i in (0, 1, 2, 3, 5, 6, 8, 11)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GridRun:
+    name: str
+    argv: tuple[str, ...]
+
+
+def grid_runs(grid: str, steps: int, runs_dir: Path, profile: str | None) -> list[GridRun]:
+    if grid not in GRIDS:
+        raise PlannerError("grid", grid, f"one of {', '.join(GRIDS)}")
+    if steps < 4:
+        raise PlannerError("steps", steps, "at least 4 (the first steps are warm-up, left out of the timing)")
+    out = []
+    for i, (model, dp, tp, pp, mb, gb, rc) in enumerate(GRIDS[grid]):
+        name = f"{i:02d}-{model}-dp{dp}tp{tp}pp{pp}-mb{mb}-{rc}"
+        argv = [*CPU_MODELS[model], "--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb),
+                "--global-batch", str(gb), "--recompute", rc, "--precision", "fp32", "--steps", str(steps),
+                "--profile-warmup-steps", "2", "--checkpoint-interval", "0", "--run-name", name,
+                "--runs-dir", str(runs_dir), "--log-every", str(steps)]
+        if profile:
+            argv += ["--gpu", profile]
+        out.append(GridRun(name=name, argv=tuple(argv)))
+    return out
+
+
+def run_grid(runs: list[GridRun], runs_dir: Path, timeout_s: float = 600.0) -> list[dict]:
+    """Run each in turn; one progress line per run on stderr; grid.json at the end (and after each)."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    summary: list[dict] = []
+    for i, run in enumerate(runs, 1):
+        log = runs_dir / f"{run.name}.log"
+        start = time.perf_counter()
+        print(f"[{i:>2}/{len(runs)}] {run.name:<40}", end="", file=sys.stderr, flush=True)
+        try:
+            with log.open("w") as fh:
+                rc = subprocess.call([sys.executable, "-m", "reference_trainer.launch", *run.argv], stdout=fh,
+                                     stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = -1
+        seconds = time.perf_counter() - start
+        record = runs_dir / run.name / "record.json"
+        entry = {"name": run.name, "argv": list(run.argv), "exit_code": rc, "seconds": seconds, "log": str(log),
+                 "record": str(record) if record.exists() else None}
+        if rc == 0 and record.exists():
+            rec = json.loads(record.read_text())
+            entry["status"] = "ok"
+            print(f" ok   {seconds:5.1f} s  (step {rec['step_time_s']['median'] * 1e3:.1f} ms)", file=sys.stderr)
+        else:
+            entry["status"] = "failed"
+            tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+            print(f" FAILED (exit {rc}) {seconds:5.1f} s: {tail[0][:80] if tail else ''}", file=sys.stderr)
+        summary.append(entry)
+        write_atomic(runs_dir / "grid.json", json.dumps(summary, indent=1))
+    return summary

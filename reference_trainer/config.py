@@ -1,0 +1,318 @@
+"""The run config: a YAML file with strict keys, checked in full before any process group starts.
+
+No torch here: the launcher and ``python -m reference_trainer`` validate first, so a bad config
+costs a fraction of a second and prints one line (exit code 2), never a traceback.
+
+Three inputs, as in the planner: what to train (``model``: a planner ``ModelSpec``), how it runs
+(``layout``: a planner ``Layout``; ``training``), and the run's plumbing (``data``,
+``checkpoint``, ``profile``). README.md lists every key with its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import PlannerError
+from planner.layout import Layout
+from planner.model import ModelSpec
+from planner.pipeline import stage_layer_ranges
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+ATTENTION = ("flash", "standard")
+TOKEN_DTYPES = ("uint16", "uint32")
+# A tiny shape that trains in seconds on a CPU (the default when no model is given).
+DEBUG_MODEL = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64}
+SPEC_KEYS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name != "name")
+
+
+class ConfigError(ValueError):
+    """A bad run config. ``str(error)`` is the one line the user sees."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingConfig:
+    steps: int = 20
+    precision: str = "fp32"
+    lr: float = 6e-5  # the seed article's AdamW defaults
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01  # applied to matrices and embeddings, not to biases or norms
+    warmup_steps: int = 2  # linear warm-up, then cosine decay to min_lr_ratio * lr
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables it
+    max_nonfinite_steps: int = 10  # this many non-finite steps in a row stop the run with a diagnosis
+    init_loss_scale: float = 2.0**16  # fp16 only: the dynamic loss scaler's start and growth interval
+    loss_scale_growth_interval: int = 2000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    path: str | None = None  # a flat token file (np.memmap); None: the seeded synthetic stream
+    dtype: str = "uint16"
+    workers: int = 1  # DataLoader worker processes (0: load in the training process)
+    prefetch_samples: int | None = None  # None: micro_batch x 4 samples per worker in flight
+    pin_memory: bool | None = None  # None: on when training on a GPU
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    dir: str | None = None  # None: runs/<run_name>/checkpoints
+    interval: int = 0  # steps between saves; 0: never (a final save happens when interval > 0)
+    keep_last: int = 3
+    auto_resume: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileConfig:
+    warmup_steps: int = 2  # left out of the step-time statistics
+    trace_steps: int = 2  # steps after warm-up traced with torch.profiler (communication, bubble)
+    nvml_interval_s: float = 0.1
+    hardware_profile: str | None = None  # planner profile for MFU; None: the GPU found, if a profile names it
+    peak_tflops: float | None = None  # explicit peak per device (e.g. a CPU), overrides the profile
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    run_name: str
+    runs_dir: str = "runs"
+    seed: int = 1234
+    spec: ModelSpec  # its dropout is the model's (ModelSpec: 0.1 for gpt, 0 for llama by default)
+    attention: str = "flash"
+    layout: Layout
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    log_every: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.dp * self.layout.tp * self.layout.pp
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.run_name
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per pipeline per step (gradient accumulation)."""
+        return self.layout.grad_accum
+
+    @property
+    def prefetch_samples(self) -> int:
+        return self.data.prefetch_samples or 4 * self.layout.micro_batch
+
+
+SECTIONS = {"training": TrainingConfig, "data": DataConfig, "checkpoint": CheckpointConfig,
+            "profile": ProfileConfig}
+TOP_KEYS = ("run_name", "runs_dir", "seed", "model", "layout", "log_every", *SECTIONS)
+MODEL_KEYS = ("name", "preset", "params", *SPEC_KEYS, "attention")
+LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
+
+
+def _check_keys(where: str, data: object, allowed: tuple[str, ...]) -> dict:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}: unknown key; allowed: {', '.join(allowed)}" if where else
+                              f"{key}: unknown key; allowed: {', '.join(allowed)}")
+    return dict(data)
+
+
+def _typed(where: str, value: object, kind: str) -> object:
+    """``value`` checked against a dataclass field's type ("int", "float | None", ...)."""
+    base, optional = kind.removesuffix(" | None"), kind.endswith(" | None")
+    if value is None and optional:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if base == "float" and number:
+        return float(value)
+    if base == "bool" and isinstance(value, bool):
+        return value
+    if base == "str" and isinstance(value, str):
+        return value
+    if base == "tuple[float, float]" and isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return (float(value[0]), float(value[1]))
+    expected = {"tuple[float, float]": "two numbers, e.g. [0.9, 0.999]", "int": "an integer", "float": "a number",
+                "bool": "true or false", "str": "a string"}[base]
+    raise ConfigError(f"{where}={value!r}: expected {expected}{' or null' if optional else ''}")
+
+
+def _section(name: str, cls: type, data: object):
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    values = _check_keys(name, data, tuple(fields))
+    return cls(**{k: _typed(f"{name}.{k}", v, fields[k]) for k, v in values.items()})
+
+
+def resolve_spec(model: dict) -> ModelSpec:
+    """A ModelSpec from the config's ``model`` section: a preset, a parameter count, or a shape;
+    shape keys given next to a preset override the preset's (e.g. a shorter ``seq_len``)."""
+    from planner.presets import get_preset, resolve_params
+    from planner.units import parse_count
+
+    shape = {k: model[k] for k in SPEC_KEYS if k in model}
+    if model.get("preset") is not None and model.get("params") is not None:
+        raise ConfigError("model: give preset or params, not both")
+    if model.get("preset") is not None:
+        base = get_preset(str(model["preset"]))
+    elif model.get("params") is not None:
+        base, _ = resolve_params(parse_count(model["params"], "model.params"))
+    elif shape:
+        base = ModelSpec(**shape)
+        shape = {}
+    else:
+        base = ModelSpec(name="debug", **DEBUG_MODEL)
+    if model.get("name") is not None:
+        shape["name"] = _typed("model.name", model["name"], "str")
+    return base.replace(**shape) if shape else base
+
+
+def build_config(data: dict, *, default_name: str = "run") -> RunConfig:
+    """A RunConfig from a parsed YAML mapping; raises ConfigError naming the bad key."""
+    data = _check_keys("", data, TOP_KEYS)
+    try:
+        model = _check_keys("model", data.get("model"), MODEL_KEYS)
+        spec = resolve_spec(model)
+        layout_data = _check_keys("layout", data.get("layout"), LAYOUT_KEYS)
+        if "sequence_parallel" in layout_data:
+            _typed("layout.sequence_parallel", layout_data["sequence_parallel"], "bool")
+        if model.get("tied_embeddings") is not None:
+            _typed("model.tied_embeddings", model["tied_embeddings"], "bool")
+        layout_data.setdefault("dp", 1)
+        layout_data.setdefault("global_batch", layout_data["dp"] * layout_data.get("micro_batch", 1))
+        layout = Layout(**layout_data)
+        sections = {name: _section(name, cls, data.get(name)) for name, cls in SECTIONS.items()}
+        config = RunConfig(run_name=_typed("run_name", data.get("run_name") or default_name, "str"), spec=spec,
+                           layout=layout, runs_dir=_typed("runs_dir", data.get("runs_dir", "runs"), "str"),
+                           seed=_typed("seed", data.get("seed", 1234), "int"),
+                           attention=_typed("model.attention", model.get("attention", "flash"), "str"),
+                           log_every=_typed("log_every", data.get("log_every", 1), "int"), **sections)
+    except PlannerError as exc:
+        raise ConfigError(str(exc)) from None
+    except TypeError as exc:  # a wrong type that a dataclass rejected
+        raise ConfigError(f"config: {exc}") from None
+    validate(config)
+    return config
+
+
+def load_config(path: str | Path) -> RunConfig:
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return build_config(data or {}, default_name=path.stem)
+
+
+def config_to_dict(config: RunConfig) -> dict:
+    """The config as plain data (what the run record stores and the launcher writes as YAML)."""
+    spec = config.spec
+    model = {"name": spec.name, **{k: getattr(spec, k) for k in SPEC_KEYS}, "attention": config.attention}
+    out = {"run_name": config.run_name, "runs_dir": config.runs_dir, "seed": config.seed, "model": model,
+           "layout": {k: getattr(config.layout, k) for k in LAYOUT_KEYS}, "log_every": config.log_every}
+    for name in SECTIONS:
+        section = dataclasses.asdict(getattr(config, name))
+        out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in section.items()}
+    return out
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(config: RunConfig, world_size: int | None = None) -> None:
+    """Every check that needs no process group. ``world_size``: the launched one, if known."""
+    spec, lay, tr = config.spec, config.layout, config.training
+    _require(re.fullmatch(r"[A-Za-z0-9._-]+", config.run_name) is not None,
+             f"run_name={config.run_name!r}: letters, digits, '.', '_' and '-' only")
+    _require(config.attention in ATTENTION, f"model.attention={config.attention!r}: one of {', '.join(ATTENTION)}")
+    _require(tr.precision in PRECISIONS, f"training.precision={tr.precision!r}: one of {', '.join(PRECISIONS)}")
+    _require(tr.steps >= 1, f"training.steps={tr.steps}: a positive integer")
+    _require(0 <= tr.warmup_steps <= tr.steps,
+             f"training.warmup_steps={tr.warmup_steps}: between 0 and steps={tr.steps}")
+    _require(tr.lr > 0 and tr.eps > 0 and tr.weight_decay >= 0 and tr.grad_clip >= 0,
+             "training: lr and eps must be > 0, weight_decay and grad_clip >= 0")
+    _require(tr.max_nonfinite_steps >= 1, f"training.max_nonfinite_steps={tr.max_nonfinite_steps}: at least 1")
+    # Layout: what Layout itself does not check (the planner's rules, DESIGN.md).
+    dp_mb = lay.dp * lay.micro_batch
+    _require(lay.global_batch % dp_mb == 0,
+             f"layout.global_batch={lay.global_batch}: must be divisible by "
+             f"dp*micro_batch={lay.dp}*{lay.micro_batch}={dp_mb}")
+    for name, value in (("heads", spec.heads), ("kv_heads", spec.kv_heads), ("ffn_hidden", spec.ffn_hidden),
+                        ("vocab", spec.vocab)):
+        _require(value % lay.tp == 0, f"layout.tp={lay.tp}: must divide model {name}={value}")
+    if lay.sequence_parallel:
+        _require(spec.seq_len % lay.tp == 0,
+                 f"layout.sequence_parallel: tp={lay.tp} must divide seq_len={spec.seq_len}")
+    _require(lay.pp * lay.vpp <= spec.layers,
+             f"layout.pp={lay.pp} x vpp={lay.vpp}: at most layers={spec.layers} stages (every stage needs a layer)")
+    try:
+        stage_layer_ranges(spec.layers, lay.pp, lay.vpp)
+    except PlannerError as exc:
+        raise ConfigError(f"layout.{exc}") from None
+    m = config.micro_batches
+    if lay.vpp > 1:
+        _require(lay.pp > 1 and lay.schedule == "1f1b",
+                 f"layout.vpp={lay.vpp}: interleaving needs pp > 1 and schedule 1f1b")
+        rounds = max(1, m // lay.pp)
+        _require(m % rounds == 0, f"layout: interleaved 1F1B needs micro-batches per step m={m} to be a multiple of "
+                                  f"max(1, m // pp)={rounds}; choose global_batch so m is a multiple of pp={lay.pp}")
+    elif lay.pp > 1 and lay.schedule == "1f1b":
+        _require(m >= lay.pp, f"layout: 1F1B needs micro-batches per step m={m} >= pp={lay.pp} "
+                              f"(global_batch / (dp*micro_batch)); use schedule gpipe or a larger global_batch")
+    # Data, checkpoint, profile.
+    d = config.data
+    _require(d.dtype in TOKEN_DTYPES, f"data.dtype={d.dtype!r}: one of {', '.join(TOKEN_DTYPES)}")
+    _require(d.workers >= 0, f"data.workers={d.workers}: zero or more")
+    _require(d.prefetch_samples is None or d.prefetch_samples >= 1,
+             f"data.prefetch_samples={d.prefetch_samples}: at least 1")
+    if d.path is not None:
+        path = Path(d.path)
+        _require(path.is_file(), f"data.path={d.path!r}: no such file")
+        itemsize = 2 if d.dtype == "uint16" else 4
+        _require(path.stat().st_size // itemsize > spec.seq_len,
+                 f"data.path={d.path!r}: fewer than seq_len+1={spec.seq_len + 1} tokens of {d.dtype}")
+    c = config.checkpoint
+    _require(c.interval >= 0, f"checkpoint.interval={c.interval}: zero (never) or a positive number of steps")
+    _require(c.keep_last >= 1, f"checkpoint.keep_last={c.keep_last}: at least 1")
+    p = config.profile
+    _require(p.warmup_steps >= 0 and p.trace_steps >= 0, "profile.warmup_steps and trace_steps: zero or more")
+    _require(p.nvml_interval_s > 0, f"profile.nvml_interval_s={p.nvml_interval_s}: greater than zero")
+    _require(p.peak_tflops is None or p.peak_tflops > 0, f"profile.peak_tflops={p.peak_tflops}: greater than zero")
+    if p.hardware_profile is not None:
+        from planner.hardware import get_profile
+
+        try:
+            get_profile(p.hardware_profile)
+        except PlannerError as exc:
+            raise ConfigError(f"profile.hardware_profile: {exc}") from None
+    _require(config.log_every >= 1, f"log_every={config.log_every}: a positive integer")
+    if world_size is not None:
+        _require(world_size == config.world_size,
+                 f"world size {world_size} != dp*tp*pp: dp={lay.dp} tp={lay.tp} pp={lay.pp} "
+                 f"needs {config.world_size} processes")
+
+
+def launched_world_size() -> int | None:
+    """WORLD_SIZE as torchrun set it, or None outside torchrun."""
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value else None

@@ -1,0 +1,198 @@
+"""``planner run``: build a run config from flags, check it, launch torchrun, return its exit code.
+
+    planner run --preset gpt3-125m --seq-len 512 --dp 2 --micro-batch 4 --global-batch 32 --steps 50
+    planner run --layers 4 --hidden 64 --heads 4 --vocab 512 --seq-len 64 --tp 2 --pp 2 --steps 20
+
+Flags override the keys of an optional ``--config`` YAML. The resolved config is written to
+``runs/<run-name>/config.yaml`` and run as ``torchrun --standalone --nproc_per_node dp*tp*pp -m
+reference_trainer --config ...`` (or with torchrun's c10d rendezvous when ``--nnodes`` > 1). A bad
+config prints one line and returns 2 before anything starts. No torch import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from reference_trainer.config import ConfigError, build_config, config_to_dict, validate
+
+# flag -> (section, key) of the run config; section None: top level.
+FLAGS = {
+    "preset": ("model", "preset"), "params": ("model", "params"), "arch": ("model", "arch"),
+    "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
+    "kv_heads": ("model", "kv_heads"), "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"),
+    "seq_len": ("model", "seq_len"), "tied_embeddings": ("model", "tied_embeddings"),
+    "dropout": ("model", "dropout"), "attention": ("model", "attention"),
+    "dp": ("layout", "dp"), "tp": ("layout", "tp"), "pp": ("layout", "pp"), "vpp": ("layout", "vpp"),
+    "micro_batch": ("layout", "micro_batch"), "global_batch": ("layout", "global_batch"),
+    "zero": ("layout", "zero_stage"), "recompute": ("layout", "recompute"),
+    "sequence_parallel": ("layout", "sequence_parallel"), "schedule": ("layout", "schedule"),
+    "steps": ("training", "steps"), "precision": ("training", "precision"), "lr": ("training", "lr"),
+    "warmup_steps": ("training", "warmup_steps"), "grad_clip": ("training", "grad_clip"),
+    "data": ("data", "path"), "data_dtype": ("data", "dtype"), "workers": ("data", "workers"),
+    "checkpoint_interval": ("checkpoint", "interval"), "keep_last": ("checkpoint", "keep_last"),
+    "auto_resume": ("checkpoint", "auto_resume"), "checkpoint_dir": ("checkpoint", "dir"),
+    "gpu": ("profile", "hardware_profile"), "peak_tflops": ("profile", "peak_tflops"),
+    "trace_steps": ("profile", "trace_steps"), "profile_warmup_steps": ("profile", "warmup_steps"),
+    "seed": (None, "seed"), "run_name": (None, "run_name"), "runs_dir": (None, "runs_dir"),
+    "log_every": (None, "log_every"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="planner run", description="Train with the reference trainer under torchrun "
+                                "and write a run record under runs/.")
+    p.add_argument("--config", help="a run config YAML to start from (flags override its keys)")
+    m = p.add_argument_group("model (a preset, a parameter count, or a shape; shape flags override a preset's)")
+    m.add_argument("--preset")
+    m.add_argument("--params", help="e.g. 350M, 1.3B: the nearest preset or a LLaMA-style shape")
+    m.add_argument("--arch", choices=("gpt", "llama"))
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len"):
+        m.add_argument(f"--{name}", type=int)
+    m.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None)
+    m.add_argument("--dropout", type=float)
+    m.add_argument("--attention", choices=("flash", "standard"))
+    lay = p.add_argument_group("layout")
+    for name in ("dp", "tp", "pp", "vpp", "micro-batch", "global-batch"):
+        lay.add_argument(f"--{name}", type=int)
+    lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
+    lay.add_argument("--recompute", choices=("none", "selective", "full"))
+    lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    lay.add_argument("--schedule", choices=("1f1b", "gpipe"))
+    tr = p.add_argument_group("training")
+    tr.add_argument("--steps", type=int)
+    tr.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"))
+    tr.add_argument("--lr", type=float)
+    tr.add_argument("--warmup-steps", type=int, help="learning-rate warm-up steps")
+    tr.add_argument("--grad-clip", type=float)
+    tr.add_argument("--seed", type=int)
+    d = p.add_argument_group("data and checkpoints")
+    d.add_argument("--data", help="token file (flat uint16/uint32); default: the seeded synthetic stream")
+    d.add_argument("--data-dtype", choices=("uint16", "uint32"))
+    d.add_argument("--workers", type=int, help="data loader worker processes")
+    d.add_argument("--checkpoint-interval", type=int, help="steps between checkpoints (0: none)")
+    d.add_argument("--keep-last", type=int)
+    d.add_argument("--checkpoint-dir")
+    d.add_argument("--auto-resume", action=argparse.BooleanOptionalAction, default=None)
+    pr = p.add_argument_group("profile and record")
+    pr.add_argument("--gpu", help="planner hardware profile whose peak FLOP/s gives the MFU")
+    pr.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per device, instead of a profile")
+    pr.add_argument("--trace-steps", type=int, help="steps traced with torch.profiler")
+    pr.add_argument("--profile-warmup-steps", type=int, help="steps left out of the timing statistics")
+    pr.add_argument("--run-name", help="runs/<run-name>/ (default: model, layout and time)")
+    pr.add_argument("--runs-dir")
+    pr.add_argument("--log-every", type=int)
+    ln = p.add_argument_group("launch (multi-node: torchrun's c10d rendezvous)")
+    ln.add_argument("--nnodes", type=int, default=1)
+    ln.add_argument("--nproc-per-node", type=int, help="default: dp*tp*pp / nnodes")
+    ln.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (needed when --nnodes > 1)")
+    ln.add_argument("--rdzv-id", help="a job id shared by all nodes (default: the run name)")
+    ln.add_argument("--dry-run", action="store_true", help="check and print the config and command; run nothing")
+    return p
+
+
+def config_dict(args: argparse.Namespace) -> dict:
+    """The run config as a mapping: the --config file's keys, overridden by the flags given."""
+    data: dict = {}
+    if args.config:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(args.config).read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"--config {args.config}: cannot read ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {args.config}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config {args.config}: expected a mapping of keys")
+    for flag, (section, key) in FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if section is None:
+            data[key] = value
+        else:
+            if not isinstance(data.get(section) or {}, dict):
+                raise ConfigError(f"{section}: expected a mapping of keys")
+            data.setdefault(section, {})
+            data[section] = dict(data[section] or {}, **{key: value})
+    if ("preset" in (data.get("model") or {}) or "params" in (data.get("model") or {})) and (
+            args.preset is not None or args.params is not None):
+        model = data["model"]
+        for other in ("preset", "params"):
+            if getattr(args, other) is None:
+                model.pop(other, None)  # a flag's model choice replaces the file's
+    return data
+
+
+def default_run_name(data: dict, spec_name: str) -> str:
+    lay = data.get("layout") or {}
+    shape = "-".join(f"{k}{lay.get(k, 1)}" for k in ("dp", "tp", "pp"))
+    return f"{spec_name}-{shape}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def torchrun_command(config_path: Path, nnodes: int, nproc: int, rdzv_endpoint: str | None,
+                     rdzv_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+                "--rdzv-id", rdzv_id]
+    return cmd + ["--nproc-per-node", str(nproc), "-m", "reference_trainer", "--config", str(config_path)]
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        data = config_dict(args)
+        config = build_config(data, default_name="run")
+        if not data.get("run_name"):
+            name = args.rdzv_id if args.nnodes > 1 and args.rdzv_id else default_run_name(data, config.spec.name)
+            config = build_config({**data, "run_name": name})
+        world = config.world_size
+        if args.nnodes < 1:
+            raise ConfigError(f"--nnodes={args.nnodes}: a positive integer")
+        nproc = args.nproc_per_node or world // args.nnodes
+        validate(config, world_size=args.nnodes * nproc)
+        if args.nnodes > 1 and not args.rdzv_endpoint:
+            raise ConfigError(f"--nnodes={args.nnodes}: give --rdzv-endpoint HOST:PORT (the same on every node)")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. the planner rejecting a preset name or a parameter count
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import yaml
+
+    config_path = config.run_dir / "config.yaml"
+    cmd = torchrun_command(config_path, args.nnodes, nproc, args.rdzv_endpoint, args.rdzv_id or config.run_name)
+    text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    if args.dry_run:
+        print(text + "\n" + " ".join(cmd))
+        return 0
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = config_path.with_suffix(f".yaml.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, config_path)
+    env = dict(os.environ)
+    # torchrun would set OMP_NUM_THREADS=1; on a CPU run, share the cores among the local ranks.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    print(f"run {config.run_name}: {world} processes ({args.nnodes} node(s) x {nproc}); config {config_path}",
+          flush=True)
+    rc = subprocess.call(cmd, env=env)
+    record = config.run_dir / "record.json"
+    if rc == 0 and record.exists():
+        print(f"record: {record}")
+    elif rc != 0:
+        print(f"error: the run exited with code {rc} (logs above; per-step figures in {config.run_dir}/steps.csv)",
+              file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

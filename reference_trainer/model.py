@@ -1,0 +1,216 @@
+"""The model: a GPT whose shape is a planner ``ModelSpec``, written for one device.
+
+Two architectures (planner/model.py says which pieces each has):
+- ``gpt``  : LayerNorm, GELU MLP with biases, learned positions, dropout, tied embeddings (GPT-2).
+- ``llama``: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no biases, untied head (LLaMA).
+
+``sum(p.numel() for p in GPT(spec).parameters()) == spec.params`` exactly (tests/trainer).
+
+Parallelism is applied from outside (reference_trainer/parallel.py). Two choices here serve it:
+- Layers live in a ``ModuleDict`` keyed by their global index, so a pipeline stage built with
+  ``layer_ids=range(4, 8)`` has the same parameter names as the whole model (torchtitan does this).
+- Q, K and V are one fused Linear whose output rows are grouped per KV head, Megatron-LM style:
+  ``[q heads of group 0, k_0, v_0, q heads of group 1, k_1, v_1, ...]``. A contiguous split of the
+  rows (``ColwiseParallel``) then hands each tensor-parallel rank whole groups.
+
+Weights are initialised per parameter from a generator seeded by (seed, parameter name), so any
+subset of layers, built on any rank, gets the same values as the whole model.
+
+Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv KV heads, hd head dim,
+V vocabulary, F ffn hidden; "local" counts are per tensor-parallel rank.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from planner.model import ModelSpec
+
+INIT_STD = 0.02  # GPT-2 (Radford et al. 2019) / nanoGPT
+RMS_EPS = 1e-5  # LLaMA (Touvron et al. 2023)
+ROPE_THETA = 10000.0  # RoFormer (Su et al. 2021)
+ATTENTION_KINDS = ("flash", "standard")  # fused SDPA kernel (no T x T stored) or explicit softmax
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    return nn.LayerNorm(spec.hidden) if spec.arch == "gpt" else nn.RMSNorm(spec.hidden, eps=RMS_EPS)
+
+
+def rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, each (T, hd/2), for rotary position embedding (Su et al. 2021, eq. 34)."""
+    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (2i, 2i+1) of x (B, T, n, hd) by position-dependent angles."""
+    t = x.shape[1]
+    cos, sin = cos[:t, None, :], sin[:t, None, :]  # (T, 1, hd/2)
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class AttentionCore(nn.Module):
+    """softmax(Q K^T / sqrt(hd)) V with a causal mask. No parameters: a separate module so that
+    selective recomputation can checkpoint exactly this part (Korthikanti et al. 2022, Sec. 5)."""
+
+    def __init__(self, kind: str, dropout: float):
+        super().__init__()
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention={kind!r}: one of {', '.join(ATTENTION_KINDS)}")
+        self.kind = kind
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, t, _, hd = q.shape
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, n, T, hd)
+        p = self.dropout if self.training else 0.0
+        if self.kind == "flash":
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=True)
+        else:
+            group = q.shape[1] // k.shape[1]  # query heads per KV head
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)  # (B, nh, T, T)
+            mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            att = F.dropout(att.masked_fill(~mask, float("-inf")).softmax(dim=-1), p)
+            y = att @ v  # (B, nh, T, hd)
+        return y.transpose(1, 2).reshape(b, t, -1)  # (B, T, nh_local * hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, dropout: float, attention: str):
+        super().__init__()
+        h, hd = spec.hidden, spec.head_dim
+        self.head_dim = hd
+        self.q_per_kv = spec.heads // spec.kv_heads
+        self.wqkv = nn.Linear(h, h + 2 * spec.kv_hidden, bias=spec.has_bias)  # grouped per KV head
+        self.core = AttentionCore(attention, dropout)
+        self.wo = nn.Linear(h, h, bias=spec.has_bias)
+        self.drop = nn.Dropout(dropout)
+        self.rope = not spec.learned_positions
+        if self.rope:
+            cos, sin = rope_tables(spec.seq_len, hd)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, C)
+        b, t, _ = x.shape
+        g, hd = self.q_per_kv, self.head_dim
+        # view(b, t, -1, ...): each tensor-parallel rank holds only its share of the groups.
+        qkv = self.wqkv(x).view(b, t, -1, (g + 2) * hd)  # (B, T, nkv_local, (g+2)*hd)
+        q, k, v = qkv.split([g * hd, hd, hd], dim=-1)
+        q = q.reshape(b, t, -1, hd)  # (B, T, nh_local, hd)
+        if self.rope:
+            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        y = self.core(q, k, v)  # (B, T, nh_local * hd)
+        return self.drop(self.wo(y))  # (B, T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, dropout: float):
+        super().__init__()
+        h, f, bias = spec.hidden, spec.ffn_hidden, spec.has_bias
+        self.gated = spec.gated_mlp
+        if self.gated:  # SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))
+            self.gate = nn.Linear(h, f, bias=False)  # (C -> F)
+            self.up = nn.Linear(h, f, bias=False)  # (C -> F)
+            self.down = nn.Linear(f, h, bias=False)  # (F -> C)
+        else:
+            self.fc1, self.fc2 = nn.Linear(h, f, bias=bias), nn.Linear(f, h, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, C)
+        if self.gated:
+            return self.down(F.silu(self.gate(x)) * self.up(x))  # inner (B, T, F_local)
+        return self.drop(self.fc2(F.gelu(self.fc1(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, spec: ModelSpec, dropout: float, attention: str):
+        super().__init__()
+        self.attn_norm, self.attn = make_norm(spec), Attention(spec, dropout, attention)
+        self.mlp_norm, self.mlp = make_norm(spec), MLP(spec, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, spec: ModelSpec, dropout: float):
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)  # (V, C)
+        self.pos = nn.Embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None  # (T, C)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else None
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # idx (B, T) int64 -> (B, T, C)
+        x = self.tok(idx)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        return self.drop(x) if self.drop is not None else x
+
+
+class GPT(nn.Module):
+    """The whole model, or one pipeline stage of it: ``layer_ids`` picks the layers, ``first``
+    adds the embeddings, ``last`` the final norm and output head. Input: token ids (B, T) when
+    ``first``, else hidden states (B, T, C). Output: logits (B, T, V) when ``last``, else (B, T, C).
+
+    With tied embeddings the head reuses the token embedding's parameter; a last stage that does
+    not hold the embedding keeps a copy (``head_is_tied_copy``) whose gradient the trainer sums
+    with the first stage's, so the two stay equal (Megatron-LM's embedding group).
+    """
+
+    def __init__(self, spec: ModelSpec, *, layer_ids: Iterable[int] | None = None, first: bool = True,
+                 last: bool = True, attention: str = "flash"):
+        super().__init__()
+        self.spec = spec
+        dropout = spec.dropout
+        ids = range(spec.layers) if layer_ids is None else layer_ids
+        self.embed = Embeddings(spec, dropout) if first else None
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, attention) for i in ids})
+        self.norm = make_norm(spec) if last else None
+        self.head = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None  # (V, C) weight
+        self.head_is_tied_copy = bool(last and spec.tied_embeddings and not first)
+        if first and last and spec.tied_embeddings:
+            self.head.weight = self.embed.tok.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)  # (B, T) -> (B, T, C)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.head is not None:
+            x = self.head(self.norm(x))  # (B, T, V)
+        return x
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Normal(0, 0.02) weights; residual projections scaled by 1/sqrt(2 * layers) (GPT-2);
+        zero biases; unit norm weights. Each tensor from its own generator keyed by its name."""
+        residual_std = INIT_STD / math.sqrt(2 * self.spec.layers)
+        for name, p in self.named_parameters():
+            key = "embed.tok.weight" if name == "head.weight" and self.spec.tied_embeddings else name
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{key}".encode()))
+            leaf = name.rsplit(".", 2)
+            if "norm" in leaf[-2]:
+                p.fill_(1.0 if leaf[-1] == "weight" else 0.0)
+            elif leaf[-1] == "bias":
+                p.zero_()
+            else:
+                std = residual_std if leaf[-2] in ("wo", "fc2", "down") else INIT_STD
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32. logits (B, T, V), targets (B, T)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

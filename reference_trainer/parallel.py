@@ -1,0 +1,249 @@
+"""Parallelism, applied from outside the model in torchtitan's order:
+
+  1. split into pipeline stages with the planner's ``stage_layer_ranges`` (each rank builds only
+     its own stages: ``GPT(layer_ids=...)``),
+  2. tensor parallel (+ sequence parallel) with DTensor ``parallelize_module``,
+  3. activation checkpointing (none / selective: attention core / full: whole layer),
+  4. data parallel: DDP for ZeRO 0, FSDP2 ``fully_shard`` for ZeRO 1-3,
+  5. the pipeline schedule (GPipe, 1F1B, interleaved 1F1B) over the stages.
+
+Rank order is the planner's (planner/layout.py): tensor parallel innermost, then data parallel,
+then pipeline parallel outermost; the DeviceMesh is ("pp", "dp", "tp").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from planner.layout import Layout
+from planner.model import ModelSpec
+from planner.pipeline import stage_layer_ranges
+from reference_trainer.model import GPT
+
+
+@dataclass(kw_only=True)
+class Parts:
+    """This rank's share of the model: one module per (virtual) pipeline stage it runs."""
+
+    modules: list[nn.Module]  # after TP, checkpointing and DP wrapping
+    stage_ids: list[int]  # global (virtual) stage index of each module
+    num_stages: int
+    mesh: DeviceMesh
+    tied_group: dist.ProcessGroup | None  # first and last stage ranks of one (dp, tp) coordinate
+    schedule: object | None = None  # a torch.distributed.pipelining schedule when pp > 1
+
+    @property
+    def first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def last(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+
+def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """("pp", "dp", "shard", "tp"); "shard" has size 1 and serves ZeRO 0 with tensor parallel
+    (see ``apply_dp``)."""
+    return init_device_mesh(device_type, (layout.pp, layout.dp, 1, layout.tp),
+                            mesh_dim_names=("pp", "dp", "shard", "tp"))
+
+
+def build_stages(spec: ModelSpec, layout: Layout, pp_rank: int, *, seed: int,
+                 attention: str) -> tuple[list[GPT], list[int]]:
+    """The GPT stage modules of pipeline rank ``pp_rank``, initialised on the CPU in fp32."""
+    num_stages = layout.pp * layout.vpp
+    modules, ids = [], []
+    for chunk, (start, end) in enumerate(stage_layer_ranges(spec.layers, layout.pp, layout.vpp)[pp_rank]):
+        stage = chunk * layout.pp + pp_rank  # virtual stage k runs on rank k % pp
+        module = GPT(spec, layer_ids=range(start, end), first=stage == 0, last=stage == num_stages - 1,
+                     attention=attention)
+        module.init_weights(seed)
+        modules.append(module)
+        ids.append(stage)
+    return modules, ids
+
+
+def apply_tp(module: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron-LM's split (Shoeybi et al. 2019): QKV, MLP-in column-parallel; output projection,
+    MLP-out row-parallel; embedding and head split by vocabulary. With sequence parallel
+    (Korthikanti et al. 2022) norms and residuals hold T/tp tokens, and the all-reduces become
+    reduce-scatter + all-gather."""
+    from torch.distributed.tensor import distribute_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    sp = sequence_parallel
+    between = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
+    plan: dict[str, object] = {}
+    if module.embed is not None:
+        # Token embedding split by vocabulary; its output, plus the (replicated) position table's,
+        # stays a DTensor until the embedding module hands the residual stream on as ``between``.
+        plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(),
+                                            use_local_output=False)
+        plan["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=between)
+        if module.embed.pos is not None:
+            distribute_module(module.embed.pos, tp_mesh, input_fn=_replicate_inputs)
+    for name, block in module.layers.items():
+        p = f"layers.{name}"
+        mlp_in = ("gate", "up") if block.mlp.gated else ("fc1",)
+        mlp_out = "down" if block.mlp.gated else "fc2"
+        plan[f"{p}.attn.wqkv"] = ColwiseParallel()
+        plan[f"{p}.attn.wo"] = RowwiseParallel(output_layouts=between)
+        plan.update({f"{p}.mlp.{n}": ColwiseParallel() for n in mlp_in})
+        plan[f"{p}.mlp.{mlp_out}"] = RowwiseParallel(output_layouts=between)
+        if sp:
+            for norm, sub in (("attn_norm", "attn"), ("mlp_norm", "mlp")):
+                plan[f"{p}.{norm}"] = SequenceParallel()
+                plan[f"{p}.{sub}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    if module.head is not None:
+        if sp:
+            plan["norm"] = SequenceParallel()
+        plan["head"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
+    parallelize_module(module, tp_mesh, plan)
+    if module.embed is not None and module.head is not None and module.spec.tied_embeddings:
+        module.head.weight = module.embed.tok.weight  # parallelize_module made two copies: tie again
+
+
+def _replicate_inputs(module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+    return tuple(DTensor.from_local(t, mesh, [Replicate()], run_check=False) for t in inputs)
+
+
+def settle_grads(modules: list[nn.Module]) -> None:
+    """Give every DTensor gradient its parameter's placements. Tensor parallel leaves some in
+    another one (sequence-parallel norms: Partial, the vocabulary-split embedding: Replicate);
+    the optimizer would otherwise redistribute them inside each of its ops, and the gradient
+    norm would count them wrongly. FSDP2 already does this for the parameters it manages."""
+    for module in modules:
+        for p in module.parameters():
+            g = p.grad
+            if isinstance(p, DTensor) and isinstance(g, DTensor) and g.placements != p.placements:
+                p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+def apply_recompute(module: GPT, recompute: str) -> None:
+    """Activation checkpointing, non-reentrant. full: each layer; selective: the attention core
+    (scores, softmax, dropout), the part Korthikanti et al. 2022 recompute."""
+    if recompute == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    for name, block in list(module.layers.items()):
+        if recompute == "full":
+            module.layers[name] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        else:
+            block.attn.core = checkpoint_wrapper(block.attn.core, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dtype: torch.dtype | None) -> nn.Module:
+    """ZeRO 0: DDP (everything replicated, gradients all-reduced, overlapped with backward).
+    ZeRO 1-3: FSDP2, which always shards parameters, gradients and optimizer states across dp;
+    the stages differ in when parameters are gathered and gradients reduced (README.md).
+
+    DDP cannot hold tensor-parallel DTensor parameters (its DTensor bridge swaps parameters at
+    every forward, which breaks tied and optimizer-held ones), so ZeRO 0 with tp > 1 is FSDP2 in
+    hybrid mode with a shard group of one: replicated over dp, gradients all-reduced, as DDP."""
+    dp_mesh = mesh["dp"]
+    if zero_stage == 0 and tp == 1:
+        if dp_mesh.size() == 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(module, process_group=dp_mesh.get_group(), forward_sync_buffers=False)  # buffers: RoPE tables
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if zero_stage == 0:
+        if dp_mesh.size() == 1:
+            return module
+        dp_mesh = mesh["dp", "shard"]  # replicate over dp, "shard" over one rank
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    reshard = zero_stage == 3
+    for block in module.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(module, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    return module
+
+
+def tied_embedding_group(mesh: DeviceMesh, layout: Layout) -> dist.ProcessGroup | None:
+    """With tied embeddings and pp > 1, the first and last pipeline ranks of each (dp, tp)
+    coordinate sum their copies' gradients (Megatron-LM's embedding group). Every rank must
+    create every group, in the same order."""
+    if layout.pp == 1:
+        return None
+    ranks = mesh.mesh  # (pp, dp, tp) tensor of global ranks
+    mine = None
+    for d in range(layout.dp):
+        for t in range(layout.tp):
+            pair = [int(ranks[0, d, t]), int(ranks[layout.pp - 1, d, t])]
+            group = dist.new_group(pair)
+            if dist.get_rank() in pair:
+                mine = group
+    return mine
+
+
+def build_schedule(modules: list[nn.Module], stage_ids: list[int], num_stages: int, mesh: DeviceMesh,
+                   layout: Layout, micro_batches: int, loss: object, device: torch.device) -> object:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    group = mesh["pp"].get_group()
+    stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(modules, stage_ids)]
+    if layout.vpp > 1:
+        return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
+    cls = ScheduleGPipe if layout.schedule == "gpipe" else Schedule1F1B
+    return cls(stages[0], n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
+
+
+def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch.device, *, seed: int,
+                attention: str, compute_dtype: torch.dtype | None) -> Parts:
+    pp_rank = mesh.get_local_rank("pp")
+    modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention)
+    wrapped = []
+    for module in modules:
+        module.to(device)
+        if layout.tp > 1:
+            apply_tp(module, mesh["tp"], layout.sequence_parallel)
+        apply_recompute(module, layout.recompute)
+        wrapped.append(apply_dp(module, mesh, layout.zero_stage, layout.tp, compute_dtype))
+    group = tied_embedding_group(mesh, layout) if spec.tied_embeddings else None
+    return Parts(modules=wrapped, stage_ids=ids, num_stages=layout.pp * layout.vpp, mesh=mesh, tied_group=group)
+
+
+def unwrap(module: nn.Module) -> GPT:
+    """The GPT inside a DDP wrapper (FSDP2 and checkpointing keep the module itself)."""
+    return module.module if hasattr(module, "module") and isinstance(module.module, GPT) else module
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def placements_of(p: torch.Tensor) -> tuple[tuple[object, ...], DeviceMesh] | None:
+    """(placements, mesh) of a DTensor parameter, or None for a plain tensor."""
+    if isinstance(p, DTensor):
+        return tuple(p.placements), p.device_mesh
+    return None
+
+
+def replication(p: torch.Tensor, stage_ranks: int) -> int:
+    """How many ranks of this pipeline stage hold the same values as this rank's ``p``
+    (``stage_ranks`` = dp * tp ranks run each stage). Used to count each element once."""
+    info = placements_of(p)
+    if info is None:
+        return stage_ranks
+    placements, mesh = info
+    shards = 1
+    for dim, placement in enumerate(placements):
+        if placement.is_shard():
+            shards *= mesh.size(dim)
+    return stage_ranks // shards

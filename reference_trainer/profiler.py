@@ -1,0 +1,234 @@
+"""Where a step's time goes, from torch.profiler traces of a few steps; memory; an NVML sampler.
+
+A traced step is cut into intervals (profiler timestamps, one clock per process):
+- busy: compute: ``aten::`` ops on the CPU (gloo), or non-NCCL kernels on the GPU;
+- collectives: ``gloo:*`` events on gloo's worker threads (the main thread's ``c10d::allreduce_``
+  only records the enqueue), or NCCL collective kernels;
+- receives: ``gloo:recv``, or NCCL SendRecv kernels (pipeline parallel).
+An operation that ends while compute runs was hidden. One that ends while nothing computes was
+waited for, from the end of the last computation before it (or its own start, if later) until
+it completed: its "waiting tail". Inside the forward-backward window, exposed communication is
+the union of the collectives' tails and pipeline idle (bubble) the union of the receives' tails.
+A receive lasts until its peer has sent, so the idle time includes the transfer, which neither
+gloo nor NCCL lets us tell apart from waiting; with small activations it is a small part.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+STEP_MARK = "rt:step"
+FWD_BWD_MARK = "rt:fwd_bwd"
+P2P_GLOO = ("gloo:send", "gloo:recv")
+RECV_GLOO = "gloo:recv"
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Parts of the (merged) intervals ``a`` not covered by the (merged) intervals ``b``."""
+    out, j = [], 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def waiting_tails(ops: list[tuple[float, float]], busy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """For each operation (a, b) that ends outside the (merged, sorted) busy intervals: the span
+    from max(a, end of the last busy interval before b) to b."""
+    import bisect
+
+    starts = [x for x, _ in busy]
+    out = []
+    for a, b in ops:
+        i = bisect.bisect_right(starts, b) - 1  # the last busy interval starting at or before b
+        if i >= 0 and busy[i][1] >= b:
+            continue  # completed while computing: hidden
+        last_end = busy[i][1] if i >= 0 else a
+        out.append((max(a, last_end), b))
+    return union(out)
+
+
+def clip(intervals: list[tuple[float, float]], window: tuple[float, float]) -> list[tuple[float, float]]:
+    lo, hi = window
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def classify(events, device_type: str) -> dict[str, list[tuple[float, float]]]:
+    """Busy, collective and point-to-point intervals (microseconds) plus the marks' windows."""
+    busy, coll, p2p, marks = [], [], [], {}
+    for e in events:
+        span = (float(e.time_range.start), float(e.time_range.end))
+        name = e.name
+        if name in (STEP_MARK, FWD_BWD_MARK):
+            marks[name] = span
+        elif device_type == "cuda" and e.device_type == torch.autograd.DeviceType.CUDA:
+            if "nccl" in name.lower():
+                if "SendRecv" in name or "Recv" in name:
+                    p2p.append(span)
+                elif "Send" not in name:
+                    coll.append(span)
+            else:
+                busy.append(span)
+        elif device_type == "cpu":
+            if name == RECV_GLOO:
+                p2p.append(span)
+            elif name.startswith("gloo:") and name not in P2P_GLOO:
+                coll.append(span)
+            elif name.startswith("aten::"):
+                busy.append(span)
+    return {"busy": union(busy), "coll": sorted(coll), "p2p": sorted(p2p), "marks": marks}
+
+
+def analyse(events, device_type: str) -> dict[str, float]:
+    """Seconds of one traced step: communication total/exposed, pipeline idle, fwd-bwd window."""
+    c = classify(events, device_type)
+    step = c["marks"].get(STEP_MARK)
+    fb = c["marks"].get(FWD_BWD_MARK)
+    if step is None or fb is None:
+        return {}
+    coll_step = clip(c["coll"], step)
+    coll_fb, p2p_fb, busy_fb = clip(c["coll"], fb), clip(c["p2p"], fb), clip(c["busy"], fb)
+    idle = waiting_tails(p2p_fb, busy_fb)
+    exposed = subtract(waiting_tails(coll_fb, busy_fb), idle)
+    return {"comm_total_s": length(coll_step) / 1e6, "comm_exposed_s": length(exposed) / 1e6,
+            "bubble_s": length(idle) / 1e6, "fwd_bwd_s": (fb[1] - fb[0]) / 1e6, "busy_s": length(busy_fb) / 1e6,
+            "step_window_s": (step[1] - step[0]) / 1e6}
+
+
+def tracer(device_type: str):
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    return profile(activities=activities)
+
+
+def mark(name: str):
+    return record_function(name)
+
+
+# --- memory and CPU ---------------------------------------------------------------------------
+def peak_memory(device: torch.device) -> dict[str, object]:
+    if device.type == "cuda":
+        return {"kind": "cuda", "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+                "capacity_bytes": int(torch.cuda.get_device_properties(device).total_memory)}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"kind": "cpu_rss", "peak_allocated_bytes": int(rss), "peak_reserved_bytes": None, "capacity_bytes": None}
+
+
+def cpu_times() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# --- NVML ---------------------------------------------------------------------------------
+class NvmlSampler:
+    """A daemon thread sampling GPU utilisation, memory used and power; energy from the
+    counter's difference. ``start`` returns a reason string instead when NVML is unavailable."""
+
+    def __init__(self, device: torch.device, interval_s: float):
+        self.device, self.interval_s = device, interval_s
+        self.samples: list[tuple[float, float, float]] = []  # (utilisation %, memory used bytes, power W)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle = None
+        self._energy0_mj: float | None = None
+        self._t0 = 0.0
+
+    def start(self) -> str | None:
+        if self.device.type != "cuda":
+            return "no GPU: NVML not used (CPU run)"
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = self._find_handle(pynvml)
+            try:
+                self._energy0_mj = float(pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+            except pynvml.NVMLError:
+                self._energy0_mj = None
+        except Exception as exc:  # ImportError, pynvml.NVMLError (no driver, no library), torch errors
+            return f"NVML unavailable: {type(exc).__name__}: {exc}"
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._thread.start()
+        return None
+
+    def _find_handle(self, pynvml):
+        """The NVML handle of this process's GPU: by PCI bus id (right under CUDA_VISIBLE_DEVICES),
+        else by CUDA index."""
+        props = torch.cuda.get_device_properties(self.device)
+        bus = getattr(props, "pci_bus_id", None)
+        if bus is not None:
+            pci = f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0"
+            try:
+                return pynvml.nvmlDeviceGetHandleByPciBusId(pci.encode())
+            except pynvml.NVMLError:
+                pass
+        return pynvml.nvmlDeviceGetHandleByIndex(self.device.index or 0)
+
+    def _run(self) -> None:
+        import pynvml
+
+        while not self._stop.wait(self.interval_s):
+            try:
+                util = pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+                mem = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+                power = pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+                self.samples.append((float(util), float(mem), float(power)))
+            except pynvml.NVMLError:
+                return
+
+    def latest(self) -> dict[str, float | None]:
+        """The newest sample, for the per-step CSV (empty values without NVML)."""
+        util, _, power = self.samples[-1] if self.samples else (None, None, None)
+        return {"gpu_util_percent": util, "power_w": power}
+
+    def stop(self) -> dict[str, object] | None:
+        if self._thread is None:
+            return None
+        import pynvml
+
+        self._stop.set()
+        self._thread.join()
+        elapsed = time.perf_counter() - self._t0
+        energy = None
+        if self._energy0_mj is not None:
+            try:
+                energy = (float(pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) - self._energy0_mj) / 1e3
+            except pynvml.NVMLError:
+                energy = None
+        n = len(self.samples)
+        mean = (lambda i: sum(s[i] for s in self.samples) / n) if n else (lambda i: None)
+        peak = (lambda i: max(s[i] for s in self.samples)) if n else (lambda i: None)
+        return {"samples": n, "interval_s": self.interval_s, "duration_s": elapsed,
+                "gpu_util_mean_percent": mean(0), "gpu_util_max_percent": peak(0),
+                "memory_used_max_bytes": peak(1), "power_mean_w": mean(2), "power_max_w": peak(2),
+                "energy_j": energy}

@@ -1,0 +1,375 @@
+"""The run record: one JSON file per run plus a per-step CSV, and the loader calibration uses.
+
+No torch import here (nor in what it imports at module level): the planner reads records with
+``load_record`` cheaply. README.md documents every field; ``SCHEMA`` below is the same list as
+the validator sees it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+RECORD_JSON = "record.json"
+STEPS_CSV = "steps.csv"
+CSV_COLUMNS = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped", "step_s", "data_wait_s", "fwd_bwd_s",
+               "optimizer_s", "tokens_per_s", "traced", "gpu_util_percent", "power_w")
+# Thresholds of the troubleshooting checks (DESIGN.md, "What the tool says when things are wrong").
+COMM_SHARE_LIMIT, BUBBLE_LIMIT, DATA_WAIT_LIMIT, MEMORY_HEADROOM = 0.15, 0.15, 0.10, 0.05
+
+NUM, INT, STR, BOOL, DICT, LIST = "number", "integer", "string", "boolean", "object", "array"
+OPT = "?"  # suffix: the field may be null
+
+SCHEMA: dict[str, object] = {
+    "schema_version": INT, "run_name": STR, "created_utc": STR, "status": STR, "message": STR + OPT,
+    "model": {"name": STR, "arch": STR, "layers": INT, "hidden": INT, "heads": INT, "kv_heads": INT,
+              "ffn_hidden": INT, "vocab": INT, "seq_len": INT, "tied_embeddings": BOOL, "params": INT,
+              "dropout": NUM},
+    "layout": {"dp": INT, "tp": INT, "pp": INT, "vpp": INT, "micro_batch": INT, "global_batch": INT,
+               "zero_stage": INT, "recompute": STR, "sequence_parallel": BOOL, "schedule": STR, "grad_accum": INT},
+    "precision": STR, "attention": STR,
+    "hardware": {"device_kind": STR, "device_name": STR, "device_count": INT, "nodes": INT, "hostnames": LIST,
+                 "cpu_cores": INT, "device_memory_bytes": INT + OPT},
+    "software": {"python": STR, "torch": STR, "numpy": STR, "platform": STR, "backend": STR, "cuda": STR + OPT,
+                 "nccl": STR + OPT, "planner": STR, "git_commit": STR + OPT},
+    "config": DICT, "fault_injection": STR + OPT,
+    "steps": {"total": INT, "completed": INT, "resumed_from": INT, "warmup_excluded": INT, "traced": LIST,
+              "measured": INT, "skipped": LIST},
+    "step_time_s": {"median": NUM, "p10": NUM, "p90": NUM, "mean": NUM},
+    "tokens_per_step": INT, "tokens_per_s": NUM, "model_flops_per_token": NUM,
+    "achieved_flops_per_device": NUM, "achieved_tflops_per_device": NUM,
+    "peak_flops_per_device": NUM + OPT, "peak_flops_source": STR + OPT, "mfu": NUM + OPT,
+    "breakdown_s": {"compute": NUM, "comm_total": NUM + OPT, "comm_exposed": NUM + OPT, "comm_hidden": NUM + OPT,
+                    "data_wait": NUM, "bubble": NUM + OPT, "optimizer": NUM, "other": NUM},
+    "breakdown_source": STR,
+    "bubble_fraction": NUM + OPT, "bubble_fraction_ideal": NUM, "comm_share": NUM + OPT, "data_wait_share": NUM,
+    "per_stage": LIST,
+    "memory": {"kind": STR, "peak_allocated_bytes": INT, "peak_reserved_bytes": INT + OPT,
+               "capacity_bytes": INT + OPT, "per_rank_peak_bytes": LIST},
+    "nvml": DICT + OPT, "nvml_reason": STR + OPT,
+    "cpu": {"processes": INT, "cores": INT, "process_cpu_s": NUM, "wall_s": NUM, "utilization_cores": NUM},
+    "checkpoint_s": NUM,
+    "loss": {"first": NUM + OPT, "last": NUM + OPT, "min": NUM + OPT, "nonfinite_steps": INT, "any_nonfinite": BOOL,
+             "final_loss_scale": NUM + OPT},
+    "flags": LIST,
+    "files": {"steps_csv": STR},
+}
+
+# Fields a record may lack (added after schema version 1 was first written); checked when present.
+OPTIONAL: dict[str, str] = {"per_rank": LIST}
+
+_TYPES = {NUM: (int, float), INT: (int,), STR: (str,), BOOL: (bool,), DICT: (dict,), LIST: (list,)}
+
+
+def _check(data: object, schema: dict, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'record'}: expected an object")
+    for key, kind in schema.items():
+        name = f"{where}.{key}" if where else key
+        if key not in data:
+            raise ValueError(f"run record: field '{name}' is missing")
+        value = data[key]
+        if isinstance(kind, dict):
+            _check(value, kind, name)
+            continue
+        nullable = kind.endswith(OPT)
+        base = kind.rstrip(OPT)
+        if value is None:
+            if not nullable:
+                raise ValueError(f"run record: field '{name}' is null, expected {base}")
+            continue
+        ok = isinstance(value, _TYPES[base]) and not (base in (NUM, INT) and isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"run record: field '{name}' has type {type(value).__name__}, expected {base}")
+
+
+def validate_record(data: dict) -> dict:
+    """Raise ValueError naming the first missing or bad field; return ``data``."""
+    _check(data, SCHEMA, "")
+    _check(data, {k: v for k, v in OPTIONAL.items() if k in data}, "")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(f"run record: field 'schema_version' is {data['schema_version']}, expected {SCHEMA_VERSION}")
+    if not data["step_time_s"]["median"] > 0:
+        raise ValueError("run record: field 'step_time_s.median' must be > 0")
+    for key in ("bubble_fraction", "comm_share", "data_wait_share", "mfu"):
+        v = data[key]
+        if v is not None and not (0.0 <= v <= 1.5 if key == "mfu" else 0.0 <= v <= 1.0):
+            raise ValueError(f"run record: field '{key}'={v} out of range")
+    return data
+
+
+def load_record(path: str | os.PathLike) -> dict:
+    """Read and validate a run record (record.json, or the run folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECORD_JSON
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"run record {path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"run record {path}: not JSON ({exc})") from None
+    return validate_record(data)
+
+
+# --- the per-step CSV -------------------------------------------------------------------------
+class StepCsv:
+    """Rank 0 appends one row per step (flushed, so a crash keeps what was done). A resumed run
+    keeps the rows up to the checkpoint it resumed from and rewrites the rest."""
+
+    def __init__(self, path: Path, keep_until: int):
+        self.path = path
+        self.rows: list[dict] = []
+        if keep_until > 0 and path.exists():
+            with open(path, newline="") as f:
+                self.rows = [_parse_row(r) for r in csv.DictReader(f) if int(r["step"]) <= keep_until]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, CSV_COLUMNS)
+            writer.writeheader()
+            writer.writerows(_format_row(r) for r in self.rows)
+
+    def write(self, row: dict) -> None:
+        self.rows.append(row)
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, CSV_COLUMNS).writerow(_format_row(row))
+
+
+def _format_row(row: dict) -> dict:
+    return {k: ("" if row[k] is None else repr(row[k]) if isinstance(row[k], float) else row[k]) for k in CSV_COLUMNS}
+
+
+def _parse_row(row: dict) -> dict:
+    out = {}
+    for k in CSV_COLUMNS:
+        v = row.get(k, "")
+        out[k] = None if v == "" else int(v) if k in ("step", "skipped", "traced") else float(v)
+    return out
+
+
+# --- building the record ----------------------------------------------------------------------
+def _quantile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _rank_breakdown(r: dict) -> dict:
+    """One rank's seconds per step: the timers' means over the measured steps; communication
+    and idle as the fraction of the forward-backward window the traced steps found."""
+    fb, step = r["fwd_bwd_s"], r["step_s"]
+    traced = [a for a in r["traced"] if a]
+    out = {"step": step, "data_wait": r["data_wait_s"], "optimizer": r["optimizer_s"],
+           "other": max(0.0, step - r["data_wait_s"] - fb - r["optimizer_s"])}
+    if traced:
+        frac = lambda key, base: _mean([a[key] / a[base] for a in traced if a[base] > 0]) or 0.0  # noqa: E731
+        out["comm_exposed"] = frac("comm_exposed_s", "fwd_bwd_s") * fb
+        out["bubble"] = frac("bubble_s", "fwd_bwd_s") * fb
+        out["comm_total"] = frac("comm_total_s", "step_window_s") * step
+    else:
+        out["comm_exposed"] = out["bubble"] = out["comm_total"] = None
+    out["compute"] = fb - (out["comm_exposed"] or 0.0) - (out["bubble"] or 0.0)
+    return out
+
+
+def _peak(config, env: dict) -> tuple[float | None, str | None]:
+    """Peak FLOP/s per device for MFU: profile.peak_tflops, else the named planner hardware
+    profile, else the profile whose GPU model is the device found; else None and why."""
+    precision = config.training.precision
+    if config.profile.peak_tflops:
+        return config.profile.peak_tflops * 1e12, "profile.peak_tflops in the run config"
+    from planner.hardware import get_profile, profile_names
+
+    name = config.profile.hardware_profile
+    if name is None and env["device_kind"] == "cuda":
+        for candidate in profile_names():
+            if get_profile(candidate).gpu.model.lower() == env["device_name"].lower():
+                name = candidate
+                break
+    if name is None:
+        return None, ("no peak FLOP/s known for this device: set profile.hardware_profile or profile.peak_tflops"
+                      if env["device_kind"] == "cuda" else
+                      "CPU run: no peak FLOP/s (set profile.peak_tflops to get an MFU)")
+    hw = get_profile(name)
+    peak = hw.gpu.peak_flops.get(precision, 0.0)
+    return (peak, f"hardware profile {hw.name} ({precision} dense peak)") if peak > 0 else (
+        None, f"hardware profile {hw.name} has no {precision} peak")
+
+
+def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dict], start_step: int,
+                 warmup_steps: int, status: str, message: str | None, nvml_reason: str | None, env: dict,
+                 fault: str | None) -> dict:
+    from planner import __version__ as planner_version
+    from planner.flops import model_flops_per_token
+
+    spec, lay = config.spec, config.layout
+    world = len(ranks)
+    this_launch = [r for r in rows if r["step"] > start_step]
+    measured = [r for r in this_launch[warmup_steps:] if not r["traced"]] or this_launch
+    times = [r["step_s"] for r in measured]
+    median = statistics.median(times)
+    tokens_per_step = lay.global_batch * spec.seq_len
+    tokens_per_s = tokens_per_step / median
+    flops_per_token = model_flops_per_token(spec)
+    achieved = flops_per_token * tokens_per_s / world
+    peak, peak_source = _peak(config, env)
+
+    per_rank = [_rank_breakdown(r) for r in ranks]
+    keys = ("compute", "comm_total", "comm_exposed", "data_wait", "bubble", "optimizer", "other")
+    breakdown = {k: _mean([b[k] for b in per_rank]) for k in keys}
+    for k in ("compute", "data_wait", "optimizer", "other"):
+        breakdown[k] = breakdown[k] or 0.0
+    traced_any = breakdown["comm_exposed"] is not None
+    breakdown["comm_hidden"] = (max(0.0, breakdown["comm_total"] - breakdown["comm_exposed"]) if traced_any else None)
+    step_mean = _mean([b["step"] for b in per_rank]) or median
+    share = lambda v: None if v is None else min(1.0, max(0.0, v / step_mean))  # noqa: E731
+    per_stage = []
+    for stage in range(lay.pp):
+        mine = [b for b, r in zip(per_rank, ranks) if r["pp_rank"] == stage]
+        bubble = _mean([b["bubble"] for b in mine])
+        per_stage.append({"pp_rank": stage, "bubble_s": bubble, "compute_s": _mean([b["compute"] for b in mine]),
+                          "bubble_fraction": share(bubble)})
+
+    memories = [r["memory"] for r in ranks]
+    memory = {"kind": memories[0]["kind"], "peak_allocated_bytes": max(m["peak_allocated_bytes"] for m in memories),
+              "peak_reserved_bytes": (max(m["peak_reserved_bytes"] for m in memories)
+                                      if memories[0]["peak_reserved_bytes"] is not None else None),
+              "capacity_bytes": memories[0]["capacity_bytes"],
+              "per_rank_peak_bytes": [m["peak_allocated_bytes"] for m in memories]}
+    nvml = None
+    summaries = [r["nvml"] for r in ranks if r["nvml"]]
+    if summaries:
+        energies = [s["energy_j"] for s in summaries if s["energy_j"] is not None]
+        nvml = {"per_rank": summaries, "gpu_util_mean_percent": _mean([s["gpu_util_mean_percent"] for s in summaries]),
+                "power_mean_w": _mean([s["power_mean_w"] for s in summaries]),
+                "memory_used_max_bytes": max((s["memory_used_max_bytes"] or 0) for s in summaries),
+                "energy_j_total": sum(energies) if energies else None}
+        nvml_reason = None
+    wall = max(r["wall_s"] for r in ranks)
+    cpu_s = sum(r["cpu_s"] for r in ranks)
+    losses = [r["loss"] for r in rows]
+    finite = [x for x in losses if x is not None and math.isfinite(x)]
+    nonfinite = len(losses) - len(finite)
+    scales = [r["loss_scale"] for r in rows if r["loss_scale"] is not None]
+    m = lay.grad_accum
+    rec = {
+        "schema_version": SCHEMA_VERSION, "run_name": config.run_name,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": status, "message": message,
+        "model": {**{k: config_dict["model"][k] for k in SCHEMA["model"] if k in config_dict["model"]},
+                  "params": spec.params},
+        "layout": {**config_dict["layout"], "grad_accum": m},
+        "precision": config.training.precision, "attention": config.attention,
+        "hardware": {"device_kind": env["device_kind"], "device_name": env["device_name"], "device_count": world,
+                     "nodes": max(1, world // max(1, env["local_world_size"])),
+                     "hostnames": sorted({r["hostname"] for r in ranks}), "cpu_cores": env["cpu_cores"],
+                     "device_memory_bytes": env.get("device_memory_bytes")},
+        "software": {k: env.get(k) for k in ("python", "torch", "numpy", "platform", "backend", "cuda", "nccl")}
+        | {"planner": planner_version, "git_commit": _git_commit()},
+        "config": config_dict, "fault_injection": fault,
+        "steps": {"total": config.training.steps, "completed": rows[-1]["step"] if rows else 0,
+                  "resumed_from": start_step, "warmup_excluded": warmup_steps,
+                  "traced": [r["step"] for r in this_launch if r["traced"]], "measured": len(measured),
+                  "skipped": [r["step"] for r in rows if r["skipped"]]},
+        "step_time_s": {"median": median, "p10": _quantile(times, 0.1), "p90": _quantile(times, 0.9),
+                        "mean": sum(times) / len(times)},
+        "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s, "model_flops_per_token": flops_per_token,
+        "achieved_flops_per_device": achieved, "achieved_tflops_per_device": achieved / 1e12,
+        "peak_flops_per_device": peak, "peak_flops_source": peak_source, "mfu": achieved / peak if peak else None,
+        "breakdown_s": breakdown,
+        "breakdown_source": ("timers on every measured step; communication and bubble from torch.profiler on the "
+                             "traced steps, as fractions of the forward-backward window; means over the measured "
+                             "steps and over ranks"
+                             if traced_any else "timers only (no traced step: communication and bubble unknown)"),
+        "bubble_fraction": share(breakdown["bubble"]),
+        "bubble_fraction_ideal": (lay.pp - 1) / (lay.vpp * m) if lay.pp > 1 else 0.0,
+        "comm_share": share(breakdown["comm_exposed"]), "data_wait_share": share(breakdown["data_wait"]) or 0.0,
+        "per_stage": per_stage,
+        "per_rank": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "tp_rank": r["tp_rank"],
+                      **{k: b[k] for k in ("step", *keys)}} for r, b in zip(ranks, per_rank)],
+        "memory": memory, "nvml": nvml, "nvml_reason": nvml_reason,
+        "cpu": {"processes": world, "cores": env["cpu_cores"], "process_cpu_s": cpu_s, "wall_s": wall,
+                "utilization_cores": cpu_s / wall / max(1, world // max(1, env["local_world_size"]))},
+        "checkpoint_s": max(r["checkpoint_s"] for r in ranks),
+        "loss": {"first": losses[0] if losses and finite else None, "last": losses[-1] if losses else None,
+                 "min": min(finite) if finite else None, "nonfinite_steps": nonfinite, "any_nonfinite": nonfinite > 0,
+                 "final_loss_scale": scales[-1] if scales else None},
+        "files": {"steps_csv": STEPS_CSV},
+    }
+    rec["loss"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec["loss"].items()}
+    rec["flags"] = _flags(rec)
+    return validate_record(rec)
+
+
+def _flags(rec: dict) -> list[dict]:
+    """The troubleshooting checks, each with its likely fix."""
+    out = []
+    checks = [("comm_share", COMM_SHARE_LIMIT, "communication over 15% of the step: keep tp inside a node, "
+                                               "raise micro_batch or grad accumulation, overlap DP reduction"),
+              ("bubble_fraction", BUBBLE_LIMIT, "pipeline bubble over 15%: more micro-batches per step, "
+                                                "interleaving (vpp), or fewer pipeline stages"),
+              ("data_wait_share", DATA_WAIT_LIMIT, "data wait over 10% of the step: more loader workers, "
+                                                   "a deeper prefetch, or faster storage")]
+    for key, limit, advice in checks:
+        if rec[key] is not None and rec[key] > limit:
+            out.append({"check": key, "value": rec[key], "limit": limit, "advice": advice})
+    if rec["loss"]["any_nonfinite"]:
+        out.append({"check": "nonfinite_loss", "value": rec["loss"]["nonfinite_steps"], "limit": 0,
+                    "advice": "non-finite loss: lower lr, keep clipping on, prefer bf16 to fp16"})
+    mem = rec["memory"]
+    if mem["capacity_bytes"] and mem["peak_reserved_bytes"] and \
+            mem["peak_reserved_bytes"] > (1 - MEMORY_HEADROOM) * mem["capacity_bytes"]:
+        out.append({"check": "memory_headroom", "value": mem["peak_reserved_bytes"] / mem["capacity_bytes"],
+                    "limit": 1 - MEMORY_HEADROOM, "advice": "memory within 5% of capacity: recompute, ZeRO, "
+                                                            "smaller micro_batch, or more tp/pp"})
+    return out
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def write_record(run_dir: Path, rec: dict) -> Path:
+    """Written aside, then renamed: a reader never sees half a record."""
+    path = Path(run_dir) / RECORD_JSON
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(rec, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def summary(rec: dict) -> str:
+    """A few lines for the console: the measured figures and any troubleshooting flags."""
+    b = rec["breakdown_s"]
+    fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
+    pct = lambda v: "n/a" if v is None else f"{v:.1%}"  # noqa: E731
+    mfu = "n/a" if rec["mfu"] is None else f"{rec['mfu']:.1%}"
+    lines = [f"status {rec['status']}: {rec['steps']['completed']}/{rec['steps']['total']} steps; "
+             f"loss {rec['loss']['first']} -> {rec['loss']['last']}",
+             f"step {rec['step_time_s']['median'] * 1e3:.1f} ms median (p10 {rec['step_time_s']['p10'] * 1e3:.1f}, "
+             f"p90 {rec['step_time_s']['p90'] * 1e3:.1f}); {rec['tokens_per_s']:,.0f} tok/s; "
+             f"{rec['achieved_tflops_per_device']:.3g} TFLOP/s per device; MFU {mfu}",
+             f"compute {fmt(b['compute'])}, comm exposed {fmt(b['comm_exposed'])} of {fmt(b['comm_total'])}, "
+             f"bubble {fmt(b['bubble'])}, data {fmt(b['data_wait'])}, optimizer {fmt(b['optimizer'])}, "
+             f"other {fmt(b['other'])}; bubble {pct(rec['bubble_fraction'])}, comm {pct(rec['comm_share'])}",
+             f"peak memory {rec['memory']['peak_allocated_bytes'] / 2**20:.0f} MiB ({rec['memory']['kind']})"]
+    lines += [f"check {f['check']}: {f['value']:.3g} > {f['limit']}: {f['advice']}" for f in rec["flags"]]
+    return "\n".join(lines)

@@ -1,0 +1,275 @@
+"""The training run: process group, model parts, resume, the step loop, checkpoints, the record.
+
+Called by ``python -m reference_trainer --config run.yaml`` (under torchrun, or alone for one
+process) after the config has been validated without torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from reference_trainer import faults, profiler, record
+from reference_trainer.checkpoint import Checkpointer
+from reference_trainer.config import ConfigError, RunConfig, config_to_dict
+from reference_trainer.data import TokenSource, make_loader, split
+from reference_trainer.parallel import build_mesh, parallelize
+from reference_trainer.step import NonFiniteGuard, Stepper, build_optimizers, compute_dtype
+
+EXIT_NONFINITE = 3
+
+
+def _single_process_env() -> None:
+    """Outside torchrun: a world of one on a free loopback port."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+class Log:
+    """Messages and the progress bar, on rank 0 only."""
+
+    def __init__(self, rank: int):
+        self.on = rank == 0
+        self.tty = sys.stdout.isatty()
+        self._bar = False
+
+    def __call__(self, msg: str) -> None:
+        if self.on:
+            self._end_bar()
+            print(msg, flush=True)
+
+    def progress(self, step: int, total: int, loss: float, tokens_per_s: float, extra: str = "") -> None:
+        if not self.on:
+            return
+        width = 30
+        done = int(width * step / total)
+        line = (f"[{'#' * done}{'.' * (width - done)}] step {step}/{total}  loss {loss:.4f}  "
+                f"{tokens_per_s:,.0f} tok/s{extra}")
+        if self.tty:
+            print("\r" + line, end="", flush=True)
+            self._bar = step < total
+            if not self._bar:
+                print(flush=True)
+        else:
+            print(line, flush=True)
+
+    def _end_bar(self) -> None:
+        if self._bar:
+            print(flush=True)
+            self._bar = False
+
+
+def run(configs: list[RunConfig]) -> int:
+    """Train each config in turn in one process group (a sweep: the same world size for all,
+    checked before); stop at the first that fails. Returns the exit code."""
+    _single_process_env()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo", device_id=device if cuda else None)
+    try:
+        for config in configs:
+            if cuda:
+                tf32 = config.training.precision == "tf32"
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+                torch.cuda.reset_peak_memory_stats(device)
+            state: dict = {}
+            try:
+                rc = _train(config, device, state)
+            except ConfigError as exc:  # only visible once running (e.g. a checkpoint of another layout)
+                if dist.get_rank() == 0:
+                    print(f"error: {exc}", file=sys.stderr, flush=True)
+                rc = 2
+            finally:
+                # Drop everything that holds the process group before destroying it; gloo otherwise
+                # aborts at interpreter exit ("terminate called without an active exception").
+                state.clear()
+                gc.collect()
+            if rc != 0:
+                return rc
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(config: RunConfig, device: torch.device, state: dict) -> int:
+    # Benign here: the last stage's logits come out of tensor parallel's all-gather as a view,
+    # and nothing modifies them in place (the loss reads them).
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
+    lay, tr = config.layout, config.training
+    faults.set_run(config.run_name)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    log = Log(rank)
+    wall0, cpu0 = time.perf_counter(), profiler.cpu_times()
+    mesh = build_mesh(lay, device.type)
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    torch.manual_seed(config.seed + 1_000_003 * pp_rank + 7919 * dp_rank)  # dropout: TP ranks share a stream
+    parts = parallelize(config.spec, lay, mesh, device, seed=config.seed, attention=config.attention,
+                        compute_dtype=compute_dtype(tr.precision))
+    stepper = Stepper(parts, build_optimizers(parts.modules, tr), tr, lay, device)
+    state.update(parts=parts, stepper=stepper)
+    m = config.micro_batches
+    log(f"{config.spec.describe()}\nlayout dp={lay.dp} tp={lay.tp} pp={lay.pp} vpp={lay.vpp} micro_batch="
+        f"{lay.micro_batch} global_batch={lay.global_batch} (m={m}) zero={lay.zero_stage} recompute={lay.recompute} "
+        f"sp={lay.sequence_parallel} schedule={lay.schedule}; {tr.precision} on {world} x {device.type}")
+
+    run_dir = config.run_dir
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    layout_key = {k: v for k, v in config_to_dict(config)["layout"].items()}
+    ckpt = Checkpointer(config.checkpoint_dir, keep_last=config.checkpoint.keep_last, layout=layout_key,
+                        world_size=world)
+    guard = NonFiniteGuard(tr.max_nonfinite_steps)
+    start = 0
+    if config.checkpoint.auto_resume:
+        found = ckpt.latest(log)
+        if found is not None:
+            start, path = found
+            extra = ckpt.load(path, parts.modules, stepper.optimizers)
+            torch.set_rng_state(extra["rng"])
+            if device.type == "cuda" and extra.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(extra["cuda_rng"], device)
+            if stepper.scaler is not None and extra.get("scaler"):
+                stepper.scaler.load_state_dict(extra["scaler"])
+            guard.run, guard.first = extra["guard"]
+            log(f"resumed from {path.name} (step {start})")
+    if start >= tr.steps:
+        log(f"run {config.run_name} already complete ({start}/{tr.steps} steps in its newest checkpoint); "
+            "nothing to do")
+        return 0
+    csv = record.StepCsv(run_dir / record.STEPS_CSV, keep_until=start) if rank == 0 else None
+
+    source = TokenSource(seed=config.seed, vocab=config.spec.vocab, seq_len=config.spec.seq_len,
+                         path=config.data.path, dtype=config.data.dtype)
+    pin = config.data.pin_memory if config.data.pin_memory is not None else device.type == "cuda"
+    batches = make_loader(source, start_step=start, global_batch=lay.global_batch, micro_batch=lay.micro_batch,
+                          micro_batches=m, dp_rank=dp_rank, workers=config.data.workers,
+                          prefetch_samples=config.prefetch_samples, pin_memory=pin)
+    state["loader"] = batches
+
+    nvml = profiler.NvmlSampler(device, config.profile.nvml_interval_s)
+    nvml_reason = nvml.start()
+    if nvml_reason:
+        log(nvml_reason)
+    tokens_per_step = lay.global_batch * config.spec.seq_len
+    warm = config.profile.warmup_steps
+    traced = set(range(start + warm, start + warm + config.profile.trace_steps))
+    rows, analyses, status, message, save_s = [], [], "completed", None, 0.0
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for i in range(start, tr.steps):
+        trace = profiler.tracer(device.type) if i in traced else contextlib.nullcontext()
+        with trace as prof:
+            with profiler.mark(profiler.STEP_MARK):
+                t0 = time.perf_counter()
+                micro = split(next(batches).to(device, non_blocking=pin), m)
+                t1 = time.perf_counter()
+                with profiler.mark(profiler.FWD_BWD_MARK):
+                    loss_sum = stepper.forward_backward(micro, i)
+                    sync()
+                t2 = time.perf_counter()
+                faults.maybe_kill("step", i + 1)
+                result = stepper.update(loss_sum, i)
+                sync()
+                t3 = time.perf_counter()
+        if prof is not None:
+            analyses.append(profiler.analyse(prof.events(), device.type))
+            dist.barrier()  # the analysis must not leak into other ranks' next step
+        step = i + 1
+        row = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+               "loss_scale": result.loss_scale, "skipped": int(result.skipped), "step_s": t3 - t0,
+               "data_wait_s": t1 - t0, "fwd_bwd_s": t2 - t1, "optimizer_s": t3 - t2,
+               "tokens_per_s": tokens_per_step / (t3 - t0), "traced": int(prof is not None), **nvml.latest()}
+        rows.append(row)
+        if csv is not None:
+            csv.write(row)
+        if result.skipped:
+            log(f"step {step}: non-finite loss or gradients; step skipped"
+                + (f", loss scale now {result.loss_scale:g}" if result.loss_scale is not None else ""))
+        if step % config.log_every == 0 or step == tr.steps:
+            log.progress(step, tr.steps, result.loss, row["tokens_per_s"])
+        if guard.update(step, result.skipped):
+            status, message = "stopped_nonfinite", guard.diagnosis(tr.precision, result.loss_scale)
+            log(f"error: {message}")
+            break
+        interval = config.checkpoint.interval
+        if interval and (step % interval == 0 or step == tr.steps):
+            extra = {"step": step, "rng": torch.get_rng_state(),
+                     "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                     "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
+                     "guard": (guard.run, guard.first)}
+            save_s += ckpt.save(step, parts.modules, stepper.optimizers, extra)
+            log(f"checkpoint step {step} saved")
+
+    nvml_summary = nvml.stop()
+    mine = _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml_summary, save_s)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
+                                  rows=csv.rows if csv else rows, start_step=start, warmup_steps=warm,
+                                  status=status, message=message, nvml_reason=nvml_reason,
+                                  env=_environment(device), fault=faults.active())
+        path = record.write_record(run_dir, rec)
+        log(record.summary(rec))
+        log(f"run record: {path}")
+    del batches
+    return EXIT_NONFINITE if status != "completed" else 0
+
+
+def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s) -> dict:
+    """This rank's figures for the record. Means, not medians: the parts of a step add up."""
+    measured = [r for r in rows[warm:] if not r["traced"]] or rows
+    mean = lambda key: statistics.fmean(r[key] for r in measured) if measured else 0.0  # noqa: E731
+    return {"rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "dp_rank": mesh.get_local_rank("dp"),
+            "tp_rank": mesh.get_local_rank("tp"), "hostname": socket.gethostname(),
+            "step_s": mean("step_s"), "data_wait_s": mean("data_wait_s"), "fwd_bwd_s": mean("fwd_bwd_s"),
+            "optimizer_s": mean("optimizer_s"), "traced": analyses, "memory": profiler.peak_memory(device),
+            "wall_s": time.perf_counter() - wall0, "cpu_s": profiler.cpu_times() - cpu0, "nvml": nvml,
+            "checkpoint_s": save_s}
+
+
+def _environment(device: torch.device) -> dict:
+    import platform
+
+    import numpy
+
+    env = {"device_kind": device.type, "python": platform.python_version(), "torch": torch.__version__,
+           "numpy": numpy.__version__, "platform": platform.platform(), "cuda": torch.version.cuda,
+           "backend": "nccl" if device.type == "cuda" else "gloo", "cpu_cores": os.cpu_count(),
+           "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        env["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    else:
+        env["device_name"] = _cpu_name()
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"

@@ -1,0 +1,169 @@
+"""The what-if explorer under streamlit.testing.v1.AppTest: it renders, its figures are the CLI's,
+an impossible layout is an error message (with the nearest valid values), not a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from planner import explore
+from planner.cli import main as cli_main
+
+AppTest = pytest.importorskip("streamlit.testing.v1", reason="streamlit is not installed (the app extra)").AppTest
+APP = Path(__file__).resolve().parents[2] / "app.py"
+DEFAULT_FLAGS = {"--params": "33B", "--gpus": "128"}  # the page's defaults (README's first example)
+
+
+def cli(argv: list[str]) -> tuple[int, str, str]:
+    """The real CLI entry point in process (not capsys: streamlit's log handler outlives a test's capture)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_json(flags: dict[str, str]) -> dict:
+    """`planner estimate ... --format json` for these flags."""
+    argv = ["estimate", *(x for kv in flags.items() for x in kv), "--format", "json"]
+    code, out, _ = cli(argv)
+    assert code in (0, 3), argv
+    return json.loads(out)
+
+
+def shown(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def expected(j: dict) -> dict[str, str]:
+    return {f.label: f.value for f in explore.headline(j)}
+
+
+def new_app(query: dict[str, str] | None = None) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update(query or {})
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_default_page_renders():
+    at = new_app()
+    assert not at.error
+    figures = shown(at)
+    assert figures == expected(cli_json(DEFAULT_FLAGS))
+    assert {"days to train", "GPU-hours", "cost", "energy", "MFU", "tokens/s", "memory per GPU", "bubble",
+            "communication"} <= set(figures)
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    memory = next(s for s in specs if "layer" in s and s["layer"][0]["encoding"]["x"]["field"] == "GiB")
+    assert memory["layer"][1]["data"]["values"][0]["capacity"] == pytest.approx(80.0)  # the A100 80GB line
+
+
+def test_gpus_profile_and_recompute_change_figures_as_the_cli_says():
+    at = new_app()
+    flags = dict(DEFAULT_FLAGS)
+    before = shown(at)
+    steps = [(lambda: at.number_input(key="gpus").set_value(256), {"--gpus": "256"}),
+             (lambda: at.selectbox(key="gpu").set_value("a6000"), {"--gpu": "a6000"}),
+             (lambda: at.selectbox(key="recompute").set_value("full"), {"--recompute": "full"})]
+    for change, flag in steps:
+        change()
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        flags.update(flag)
+        after = shown(at)
+        assert after == expected(cli_json(flags)), flag
+        assert after != before, f"{flag} changed nothing"
+        before = after
+    assert at.session_state["_run_ms"] < 1000  # cached per input; the benchmark has the real figures
+
+
+def test_export_reproduces_the_plan_through_the_cli():
+    """State from the URL; the page's JSON is the CLI's, and its `planner estimate` line reproduces it."""
+    at = new_app({"gpus": "256", "gpu": "a6000", "recompute": "full", "tab": "Export"})
+    page_json = json.loads(at.json[0].value)
+    command = at.code[0].value
+    assert command.startswith("planner estimate ")
+    assert cli_json(dict(zip(*[iter(shlex.split(command)[2:])] * 2))) == page_json
+    assert (page_json["cluster"]["gpu"], page_json["cluster"]["gpus"]) == ("a6000", 256)
+    assert page_json["layout"]["recompute"] == "full"
+
+
+def test_impossible_layout_shows_the_error_and_nearest_values():
+    at = new_app()
+    at.number_input(key="tp").set_value(3).run()
+    assert not at.exception
+    assert not at.metric  # no figures for a plan that does not exist
+    code, _, err = cli(["estimate", "--params", "33B", "--gpus", "128", "--tp", "3"])
+    message = err.strip().removeprefix("planner estimate: ")
+    assert code == 2 and message
+    assert [e.value for e in at.error] == [f"No plan: {message}"]
+    text = " ".join(m.value for m in at.markdown)
+    assert "tp = 3" in text and "`2`, `4`" in text  # heads=52 on 128 GPUs: tp in 1, 2, 4
+    next(b for b in at.button if b.label == "use tp = 4").click().run()
+    assert not at.error and shown(at) == expected(cli_json({**DEFAULT_FLAGS, "--tp": "4"}))
+
+
+def test_bad_link_values_are_named_and_defaults_used():
+    at = new_app({"gpus": "many", "pue": "9"})
+    notes = " ".join(i.value for i in at.info)
+    assert "gpus='many'" in notes and "pue='9'" in notes
+    assert shown(at) == expected(cli_json(DEFAULT_FLAGS))
+
+
+def test_hardware_tab_compares_profiles():
+    at = new_app({"tab": "Hardware", "params": "7", "gpus": "16"})
+    rows = at.dataframe[0].value
+    assert {"a100-80g", "a6000", "v100-32g"} <= set(rows["profile"])
+    assert set(rows.loc[rows["profile"] == "v100-32g", "precision"]) == {"fp16"}  # no bf16 on a V100
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    profiles = {r["profile"] for r in spec["layer"][0]["data"]["values"]}
+    assert {"a100-80g", "a6000", "v100-32g (fp16)"} <= profiles
+
+
+def test_runs_tab_compares_records_and_names_the_bad_ones(tmp_path):
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(Path(__file__).resolve().parent / "data" / "runs", runs)
+    (runs / "half-written").mkdir()
+    (runs / "half-written" / "record.json").write_text('{"schema_version": 1, "run_name": ')
+    at = new_app({"tab": "Runs"})
+    at.text_input(key="runs_dir").set_value(str(runs)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [w.value for w in at.warning if w.value.startswith("skipped ") and "half-written" in w.value]
+    points = at.dataframe[1].value  # after the list of runs: `planner validate`'s table
+    assert set(points["run"]) == {"tiny-cpu"} and "step_s" in set(points["quantity"])
+    assert len(at.image) == 1  # its plot
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    assert any(s.get("facet", {}).get("field") == "quantity" for s in specs)  # the live view's small charts
+    assert any(c.value.endswith("steps.csv: 12 steps") for c in at.caption)
+
+
+def test_export_tab_is_what_planner_export_writes():
+    at = new_app({"params": "7", "gpus": "16", "tab": "Export"})
+    command = next(c.value for c in at.code if c.value.startswith("planner export "))
+    code, out, _ = cli(shlex.split(command)[1:])
+    assert code == 0
+    assert out.rstrip("\n") == at.code[-1].value.rstrip("\n")  # the torchrun script with its run config
+
+
+def test_lora_and_operations_figures_follow_the_cli():
+    at = new_app()
+    at.selectbox(key="mode").set_value("lora")
+    at.run()
+    at.number_input(key="mtbf_gpu_hours").set_value(10000.0)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    j = cli_json({**DEFAULT_FLAGS, "--mode": "lora", "--lora-r": "8", "--lora-alpha": "16",
+                  "--lora-targets": "q_proj,v_proj", "--mtbf-gpu-hours": "10000"})
+    figures = shown(at)
+    assert figures == expected(j)
+    # LLaMA-33B, r=8 on q and v: 60 layers x 2 x 8 x (6656 + 6656) parameters train.
+    assert j["trainable_params"] == 60 * 2 * 8 * (6656 + 6656)
+    assert figures["trainable parameters"] == explore.fmt_count(j["trainable_params"])
+    assert float(figures["days with failures"]) >= float(figures["days to train"])

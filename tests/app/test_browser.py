@@ -1,0 +1,103 @@
+"""The what-if explorer in a real browser: `streamlit run app.py` headless on a free loopback port,
+driven by Playwright on Debian's chromium. Skipped, saying why, where chromium or playwright is missing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from planner import explore
+from planner.cli import main as cli_main
+
+pytest.importorskip("streamlit", reason="streamlit is not installed (the app extra)")
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+APP = Path(__file__).resolve().parents[2] / "app.py"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# What was seen working headless as root in a container (../shared/ENVIRONMENT.md).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+START_TIMEOUT_S = 60
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).is_file(),
+                                reason="no chromium (Debian: apt-get install chromium; .ci/run installs it)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+            return r.read().strip() == b"ok"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def server(tmp_path):
+    """The app served headless on 127.0.0.1:<free port>; always stopped, whatever the test did."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "streamlit.log"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not healthy(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"streamlit did not start (exit {proc.poll()}):\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def expected_days(gpus: int) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["estimate", "--params", "33B", "--gpus", str(gpus), "--format", "json"]) == 0
+    return next(f.value for f in explore.headline(json.loads(out.getvalue())) if f.label == "days to train")
+
+
+def test_change_gpus_in_a_real_browser(server, tmp_path):
+    before, after = expected_days(128), expected_days(256)
+    assert before != after
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(server)
+            days = (page.locator('[data-testid="stMetric"]').filter(has_text="days to train")
+                    .locator('[data-testid="stMetricValue"]'))
+            sync_api.expect(days).to_have_text(before, timeout=30_000)
+            gpus = page.get_by_label("GPUs", exact=True)
+            gpus.fill("256")
+            gpus.press("Enter")
+            sync_api.expect(days).to_have_text(after, timeout=30_000)
+            sync_api.expect(page).to_have_url(f"{server}/?gpus=256", timeout=10_000)  # the state is in the URL
+            page.screenshot(path=tmp_path / "explorer.png", full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "explorer.png").stat().st_size > 10_000

@@ -1,0 +1,192 @@
+"""The explorer's pure parts, without a browser: state <-> URL <-> CLI flags, the plan equal to
+`planner estimate`, the nearest valid values of an impossible pin, the bubble curve, the
+cross-hardware sweep, run records (bad ones named and skipped) and `planner app`."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from planner import explore, explore_charts, explore_state, run_records
+from planner.cli import main as cli_main
+
+RUNS = Path(__file__).resolve().parent / "data" / "runs"  # one real CPU run of the reference trainer
+
+
+def cli_estimate(argv: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["estimate", *argv, "--format", "json"]) in (0, 3)
+    return json.loads(out.getvalue())
+
+
+STATES = [
+    {},
+    {"model": "preset", "preset": "llama-7b", "gpus": 16, "tokens": 1000.0, "price": 1.25, "pue": 1.1},
+    {"model": "shape", "arch": "gpt", "layers": 24, "hidden": 2048, "heads": 16, "seq_len": 2048, "vocab": 50257,
+     "gpus": 8, "gpu": "v100-32g", "precision": "fp16", "attention": "standard", "overlap": False},
+    {"params": 70.0, "gpus": 256, "pp": 4, "vpp": 2, "micro_batch": 1, "zero": "1", "recompute": "selective",
+     "sequence_parallel": "on", "attention": "standard", "sort": "cost"},
+    {"params": 13.0, "gpus": 64, "gpu": "h100-80g", "global_batch": 1024, "tp": 2, "schedule": "1f1b"},
+]
+
+
+@pytest.mark.parametrize("changes", STATES)
+def test_state_is_the_cli_plan_and_survives_the_url(changes):
+    state = {**explore_state.defaults(), **changes}
+    query = explore_state.query_from_state(state)
+    assert set(query) == {k for k, v in changes.items() if v != explore_state.defaults()[k]}
+    again, notes = explore_state.state_from_query(query)
+    assert again == state and notes == []
+    argv = explore_state.argv_from_state(state)
+    view = explore.compute(argv)
+    assert isinstance(view, explore.View)
+    assert view.to_json() == cli_estimate(argv)
+    assert explore_state.estimate_command(state).split()[2:] == argv
+
+
+def test_link_values_out_of_bounds_are_named_and_replaced_by_defaults():
+    state, notes = explore_state.state_from_query({"gpus": "0", "tp": "2.5", "gpu": "tpu-v9", "overlap": "maybe",
+                                                   "price": "", "unrelated": "x"})
+    defaults = explore_state.defaults()
+    assert [state[k] for k in ("gpus", "tp", "gpu", "overlap")] == [defaults[k] for k in ("gpus", "tp", "gpu",
+                                                                                          "overlap")]
+    assert state["price"] is None and len(notes) == 4
+    assert any("gpus='0'" in n and "1 to 65536" in n for n in notes)
+    assert any("tp='2.5'" in n and "whole number" in n for n in notes)
+
+
+@pytest.mark.parametrize("pins, field, valid", [
+    (["--tp", "3"], "tp", (2, 4)),  # llama-33b: 52 heads
+    (["--pp", "3"], "pp", (2, 4)),  # divisors of 128
+    (["--pp", "4", "--vpp", "7"], "vpp", (5, 15)),  # 60 layers: pp*vpp must divide it
+    (["--global-batch", "1001", "--micro-batch", "2"], "global_batch", (1000, 1002)),
+])
+def test_impossible_pins_name_the_constraint_and_the_nearest_valid_values(pins, field, valid):
+    argv = ["--params", "33B", "--gpus", "128", *pins]
+    problem = explore.compute(argv)
+    assert isinstance(problem, explore.Problem)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli_main(["estimate", *argv]) == 2
+    assert err.getvalue().strip() == f"planner estimate: {problem.message}"  # the CLI's words
+    found = {s.field: s.valid for s in problem.suggestions}
+    assert found[field] == valid
+    for value in valid:  # each suggestion does make a plan
+        flag = "--" + field.replace("_", "-")
+        fixed = [*argv[: argv.index(flag)], flag, str(value), *argv[argv.index(flag) + 2:]]
+        assert isinstance(explore.compute(fixed), explore.View), fixed
+
+
+def test_a_pinned_layout_that_does_not_fit_offers_the_nearest_that_does():
+    view = explore.compute(["--params", "33B", "--gpus", "32", "--tp", "1", "--pp", "1", "--zero", "0"])
+    assert isinstance(view, explore.View) and not view.best.fits
+    assert view.nearest_fit is not None and view.nearest_fit.fits
+    changed = explore.changed_fields(view.best.to_json()["layout"], view.nearest_fit.to_json()["layout"])
+    assert changed and all("->" in c for c in changed)
+
+
+def test_headline_formats_the_json_contract():
+    j = cli_estimate(["--params", "33B", "--gpus", "128"])
+    figures = {f.label: f.value for f in explore.headline(j)}
+    assert figures["days to train"] == f"{j['train']['days']:.1f}"
+    assert figures["MFU"] == f"{j['mfu']:.1%}"
+    assert figures["memory per GPU"].endswith("/ 80 GiB")
+
+
+def test_memory_and_time_rows_add_up():
+    j = cli_estimate(["--params", "70B", "--gpus", "256", "--pp", "4", "--vpp", "2"])
+    rows = explore.memory_rows(j)
+    peak = [r for r in rows if r["stage"].endswith("(peak)")]
+    assert sum(r["GiB"] for r in peak) == pytest.approx(j["memory"]["total_bytes"] / 2**30)
+    assert sum(r["seconds"] for r in explore.time_rows(j)) == pytest.approx(j["time"]["step_s"])
+    spec = explore_charts.memory_bar(rows, 80.0)
+    assert spec["layer"][1]["data"]["values"] == [{"capacity": 80.0}]
+
+
+def test_bubble_curve_is_the_pipeline_formula():
+    rows = explore.bubble_rows(pp=4, vpp=2, micro_batches=8)
+    at8 = {r["schedule"]: r["bubble"] for r in rows if r["micro-batches"] == 8}
+    x1, x2 = 3 / 8, 3 / 16  # (p-1)/(v m), Narayanan et al. 2021
+    assert at8 == pytest.approx({"1F1B": x1 / (1 + x1), "interleaved v=2": x2 / (1 + x2)})
+
+
+def test_hardware_views_match_a_search_per_profile():
+    argv = explore_state.comparison_argv({**explore_state.defaults(), "params": 7.0})
+    rows = {r.profile: r for r in explore.compare_hardware(argv, 16, ["a100-80g", "v100-32g"])}
+    a100 = cli_estimate(["--params", "7B", "--gpus", "16", "--gpu", "a100-80g"])
+    assert rows["a100-80g"].days == pytest.approx(a100["train"]["days"])
+    assert rows["v100-32g"].precision == "fp16"  # no bf16 on a V100
+    points = explore.sweep(explore_state.sweep_argv({**explore_state.defaults(), "params": 7.0}), (16, 32),
+                           ["a100-80g"])
+    days = explore.sweep_rows(points, a100["train"]["tokens"], "bf16")
+    assert days[0] == {"profile": "a100-80g", "GPUs": 16, "days": pytest.approx(a100["train"]["days"])}
+
+
+def test_runs_are_what_planner_validate_says_and_bad_records_are_named(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(RUNS, runs)
+    (runs / "garbled").mkdir()
+    (runs / "garbled" / "record.json").write_text("{not json")
+    good = json.loads((RUNS / "tiny-cpu" / "record.json").read_text())
+    (runs / "no-step-time").mkdir()
+    (runs / "no-step-time" / "record.json").write_text(json.dumps({k: v for k, v in good.items()
+                                                                    if k != "step_time_s"}))
+    loaded = run_records.load_folder(runs)
+    assert [r.label for r in loaded.runs] == ["tiny-cpu"]
+    assert len(loaded.skipped) == 2
+    assert any("garbled" in line and "not JSON" in line for line in loaded.skipped)
+    assert any("no-step-time" in line and "step_time_s" in line for line in loaded.skipped)
+    uploaded = run_records.load_uploaded([("mine.json", b"[]"), ("good.json", json.dumps(good).encode())])
+    assert len(uploaded.runs) == 1 and len(uploaded.skipped) == 1 and uploaded.skipped[0].startswith("mine.json: ")
+    assert run_records.load_folder(tmp_path / "nothing-here") == run_records.Loaded(runs=(), skipped=())
+
+    compared = run_records.compare(loaded.runs, None)  # the run names a100-80g in its config
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["validate", str(runs / "tiny-cpu"), "--format", "json"]) == 0
+    cli_points = json.loads(out.getvalue())["points"]
+    assert [(p.quantity, p.predicted, p.measured, p.error) for p in compared.points] == \
+        [(p["quantity"], p["predicted"], p["measured"], p["error"]) for p in cli_points]
+    assert {"step_s", "tokens_per_s"} <= {p.quantity for p in compared.points}
+    rows = run_records.point_rows(compared.points)
+    assert rows[0]["error"].endswith("%") and rows[-1]["error"].endswith("pp")  # step_s ... comm_fraction
+    assert run_records.plot_png(compared.points)[:4] == b"\x89PNG"
+
+    anonymous = {**good, "config": {**good["config"], "profile": {**good["config"]["profile"],
+                                                                    "hardware_profile": None}}}
+    (runs / "tiny-cpu" / "record.json").write_text(json.dumps(anonymous))
+    nameless = run_records.load_folder(runs / "tiny-cpu").runs
+    assert run_records.compare(nameless, None).unpredicted[0].startswith("tiny-cpu: ")  # a CPU matches no GPU
+    assert run_records.compare(nameless, "h100-80g").points  # unless a profile is chosen
+
+
+def test_live_view_reads_a_csv_being_written(tmp_path):
+    run = tmp_path / "runs" / "live"
+    run.mkdir(parents=True)
+    lines = (RUNS / "tiny-cpu" / "steps.csv").read_text().splitlines()
+    (run / "steps.csv").write_text("\n".join(lines[:6]) + "\n" + lines[6][:20])  # a line half written
+    assert run_records.live_runs(tmp_path / "runs") == ["live"]
+    cols = run_records.read_steps(run_records.steps_csv(run))
+    assert cols["step"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert {"loss", "step time s", "tokens/s"} <= set(cols)
+    assert len(run_records.step_rows(cols)) == 3 * 5
+
+
+def test_planner_app_starts_streamlit_on_app_py(tmp_path):
+    from planner import app_cli
+    from planner.cli import build_parser
+
+    args = build_parser().parse_args(["app", "--port", "8600", "--headless"])
+    cmd = app_cli.streamlit_command(args, app_cli.app_path())
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app.py")
+    assert cmd[cmd.index("--server.port") + 1] == "8600" and cmd[cmd.index("--server.headless") + 1] == "true"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli_main(["app", "--port", "0"]) == 2
+    assert "port=0" in err.getvalue()

@@ -1,0 +1,107 @@
+"""The model: parameter counts equal the planner's, stages split as the planner says, and the
+pieces that must agree do."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from planner.layout import Layout  # noqa: E402
+from planner.model import ModelSpec  # noqa: E402
+from planner.pipeline import stage_layer_ranges  # noqa: E402
+from planner.presets import get_preset  # noqa: E402
+from reference_trainer.model import GPT, loss_fn  # noqa: E402
+from reference_trainer.parallel import build_stages  # noqa: E402
+
+SHAPES = [
+    ModelSpec(arch="gpt", layers=3, hidden=64, heads=4, vocab=100, seq_len=32),  # tied, MHA, learned positions
+    ModelSpec(arch="gpt", layers=2, hidden=96, heads=6, kv_heads=2, vocab=77, seq_len=16, tied_embeddings=False),
+    ModelSpec(arch="llama", layers=3, hidden=64, heads=8, kv_heads=2, vocab=100, seq_len=32),  # GQA, untied
+    ModelSpec(arch="llama", layers=2, hidden=64, heads=4, vocab=50, seq_len=8, tied_embeddings=True),
+    ModelSpec(arch="llama", layers=2, hidden=64, heads=4, vocab=50, seq_len=8, dropout=0.1),
+]
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("spec", SHAPES, ids=lambda s: f"{s.arch}-kv{s.kv_heads}-tied{s.tied_embeddings}")
+def test_parameter_count_equals_the_planners(spec):
+    assert count(GPT(spec)) == spec.params
+
+
+@pytest.mark.parametrize("name", ["gpt3-125m", "gpt3-1.3b", "llama2-70b", "llama3-8b"])
+def test_parameter_count_of_presets(name):
+    spec = get_preset(name)
+    with torch.device("meta"):  # shapes only: no memory, no init
+        model = GPT(spec)
+    assert count(model) == spec.params
+
+
+@settings(max_examples=25, deadline=None)
+@given(arch=st.sampled_from(["gpt", "llama"]), layers=st.integers(1, 4), head_dim=st.sampled_from([8, 16]),
+       kv_heads=st.integers(1, 3), group=st.integers(1, 3), vocab=st.integers(8, 300), seq_len=st.integers(1, 64),
+       tied=st.booleans())
+def test_parameter_count_property(arch, layers, head_dim, kv_heads, group, vocab, seq_len, tied):
+    heads = kv_heads * group
+    spec = ModelSpec(arch=arch, layers=layers, hidden=heads * head_dim, heads=heads, kv_heads=kv_heads,
+                     vocab=vocab, seq_len=seq_len, tied_embeddings=tied)
+    with torch.device("meta"):
+        assert count(GPT(spec)) == spec.params
+
+
+@pytest.mark.parametrize("pp,vpp", [(2, 1), (3, 1), (2, 2)])
+def test_stages_hold_the_planners_layers_with_the_same_weights(pp, vpp):
+    spec = ModelSpec(arch="gpt", layers=8 if vpp > 1 else 7, hidden=32, heads=4, vocab=64, seq_len=16)
+    whole = GPT(spec)
+    whole.init_weights(5)
+    reference = dict(whole.named_parameters())
+    layout = Layout(dp=1, pp=pp, vpp=vpp, global_batch=8)
+    ranges = stage_layer_ranges(spec.layers, pp, vpp)
+    total = 0
+    for rank in range(pp):
+        modules, ids = build_stages(spec, layout, rank, seed=5, attention="flash")
+        assert ids == [chunk * pp + rank for chunk in range(vpp)]
+        for module, (start, end) in zip(modules, ranges[rank]):
+            assert [int(k) for k in module.layers] == list(range(start, end))
+            for name, p in module.named_parameters():
+                copy = name == "head.weight" and module.head_is_tied_copy  # equals the embedding
+                assert torch.equal(p, reference["embed.tok.weight" if copy else name]), name
+                total += 0 if copy else p.numel()
+    assert total == spec.params
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_flash_and_standard_attention_agree(arch):
+    spec = ModelSpec(arch=arch, layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, seq_len=16, dropout=0.0)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for kind in ("flash", "standard"):
+        model = GPT(spec, attention=kind)
+        model.init_weights(1)
+        out[kind] = model(x)
+    assert out["flash"].shape == (2, 16, 64)
+    torch.testing.assert_close(out["flash"], out["standard"], rtol=1e-5, atol=1e-5)
+
+
+def test_causal_mask_hides_the_future():
+    spec = ModelSpec(arch="llama", layers=2, hidden=32, heads=4, vocab=64, seq_len=16)
+    model = GPT(spec)
+    model.init_weights(2)
+    x = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    y = x.clone()
+    y[0, 10:] = (y[0, 10:] + 1) % 64
+    torch.testing.assert_close(model(x)[:, :10], model(y)[:, :10])
+
+
+def test_untrained_loss_is_near_log_vocab():
+    spec = ModelSpec(arch="gpt", layers=2, hidden=32, heads=4, vocab=128, seq_len=16, tied_embeddings=False)
+    model = GPT(spec)
+    model.init_weights(3)
+    x = torch.randint(0, 128, (4, 17), generator=torch.Generator().manual_seed(0))
+    assert abs(loss_fn(model(x[:, :-1]), x[:, 1:]).item() - torch.log(torch.tensor(128.0)).item()) < 0.1
