@@ -32,9 +32,27 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     "zero3_overlap": (0.0, 1.0, False),
     "tp_overlap": (0.0, 1.0, False),
     "layer_overhead_s": (1e-7, 0.05, True),
+    "tp_collective_overhead_s": (1e-7, 0.05, True),
+    "thread_scaling": (0.0, 1.0, False),
     "step_overhead_s": (1e-6, 10.0, True),
 }
-DEFAULT_FACTORS = ("matmul", "matmul_half_dim", "memory", "intra_node_bw", "layer_overhead_s", "step_overhead_s")
+
+
+def default_factors(runs: list[Measurement], base: HardwareProfile) -> tuple[str, ...]:
+    """The factors these runs can inform: the always-present ones, plus link bandwidth when any
+    run communicates, the TP collective overhead when any uses tensor parallel, flash attention's
+    efficiency when any uses it, and thread scaling on a CPU host when a process had cores to
+    spare. A factor no run exercises cannot be fitted."""
+    factors = ["matmul", "memory", "layer_overhead_s"]
+    if any(r.gpus > 1 for r in runs):
+        factors.append("intra_node_bw")
+    if any(r.layout.tp > 1 for r in runs):
+        factors.append("tp_collective_overhead_s")
+    if base.network.compute_slots and any(r.gpus < base.network.compute_slots for r in runs):
+        factors.append("thread_scaling")
+    if base.network.compute_slots is None and any(r.job.attention == "flash" for r in runs):
+        factors.append("flash_attention")
+    return tuple(factors)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,7 +92,7 @@ def check_factors(factors: tuple[str, ...], runs: int) -> None:
 
 
 def fit_factors(runs: list[Measurement], base: HardwareProfile,
-                factors: tuple[str, ...] = DEFAULT_FACTORS) -> tuple[Efficiency, bool, str]:
+                factors: tuple[str, ...]) -> tuple[Efficiency, bool, str]:
     from scipy.optimize import least_squares
 
     check_factors(factors, len(runs))
@@ -96,8 +114,9 @@ def fit_factors(runs: list[Measurement], base: HardwareProfile,
     return efficiency(res.x), True, str(res.message)
 
 
-def calibrate(runs: list[Measurement], base: HardwareProfile, factors: tuple[str, ...] = DEFAULT_FACTORS,
+def calibrate(runs: list[Measurement], base: HardwareProfile, factors: tuple[str, ...] | None = None,
               leave_one_out: bool = True) -> Fit:
+    factors = factors or default_factors(runs, base)
     eff, ok, message = fit_factors(runs, base, factors)
     measured = np.array([r.step_s for r in runs])
     base_errors = predict_step_s(runs, base) / measured - 1

@@ -32,8 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base", required=True, help="the profile the runs ran on (a probed one for CPU runs)")
     p.add_argument("--out", required=True, help="calibrated profile file to write (TOML)")
     p.add_argument("--name", help="profile name (default: the file's stem)")
-    p.add_argument("--factors", help="comma-separated factors to fit (default: "
-                   "matmul,matmul_half_dim,memory,intra_node_bw,layer_overhead_s,step_overhead_s)")
+    p.add_argument("--factors", help="comma-separated factors to fit (default: those the runs exercise: "
+                   "matmul, memory, layer_overhead_s, and intra_node_bw, tp_collective_overhead_s, "
+                   "thread_scaling, flash_attention when the runs use them)")
     p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
     p.set_defaults(func=cmd_calibrate)
 
@@ -79,16 +80,17 @@ def cmd_probe(a: argparse.Namespace) -> int:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.calibrate import DEFAULT_FACTORS, calibrate, calibrated_profile_toml, check_factors, describe_fit
+    from planner.calibrate import calibrate, calibrated_profile_toml, check_factors, default_factors, describe_fit
     from planner.files import write_atomic
     from planner.hardware import get_profile
     from planner.measured import load_measurements
 
     base = get_profile(a.base)
-    factors = tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors else DEFAULT_FACTORS
     runs, skipped = load_measurements(a.runs, strict=a.strict)
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
+    factors = (tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors
+               else default_factors(runs, base))
     check_factors(factors, len(runs))
     fit = calibrate(runs, base, factors)
     print(describe_fit(fit, runs))

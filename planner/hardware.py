@@ -65,6 +65,12 @@ class Efficiency:
     zero3_overlap: float = 0.8  # fraction of compute that can hide ZeRO-3 parameter gathers
     tp_overlap: float = 0.0  # fraction of TP communication hidden behind GEMMs (0: Megatron 2021)
     layer_overhead_s: float = 0.0  # fixed per layer per micro-batch per pass (launch, framework)
+    # Fixed cost of one tensor-parallel collective on the critical path (kernel launch, framework
+    # dispatch: DTensor redistribution in eager PyTorch); TP issues 4-6 per layer per micro-batch.
+    tp_collective_overhead_s: float = 0.0
+    # Parallel efficiency of the extra threads when a process has a CPU host's cores to itself
+    # (1: two threads run twice as fast as one). Only profiles with compute_slots use it.
+    thread_scaling: float = 1.0
     step_overhead_s: float = 0.0  # fixed per optimizer step (data, logging, synchronisation)
     power_fraction: float = 1.0  # average GPU power / TDP while training (1.0: Llama 2 convention)
     cuda_context_bytes: float = 0.75 * GIB  # CUDA context, cuBLAS/cuDNN workspaces, kernels

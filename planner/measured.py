@@ -69,7 +69,7 @@ def record_paths(paths: list[str]) -> list[Path]:
         if p.is_dir() and (p / "record.json").exists():
             out.append(p / "record.json")
         elif p.is_dir():
-            found = sorted(p.glob("**/record.json"))
+            found = sorted(p.glob("*/record.json")) or sorted(p.glob("**/record.json"))
             if not found:
                 raise PlannerError("runs", str(p), "no record.json in this folder or below")
             out.extend(found)

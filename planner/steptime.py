@@ -79,7 +79,8 @@ class _LayerTimes:
     forward: np.ndarray
     backward: np.ndarray
     recompute: np.ndarray
-    tp_comm: np.ndarray  # exposed, forward + backward + recompute
+    tp_comm: np.ndarray  # exposed link time, forward + backward + recompute
+    tp_calls: np.ndarray  # TP collectives per layer per micro-batch on the critical path
 
 
 def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
@@ -105,16 +106,15 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     weight_grads = 0 if job.lora else 1
     adapter = (lora_params_per_layer(model, job) * 2.0 * c.mb * model.seq_len / c.tp / (peak * e.matmul)
                if job.lora else 0.0)
-    fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm + e.layer_overhead_s
-    bwd = ((1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm
-           + 2 * e.layer_overhead_s)
+    fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm
+    bwd = (1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm
     selective = np.where(job.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
     collective = comm.tp_collective(links, act * c.mb * model.seq_len * model.hidden, c.tp)
-    tp = (4 + 2 * (c.recompute == 2)) * collective * (1 - e.tp_overlap)
-    return _LayerTimes(fwd, bwd, recompute, tp)
+    calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
+    return _LayerTimes(fwd, bwd, recompute, calls * collective, calls)
 
 
 def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[StepTime, np.ndarray]:
@@ -130,20 +130,28 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
 
     # A CPU host's cores are shared by its processes (threads per process = cores / processes,
     # as the trainer's launcher sets them): each computes at cores/processes of one core's speed.
-    slow = 1.0
+    # Fixed (framework) overheads run on one thread: threads do not shorten them, sharing a core does.
+    slow = busy = 1.0
     if hw.network.compute_slots:
         on_node = np.minimum(c.dp * c.tp * c.pp, hw.network.gpus_per_node)
-        slow = on_node / hw.network.compute_slots
+        share = on_node / hw.network.compute_slots  # processes per core
+        threads = 1.0 / np.minimum(share, 1.0)  # cores per process, when it has more than one
+        slow = np.where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
+        busy = np.maximum(1.0, share)
     head_time = head_time * slow
     first, fullest, last = stage_layers_arrays(model.layers, c.pp)
-    per_layer = (lt.forward + lt.backward + lt.recompute) * slow
+    # Framework overhead per layer: once forward, twice backward, once more when recomputed.
+    overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
+    per_layer = (lt.forward + lt.backward + lt.recompute) * slow + overhead_layer
     # The pace of the pipeline is set by its slowest stage (the last one carries the head).
     compute_mb = np.maximum(fullest * per_layer, last * per_layer + head_time)
     layers_pace = np.where(fullest * per_layer >= last * per_layer + head_time, fullest, last)
-    tp_mb = layers_pace * lt.tp_comm
+    # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
+    # On a CPU host the collectives' copies and reductions run on the shared cores as well.
+    tp_mb = layers_pace * (lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s) * busy
     m = c.m.astype(float)
     p, v = c.pp, c.vpp.astype(float)
-    p2p_one = comm.p2p(links, act * c.mb * model.seq_len * model.hidden, c.tp, c.dp)
+    p2p_one = comm.p2p(links, act * c.mb * model.seq_len * model.hidden, c.tp, c.dp) * busy
     pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
     per_mb = compute_mb + tp_mb + pp_mb
     bubble = (p - 1) / v * per_mb
@@ -154,10 +162,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
     grad_bytes = trained * GRAD_BYTES[job.precision]
     param_bytes = shard * act
-    ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0)
-    rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0)
-    ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0)  # ZeRO-3: gather the weights
-    ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0)  # ZeRO-1/2: updated weights
+    ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0) * busy
+    rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0) * busy
+    ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0) * busy  # ZeRO-3: gather the weights
+    ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0) * busy  # ZeRO-1/2: updated weights
     bwd_mb = layers_pace * lt.backward * slow
     hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
     fwd_mb = layers_pace * lt.forward * slow
@@ -172,7 +180,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     held = trained / np.where(c.zero >= 1, c.dp, 1)
     optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory) * slow
 
-    overhead_mb = layers_pace * (3 + (c.recompute == 2)) * e.layer_overhead_s * slow
+    overhead_mb = layers_pace * overhead_layer
     st = StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
                   bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s)
     return st, compute_mb

@@ -181,7 +181,8 @@ def tied_embedding_group(mesh: DeviceMesh, layout: Layout) -> dist.ProcessGroup 
     create every group, in the same order."""
     if layout.pp == 1:
         return None
-    ranks = mesh.mesh  # (pp, dp, tp) tensor of global ranks
+    # The mesh is (pp, dp, shard, tp) with shard of size 1: view it as (pp, dp, tp) global ranks.
+    ranks = mesh.mesh.reshape(layout.pp, layout.dp, layout.tp)
     mine = None
     for d in range(layout.dp):
         for t in range(layout.tp):

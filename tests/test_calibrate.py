@@ -1,0 +1,139 @@
+"""Calibration and validation: the fit recovers known factors; bad records are named and skipped."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.calibrate import calibrate, calibrated_profile_toml, check_factors
+from planner.cli import main
+from planner.errors import PlannerError
+from planner.evaluate import evaluate
+from planner.hardware import get_profile, load_profile_file
+from planner.layout import Candidates, Job, Layout
+from planner.measured import Measurement, load_measurements
+from planner.model import ModelSpec
+from planner.validate import compare, summary
+
+RECORD = Path(__file__).parent / "app" / "data" / "runs" / "tiny-cpu"
+A100 = get_profile("a100-80g")
+
+
+def synthetic_runs(eff) -> list[Measurement]:
+    """Runs 'measured' on an A100 whose true factors are ``eff``: the fit must find them again."""
+    truth = A100.with_efficiency(eff)
+    runs = []
+    for i, (layers, hidden, tp, pp, mb) in enumerate([(8, 1024, 1, 1, 1), (8, 2048, 2, 1, 2), (16, 1024, 1, 2, 4),
+                                                      (8, 4096, 4, 1, 1), (16, 2048, 2, 2, 2), (4, 512, 1, 1, 8),
+                                                      (8, 1536, 1, 1, 2), (16, 4096, 8, 1, 1)]):
+        model = ModelSpec(arch="llama", layers=layers, hidden=hidden, heads=hidden // 128, vocab=32000, seq_len=2048)
+        layout = Layout(dp=2, tp=tp, pp=pp, micro_batch=mb, global_batch=2 * mb * 4 * pp)
+        step = float(evaluate(model, truth, Job(), Candidates.from_layouts([layout]), layout.gpus).step_s[0])
+        runs.append(Measurement(label=f"run{i}", source="synthetic", model=model, layout=layout, job=Job(),
+                                gpus=layout.gpus, device_kind="cuda", device_name="x", hardware_profile=None,
+                                step_s=step))
+    return runs
+
+
+def test_fit_recovers_known_factors():
+    truth = A100.efficiency.replace(matmul=0.55, memory=0.6, layer_overhead_s=2e-4)
+    runs = synthetic_runs(truth)
+    fit = calibrate(runs, A100, ("matmul", "memory", "layer_overhead_s"))
+    assert fit.converged
+    assert np.max(np.abs(fit.errors)) < 1e-3
+    assert fit.efficiency.matmul == pytest.approx(0.55, rel=0.02)
+    assert fit.efficiency.layer_overhead_s == pytest.approx(2e-4, rel=0.1)
+    assert np.mean(np.abs(fit.base_errors)) > 0.1  # the defaults were clearly off
+    assert fit.loo_errors is not None and np.max(np.abs(fit.loo_errors)) < 0.01
+
+
+def test_too_few_runs_for_the_factors_is_refused():
+    with pytest.raises(PlannerError) as err:
+        check_factors(("matmul", "memory", "layer_overhead_s"), 2)
+    assert "at least 3 runs" in str(err.value)
+    with pytest.raises(PlannerError):
+        check_factors(("warp_speed",), 5)
+
+
+def test_calibrated_profile_file_round_trips_with_provenance(tmp_path):
+    runs = synthetic_runs(A100.efficiency.replace(matmul=0.6))
+    fit = calibrate(runs, A100, ("matmul",), leave_one_out=False)
+    path = tmp_path / "a100-cal.toml"
+    path.write_text(calibrated_profile_toml(A100, fit, runs, "a100-cal"))
+    hw = load_profile_file(path)
+    assert hw.name == "a100-cal" and hw.calibrated and hw.efficiency.matmul == pytest.approx(0.6, rel=0.02)
+    assert hw.gpu == A100.gpu
+    import tomllib
+
+    prov = tomllib.loads(path.read_text())["provenance"]
+    assert prov["base"] == "a100-80g" and prov["runs"] == ["synthetic"] * 8 and prov["fit_mean_abs_error"] < 1e-3
+
+
+def _copy_record(tmp_path: Path, name: str, change=None) -> Path:
+    run = tmp_path / name
+    shutil.copytree(RECORD, run)
+    if change:
+        rec = json.loads((run / "record.json").read_text())
+        change(rec)
+        (run / "record.json").write_text(json.dumps(rec))
+    return run
+
+
+def test_bad_records_are_named_and_skipped_or_fatal_with_strict(tmp_path):
+    pytest.importorskip("reference_trainer.record")
+    good = _copy_record(tmp_path, "good")
+    old = _copy_record(tmp_path, "old", lambda r: r.update(schema_version=0))
+    missing = _copy_record(tmp_path, "missing", lambda r: r.pop("step_time_s"))
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / "record.json").write_text("{not json")
+    runs, skipped = load_measurements([str(good), str(old), str(missing), str(tmp_path / "garbled")])
+    assert [r.label for r in runs] == ["tiny-cpu"]
+    assert len(skipped) == 3
+    assert any("schema_version" in s for s in skipped) and any("step_time_s" in s for s in skipped)
+    assert any("not JSON" in s for s in skipped)
+    with pytest.raises(PlannerError):
+        load_measurements([str(old)], strict=True)
+
+
+def test_validate_cli_table_json_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run = _copy_record(tmp_path, "good")
+    plot = tmp_path / "val.png"
+    assert main(["validate", str(run), "--gpu", "a100-80g", "--format", "json", "--plot", str(plot)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    quantities = {p["quantity"] for p in d["points"]}
+    assert "step_s" in quantities and "tokens_per_s" in quantities
+    assert "peak_memory_bytes" not in quantities  # a CPU run's RSS is not what the planner predicts
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_validate_published_rows_meet_the_accuracy_target(capsys):
+    path = Path(__file__).parent.parent / "benchmarks" / "data" / "megatron2021_table1.csv"
+    assert main(["validate", "--published", str(path), "--format", "json"]) == 0
+    s = json.loads(capsys.readouterr().out)["summary"]["step_s"]
+    assert s["runs"] == 10 and s["mean_abs_error"] <= 0.05 and s["worst_abs_error"] <= 0.10
+
+
+def test_validate_and_calibrate_bad_input(tmp_path, capsys):
+    assert main(["validate"]) == 2
+    assert "runs=" in capsys.readouterr().err
+    assert main(["calibrate", str(tmp_path), "--base", "a100-80g", "--out", str(tmp_path / "x.toml")]) == 2
+    assert "no record.json" in capsys.readouterr().err
+    run = _copy_record(tmp_path, "one")
+    assert main(["calibrate", str(run), "--base", "a100-80g", "--out", str(tmp_path / "x.toml"),
+                 "--factors", "matmul,memory"]) == 2
+    assert "needs at least 2 runs" in capsys.readouterr().err
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_compare_errors_are_relative_or_in_points():
+    runs = synthetic_runs(A100.efficiency)
+    runs = [dataclasses.replace(r, bubble_fraction=0.1, step_s=r.step_s * 1.1) for r in runs]
+    points = compare(runs, A100)
+    step = [p for p in points if p.quantity == "step_s"]
+    assert all(p.error == pytest.approx(1 / 1.1 - 1) for p in step)
+    s = summary(points)
+    assert s["step_s"]["mean_abs_error"] == pytest.approx(1 - 1 / 1.1)
