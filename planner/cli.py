@@ -161,8 +161,9 @@ def cmd_profiles(a: argparse.Namespace) -> int:
     for p in profiles:
         pk = p.gpu.peak_flops
         rows.append((p.name, p.gpu.model, f"{p.gpu.memory_bytes / 2**30:.0f}", f"{p.gpu.hbm_bytes_per_s / 1e9:.0f}",
-                     f"{pk['bf16'] / 1e12:.0f}" if pk["bf16"] else "-", f"{pk['fp16'] / 1e12:.0f}",
-                     f"{pk['fp8'] / 1e12:.0f}" if pk["fp8"] else "-", f"{p.gpu.tdp_watts:.0f}",
+                     f"{pk['bf16'] / 1e12:.4g}" if pk["bf16"] else "-",
+                     f"{pk['fp16'] / 1e12:.4g}" if pk["fp16"] else "-",
+                     f"{pk['fp8'] / 1e12:.4g}" if pk["fp8"] else "-", f"{p.gpu.tdp_watts:.0f}",
                      p.network.gpus_per_node, f"{p.network.intra_bytes_per_s / 1e9:.0f}",
                      f"{p.network.inter_bytes_per_s / 1e9:.1f}", "yes" if p.calibrated else "no"))
     _print_rows(rows, a.format)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.hardware import PRECISIONS, HardwareProfile, get_profile
-from planner.layout import ATTENTION, LORA_TARGETS, MODES, RECOMPUTE, SCHEDULES, Job
+from planner.layout import ATTENTION, KERNELS, LORA_TARGETS, MODES, RECOMPUTE, SCHEDULES, Job
 from planner.model import ARCHS, ModelSpec
 from planner.presets import get_preset, resolve_params
 from planner.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
@@ -49,6 +49,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=PRECISIONS, default="bf16")
     g.add_argument("--attention", choices=ATTENTION, default="flash")
     g.add_argument("--no-overlap", action="store_true", help="DP gradient reduction after backward, not during it")
+    g.add_argument("--kernels", choices=KERNELS, default="fused",
+                   help="element-wise kernels: fused (Megatron-LM, default) or eager (plain PyTorch, the reference trainer)")
     g.add_argument("--price-per-gpu-hour", type=float, help="USD (default: the profile's indicative rate)")
     g.add_argument("--pue", type=float, default=1.2, help="data-centre power usage effectiveness (default 1.2)")
     g.add_argument("--mode", choices=MODES, default="pretrain",
@@ -138,7 +140,7 @@ def job_from_args(a: argparse.Namespace) -> Job:
     return Job(tokens=tokens, global_batch=a.global_batch, precision=a.precision, attention=a.attention,
                overlap_grad_reduce=not a.no_overlap, price_usd_per_gpu_hour=a.price_per_gpu_hour, pue=a.pue,
                mode=a.mode, lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_targets=targets,
-               packing_efficiency=a.packing_efficiency)
+               packing_efficiency=a.packing_efficiency, kernels=a.kernels)
 
 
 def ops_from_args(a: argparse.Namespace, gpus_per_node: int) -> Operations:

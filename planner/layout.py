@@ -23,6 +23,7 @@ MODES = ("pretrain", "full-finetune", "lora")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FINETUNE_DEFAULT_TOKENS = 1e9  # fine-tuning has no Chinchilla rule: an assumption, stated in the output
 ATTENTION = ("flash", "standard")
+KERNELS = ("fused", "eager")  # element-wise kernels: fused (Megatron-LM, TE) or one PyTorch op at a time
 SCHEDULES = ("1f1b", "gpipe")  # 1f1b with vpp > 1 is interleaved 1F1B
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
 # Fine-tuning batches are far smaller (Llama 2 SFT: 64 sequences of 4096): about 256K tokens.
@@ -82,10 +83,12 @@ class Job:
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     packing_efficiency: float = 1.0  # real tokens / sequence positions (1.0: documents packed, no padding)
+    kernels: str = "fused"  # element-wise kernels: fused (Megatron-LM) or eager (the reference trainer)
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
         require(self.attention in ATTENTION, "attention", self.attention, f"one of {', '.join(ATTENTION)}")
+        require(self.kernels in KERNELS, "kernels", self.kernels, f"one of {', '.join(KERNELS)}")
         require(self.tokens is None or self.tokens > 0, "tokens", self.tokens, "greater than zero")
         require(self.global_batch is None or self.global_batch >= 1, "global_batch", self.global_batch,
                 "a positive integer (sequences)")

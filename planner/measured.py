@@ -13,7 +13,7 @@ from pathlib import Path
 from planner.errors import PlannerError
 from planner.layout import Job, Layout
 from planner.model import ModelSpec
-from planner.published import load_published
+from planner.published import PublishedRun, load_published
 
 MODEL_KEYS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
               "tied_embeddings", "dropout")
@@ -42,7 +42,8 @@ class Measurement:
 
 
 def from_record(rec: dict, source: str) -> Measurement:
-    """A validated run record (reference_trainer.record.load_record) as a Measurement."""
+    """A validated run record (reference_trainer.record.load_record) as a Measurement. The
+    reference trainer runs plain PyTorch ops (no fused kernels): ``kernels="eager"``."""
     model = ModelSpec(**{k: rec["model"][k] for k in MODEL_KEYS if k in rec["model"]})
     layout = Layout(**{k: rec["layout"][k] for k in LAYOUT_KEYS})
     mode = rec.get("config", {}).get("training", {}).get("mode", "pretrain")
@@ -50,7 +51,7 @@ def from_record(rec: dict, source: str) -> Measurement:
     job = Job(precision=rec["precision"], attention=rec["attention"], global_batch=layout.global_batch,
               mode=mode if mode in ("pretrain", "full-finetune", "lora") else "pretrain",
               lora_r=int(lora.get("r", 8)), lora_alpha=float(lora.get("alpha", 16)),
-              lora_targets=tuple(lora.get("targets", ("q_proj", "v_proj"))))
+              lora_targets=tuple(lora.get("targets", ("q_proj", "v_proj"))), kernels="eager")
     hw = rec["hardware"]
     profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
     mem = rec["memory"]
@@ -100,9 +101,14 @@ def load_measurements(paths: list[str], strict: bool = False,
     return runs, skipped
 
 
-def published_measurements(path: str) -> list[Measurement]:
-    return [Measurement(label=r.label, source=str(path), model=r.model, layout=r.layout, job=r.job, gpus=r.gpus,
+def from_published(runs: list[PublishedRun], source: str) -> list[Measurement]:
+    return [Measurement(label=r.label, source=source, model=r.model, layout=r.layout, job=r.job, gpus=r.gpus,
                         device_kind="published", device_name=r.gpu, hardware_profile=r.gpu,
                         step_s=r.measured_step_s, tokens_per_s=r.layout.global_batch * r.model.seq_len
                         / r.measured_step_s)
-            for r in load_published(path)]
+            for r in runs]
+
+
+def published_measurements(path: str) -> list[Measurement]:
+    """A published-results CSV with the columns of megatron2021_table1.csv."""
+    return from_published(load_published(path), str(path))

@@ -59,14 +59,25 @@ def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float) -> n
 
 def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes of the element-wise kernels of one layer's forward per micro-batch per GPU:
-    (layer without attention core, attention-core softmax/dropout). Fused kernels as in
-    Megatron-LM: norm, bias-dropout-add, bias-GELU or SwiGLU, scale-mask-softmax; RoPE on Q, K."""
+    (layer without attention core, attention-core softmax/dropout).
+
+    fused (Megatron-LM): one kernel each for norm, bias-dropout-add, bias-GELU or SwiGLU,
+    scale-mask-softmax, RoPE on Q and K. eager (plain PyTorch ops, as the reference trainer): the
+    same for GPT (LayerNorm, GELU and SDPA are single ops), but RMSNorm, RoPE and SwiGLU are
+    several ops each, every one reading and writing its operands: RMSNorm ~7h per norm (square,
+    mean, rsqrt, two products), RoPE ~9 reads/writes per Q and K element plus Q's copy out of the
+    fused QKV (2h), SwiGLU 5f (SiLU, product)."""
     e = ACT_BYTES[job.precision]
     h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
     drop = 1.0 if model.has_dropout else 0.0
+    eager = job.kernels == "eager" and model.gated_mlp
     # Two norms (read + write h each), two residual adds (read 2h, write h, + 1-byte mask).
-    replicated = 2 * 2 * h + 2 * (3 * h + 0.5 * h * drop)
-    split = 3 * f + 2 * (h + hkv) if model.gated_mlp else 2 * f  # SwiGLU + RoPE, or bias-GELU
+    norms = 2 * (7 if eager else 2) * h
+    replicated = norms + 2 * (3 * h + 0.5 * h * drop)
+    if model.gated_mlp:  # SwiGLU + RoPE
+        split = 5 * f + 9 * (h + hkv) + 2 * h if eager else 3 * f + 2 * (h + hkv)
+    else:  # bias-GELU
+        split = 2 * f
     softmax = (2 + 2.5 * drop) * a * s if job.attention == "standard" else 0.0
     tp = c.tp.astype(float)
     tokens = c.mb * s
