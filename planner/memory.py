@@ -61,13 +61,30 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
     Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
     ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full).
+
+    Some of these are kept only for a weight gradient: the inputs of QKV, of the output
+    projection, of MLP-in and of MLP-out. Under LoRA a frozen matmul needs no weight gradient, so
+    its input is not kept unless an adapter on it reads the same tensor. Eager kernels (plain
+    PyTorch, job.kernels == "eager") keep more for RMSNorm (the normalised output, for the norm's
+    weight) and SwiGLU (the SiLU output, for the product's backward).
     """
     rc = c.recompute if recompute is None else recompute
     e = ACT_BYTES[job.precision]
     h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
     drop = 1.0 if model.has_dropout else 0.0
-    replicated = 4 * e * h + 2 * h * drop
-    split = e * (2 * h + 2 * hkv) + (3 if model.gated_mlp else 2) * e * f
+    targets = set(job.lora_targets) if job.lora else None
+    trains = lambda *names: targets is None or bool(targets.intersection(names))  # noqa: E731
+    eager = job.kernels == "eager" and model.gated_mlp
+    # Replicated over TP ranks unless sequence parallel.
+    replicated = (2 * e * h  # the two norms' inputs
+                  + e * h * trains("q_proj", "k_proj", "v_proj")  # QKV input
+                  + e * h * trains("gate_proj", "up_proj")  # MLP input
+                  + 2 * h * drop  # two dropout masks
+                  + (2 * e * h * (targets is None) if eager else 0))  # RMSNorm outputs, for its weight
+    # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.
+    split = (e * (h + 2 * hkv) + e * h * trains("o_proj")
+             + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
+             + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
         scores = np.where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
     else:

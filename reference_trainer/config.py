@@ -47,6 +47,16 @@ class TrainingConfig:
     max_nonfinite_steps: int = 10  # this many non-finite steps in a row stop the run with a diagnosis
     init_loss_scale: float = 2.0**16  # fp16 only: the dynamic loss scaler's start and growth interval
     loss_scale_growth_interval: int = 2000
+    mode: str = "pretrain"  # pretrain | full-finetune (train everything) | lora (frozen model + adapters)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoraConfig:
+    """Used when training.mode is lora; the seed article's config: r=8, alpha=16, q_proj, v_proj."""
+
+    r: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "v_proj")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +97,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     log_every: int = 1
 
     @property
@@ -112,7 +123,7 @@ class RunConfig:
 
 
 SECTIONS = {"training": TrainingConfig, "data": DataConfig, "checkpoint": CheckpointConfig,
-            "profile": ProfileConfig}
+            "profile": ProfileConfig, "lora": LoraConfig}
 TOP_KEYS = ("run_name", "runs_dir", "seed", "model", "layout", "log_every", *SECTIONS)
 MODEL_KEYS = ("name", "preset", "params", *SPEC_KEYS, "attention")
 LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
@@ -144,10 +155,15 @@ def _typed(where: str, value: object, kind: str) -> object:
         return value
     if base == "str" and isinstance(value, str):
         return value
+    if base == "tuple[str, ...]" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    if base == "tuple[str, ...]" and isinstance(value, str):  # "q_proj,v_proj"
+        return tuple(v.strip() for v in value.split(",") if v.strip())
     if base == "tuple[float, float]" and isinstance(value, (list, tuple)) and len(value) == 2 and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         return (float(value[0]), float(value[1]))
-    expected = {"tuple[float, float]": "two numbers, e.g. [0.9, 0.999]", "int": "an integer", "float": "a number",
+    expected = {"tuple[float, float]": "two numbers, e.g. [0.9, 0.999]", "tuple[str, ...]": "a list of names",
+                "int": "an integer", "float": "a number",
                 "bool": "true or false", "str": "a string"}[base]
     raise ConfigError(f"{where}={value!r}: expected {expected}{' or null' if optional else ''}")
 
@@ -252,6 +268,19 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
     _require(tr.lr > 0 and tr.eps > 0 and tr.weight_decay >= 0 and tr.grad_clip >= 0,
              "training: lr and eps must be > 0, weight_decay and grad_clip >= 0")
     _require(tr.max_nonfinite_steps >= 1, f"training.max_nonfinite_steps={tr.max_nonfinite_steps}: at least 1")
+    _require(tr.mode in ("pretrain", "full-finetune", "lora"),
+             f"training.mode={tr.mode!r}: one of pretrain, full-finetune, lora")
+    if tr.mode == "lora":
+        from planner.finetune import trainable_params
+        from planner.layout import Job
+
+        try:
+            trainable_params(spec, Job(mode="lora", lora_r=config.lora.r, lora_alpha=config.lora.alpha,
+                                       lora_targets=config.lora.targets))
+        except PlannerError as exc:
+            raise ConfigError(f"lora.{exc}") from None
+        _require(config.layout.tp == 1, f"layout.tp={config.layout.tp}: LoRA runs with tp = 1 here "
+                                        "(the adapters are not tensor-parallel)")
     # Layout: what Layout itself does not check (the planner's rules, DESIGN.md).
     dp_mb = lay.dp * lay.micro_batch
     _require(lay.global_batch % dp_mb == 0,

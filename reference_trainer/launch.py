@@ -38,6 +38,8 @@ FLAGS = {
     "auto_resume": ("checkpoint", "auto_resume"), "checkpoint_dir": ("checkpoint", "dir"),
     "gpu": ("profile", "hardware_profile"), "peak_tflops": ("profile", "peak_tflops"),
     "trace_steps": ("profile", "trace_steps"), "profile_warmup_steps": ("profile", "warmup_steps"),
+    "mode": ("training", "mode"), "lora_r": ("lora", "r"), "lora_alpha": ("lora", "alpha"),
+    "lora_targets": ("lora", "targets"),
     "seed": (None, "seed"), "run_name": (None, "run_name"), "runs_dir": (None, "runs_dir"),
     "log_every": (None, "log_every"),
 }
@@ -70,6 +72,10 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--warmup-steps", type=int, help="learning-rate warm-up steps")
     tr.add_argument("--grad-clip", type=float)
     tr.add_argument("--seed", type=int)
+    tr.add_argument("--mode", choices=("pretrain", "full-finetune", "lora"))
+    tr.add_argument("--lora-r", type=int, help="LoRA rank (default 8)")
+    tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 16)")
+    tr.add_argument("--lora-targets", help="comma-separated, e.g. q_proj,v_proj (default)")
     d = p.add_argument_group("data and checkpoints")
     d.add_argument("--data", help="token file (flat uint16/uint32); default: the seeded synthetic stream")
     d.add_argument("--data-dtype", choices=("uint16", "uint32"))

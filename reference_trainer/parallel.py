@@ -206,11 +206,16 @@ def build_schedule(modules: list[nn.Module], stage_ids: list[int], num_stages: i
 
 
 def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch.device, *, seed: int,
-                attention: str, compute_dtype: torch.dtype | None) -> Parts:
+                attention: str, compute_dtype: torch.dtype | None, lora=None) -> Parts:
+    """``lora``: a LoraConfig to freeze the model and add adapters (before TP and DP), or None."""
     pp_rank = mesh.get_local_rank("pp")
     modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention)
     wrapped = []
     for module in modules:
+        if lora is not None:
+            from reference_trainer.lora import apply_lora
+
+            apply_lora(module, spec, lora.r, lora.alpha, lora.targets)
         module.to(device)
         if layout.tp > 1:
             apply_tp(module, mesh["tp"], layout.sequence_parallel)

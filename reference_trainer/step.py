@@ -52,6 +52,8 @@ def build_optimizers(modules: list[torch.nn.Module], tr: TrainingConfig) -> list
     for module in modules:
         groups: dict[tuple, list] = {}
         for p in module.parameters():
+            if not p.requires_grad:  # frozen (LoRA): no gradient, no optimizer state
+                continue
             decay = p.dim() >= 2
             groups.setdefault((decay, _signature(p)), []).append(p)
         param_groups = [{"params": ps, "weight_decay": tr.weight_decay if key[0] else 0.0}

@@ -121,7 +121,7 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
     dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     torch.manual_seed(config.seed + 1_000_003 * pp_rank + 7919 * dp_rank)  # dropout: TP ranks share a stream
     parts = parallelize(config.spec, lay, mesh, device, seed=config.seed, attention=config.attention,
-                        compute_dtype=compute_dtype(tr.precision))
+                        compute_dtype=compute_dtype(tr.precision), lora=config.lora if tr.mode == "lora" else None)
     stepper = Stepper(parts, build_optimizers(parts.modules, tr), tr, lay, device)
     state.update(parts=parts, stepper=stepper)
     m = config.micro_batches

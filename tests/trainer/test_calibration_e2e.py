@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from planner.cli import main  # noqa: E402
 
-FACTORS = "matmul,layer_overhead_s,tp_collective_overhead_s"  # 3 factors from 5 runs: a stable fit
+FACTORS = "matmul,layer_overhead_s,tp_collective_overhead_s,thread_scaling"  # 4 factors from 5 runs
 
 
 @pytest.mark.slow
