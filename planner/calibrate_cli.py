@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("profile", help="run a grid of short reference-trainer runs, one run record each")
-    p.add_argument("--grid", default="cpu", help="cpu (14 runs) or cpu-ci (8 runs)")
+    p.add_argument("--grid", default="cpu", help="cpu (14 runs), cpu-ci (10 runs) or gpu (8 runs on one GPU)")
     p.add_argument("--out", default="runs/grid", help="folder for the runs (default runs/grid)")
     p.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
     p.add_argument("--gpu", help="the profile the runs are predicted with (e.g. one from `planner probe`)")

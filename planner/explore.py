@@ -326,13 +326,13 @@ class HardwareRow:
 
 def compare_hardware(argv: Sequence[str], gpus: int, profiles: Sequence[str] | None = None) -> tuple[HardwareRow, ...]:
     """The best layout of the same job on ``gpus`` GPUs of each profile (its own price per GPU-hour)."""
-    from planner.hardware import get_profile, profile_names
+    from planner.hardware import get_profile, gpu_profile_names
     from planner.results import estimate_at
     from planner.search import search
 
     x, _ = parse_inputs(argv)
     rows = []
-    for name in profiles or profile_names():
+    for name in profiles or gpu_profile_names():
         hw = get_profile(name)
         job = x.job.replace(precision=precision_for(hw, x.job.precision), price_usd_per_gpu_hour=None)
         try:
@@ -372,12 +372,12 @@ def sweep(argv: Sequence[str], counts: Sequence[int] = SWEEP_GPUS,
           profiles: Sequence[str] | None = None) -> tuple[SweepPoint, ...]:
     """Training seconds per token of the fastest fitting layout, per profile and GPU count. Per token,
     so the result does not depend on the tokens to train (days = tokens x this / 86400)."""
-    from planner.hardware import get_profile, profile_names
+    from planner.hardware import get_profile, gpu_profile_names
     from planner.search import search
 
     x, _ = parse_inputs(argv)
     points = []
-    for name in profiles or profile_names():
+    for name in profiles or gpu_profile_names():
         hw = get_profile(name)
         job = x.job.replace(precision=precision_for(hw, x.job.precision))
         for n in counts:

@@ -191,6 +191,11 @@ def profile_names() -> list[str]:
     return seen
 
 
+def gpu_profile_names() -> list[str]:
+    """Profile names without CPU hosts (profiles with compute_slots): what hardware comparisons list."""
+    return [n for n in profile_names() if get_profile(n).network.compute_slots is None]
+
+
 @functools.cache
 def get_profile(name: str) -> HardwareProfile:
     """A profile by name or alias, or by the path of a TOML file."""

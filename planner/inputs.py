@@ -50,7 +50,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention", choices=ATTENTION, default="flash")
     g.add_argument("--no-overlap", action="store_true", help="DP gradient reduction after backward, not during it")
     g.add_argument("--kernels", choices=KERNELS, default="fused",
-                   help="element-wise kernels: fused (Megatron-LM, default) or eager (plain PyTorch, the reference trainer)")
+                   help="element-wise kernels: fused (Megatron-LM, default) or eager (plain PyTorch, as the "
+                        "reference trainer)")
     g.add_argument("--price-per-gpu-hour", type=float, help="USD (default: the profile's indicative rate)")
     g.add_argument("--pue", type=float, default=1.2, help="data-centre power usage effectiveness (default 1.2)")
     g.add_argument("--mode", choices=MODES, default="pretrain",

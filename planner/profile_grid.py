@@ -41,6 +41,20 @@ GRIDS: dict[str, list[tuple[str, int, int, int, int, int, str]]] = {
     ],
 }
 GRIDS["cpu-ci"] = GRIDS["cpu"][:10]
+# One GPU (issue 4's GPU grid): model size, sequence length, micro-batch and recompute, in bf16.
+GPU_MODELS = {
+    "gpt3-125m-s1k": ["--preset", "gpt3-125m", "--seq-len", "1024", "--dropout", "0"],
+    "gpt3-350m-s2k": ["--preset", "gpt3-350m", "--seq-len", "2048", "--dropout", "0"],
+    "llama-1b-s2k": ["--params", "1B", "--seq-len", "2048"],
+    "gpt3-760m-s2k": ["--preset", "gpt3-760m", "--seq-len", "2048", "--dropout", "0"],
+}
+GRIDS["gpu"] = [
+    ("gpt3-125m-s1k", 1, 1, 1, 8, 16, "none"), ("gpt3-125m-s1k", 1, 1, 1, 16, 32, "none"),
+    ("gpt3-350m-s2k", 1, 1, 1, 4, 8, "none"), ("gpt3-350m-s2k", 1, 1, 1, 8, 16, "selective"),
+    ("llama-1b-s2k", 1, 1, 1, 4, 8, "none"), ("llama-1b-s2k", 1, 1, 1, 8, 16, "full"),
+    ("gpt3-760m-s2k", 1, 1, 1, 4, 8, "full"), ("gpt3-760m-s2k", 1, 1, 1, 8, 16, "none"),
+]
+MODELS = {**CPU_MODELS, **GPU_MODELS}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,8 +71,9 @@ def grid_runs(grid: str, steps: int, runs_dir: Path, profile: str | None) -> lis
     out = []
     for i, (model, dp, tp, pp, mb, gb, rc) in enumerate(GRIDS[grid]):
         name = f"{i:02d}-{model}-dp{dp}tp{tp}pp{pp}-mb{mb}-{rc}"
-        argv = [*CPU_MODELS[model], "--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb),
-                "--global-batch", str(gb), "--recompute", rc, "--precision", "fp32", "--steps", str(steps),
+        precision = "bf16" if grid.startswith("gpu") else "fp32"
+        argv = [*MODELS[model], "--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb),
+                "--global-batch", str(gb), "--recompute", rc, "--precision", precision, "--steps", str(steps),
                 "--profile-warmup-steps", "2", "--checkpoint-interval", "0", "--run-name", name,
                 "--runs-dir", str(runs_dir), "--log-every", str(steps)]
         if profile:

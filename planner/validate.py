@@ -48,8 +48,12 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
     for r in runs:
         hw = profile_for(r, override)
         ev = evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus)
+        m = ev.memory
+        # torch.cuda.max_memory_allocated counts tensors only: not the CUDA context, the
+        # communication buffers or the allocator's fragmentation, which the planner's total adds.
+        allocated = float(m.weights[0] + m.gradients[0] + m.optimizer[0] + m.activations[0])
         predicted = {"step_s": float(ev.step_s[0]), "tokens_per_s": float(ev.tokens_per_s[0]),
-                     "mfu": float(ev.mfu[0]), "peak_memory_bytes": float(ev.memory.total[0]),
+                     "mfu": float(ev.mfu[0]), "peak_memory_bytes": allocated,
                      "bubble_fraction": float(ev.bubble_fraction[0]), "comm_fraction": float(ev.comm_fraction[0])}
         for q, (_, relative) in QUANTITIES.items():
             measured = getattr(r, q)
@@ -69,7 +73,8 @@ def summary(points: list[Point]) -> dict[str, dict[str, float]]:
     for q in QUANTITIES:
         errs = np.abs([p.error for p in points if p.quantity == q])
         if errs.size:
-            out[q] = {"runs": int(errs.size), "mean_abs_error": float(errs.mean()), "worst_abs_error": float(errs.max())}
+            out[q] = {"runs": int(errs.size), "mean_abs_error": float(errs.mean()),
+                      "worst_abs_error": float(errs.max())}
     return out
 
 

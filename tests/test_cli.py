@@ -75,9 +75,9 @@ def test_text_report_and_csv(capsys):
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     try:
-        code, out, err = run(capsys, *argv)
+        code, _, err = run(capsys, *argv)
     except SystemExit as exit_:  # argparse's own errors
-        code, (out, err) = exit_.code, capsys.readouterr()
+        code, (_, err) = exit_.code, capsys.readouterr()
     assert code == 2
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

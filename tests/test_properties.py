@@ -4,7 +4,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.hardware import get_profile
 from planner.layout import Candidates, Job, Layout
 from planner.memory import activation_bytes_per_layer
 from planner.model import ModelSpec
