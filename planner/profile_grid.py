@@ -82,6 +82,35 @@ def grid_runs(grid: str, steps: int, runs_dir: Path, profile: str | None) -> lis
     return out
 
 
+def _run_logged(cmd: list[str], log: Path, timeout_s: float) -> int:
+    """Run ``cmd`` in its own process group, output to ``log``; past the timeout, stop the whole
+    group: SIGTERM first (torchrun passes it on to its ranks, which run in sessions of their own),
+    SIGKILL after a grace period, so no orphan keeps a core busy."""
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            fh.write(f"\nstopped after {timeout_s:g} s\n")
+            return -1
+        except BaseException:  # Ctrl-C: take the run down with the grid
+            _stop(proc)
+            raise
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    import os
+    import signal
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_grid(runs: list[GridRun], runs_dir: Path, timeout_s: float = 600.0) -> list[dict]:
     """Run each in turn; one progress line per run on stderr; grid.json at the end (and after each)."""
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -90,12 +119,7 @@ def run_grid(runs: list[GridRun], runs_dir: Path, timeout_s: float = 600.0) -> l
         log = runs_dir / f"{run.name}.log"
         start = time.perf_counter()
         print(f"[{i:>2}/{len(runs)}] {run.name:<40}", end="", file=sys.stderr, flush=True)
-        try:
-            with log.open("w") as fh:
-                rc = subprocess.call([sys.executable, "-m", "reference_trainer.launch", *run.argv], stdout=fh,
-                                     stderr=subprocess.STDOUT, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = -1
+        rc = _run_logged([sys.executable, "-m", "reference_trainer.launch", *run.argv], log, timeout_s)
         seconds = time.perf_counter() - start
         record = runs_dir / run.name / "record.json"
         entry = {"name": run.name, "argv": list(run.argv), "exit_code": rc, "seconds": seconds, "log": str(log),

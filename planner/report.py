@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.layout import CHINCHILLA_TOKENS_PER_PARAM
 from planner.plan import Plan
 from planner.results import Estimate
-from planner.units import GIB, fmt_count
+from planner.units import GIB, fmt_bytes, fmt_count, fmt_seconds
 
 BAR_WIDTH = 50
 BAR_PARTS = (("weights_bytes", "W", "weights"), ("gradients_bytes", "G", "grads"),
@@ -92,23 +92,6 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _bytes(x: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f} days"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.1f} s"
-
-
 def operations_lines(e: Estimate) -> list[str]:
     """Fine-tuning mode, failures and checkpoints, the data feed."""
     out = []
@@ -120,19 +103,19 @@ def operations_lines(e: Estimate) -> list[str]:
                    f"({e.trainable_params / e.model.params:.2%})")
     r, c, d = e.reliability, e.checkpoint, e.data_feed
     if r is not None and c is not None:
-        every = (f"checkpoint every {c.interval_steps} steps ({_duration(c.interval_s)}, "
+        every = (f"checkpoint every {c.interval_steps} steps ({fmt_seconds(c.interval_s)}, "
                  f"{'Young/Daly optimum' if r.mtbf_job_hours != float('inf') else 'as set'})"
                  if c.interval_steps else "no failures assumed: checkpoint only as you need")
         mtbf = "no failures" if r.mtbf_job_hours == float("inf") else f"job MTBF {r.mtbf_job_hours:,.0f} h"
         out += [f"expected {r.expected_seconds / 86400:.1f} days with failures and checkpoints "
                 f"(goodput {r.goodput:.1%}; ideal {r.ideal_seconds / 86400:.1f}): "
                 f"{r.expected_interruptions:.1f} interruptions ({mtbf})",
-                f"         {every}; {_bytes(c.bytes_total)} each ({_bytes(c.bytes_per_gpu)} per GPU), "
-                f"{c.save_s:.1f} s to save, {c.load_s:.1f} s to load, {_bytes(c.storage_bytes)} kept"]
+                f"         {every}; {fmt_bytes(c.bytes_total)} each ({fmt_bytes(c.bytes_per_gpu)} per GPU), "
+                f"{c.save_s:.1f} s to save, {c.load_s:.1f} s to load, {fmt_bytes(c.storage_bytes)} kept"]
     if d is not None:
-        out.append(f"data     {_bytes(d.bytes_per_s)}/s of {d.token_bytes}-byte tokens from storage "
-                   f"({_bytes(d.storage_read_bytes_per_s)}/s available); dataset {_bytes(d.dataset_bytes)}; "
-                   f"prefetch {d.prefetch_samples_per_rank} samples ({_bytes(d.prefetch_bytes_per_rank)}) per rank")
+        out.append(f"data     {fmt_bytes(d.bytes_per_s)}/s of {d.token_bytes}-byte tokens from storage "
+                   f"({fmt_bytes(d.storage_read_bytes_per_s)}/s available); dataset {fmt_bytes(d.dataset_bytes)}; "
+                   f"prefetch {d.prefetch_samples_per_rank} samples ({fmt_bytes(d.prefetch_bytes_per_rank)}) per rank")
     return [""] + out if out else []
 
 

@@ -56,8 +56,12 @@ def fmt_count(value: float) -> str:
 
 
 def fmt_bytes(value: float) -> str:
-    """Bytes as GiB (binary), the unit GPU memory is sold and reported in."""
-    return f"{value / GIB:.1f} GiB"
+    """Storage and transfer sizes in decimal units (KB, MB, GB, TB), as disks and links are sold.
+    GPU memory is written in GiB where it is shown."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
 
 
 def fmt_seconds(value: float) -> str:
@@ -65,6 +69,8 @@ def fmt_seconds(value: float) -> str:
         return f"{value / 86400:.1f} days"
     if value >= 3600:
         return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.0f} min"
     if value >= 1:
-        return f"{value:.2f} s"
+        return f"{value:.1f} s"
     return f"{value * 1e3:.1f} ms"
