@@ -11,9 +11,8 @@ import re
 
 from planner import inputs
 from planner.errors import PlannerError
+from planner.units import parse_count
 
-MONEY = re.compile(r"^\s*\$?\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMB]?)\s*(?:USD)?\s*$", re.IGNORECASE)
-MONEY_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9}
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -37,14 +36,12 @@ def parse_counts(text: str, field: str) -> tuple[int, ...]:
 
 
 def parse_money(text: str, field: str) -> float:
-    """'2e6', '$2M', '500K', '1.5M USD' -> US dollars."""
-    match = MONEY.match(str(text))
-    if not match:
-        raise PlannerError(field, text, "US dollars, e.g. 2e6, 2M, $500K")
-    value = float(match.group(1)) * MONEY_SCALE[match.group(2).upper()]
-    if not value > 0:
-        raise PlannerError(field, text, "must be greater than zero")
-    return value
+    """'2e6', '$2M', '500K', '1.5M USD' -> US dollars (the count syntax of units.parse_count)."""
+    bare = re.sub(r"^\s*\$|\s*USD\s*$", "", str(text), flags=re.IGNORECASE)
+    try:
+        return parse_count(bare, field)
+    except PlannerError:
+        raise PlannerError(field, text, "US dollars greater than zero, e.g. 2e6, 2M, $500K") from None
 
 
 # --- parsers ------------------------------------------------------------------------------
