@@ -7,6 +7,7 @@ not fit are dropped and the rest ranked by the objective.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -178,8 +179,6 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
 
 def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
     """The evaluation restricted (and reordered) to ``index``."""
-    import dataclasses
-
     def cut(m):
         return type(m)(*(getattr(m, f)[index] for f in m.__slots__))
 

@@ -128,8 +128,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     return _LayerTimes(fwd, bwd, recompute, calls * collective, calls)
 
 
-def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[StepTime, np.ndarray]:
-    """The step's breakdown and the hardware FLOP/s-relevant compute time of one micro-batch."""
+def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> StepTime:
+    """The step's breakdown: seconds per optimizer step on the critical path, by part."""
     e = hw.efficiency
     links = comm.Links.of(hw)
     lt = layer_times(model, hw, job, c, links)
@@ -194,4 +194,4 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     overhead_mb = layers_pace * overhead_layer
     st = StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
                   bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s)
-    return st, compute_mb
+    return st
