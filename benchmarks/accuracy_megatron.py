@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.measured import from_published, published_measurements
-from planner.published import load_table2
-from planner.validate import compare
+from planner.calibration.measured import from_published, published_measurements
+from planner.calibration.published import load_table2
+from planner.calibration.validate import compare
 
 DATA = Path(__file__).parent / "data"
 

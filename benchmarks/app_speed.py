@@ -3,7 +3,7 @@ cached, and the whole page run (script computing and drawing) as Streamlit's App
 
     python benchmarks/app_speed.py [--repeats 5]
 
-"compute" is planner.explore.compute for the new input (what st.cache_data saves); "page" is the
+"compute" is planner.app.explore.compute for the new input (what st.cache_data saves); "page" is the
 app's own timer around one script run (st.session_state["_run_ms"]), first with a value not seen
 before (the search runs), then with a value seen before (st.cache_data answers). The Hardware tab
 searches every profile, so it is timed on its own.
@@ -17,7 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
-from planner import explore, explore_state
+from planner.app import explore
+from planner.app import state as explore_state
 
 ROOT = Path(__file__).resolve().parent.parent
 

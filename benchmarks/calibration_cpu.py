@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.calibrate import calibrate, describe_fit, predict_step_s
+from planner.calibration.calibrate import calibrate, describe_fit, predict_step_s
+from planner.calibration.measured import load_measurements
 from planner.hardware import load_profile_file
-from planner.measured import load_measurements
 
 
 def planner(*args: str) -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from planner.evaluate import evaluate
+from planner.calibration.published import load_published
+from planner.core.evaluate import evaluate
+from planner.core.layout import Candidates
 from planner.hardware import get_profile
-from planner.layout import Candidates
-from planner.published import load_published
 
 DATA = Path(__file__).parent / "data" / "megatron2021_table1.csv"
 # name: (lower bound, upper bound) -- physical bounds

@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
+from planner.core.layout import Job
+from planner.core.presets import get_preset, resolve_params
+from planner.core.search import Pins, search
 from planner.hardware import get_profile
-from planner.layout import Job
-from planner.presets import get_preset, resolve_params
-from planner.search import Pins, search
 
 
 def timed_search(model, gpus, job=Job(), pins=Pins(), repeat=7):

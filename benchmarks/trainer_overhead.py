@@ -36,7 +36,7 @@ def plain_loop(steps: int, threads: int) -> float:
     """Median seconds per step of a hand-written loop (after the same warm-up steps)."""
     import torch
 
-    from planner.model import ModelSpec
+    from planner.core.model import ModelSpec
     from reference_trainer.config import TrainingConfig
     from reference_trainer.data import TokenSource, sample_ids
     from reference_trainer.model import GPT, loss_fn

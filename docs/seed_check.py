@@ -22,15 +22,15 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository, when run as a script
 
-from planner.decide import compare, options_for, recommend  # noqa: E402
-from planner.evaluate import evaluate  # noqa: E402
-from planner.export_rules import problems  # noqa: E402
+from planner.core.evaluate import evaluate  # noqa: E402
+from planner.core.layout import Candidates, Job, Layout  # noqa: E402
+from planner.core.model import ModelSpec  # noqa: E402
+from planner.core.plan import plan  # noqa: E402
+from planner.core.presets import get_preset, resolve_params  # noqa: E402
+from planner.core.search import Pins, search  # noqa: E402
+from planner.decisions.decide import compare, options_for, recommend  # noqa: E402
+from planner.export.rules import problems  # noqa: E402
 from planner.hardware import get_profile  # noqa: E402
-from planner.layout import Candidates, Job, Layout  # noqa: E402
-from planner.model import ModelSpec  # noqa: E402
-from planner.plan import plan  # noqa: E402
-from planner.presets import get_preset, resolve_params  # noqa: E402
-from planner.search import Pins, search  # noqa: E402
 from planner.units import GIB, fmt_count  # noqa: E402
 
 CLAIMS = HERE / "seed_claims.toml"

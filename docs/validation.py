@@ -19,10 +19,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from planner.calibration.measured import from_published, load_measurements, published_measurements  # noqa: E402
+from planner.calibration.published import load_table2  # noqa: E402
+from planner.calibration.validate import QUANTITIES, Point, compare, plot, summary  # noqa: E402
 from planner.hardware import load_profile_file  # noqa: E402
-from planner.measured import from_published, load_measurements, published_measurements  # noqa: E402
-from planner.published import load_table2  # noqa: E402
-from planner.validate import QUANTITIES, Point, compare, plot, summary  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 CPU_RUNS = ROOT / "benchmarks" / "runs" / "cpu-2core"

@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planner.core.layout import Layout
+from planner.core.model import ModelSpec
+from planner.core.pipeline import stage_layer_ranges
 from planner.errors import PlannerError
-from planner.layout import Layout
-from planner.model import ModelSpec
-from planner.pipeline import stage_layer_ranges
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 ATTENTION = ("flash", "standard")
@@ -177,7 +177,7 @@ def _section(name: str, cls: type, data: object):
 def resolve_spec(model: dict) -> ModelSpec:
     """A ModelSpec from the config's ``model`` section: a preset, a parameter count, or a shape;
     shape keys given next to a preset override the preset's (e.g. a shorter ``seq_len``)."""
-    from planner.presets import get_preset, resolve_params
+    from planner.core.presets import get_preset, resolve_params
     from planner.units import parse_count
 
     shape = {k: model[k] for k in SPEC_KEYS if k in model}
@@ -271,8 +271,8 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
     _require(tr.mode in ("pretrain", "full-finetune", "lora"),
              f"training.mode={tr.mode!r}: one of pretrain, full-finetune, lora")
     if tr.mode == "lora":
-        from planner.finetune import trainable_params
-        from planner.layout import Job
+        from planner.core.finetune import trainable_params
+        from planner.core.layout import Job
 
         try:
             trainable_params(spec, Job(mode="lora", lora_r=config.lora.r, lora_alpha=config.lora.alpha,

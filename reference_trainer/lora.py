@@ -1,9 +1,9 @@
 """LoRA (Hu et al. 2021): freeze the model, train a rank-r update (alpha/r) * B @ A beside each
 target matrix. Applied from outside the model, before tensor/data parallelism, like recompute.
 
-Targets are named as in the planner (planner/finetune.py): q_proj, k_proj, v_proj (slices of the
+Targets are named as in the planner (planner/core/finetune.py): q_proj, k_proj, v_proj (slices of the
 fused QKV), o_proj, gate_proj, up_proj, down_proj (gpt: fc1 and fc2). Each adds r * (d_in + d_out)
-parameters per layer, so the trainable count equals ``planner.finetune.trainable_params``.
+parameters per layer, so the trainable count equals ``planner.core.finetune.trainable_params``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn as nn
 
-from planner.model import ModelSpec
+from planner.core.model import ModelSpec
 
 
 class LoRADelta(nn.Module):

@@ -1,6 +1,6 @@
 """The model: a GPT whose shape is a planner ``ModelSpec``, written for one device.
 
-Two architectures (planner/model.py says which pieces each has):
+Two architectures (planner/core/model.py says which pieces each has):
 - ``gpt``  : LayerNorm, GELU MLP with biases, learned positions, dropout, tied embeddings (GPT-2).
 - ``llama``: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no biases, untied head (LLaMA).
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner.model import ModelSpec
+from planner.core.model import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019) / nanoGPT
 RMS_EPS = 1e-5  # LLaMA (Touvron et al. 2023)

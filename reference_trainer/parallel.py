@@ -7,7 +7,7 @@
   4. data parallel: DDP for ZeRO 0, FSDP2 ``fully_shard`` for ZeRO 1-3,
   5. the pipeline schedule (GPipe, 1F1B, interleaved 1F1B) over the stages.
 
-Rank order is the planner's (planner/layout.py): tensor parallel innermost, then data parallel,
+Rank order is the planner's (planner/core/layout.py): tensor parallel innermost, then data parallel,
 then pipeline parallel outermost; the DeviceMesh is ("pp", "dp", "tp").
 """
 
@@ -21,9 +21,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from planner.layout import Layout
-from planner.model import ModelSpec
-from planner.pipeline import stage_layer_ranges
+from planner.core.layout import Layout
+from planner.core.model import ModelSpec
+from planner.core.pipeline import stage_layer_ranges
 from reference_trainer.model import GPT
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from planner.evaluate import Evaluation, evaluate
+from planner.core.evaluate import Evaluation, evaluate
+from planner.core.layout import Candidates, Job, Layout
+from planner.core.model import ModelSpec
 from planner.hardware import get_profile
-from planner.layout import Candidates, Job, Layout
-from planner.model import ModelSpec
 
 
 def evaluate_one(model: ModelSpec, layout: Layout, job: Job = Job(), gpu: str = "a100-80g") -> Evaluation:

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.calibration.published import load_published, load_table2
 from planner.hardware import get_profile
-from planner.published import load_published, load_table2
 from tests.helpers import evaluate_one
 
 DATA = Path(__file__).parent.parent / "benchmarks" / "data"

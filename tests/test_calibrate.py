@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.calibrate import calibrate, calibrated_profile_toml, check_factors
-from planner.cli import main
+from planner.calibration.calibrate import calibrate, calibrated_profile_toml, check_factors
+from planner.calibration.measured import Measurement, load_measurements
+from planner.calibration.validate import compare, summary
+from planner.cli.main import main
+from planner.core.evaluate import evaluate
+from planner.core.layout import Candidates, Job, Layout
+from planner.core.model import ModelSpec
 from planner.errors import PlannerError
-from planner.evaluate import evaluate
 from planner.hardware import get_profile, load_profile_file
-from planner.layout import Candidates, Job, Layout
-from planner.measured import Measurement, load_measurements
-from planner.model import ModelSpec
-from planner.validate import compare, summary
 
 RECORD = Path(__file__).parent / "app" / "data" / "runs" / "tiny-cpu"
 A100 = get_profile("a100-80g")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 
 
 def run(capsys, *argv):
@@ -98,7 +98,7 @@ def test_presets_and_profiles_list(capsys):
 
 
 def test_cli_import_path_is_light():
-    code = ("import sys, planner.cli, planner.plan, planner.report, planner.inputs; "
+    code = ("import sys, planner.cli.main, planner.core.plan, planner.core.report, planner.cli.inputs; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'streamlit', 'pandas', 'scipy', 'pynvml') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

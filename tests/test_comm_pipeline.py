@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from planner import comm
+from planner.core import comm
+from planner.core.pipeline import bubble_fraction_ideal, stage_layer_counts, stage_layer_ranges
 from planner.errors import PlannerError
-from planner.pipeline import bubble_fraction_ideal, stage_layer_counts, stage_layer_ranges
 
 LINKS = comm.Links(intra_bw=200e9, inter_bw=20e9, intra_lat=5e-6, inter_lat=10e-6, gpus_per_node=8)
 

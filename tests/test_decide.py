@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from planner.cli import main
-from planner.decide import compare, gpu_ladder, options_for, recommend
+from planner.cli.main import main
+from planner.core.layout import Job
+from planner.core.plan import plan
+from planner.core.presets import get_preset
+from planner.core.search import Pins
+from planner.decisions.decide import compare, gpu_ladder, options_for, recommend
 from planner.hardware import get_profile
-from planner.layout import Job
-from planner.plan import plan
-from planner.presets import get_preset
-from planner.search import Pins
 
 DAY = 86400.0
 
@@ -157,7 +157,7 @@ def test_plot_is_written_atomically(tmp_path, capsys):
 
 
 def test_no_matplotlib_without_plot():
-    code = ("import sys; from planner.cli import main; main(['compare', '--preset', 'llama-7b', '--gpus', '8']); "
+    code = ("import sys; from planner.cli.main import main; main(['compare', '--preset', 'llama-7b', '--gpus', '8']); "
             "print('matplotlib' in sys.modules, file=sys.stderr)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stderr.strip().splitlines()[-1] == "False"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.cli import main
-from planner.yamltext import dump
+from planner.cli.main import main
+from planner.export.yamltext import dump
 
 yaml = pytest.importorskip("yaml")  # PyYAML: the trainer extra installs it
 

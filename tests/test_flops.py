@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.flops import megatron_eq3_flops, model_flops_per_token, recompute_flops_per_token
-from planner.published import load_published
+from planner.calibration.published import load_published
+from planner.core.flops import megatron_eq3_flops, model_flops_per_token, recompute_flops_per_token
 
 DATA = Path(__file__).parent.parent / "benchmarks" / "data" / "megatron2021_table1.csv"
 
@@ -22,7 +22,7 @@ def test_hardware_flops_with_full_recompute_match_eq3_and_the_csv():
 
 
 def test_model_flops_per_token_by_hand_llama7b():
-    from planner.presets import get_preset
+    from planner.core.presets import get_preset
 
     m = get_preset("llama-7b")
     h, f, l, v, s = 4096, 11008, 32, 32000, 2048

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from planner.layout import Candidates, Job, Layout
-from planner.memory import activation_bytes_per_layer
-from planner.model import ModelSpec
-from planner.presets import get_preset
+from planner.core.layout import Candidates, Job, Layout
+from planner.core.memory import activation_bytes_per_layer
+from planner.core.model import ModelSpec
+from planner.core.presets import get_preset
 from tests.helpers import evaluate_one
 
 GPT = ModelSpec(arch="gpt", layers=24, hidden=2048, heads=16, vocab=51200, seq_len=2048)

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from planner.core.model import ModelSpec
+from planner.core.presets import get_preset, presets, resolve_params
 from planner.errors import PlannerError
-from planner.model import ModelSpec
-from planner.presets import get_preset, presets, resolve_params
 
 DATA = Path(__file__).parent.parent / "benchmarks" / "data"
 
@@ -85,7 +85,7 @@ def test_params_resolution_prefers_a_near_preset_and_documents_the_rule():
 
 
 def test_every_preset_is_valid_and_sourced():
-    from planner.presets import preset_source
+    from planner.core.presets import preset_source
 
     assert len(presets()) >= 27
     for name in presets():

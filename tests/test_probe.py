@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.probe import fit_alpha_beta, fit_half_dim
+from planner.calibration.probe import fit_alpha_beta, fit_half_dim
 
 
 def test_half_dim_fit_recovers_a_known_curve():
@@ -20,7 +20,7 @@ def test_alpha_beta_fit_recovers_latency_and_bandwidth():
 
 def test_quick_probe_writes_a_profile_the_planner_uses(tmp_path):
     pytest.importorskip("torch")
-    from planner.cli import main
+    from planner.cli.main import main
     from planner.hardware import load_profile_file
 
     out = tmp_path / "cpu.toml"

@@ -4,9 +4,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.layout import Candidates, Job, Layout
-from planner.memory import activation_bytes_per_layer
-from planner.model import ModelSpec
+from planner.core.layout import Candidates, Job, Layout
+from planner.core.memory import activation_bytes_per_layer
+from planner.core.model import ModelSpec
 from tests.helpers import evaluate_one
 
 

@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.cli import main
+from planner.cli.main import main
+from planner.core.finetune import trainable_params
+from planner.core.layout import Job, Layout
+from planner.core.plan import plan
+from planner.core.presets import get_preset
+from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations, daly_interval, expected_wall_seconds
+from planner.core.search import Pins
 from planner.errors import PlannerError
-from planner.finetune import trainable_params
 from planner.hardware import get_profile
-from planner.layout import Job, Layout
-from planner.plan import plan
-from planner.presets import get_preset
-from planner.resilience import LLAMA3_MTBF_GPU_HOURS, Operations, daly_interval, expected_wall_seconds
-from planner.search import Pins
 from tests.helpers import evaluate_one
 
 A100 = get_profile("a100-80g")

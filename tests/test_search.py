@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
+from planner.core.layout import Job
+from planner.core.plan import plan
+from planner.core.presets import get_preset
+from planner.core.search import Pins, search
 from planner.errors import PlannerError
 from planner.hardware import get_profile
-from planner.layout import Job
-from planner.plan import plan
-from planner.presets import get_preset
-from planner.search import Pins, search
 
 A100 = get_profile("a100-80g")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from planner import explore
-from planner.cli import main as cli_main
+from planner.app import explore
+from planner.cli.main import main as cli_main
 
 AppTest = pytest.importorskip("streamlit.testing.v1", reason="streamlit is not installed (the app extra)").AppTest
 APP = Path(__file__).resolve().parents[2] / "app.py"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from planner import explore
-from planner.cli import main as cli_main
+from planner.app import explore
+from planner.cli.main import main as cli_main
 
 pytest.importorskip("streamlit", reason="streamlit is not installed (the app extra)")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from planner import explore, explore_charts, explore_state, run_records
-from planner.cli import main as cli_main
+from planner.app import charts as explore_charts
+from planner.app import explore
+from planner.app import state as explore_state
+from planner.calibration import run_records
+from planner.cli.main import main as cli_main
 
 RUNS = Path(__file__).resolve().parent / "data" / "runs"  # one real CPU run of the reference trainer
 
@@ -178,13 +181,13 @@ def test_live_view_reads_a_csv_being_written(tmp_path):
     assert len(run_records.step_rows(cols)) == 3 * 5
 
 
-def test_planner_app_starts_streamlit_on_app_py(tmp_path):
-    from planner import app_cli
-    from planner.cli import build_parser
+def test_planner_app_serves_the_packaged_page(tmp_path):
+    from planner.cli import app as app_cli
+    from planner.cli.main import build_parser
 
     args = build_parser().parse_args(["app", "--port", "8600", "--headless"])
     cmd = app_cli.streamlit_command(args, app_cli.app_path())
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app.py")
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("page.py")
     assert cmd[cmd.index("--server.port") + 1] == "8600" and cmd[cmd.index("--server.headless") + 1] == "true"
     err = io.StringIO()
     with contextlib.redirect_stderr(err):

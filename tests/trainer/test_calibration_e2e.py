@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from planner.cli import main  # noqa: E402
+from planner.cli.main import main  # noqa: E402
 
 FACTORS = "matmul,layer_overhead_s,tp_collective_overhead_s,thread_scaling"  # 4 factors from 5 runs
 

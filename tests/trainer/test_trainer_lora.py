@@ -7,11 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.evaluate import evaluate  # noqa: E402
-from planner.finetune import trainable_params  # noqa: E402
+from planner.core.evaluate import evaluate  # noqa: E402
+from planner.core.finetune import trainable_params  # noqa: E402
+from planner.core.layout import Candidates, Job, Layout  # noqa: E402
+from planner.core.model import ModelSpec  # noqa: E402
 from planner.hardware import get_profile  # noqa: E402
-from planner.layout import Candidates, Job, Layout  # noqa: E402
-from planner.model import ModelSpec  # noqa: E402
 from reference_trainer.lora import apply_lora  # noqa: E402
 from reference_trainer.model import GPT, loss_fn  # noqa: E402
 from tests.trainer.helpers import TINY_LLAMA, run_trainer, write_config  # noqa: E402
@@ -114,7 +114,7 @@ def test_a_lora_run_records_its_mode(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     rec = json.loads((tmp_path / "runs" / "lora" / "record.json").read_text())
     assert rec["config"]["training"]["mode"] == "lora" and rec["config"]["lora"]["r"] == 4
-    from planner.measured import from_record
+    from planner.calibration.measured import from_record
 
     m = from_record(rec, "lora")
     # TINY_LLAMA: 4 layers, hidden 64, KV width 32: q 4*(64+64) + v 4*(64+32) = 896 per layer.

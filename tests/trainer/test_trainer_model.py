@@ -10,10 +10,10 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from planner.layout import Layout  # noqa: E402
-from planner.model import ModelSpec  # noqa: E402
-from planner.pipeline import stage_layer_ranges  # noqa: E402
-from planner.presets import get_preset  # noqa: E402
+from planner.core.layout import Layout  # noqa: E402
+from planner.core.model import ModelSpec  # noqa: E402
+from planner.core.pipeline import stage_layer_ranges  # noqa: E402
+from planner.core.presets import get_preset  # noqa: E402
 from reference_trainer.model import GPT, loss_fn  # noqa: E402
 from reference_trainer.parallel import build_stages  # noqa: E402
 

@@ -1,0 +1,1 @@
+"""The Streamlit what-if explorer over the same core (`planner app`)."""

@@ -1,0 +1,117 @@
+"""The explorer's charts as Vega-Lite specs (plain dicts), drawn from the rows planner.app.explore computes.
+
+Plain specs rather than Altair objects: building and validating an Altair chart costs 5-30 ms,
+which is most of an interaction's budget; a dict costs nothing and tests can read it.
+The page draws them with ``st.vega_lite_chart``. No fixed pixel heights: Streamlit sizes the
+chart and a fixed top-level height collapses bar charts there; bars get a band step instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PART_COLOURS = {"weights": "#4c78a8", "gradients": "#72b7b2", "optimizer": "#54a24b", "activations": "#f58518",
+                "other": "#bab0ac"}
+TIME_COLOURS = {"compute": "#4c78a8", "TP comm": "#e45756", "PP comm": "#ff9da6", "DP comm": "#b279a2",
+                "bubble": "#f58518", "optimizer": "#54a24b", "other": "#bab0ac"}
+LEGEND_BOTTOM = {"orient": "bottom", "title": None, "columns": 4}
+
+
+def _colour(field: str, colours: dict[str, str]) -> dict:
+    return {"field": field, "type": "nominal", "scale": {"domain": list(colours), "range": list(colours.values())},
+            "legend": LEGEND_BOTTOM}
+
+
+def memory_bar(rows: Sequence[dict], capacity_gib: float) -> dict:
+    """Memory per GPU stacked by part, one bar per pipeline stage, against the capacity line (red)."""
+    order = {p: i for i, p in enumerate(PART_COLOURS)}
+    stages = list(dict.fromkeys(r["stage"] for r in rows))
+    totals = {s: sum(r["GiB"] for r in rows if r["stage"] == s) for s in stages}
+    x_scale = {"domain": [0, 1.05 * max(capacity_gib, *totals.values())]}  # the capacity line inside the plot
+    return {
+        "height": {"step": 30},
+        "layer": [
+            {"data": {"values": [{**r, "order": order[r["part"]]} for r in rows]}, "mark": "bar",
+             "encoding": {"y": {"field": "stage", "type": "nominal", "title": None, "sort": stages},
+                          "x": {"field": "GiB", "type": "quantitative", "title": "GiB per GPU", "stack": "zero",
+                                "scale": x_scale},
+                          "color": _colour("part", PART_COLOURS), "order": {"field": "order", "type": "quantitative"},
+                          "tooltip": [{"field": "stage"}, {"field": "part"},
+                                      {"field": "GiB", "type": "quantitative", "format": ".2f"}]}},
+            {"data": {"values": [{"capacity": capacity_gib}]},
+             "mark": {"type": "rule", "color": "red", "strokeDash": [4, 3], "size": 2},
+             "encoding": {"x": {"field": "capacity", "type": "quantitative", "scale": x_scale},
+                          "tooltip": [{"field": "capacity", "type": "quantitative", "title": "capacity GiB",
+                                       "format": ".0f"}]}},
+        ],
+    }
+
+
+def step_bar(rows: Sequence[dict]) -> dict:
+    """The step time split into its parts (they add up to the step). One layer, so the data stays
+    inline (Streamlit converts top-level data through pandas, a few ms)."""
+    order = {p: i for i, p in enumerate(TIME_COLOURS)}
+    return {
+        "height": {"step": 40},
+        "layer": [{
+            "data": {"values": [{**r, "order": order[r["part"]], "step": "step"} for r in rows if r["seconds"] > 0]},
+            "mark": "bar",
+            "encoding": {"y": {"field": "step", "type": "nominal", "title": None, "axis": None},
+                         "x": {"field": "seconds", "type": "quantitative", "title": "seconds per step",
+                               "stack": "zero"},
+                         "color": _colour("part", TIME_COLOURS), "order": {"field": "order", "type": "quantitative"},
+                         "tooltip": [{"field": "part"}, {"field": "seconds", "type": "quantitative", "format": ".3g"},
+                                     {"field": "share", "type": "quantitative", "format": ".1%"}]},
+        }],
+    }
+
+
+def bubble_curve(rows: Sequence[dict], current_m: int, limit: float) -> dict:
+    """Bubble share against micro-batches per step; the plan's m dotted, the warning threshold dashed red."""
+    x = {"field": "micro-batches", "type": "quantitative", "scale": {"type": "log", "base": 2},
+         "title": "micro-batches per step (m)"}
+    return {
+        "layer": [
+            {"data": {"values": list(rows)}, "mark": {"type": "line", "point": True},
+             "encoding": {"x": x, "y": {"field": "bubble", "type": "quantitative", "axis": {"format": "%"},
+                                        "title": "bubble share of the step"},
+                          "color": {"field": "schedule", "type": "nominal", "legend": LEGEND_BOTTOM},
+                          "tooltip": [{"field": "schedule"}, {"field": "micro-batches", "type": "quantitative"},
+                                      {"field": "bubble", "type": "quantitative", "format": ".1%"}]}},
+            {"data": {"values": [{"micro-batches": current_m}]}, "mark": {"type": "rule", "strokeDash": [2, 2]},
+             "encoding": {"x": {"field": "micro-batches", "type": "quantitative"}}},
+            {"data": {"values": [{"limit": limit}]}, "mark": {"type": "rule", "color": "red", "strokeDash": [4, 3]},
+             "encoding": {"y": {"field": "limit", "type": "quantitative"}}},
+        ],
+    }
+
+
+def days_vs_gpus(rows: Sequence[dict], current: dict | None) -> dict:
+    """Days to train against GPU count, one line per hardware profile (log-log); the plan shown is ringed."""
+    x = {"field": "GPUs", "type": "quantitative", "scale": {"type": "log", "base": 2}}
+    y = {"field": "days", "type": "quantitative", "scale": {"type": "log"}, "title": "days to train"}
+    tooltip = [{"field": "profile"}, {"field": "GPUs", "type": "quantitative"},
+               {"field": "days", "type": "quantitative", "format": ".1f"}]
+    layers = [{"data": {"values": list(rows)}, "mark": {"type": "line", "point": True},
+               "encoding": {"x": x, "y": y, "tooltip": tooltip,
+                            "color": {"field": "profile", "type": "nominal", "legend": {"title": None}}}}]
+    if current:
+        layers.append({"data": {"values": [current]},
+                       "mark": {"type": "point", "size": 200, "color": "black", "filled": False, "strokeWidth": 2},
+                       "encoding": {"x": x, "y": y, "tooltip": tooltip}})
+    return {"layer": layers}
+
+
+def live_steps(rows: Sequence[dict]) -> dict:
+    """One small line chart per quantity of a run's per-step CSV (independent y scales)."""
+    return {
+        "data": {"values": list(rows)},
+        "facet": {"field": "quantity", "type": "nominal", "title": None},
+        "columns": 2,
+        "spec": {"width": 300, "mark": "line",
+                 "encoding": {"x": {"field": "step", "type": "quantitative"},
+                              "y": {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}},
+                              "tooltip": [{"field": "step", "type": "quantitative"},
+                                          {"field": "value", "type": "quantitative", "format": ".4g"}]}},
+        "resolve": {"scale": {"y": "independent"}},
+    }

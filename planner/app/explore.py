@@ -1,0 +1,400 @@
+"""What the what-if explorer computes: pure functions of `planner estimate` flags.
+
+The page (app.py) turns its widgets into flags (planner.app.state), calls these through
+``st.cache_data`` (so each input is searched once), and draws what they return. Parsing the flags
+with the CLI's own parser is what makes the page's figures and `planner estimate` agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import PlannerError
+from planner.units import GIB, fmt_count
+
+# GPU counts of the days-to-train sweep (powers of two; a cluster is bought in nodes of 8).
+SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+TOP_LAYOUTS = 20
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise PlannerError("flags", message, "flags of `planner estimate`")
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    from planner.cli import inputs
+
+    p = _Parser(prog="planner estimate", add_help=False)
+    inputs.add_plan_args(p)
+    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time")
+    return p
+
+
+def parse_inputs(argv: Sequence[str]):
+    """The planner's inputs for these flags, as `planner estimate` reads them (raises PlannerError)."""
+    from planner.cli.inputs import inputs_from_args
+
+    args = _parser().parse_args(list(argv))
+    return inputs_from_args(args), args.sort
+
+
+def _ops(x) -> dict:
+    """The operations argument where the core takes one (issue 6), as `planner estimate` passes it."""
+    return {"ops": x.ops} if hasattr(x, "ops") else {}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class View:
+    """Everything the page shows for one input: the plan, its top layouts, how the search went."""
+
+    best: object  # planner.core.results.Estimate
+    layouts: tuple  # the best, then the fitting runners-up, in rank order
+    nearest_fit: object | None
+    evaluated: int
+    feasible: int
+    search_seconds: float
+    objective: str
+    model_note: str
+    pinned: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        """Exactly what `planner estimate --format json` prints for the same flags."""
+        out = self.best.to_json()
+        out["model_note"] = self.model_note
+        out["nearest_fit"] = self.nearest_fit.to_json() if self.nearest_fit is not None else None
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Suggestion:
+    """A pinned field that no layout accepts, and the nearest values that would work with the other pins."""
+
+    field: str  # the planner's name (tp, pp, vpp, micro_batch, zero_stage, ...; global_batch)
+    value: object
+    valid: tuple
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Problem:
+    """Inputs the planner refuses: its one-line message and, for pinned layouts, what would do."""
+
+    message: str
+    field: str
+    suggestions: tuple[Suggestion, ...] = ()
+
+
+def compute(argv: Sequence[str], top: int = TOP_LAYOUTS) -> View | Problem:
+    """The plan for these flags, or the reason there is none (never raises PlannerError)."""
+    from planner.core.plan import plan
+
+    try:
+        x, objective = parse_inputs(argv)
+    except PlannerError as exc:
+        return Problem(message=str(exc), field=exc.field)
+    try:
+        p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, objective, top=top, **_ops(x))
+    except PlannerError as exc:
+        return Problem(message=str(exc), field=exc.field,
+                       suggestions=pin_suggestions(x.model, x.gpus, x.job, x.pins))
+    r = p.result
+    return View(best=p.best, layouts=(p.best, *p.runners_up) if p.best.fits else (p.best,),
+                nearest_fit=p.nearest_fit, evaluated=r.evaluated, feasible=r.feasible,
+                search_seconds=r.search_seconds, objective=objective, model_note=x.model_note, pinned=p.pinned)
+
+
+# --- pinned layouts that do not divide -----------------------------------------------------------
+_COLUMNS = {"dp": "dp", "tp": "tp", "pp": "pp", "vpp": "vpp", "micro_batch": "mb", "zero_stage": "zero",
+            "recompute": "recompute", "sequence_parallel": "sp", "schedule": "schedule"}
+
+
+def _nearest(value: object, valid: set) -> tuple:
+    """The closest valid value below and above a number; every valid value for a category."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return tuple(sorted(valid, key=str))
+    below = [v for v in valid if v < value]
+    above = [v for v in valid if v > value]
+    return tuple(v for v in (max(below) if below else None, min(above) if above else None) if v is not None)
+
+
+def pin_suggestions(model, gpus: int, job, pins) -> tuple[Suggestion, ...]:
+    """For each pinned field that is itself the obstacle: the nearest values that make a valid layout
+    with the other pins kept (found by freeing that one field and enumerating)."""
+    from planner.core.layout import RECOMPUTE, SCHEDULES
+    from planner.core.search import enumerate_layouts
+
+    decode = {"recompute": lambda i: RECOMPUTE[int(i)], "schedule": lambda i: SCHEDULES[int(i)],
+              "sequence_parallel": bool}
+    out = []
+    for name, value in pins.pinned().items():
+        try:
+            c, _ = enumerate_layouts(model, gpus, job, dataclasses.replace(pins, **{name: None}))
+        except PlannerError:
+            continue  # another pin is wrong on its own: its own suggestion says so
+        column = getattr(c, _COLUMNS[name])
+        valid = {decode.get(name, int)(v) for v in np.unique(column)}
+        if valid and value not in valid:
+            out.append(Suggestion(field=name, value=value, valid=_nearest(value, valid)))
+    if job.global_batch is not None:
+        valid_batches = _valid_global_batches(model, gpus, job, pins)
+        if valid_batches and job.global_batch not in valid_batches:
+            out.append(Suggestion(field="global_batch", value=job.global_batch,
+                                  valid=_nearest(job.global_batch, valid_batches)))
+    return tuple(out)
+
+
+def _valid_global_batches(model, gpus: int, job, pins) -> set[int]:
+    """Global batches next to the one asked for that some layout (with the pins) can split."""
+    from planner.core.search import enumerate_layouts
+
+    try:
+        c, _ = enumerate_layouts(model, gpus, job.replace(global_batch=None), pins)
+    except PlannerError:
+        return set()
+    # A layout needs global_batch divisible by dp*micro_batch, and by pp more when interleaved.
+    units = set((c.dp * c.mb * np.where(c.vpp > 1, c.pp, 1)).tolist())
+    g = job.global_batch
+    near = {u * k for u in units for k in (g // u, -(-g // u)) if k >= 1}
+    ok = set()
+    for candidate in sorted(near, key=lambda v: abs(v - g))[:8]:
+        try:
+            c, _ = enumerate_layouts(model, gpus, job.replace(global_batch=int(candidate)), pins)
+        except PlannerError:
+            continue
+        if len(c):
+            ok.add(int(candidate))
+    return ok
+
+
+# --- figures for the page -----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Figure:
+    label: str
+    value: str
+    help: str = ""
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
+
+
+def headline(j: dict) -> tuple[Figure, ...]:
+    """The headline figures from an estimate's JSON (the contract of `planner estimate --format json`),
+    so the page shows what the CLI says, formatted once, here."""
+    m, tr = j["memory"], j["train"]
+    return (
+        Figure(label="days to train", value=f"{tr['days']:.1f}", help="tokens / (tokens/s), no failures"),
+        Figure(label="GPU-hours", value=fmt_count(tr["gpu_hours"])),
+        Figure(label="cost", value=f"${fmt_count(tr['cost_usd'])}",
+               help=f"at ${tr['price_usd_per_gpu_hour']:.2f} per GPU-hour"),
+        Figure(label="energy", value=f"{fmt_count(tr['energy_kwh'])} kWh", help=f"GPU power x time x PUE {tr['pue']}"),
+        Figure(label="MFU", value=f"{j['mfu']:.1%}", help=f"HFU {j['hfu']:.1%}"),
+        Figure(label="tokens/s", value=fmt_count(j["tokens_per_s"]), help="whole job"),
+        Figure(label="memory per GPU", value=f"{m['total_bytes'] / GIB:.1f} / {m['capacity_bytes'] / GIB:.0f} GiB",
+               help=f"peak on pipeline stage {m['peak_stage']}" + ("" if m["fits"] else "; DOES NOT FIT")),
+        Figure(label="bubble", value=_pct(j["bubble_fraction"]), help="pipeline idle share of the step"),
+        Figure(label="communication", value=_pct(j["comm_fraction"]), help="exposed share of the step"),
+        *operations_figures(j),
+    )
+
+
+def operations_figures(j: dict) -> tuple[Figure, ...]:
+    """The whole job: expected time with failures and checkpoints, goodput, the checkpoint interval,
+    what trains, and the data feed (the JSON's reliability, checkpoint, data_feed, trainable_params)."""
+    r, c, d = j.get("reliability"), j.get("checkpoint"), j.get("data_feed")
+    if not (r and c and d):
+        return ()
+    every = f"{c['interval_steps']} steps" if c["interval_steps"] else "as needed"
+    return (
+        Figure(label="days with failures", value=f"{r['expected_seconds'] / 86400:.1f}",
+               help=f"{r['expected_interruptions']:.1f} expected interruptions (Daly 2006)"),
+        Figure(label="goodput", value=f"{r['goodput']:.1%}", help="ideal / expected wall-clock time"),
+        Figure(label="checkpoint every", value=every,
+               help=f"Young/Daly optimum; {c['bytes_total'] / 1e9:.3g} GB each, {c['save_s']:.1f} s to save"),
+        Figure(label="trainable parameters", value=fmt_count(j["trainable_params"]),
+               help=f"{j['mode']}: of {fmt_count(j['model']['params'])}"),
+        Figure(label="data feed", value=f"{d['bytes_per_s'] / 1e6:.3g} MB/s",
+               help=f"{d['token_bytes']}-byte tokens; storage {d['storage_read_bytes_per_s'] / 1e9:.3g} GB/s"
+                    + ("" if d["keeps_up"] else "; CANNOT KEEP UP")),
+    )
+
+
+def layout_text(lay: dict) -> str:
+    """'dp 64 x tp 2 x pp 1 | mb 4 x 8 | ZeRO-3 | recompute none | SP on' from a layout's JSON."""
+    vpp = f" (v{lay['vpp']})" if lay["vpp"] > 1 else ""
+    return (f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']}{vpp} | mb {lay['micro_batch']} x "
+            f"{lay['grad_accum']} = {lay['global_batch']} seqs | ZeRO-{lay['zero_stage']} | "
+            f"recompute {lay['recompute']} | SP {'on' if lay['sequence_parallel'] else 'off'}")
+
+
+def changed_fields(a: dict, b: dict) -> list[str]:
+    """Layout fields (JSON form) that differ between two layouts: 'tp 8 -> 4'."""
+    keys = ("dp", "tp", "pp", "vpp", "micro_batch", "zero_stage", "recompute", "sequence_parallel", "schedule")
+    return [f"{k} {a[k]} -> {b[k]}" for k in keys if a.get(k) != b.get(k)]
+
+
+MEMORY_PARTS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"), ("optimizer_bytes", "optimizer"),
+                ("activations_bytes", "activations"), ("other_bytes", "other"))
+TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("pp_comm_s", "PP comm"),
+              ("dp_comm_s", "DP comm"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"), ("other_s", "other"))
+
+
+def memory_rows(j: dict) -> list[dict]:
+    """GiB per part, long form for a stacked bar: one bar per reported pipeline stage (first, fullest,
+    last; the peak one marked), or one bar when there is no pipeline."""
+    m = j["memory"]
+    if j["layout"]["pp"] == 1 or not j["memory_by_stage"]:
+        return [{"stage": "per GPU", "part": label, "GiB": m[key] / GIB} for key, label in MEMORY_PARTS]
+    rows = []
+    for s in j["memory_by_stage"]:
+        name = f"stage {s['stage']}" + (" (peak)" if s["stage"] == m["peak_stage"] else "")
+        rows += [{"stage": name, "part": label, "GiB": s[key] / GIB} for key, label in MEMORY_PARTS]
+    return rows
+
+
+def time_rows(j: dict) -> list[dict]:
+    """Seconds per part of the step (the parts add up to the step time)."""
+    return [{"part": label, "seconds": j["time"][key], "share": j["time"][key] / j["time"]["step_s"]}
+            for key, label in TIME_PARTS]
+
+
+def layout_rows(layouts: Sequence) -> list[dict]:
+    """The ranked layouts as rows of numbers (so the table sorts numerically)."""
+    rows = []
+    for rank, e in enumerate(layouts, 1):
+        lay = e.layout
+        rows.append({"rank": rank, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "mb": lay.micro_batch,
+                     "accum": lay.grad_accum, "global batch": lay.global_batch, "ZeRO": lay.zero_stage,
+                     "recompute": lay.recompute, "SP": lay.sequence_parallel,
+                     "memory GiB": e.memory.total_bytes / GIB, "step s": e.time.step_s, "MFU %": 100 * e.mfu,
+                     "bubble %": 100 * e.bubble_fraction, "comm %": 100 * e.comm_fraction, "days": e.train.days,
+                     "cost $": e.train.cost_usd})
+    return rows
+
+
+def bubble_rows(pp: int, vpp: int, micro_batches: int) -> list[dict]:
+    """Bubble share of the step against micro-batches per step m, for this pp, without and with its
+    interleaving. planner.core.pipeline gives the ideal bubble over the ideal pipeline time, x = (p-1)/(v m)
+    (Narayanan et al. 2021 Sec. 2.2); its share of the step is x / (1 + x), what the headline and the
+    15% warning use."""
+    from planner.core.pipeline import bubble_fraction_ideal
+
+    top = max(64, 2 * micro_batches)
+    m = np.unique(np.geomspace(1, top, 40).round().astype(int))
+    rows = []
+    for v in sorted({1, vpp}):
+        x = bubble_fraction_ideal(np.full_like(m, pp), np.full_like(m, v), m)
+        rows += [{"micro-batches": int(mi), "bubble": float(xi / (1 + xi)),
+                  "schedule": "1F1B" if v == 1 else f"interleaved v={v}"} for mi, xi in zip(m, x)]
+    return rows
+
+
+# --- the same job on other hardware --------------------------------------------------------------
+def precision_for(hw, wanted: str) -> str:
+    """The precision a profile runs the job in: the one asked for where the GPU has it, else bf16,
+    else fp16 (a V100 trains in fp16 with loss scaling)."""
+    for p in (wanted, "bf16", "fp16"):
+        if hw.gpu.supports(p):
+            return p
+    return wanted
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareRow:
+    profile: str
+    gpu: str
+    precision: str
+    fits: bool
+    layout: str
+    days: float
+    gpu_hours: float
+    cost_usd: float
+    energy_kwh: float
+    mfu: float
+    memory_bytes: float
+    capacity_bytes: float
+    note: str = ""
+
+
+def compare_hardware(argv: Sequence[str], gpus: int, profiles: Sequence[str] | None = None) -> tuple[HardwareRow, ...]:
+    """The best layout of the same job on ``gpus`` GPUs of each profile (its own price per GPU-hour)."""
+    from planner.core.results import estimate_at
+    from planner.core.search import search
+    from planner.hardware import get_profile, gpu_profile_names
+
+    x, _ = parse_inputs(argv)
+    rows = []
+    for name in profiles or gpu_profile_names():
+        hw = get_profile(name)
+        job = x.job.replace(precision=precision_for(hw, x.job.precision), price_usd_per_gpu_hour=None)
+        try:
+            r = search(x.model, hw, job, gpus)
+        except PlannerError as exc:
+            rows.append(HardwareRow(profile=name, gpu=hw.gpu.model, precision=job.precision, fits=False, layout="",
+                                    days=math.nan, gpu_hours=math.nan, cost_usd=math.nan, energy_kwh=math.nan,
+                                    mfu=math.nan, memory_bytes=math.nan, capacity_bytes=hw.gpu.memory_bytes,
+                                    note=str(exc)))
+            continue
+        e = estimate_at(r.evaluation, 0, x.model, hw, job, **_ops(x))
+        j = e.to_json()
+        rows.append(HardwareRow(profile=name, gpu=hw.gpu.model, precision=job.precision, fits=e.fits,
+                                layout=layout_text(j["layout"]), days=e.train.days, gpu_hours=e.train.gpu_hours,
+                                cost_usd=e.train.cost_usd, energy_kwh=e.train.energy_kwh, mfu=e.mfu,
+                                memory_bytes=e.memory.total_bytes, capacity_bytes=e.memory.capacity_bytes,
+                                note="" if e.fits else "no layout fits"))
+    return tuple(rows)
+
+
+def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:
+    return [{"profile": r.profile, "GPU": r.gpu, "precision": r.precision, "fits": r.fits,
+             "days": r.days, "GPU-hours": r.gpu_hours, "cost $": r.cost_usd, "energy kWh": r.energy_kwh,
+             "MFU %": 100 * r.mfu, "memory GiB": r.memory_bytes / GIB, "capacity GiB": r.capacity_bytes / GIB,
+             "best layout": r.layout or r.note} for r in rows]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepPoint:
+    profile: str
+    precision: str
+    gpus: int
+    seconds_per_token: float  # of the fastest fitting layout; nan when none fits
+
+
+def sweep(argv: Sequence[str], counts: Sequence[int] = SWEEP_GPUS,
+          profiles: Sequence[str] | None = None) -> tuple[SweepPoint, ...]:
+    """Training seconds per token of the fastest fitting layout, per profile and GPU count. Per token,
+    so the result does not depend on the tokens to train (days = tokens x this / 86400)."""
+    from planner.core.search import search
+    from planner.hardware import get_profile, gpu_profile_names
+
+    x, _ = parse_inputs(argv)
+    points = []
+    for name in profiles or gpu_profile_names():
+        hw = get_profile(name)
+        job = x.job.replace(precision=precision_for(hw, x.job.precision))
+        for n in counts:
+            per_token = math.nan
+            try:
+                r = search(x.model, hw, job, n)
+                if r.feasible:
+                    ev = r.evaluation  # rank order: the fastest fitting layout first
+                    per_token = float(ev.train_seconds[0]) / ev.train_tokens
+            except PlannerError:
+                pass
+            points.append(SweepPoint(profile=name, precision=job.precision, gpus=n, seconds_per_token=per_token))
+    return tuple(points)
+
+
+def sweep_rows(points: Sequence[SweepPoint], tokens: float, precision: str) -> list[dict]:
+    """Days to train ``tokens`` per (profile, GPUs), leaving out counts where nothing fits; a profile
+    that runs in another precision than ``precision`` says which."""
+    return [{"profile": p.profile if p.precision == precision else f"{p.profile} ({p.precision})", "GPUs": p.gpus,
+             "days": tokens * p.seconds_per_token / 86400} for p in points if math.isfinite(p.seconds_per_token)]

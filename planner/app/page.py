@@ -1,0 +1,344 @@
+"""The what-if explorer page: `planner app` serves it (or `streamlit run app.py` from a checkout).
+
+Thin on purpose: the sidebar holds the inputs (planner.app.state: bounds, URL, flags), the
+planner computes (planner.app.explore, cached per input), the page draws (planner.app.charts).
+The state lives in the URL query string, so a what-if can be shared by link.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import streamlit as st
+
+from planner.app import explore
+from planner.app import state as explore_state
+from planner.calibration import run_records
+from planner.core.checks import BUBBLE_LIMIT
+
+TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def cached_compute(argv: tuple[str, ...]) -> explore.View | explore.Problem:
+    return explore.compute(argv)
+
+
+@st.cache_data(show_spinner="Comparing hardware...", max_entries=128)
+def cached_hardware(argv: tuple[str, ...], gpus: int) -> tuple[explore.HardwareRow, ...]:
+    return explore.compare_hardware(argv, gpus)
+
+
+@st.cache_data(show_spinner="Searching every profile at 8 to 4096 GPUs...", max_entries=64)
+def cached_sweep(argv: tuple[str, ...]) -> tuple[explore.SweepPoint, ...]:
+    return explore.sweep(argv)
+
+
+def init_state() -> None:
+    """On a session's first run, the inputs come from the URL (bad values named, defaults used)."""
+    if "_started" in st.session_state:
+        return
+    values, notes = explore_state.state_from_query(st.query_params.to_dict())
+    for key, value in values.items():
+        st.session_state[key] = value
+    st.session_state["_notes"] = notes  # shown once
+    tab = st.query_params.get("tab", TABS[0])
+    st.session_state["_first_tab"] = tab if tab in TABS else TABS[0]  # fixed for the session: it keys the tabs
+    st.session_state["_started"] = True
+
+
+def widget(f: explore_state.Field, where, disabled: bool = False) -> None:
+    """One bounded widget per field; its value lives in st.session_state[f.name]."""
+    common = {"key": f.name, "help": f.help or None, "disabled": disabled}
+    if f.kind == "choice":
+        where.selectbox(f.label, f.choices, **common)
+    elif f.kind == "bool":
+        where.checkbox(f.label, **common)
+    elif f.kind == "int":
+        where.number_input(f.label, min_value=int(f.low), max_value=int(f.high), step=int(f.step or 1), **common)
+    else:
+        extra = {"value": None, "placeholder": "profile's rate"} if f.optional else {}
+        where.number_input(f.label, min_value=float(f.low), max_value=float(f.high), step=float(f.step or 0.1),
+                           format="%g", **extra, **common)
+
+
+def set_values(values: dict) -> None:
+    for key, value in values.items():
+        st.session_state[key] = value
+
+
+def sidebar() -> dict:
+    fields = explore_state.field_map()
+    sb = st.sidebar
+    sb.header("Model")
+    sb.radio(fields["model"].label, fields["model"].choices, key="model", horizontal=True,
+             format_func={"params": "parameters", "preset": "preset", "shape": "shape"}.get)
+    source = st.session_state["model"]
+    widget(fields["params"], sb, disabled=source != "params")
+    widget(fields["preset"], sb, disabled=source != "preset")
+    with sb.expander("Shape", expanded=source == "shape"):
+        for f in explore_state.fields():
+            if f.group == "shape":
+                widget(f, st, disabled=source != "shape")
+    sb.header("Hardware")
+    widget(fields["gpu"], sb)
+    widget(fields["gpus"], sb)
+    sb.header("Job")
+    for name in ("tokens", "precision", "attention", "overlap", "price", "pue"):
+        widget(fields[name], sb)
+    with sb.expander("Fine-tuning", expanded=st.session_state["mode"] != "pretrain"):
+        for f in explore_state.fields():
+            if f.group == "finetune":
+                widget(f, st, disabled=f.name != "mode" and st.session_state["mode"] != "lora")
+    with sb.expander("Failures, checkpoints, data"):
+        for f in explore_state.fields():
+            if f.group == "operations":
+                widget(f, st)
+    sb.header("Layout")
+    sb.caption("0 or auto: searched. dp follows from GPUs / (tp x pp).")
+    for name in explore_state.LAYOUT_PINS:
+        widget(fields[name], sb)
+    widget(fields["sort"], sb)
+    sb.button("Search every field (unpin all)", on_click=set_values,
+              args=({n: explore_state.defaults()[n] for n in explore_state.LAYOUT_PINS},))
+    return {f.name: st.session_state[f.name] for f in explore_state.fields()}
+
+
+def show_problem(problem: explore.Problem) -> None:
+    st.error(f"No plan: {problem.message}")
+    for s in problem.suggestions:
+        st.markdown(f"**{s.field} = {s.value}** fails with the other pins kept; nearest valid: "
+                    + ", ".join(f"`{v}`" for v in s.valid))
+        for col, v in zip(st.columns(max(1, len(s.valid))), s.valid):
+            col.button(f"use {s.field} = {v}", key=f"fix-{s.field}-{v}", on_click=set_values,
+                       args=(dict([explore_state.pin_value(s.field, v)]),))
+    if not problem.suggestions:
+        st.caption("Change the field the message names (bounds are in the sidebar), or unpin the layout.")
+
+
+def show_headline(view: explore.View, j: dict) -> None:
+    st.markdown(f"**{view.best.model.describe()}**  \n{view.model_note}")
+    st.markdown(f"**layout** {explore.layout_text(j['layout'])}")
+    pinned = f"; pinned: {', '.join(view.pinned)}" if view.pinned else ""
+    st.caption(f"best of {view.feasible} fitting layouts out of {view.evaluated} evaluated in "
+               f"{view.search_seconds * 1e3:.1f} ms (ranked by {view.objective}){pinned}")
+    figures = explore.headline(j)
+    for row in (figures[:5], figures[5:10], figures[10:]):
+        for col, fig in zip(st.columns(5), row):
+            col.metric(fig.label, fig.value, help=fig.help or None)
+    if not view.best.fits:
+        st.error(f"Does not fit: {j['memory']['total_bytes'] / 2**30:.1f} GiB needed per GPU, "
+                 f"{j['memory']['capacity_bytes'] / 2**30:.0f} GiB available.")
+        if view.nearest_fit is not None:
+            n = view.nearest_fit.to_json()
+            st.info(f"Nearest layout that fits: {explore.layout_text(n['layout'])} "
+                    f"({', '.join(explore.changed_fields(j['layout'], n['layout'])) or 'same pins'}; "
+                    f"{n['train']['days']:.1f} days)")
+            st.button("Pin the nearest layout that fits", on_click=set_values,
+                      args=(explore_state.pins_from_layout(n["layout"]),))
+        elif view.feasible == 0:
+            st.info(f"No layout fits on {j['cluster']['gpus']} x {j['cluster']['gpu']}: more GPUs, a GPU with "
+                    "more memory, or a smaller model (the Hardware tab compares them).")
+    for w in view.best.warnings:
+        if not w.startswith("does not fit"):
+            st.warning(w)
+    st.button("Pin this layout (then change one field)", on_click=set_values,
+              args=(explore_state.pins_from_layout(j["layout"]),))
+
+
+def plan_tab(j: dict) -> None:
+    from planner.app import charts
+
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Memory per GPU")
+        capacity_gib = j["memory"]["capacity_bytes"] / 2**30
+        st.vega_lite_chart(spec=charts.memory_bar(explore.memory_rows(j), capacity_gib), width="stretch")
+        st.caption("Stacked by part; the dashed red line is the GPU's capacity. " +
+                   ("One bar per pipeline stage: the first, the fullest and the last." if j["layout"]["pp"] > 1
+                    else ""))
+    with right:
+        st.subheader("Step time")
+        st.vega_lite_chart(spec=charts.step_bar(explore.time_rows(j)), width="stretch")
+        st.caption(f"{j['time']['step_s']:.3g} s per step; exposed communication and bubble are the parts "
+                   "not hidden behind compute.")
+    lay = j["layout"]
+    st.subheader(f"Bubble vs micro-batches (pp {lay['pp']}, vpp {lay['vpp']})")
+    if lay["pp"] == 1:
+        st.caption("pp = 1: no pipeline, no bubble. Pin pp to see its curve.")
+    else:
+        rows = explore.bubble_rows(lay["pp"], lay["vpp"], lay["grad_accum"])
+        st.vega_lite_chart(spec=charts.bubble_curve(rows, lay["grad_accum"], BUBBLE_LIMIT), width="stretch")
+        st.caption(f"Ideal bubble share (p-1)/(v m + p-1) of the step. The plan runs m = {lay['grad_accum']} "
+                   f"micro-batches per step (dotted line); dashed red: the {BUBBLE_LIMIT:.0%} warning threshold.")
+
+
+def layouts_tab(view: explore.View) -> None:
+    st.subheader(f"Top {len(view.layouts)} layouts (ranked by {view.objective})")
+    st.caption("Click a column header to sort.")
+    number = st.column_config.NumberColumn
+    st.dataframe(explore.layout_rows(view.layouts), hide_index=True, width="stretch", column_config={
+        "memory GiB": number(format="%.1f"), "step s": number(format="%.3g"), "MFU %": number(format="%.1f"),
+        "bubble %": number(format="%.1f"), "comm %": number(format="%.1f"), "days": number(format="%.1f"),
+        "cost $": number(format="compact")})
+
+
+def hardware_tab(state: dict, j: dict) -> None:
+    from planner.app import charts
+
+    argv = tuple(explore_state.comparison_argv(state))
+    st.subheader("Days to train vs GPUs")
+    points = cached_sweep(tuple(explore_state.sweep_argv(state)))
+    rows = explore.sweep_rows(points, j["train"]["tokens"], state["precision"])
+    current = {"profile": state["gpu"], "GPUs": j["cluster"]["gpus"], "days": j["train"]["days"]}
+    st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
+    st.caption("Fastest fitting layout per point, layout searched freely; missing points: nothing fits. "
+               "A GPU without the chosen precision runs bf16 or fp16 (named in the legend). Ringed: the plan shown.")
+    st.subheader(f"Hardware comparison on {state['gpus']} GPUs")
+    number = st.column_config.NumberColumn
+    st.dataframe(explore.hardware_table(cached_hardware(argv, int(state["gpus"]))), hide_index=True, width="stretch",
+                 column_config={"days": number(format="%.1f"), "GPU-hours": number(format="compact"),
+                                "cost $": number(format="compact"), "energy kWh": number(format="compact"),
+                                "MFU %": number(format="%.1f"), "memory GiB": number(format="%.1f"),
+                                "capacity GiB": number(format="%.0f")})
+    st.caption("Each profile at its own indicative price per GPU-hour; layouts searched freely.")
+
+
+@st.cache_data(show_spinner="Drawing the validation plot...", max_entries=32)
+def cached_validate_plot(points: tuple) -> bytes:
+    return run_records.plot_png(points)
+
+
+def runs_tab(state: dict) -> None:
+    from planner.app import charts
+    from planner.hardware import profile_names
+
+    folder = st.text_input("Runs folder", value="runs", max_chars=400, key="runs_dir",
+                           help="where the reference trainer writes <run>/record.json and <run>/steps.csv")
+    uploads = st.file_uploader("Or upload run records (record.json)", type=["json"], accept_multiple_files=True,
+                               key="uploads")
+    found = run_records.load_folder(folder)
+    uploaded = run_records.load_uploaded([(u.name, u.getvalue()) for u in uploads or []])
+    runs = found.runs + uploaded.runs
+    for line in found.skipped + uploaded.skipped:
+        st.warning(f"skipped {line}")
+    if not runs:
+        st.info(f"No completed run records in {folder}/ yet: the reference trainer writes them "
+                "(`planner run ...`, see the Export tab), or upload some.")
+    else:
+        predicted_vs_measured(runs, folder, profile_names())
+    st.subheader("Live view")
+    live = run_records.live_runs(folder)
+    if not live:
+        st.caption(f"No run folder in {folder}/ with a steps.csv yet.")
+        return
+    run = st.selectbox("Run", live, key="live_run", help="newest first")
+    refresh = st.toggle("Refresh every 2 s", value=False, key="live_refresh")
+    path = run_records.steps_csv(f"{folder}/{run}")
+
+    def draw() -> None:
+        rows = run_records.step_rows(run_records.read_steps(path))
+        if rows:
+            st.vega_lite_chart(spec=charts.live_steps(rows))
+            st.caption(f"{path}: {int(max(r['step'] for r in rows))} steps")
+        else:
+            st.caption(f"{path}: no complete step yet")
+
+    st.fragment(draw, run_every=2.0 if refresh else None)()
+
+
+def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None:
+    """`planner validate` on the loaded runs: its table and its plot."""
+    st.subheader("Predicted vs measured")
+    st.dataframe(run_records.run_rows(runs), hide_index=True, width="stretch")
+    choice = st.selectbox("Predict on profile", ["as recorded", *profiles], key="runs_profile",
+                          help="'as recorded': the profile each run names, or the one whose GPU it ran on")
+    profile = None if choice == "as recorded" else choice
+    compared = run_records.compare(runs, profile)
+    for line in compared.unpredicted:
+        st.warning(f"no prediction for {line}")
+    if compared.points:
+        st.dataframe(run_records.point_rows(compared.points), hide_index=True, width="stretch",
+                     column_config={"predicted": st.column_config.NumberColumn(format="%.4g"),
+                                    "measured": st.column_config.NumberColumn(format="%.4g")})
+        st.image(cached_validate_plot(compared.points))
+    st.caption("The same from the command line: `" + run_records.validate_command(folder, profile) + "`. "
+               "Rates and sizes: relative error; bubble and communication shares: percentage points. "
+               "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory).")
+
+
+def export_tab(state: dict, view: explore.View) -> None:
+    from planner.export import render as export
+    from planner.errors import PlannerError
+    from planner.export.rules import FORMATS
+
+    argv = explore_state.argv_from_state(state)
+    st.subheader("This plan from the command line")
+    st.code(explore_state.estimate_command(state), language="bash", wrap_lines=True)
+    st.subheader("Launch it")
+    fmt = st.selectbox("Format", FORMATS, key="export_format",
+                       help="the reference trainer under torchrun, Megatron-LM, DeepSpeed, Slurm, Kubernetes")
+    total = export.train_steps(view.best, export.ExportOptions())
+    steps = st.number_input(f"Steps (0: the whole job, {total:,})", min_value=0, max_value=100_000_000, value=0,
+                            key="export_steps", help="a few hundred steps profile the layout; the record the "
+                                                     "reference trainer writes shows up in the Runs tab")
+    opts = export.ExportOptions(steps=int(steps) or None)
+    st.code(shlex.join(["planner", "export", "--format", fmt, *argv, *(["--steps", str(steps)] if steps else [])]),
+            language="bash", wrap_lines=True)
+    try:
+        text = export.render(fmt, view.best, opts)
+    except PlannerError as exc:
+        st.warning(f"{fmt} cannot express the layout shown: {exc}. `planner export` (above) writes the best "
+                   "layout it can express instead.")
+    else:
+        if fmt == "torchrun":
+            st.caption("or through the planner's launcher:")
+            st.code(export.planner_run_line(view.best, export.train_steps(view.best, opts)), language="bash",
+                    wrap_lines=True)
+        st.code(text, language={"deepspeed": "json", "k8s": "yaml"}.get(fmt, "bash"))
+    st.subheader("JSON (`planner estimate --format json`)")
+    text = json.dumps(view.to_json(), indent=2)
+    st.download_button("Download JSON", text, file_name="plan.json", mime="application/json")
+    st.json(text, expanded=False)
+
+
+def main() -> None:
+    st.set_page_config(page_title="planner: what-if explorer", layout="wide")
+    start = time.perf_counter()
+    try:
+        page()
+    finally:
+        st.session_state["_run_ms"] = (time.perf_counter() - start) * 1e3
+        st.caption(f"page computed and drawn in {st.session_state['_run_ms']:.0f} ms")
+
+
+def page() -> None:
+    init_state()
+    state = sidebar()
+    st.title("How to train this model on these GPUs")
+    for note in st.session_state.pop("_notes", []):
+        st.info(note)
+    query = explore_state.query_from_state(state)
+    result = cached_compute(tuple(explore_state.argv_from_state(state)))
+    if isinstance(result, explore.Problem):
+        st.query_params.from_dict(query)
+        show_problem(result)
+        return
+    view, j = result, result.to_json()
+    show_headline(view, j)
+    tabs = st.tabs(TABS, key="_tabs", on_change="rerun", default=st.session_state["_first_tab"])
+    current = next((name for name, t in zip(TABS, tabs) if t.open), TABS[0])
+    st.query_params.from_dict({**query, **({"tab": current} if current != TABS[0] else {})})
+    draw = {"Plan": lambda: plan_tab(j), "Layouts": lambda: layouts_tab(view),
+            "Hardware": lambda: hardware_tab(state, j), "Runs": lambda: runs_tab(state),
+            "Export": lambda: export_tab(state, view)}
+    for name, tab in zip(TABS, tabs):
+        if tab.open:
+            with tab:
+                draw[name]()
+
+
+if __name__ == "__main__":  # `streamlit run` executes the page as __main__
+    main()

@@ -1,0 +1,183 @@
+"""Calibration: fit a profile's named efficiency factors to measured step times.
+
+scipy.optimize.least_squares on the relative step-time error, each factor within physical bounds
+(searched in a unit box; log-scaled for factors that span decades). The formulas never change:
+only the factors of ``planner.hardware.Efficiency`` do. The fit reports its in-sample error and
+the leave-one-out error (each run predicted by factors fitted without it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.calibration.measured import Measurement
+from planner.core.evaluate import evaluate
+from planner.core.layout import Candidates
+from planner.errors import PlannerError
+from planner.hardware import Efficiency, HardwareProfile, efficiency_to_table
+
+# factor: (lower, upper, log-scaled)
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "matmul": (0.02, 1.0, False),
+    "matmul_half_dim": (1.0, 8192.0, True),
+    "memory": (0.02, 1.0, False),
+    "flash_attention": (0.02, 1.0, False),
+    "intra_node_bw": (0.005, 1.0, True),
+    "inter_node_bw": (0.005, 1.0, True),
+    "dp_overlap": (0.0, 1.0, False),
+    "zero3_overlap": (0.0, 1.0, False),
+    "tp_overlap": (0.0, 1.0, False),
+    "layer_overhead_s": (1e-7, 0.05, True),
+    "tp_collective_overhead_s": (1e-7, 0.05, True),
+    "thread_scaling": (0.0, 1.0, False),
+    "step_overhead_s": (1e-6, 10.0, True),
+}
+
+
+def default_factors(runs: list[Measurement], base: HardwareProfile) -> tuple[str, ...]:
+    """The factors these runs can inform: the always-present ones, plus link bandwidth when any
+    run communicates, the TP collective overhead when any uses tensor parallel, flash attention's
+    efficiency when any uses it, and thread scaling on a CPU host when a process had cores to
+    spare. A factor no run exercises cannot be fitted."""
+    factors = ["matmul", "memory", "layer_overhead_s"]
+    if any(r.gpus > 1 for r in runs):
+        factors.append("intra_node_bw")
+    if any(r.layout.tp > 1 for r in runs):
+        factors.append("tp_collective_overhead_s")
+    if base.network.compute_slots and any(r.gpus < base.network.compute_slots for r in runs):
+        factors.append("thread_scaling")
+    if base.network.compute_slots is None and any(r.job.attention == "flash" for r in runs):
+        factors.append("flash_attention")
+    return tuple(factors)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fit:
+    efficiency: Efficiency
+    factors: tuple[str, ...]
+    converged: bool
+    message: str
+    errors: np.ndarray  # relative step-time error per run, fitted factors, in sample
+    base_errors: np.ndarray  # the same with the base profile's factors
+    loo_errors: np.ndarray | None  # leave-one-out
+
+
+def predict_step_s(runs: list[Measurement], hw: HardwareProfile) -> np.ndarray:
+    return np.array([float(evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus).step_s[0])
+                     for r in runs])
+
+
+def _to_unit(name: str, x: float) -> float:
+    lo, hi, log = BOUNDS[name]
+    x = min(max(x, lo), hi)
+    return (math.log(x / lo) / math.log(hi / lo)) if log else (x - lo) / (hi - lo)
+
+
+def _from_unit(name: str, u: float) -> float:
+    lo, hi, log = BOUNDS[name]
+    return lo * (hi / lo) ** u if log else lo + (hi - lo) * u
+
+
+def check_factors(factors: tuple[str, ...], runs: int) -> None:
+    for f in factors:
+        if f not in BOUNDS:
+            raise PlannerError("factors", f, f"one of {', '.join(BOUNDS)}")
+    if runs < len(factors):
+        raise PlannerError("runs", runs, f"fitting {len(factors)} factors needs at least {len(factors)} runs "
+                                         f"(better {2 * len(factors)}); profile more, or fit fewer with --factors")
+
+
+def fit_factors(runs: list[Measurement], base: HardwareProfile,
+                factors: tuple[str, ...]) -> tuple[Efficiency, bool, str]:
+    from scipy.optimize import least_squares
+
+    check_factors(factors, len(runs))
+    measured = np.array([r.step_s for r in runs])
+
+    def efficiency(u: np.ndarray) -> Efficiency:
+        return base.efficiency.replace(**{f: _from_unit(f, float(x)) for f, x in zip(factors, u)})
+
+    def residual(u: np.ndarray) -> np.ndarray:
+        return predict_step_s(runs, base.with_efficiency(efficiency(u))) / measured - 1
+
+    u0 = np.clip([_to_unit(f, getattr(base.efficiency, f)) for f in factors], 0.02, 0.98)
+    try:
+        res = least_squares(residual, u0, bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=200 * len(factors))
+    except (ValueError, FloatingPointError) as exc:
+        return base.efficiency, False, f"the fit failed ({exc})"
+    if not res.success or not np.all(np.isfinite(res.fun)):
+        return base.efficiency, False, f"the fit did not converge ({res.message})"
+    return efficiency(res.x), True, str(res.message)
+
+
+def calibrate(runs: list[Measurement], base: HardwareProfile, factors: tuple[str, ...] | None = None,
+              leave_one_out: bool = True) -> Fit:
+    factors = factors or default_factors(runs, base)
+    eff, ok, message = fit_factors(runs, base, factors)
+    measured = np.array([r.step_s for r in runs])
+    base_errors = predict_step_s(runs, base) / measured - 1
+    errors = predict_step_s(runs, base.with_efficiency(eff)) / measured - 1
+    loo = None
+    if ok and leave_one_out and len(runs) > len(factors):
+        loo = np.array([predict_step_s([r], base.with_efficiency(fit_factors(runs[:i] + runs[i + 1:], base,
+                                                                             factors)[0]))[0] / r.step_s - 1
+                        for i, r in enumerate(runs)])
+    return Fit(efficiency=eff, factors=factors, converged=ok, message=message, errors=errors,
+               base_errors=base_errors, loo_errors=loo)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(float(v)) if isinstance(v, float) else str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def calibrated_profile_toml(base: HardwareProfile, fit: Fit, runs: list[Measurement], name: str) -> str:
+    """The base profile file with its [efficiency] replaced by the fit, plus [provenance]."""
+    import tomllib
+    from pathlib import Path
+
+    data = tomllib.loads(Path(base.path).read_text())
+    data.pop("provenance", None)
+    data["name"] = name
+    data["aliases"] = []
+    data["description"] = f"{data.get('description', base.description)} (calibrated)"
+    data["efficiency"] = {k: v for k, v in efficiency_to_table(fit.efficiency).items()}
+    mean = lambda e: float(np.mean(np.abs(e))) if e is not None else None  # noqa: E731
+    prov = {"kind": "calibration", "base": base.name, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "factors": list(fit.factors), "runs": [r.source for r in runs],
+            "fit_mean_abs_error": mean(fit.errors), "fit_worst_abs_error": float(np.max(np.abs(fit.errors))),
+            "base_mean_abs_error": mean(fit.base_errors)}
+    if fit.loo_errors is not None:
+        prov["loo_mean_abs_error"] = mean(fit.loo_errors)
+    data["provenance"] = prov
+    lines = [f"# Calibrated by `planner calibrate` from {len(runs)} runs on {prov['date']}; base: {base.name}."]
+    for key, value in data.items():
+        if not isinstance(value, dict):
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{key}]"] + [f"{k} = {_toml_value(v)}" for k, v in value.items()]
+    return "\n".join(lines) + "\n"
+
+
+def describe_fit(fit: Fit, runs: list[Measurement]) -> str:
+    rows = [f"{'run':<28} {'measured s':>11} {'base err':>9} {'fit err':>8} {'LOO err':>8}"]
+    for i, r in enumerate(runs):
+        loo = f"{fit.loo_errors[i]:+8.1%}" if fit.loo_errors is not None else f"{'-':>8}"
+        rows.append(f"{r.label[:28]:<28} {r.step_s:11.4g} {fit.base_errors[i]:+9.1%} {fit.errors[i]:+8.1%} {loo}")
+    mean = lambda e: f"{np.mean(np.abs(e)):.1%} mean, {np.max(np.abs(e)):.1%} worst"  # noqa: E731
+    rows.append(f"base profile: {mean(fit.base_errors)}; fitted: {mean(fit.errors)}"
+                + (f"; leave-one-out: {mean(fit.loo_errors)}" if fit.loo_errors is not None else ""))
+    fitted = ", ".join(f"{f} = {getattr(fit.efficiency, f):.4g}" for f in fit.factors)
+    rows.append(f"factors: {fitted}")
+    return "\n".join(rows)
+

@@ -1,0 +1,114 @@
+"""Measured runs as planner inputs: a reference-trainer run record or a published row becomes a
+``Measurement`` (what ran, on what, and what was measured), which calibration fits and
+validation compares against.
+
+Reading run records needs no torch (planner.calibration.record has no torch import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.calibration.published import PublishedRun, load_published
+from planner.core.layout import Job, Layout
+from planner.core.model import ModelSpec
+from planner.errors import PlannerError
+
+MODEL_KEYS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
+              "tied_embeddings", "dropout")
+LAYOUT_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
+               "sequence_parallel", "schedule")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measurement:
+    label: str
+    source: str
+    model: ModelSpec
+    layout: Layout
+    job: Job
+    gpus: int
+    device_kind: str  # "cuda", "cpu", or "published"
+    device_name: str
+    hardware_profile: str | None  # the planner profile the run names, if any
+    step_s: float
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_memory_bytes: float | None = None
+    memory_kind: str | None = None  # "cuda" (allocated) is comparable with the planner's total; CPU RSS is not
+    bubble_fraction: float | None = None
+    comm_fraction: float | None = None
+
+
+def from_record(rec: dict, source: str) -> Measurement:
+    """A validated run record (planner.calibration.record.load_record) as a Measurement. The
+    reference trainer runs plain PyTorch ops (no fused kernels): ``kernels="eager"``."""
+    model = ModelSpec(**{k: rec["model"][k] for k in MODEL_KEYS if k in rec["model"]})
+    layout = Layout(**{k: rec["layout"][k] for k in LAYOUT_KEYS})
+    mode = rec.get("config", {}).get("training", {}).get("mode", "pretrain")
+    lora = rec.get("config", {}).get("lora") or {}
+    job = Job(precision=rec["precision"], attention=rec["attention"], global_batch=layout.global_batch,
+              mode=mode if mode in ("pretrain", "full-finetune", "lora") else "pretrain",
+              lora_r=int(lora.get("r", 8)), lora_alpha=float(lora.get("alpha", 16)),
+              lora_targets=tuple(lora.get("targets", ("q_proj", "v_proj"))), kernels="eager")
+    hw = rec["hardware"]
+    profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
+    mem = rec["memory"]
+    return Measurement(label=rec["run_name"], source=source, model=model, layout=layout, job=job,
+                       gpus=int(hw["device_count"]), device_kind=hw["device_kind"], device_name=hw["device_name"],
+                       hardware_profile=profile, step_s=float(rec["step_time_s"]["median"]),
+                       tokens_per_s=rec["tokens_per_s"], mfu=rec["mfu"],
+                       peak_memory_bytes=float(mem["peak_allocated_bytes"]), memory_kind=mem["kind"],
+                       bubble_fraction=rec["bubble_fraction"], comm_fraction=rec["comm_share"])
+
+
+def record_paths(paths: list[str]) -> list[Path]:
+    """Run folders, record.json files, or folders of runs (every */record.json beneath)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir() and (p / "record.json").exists():
+            out.append(p / "record.json")
+        elif p.is_dir():
+            found = sorted(p.glob("*/record.json")) or sorted(p.glob("**/record.json"))
+            if not found:
+                raise PlannerError("runs", str(p), "no record.json in this folder or below")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def load_measurements(paths: list[str], strict: bool = False,
+                      completed_only: bool = True) -> tuple[list[Measurement], list[str]]:
+    """Measurements from run records; a record that is malformed, of another schema version, or
+    missing fields is named in one line and skipped (``strict``: raise instead)."""
+    from planner.calibration.record import load_record
+
+    runs: list[Measurement] = []
+    skipped: list[str] = []
+    for path in record_paths(paths):
+        try:
+            rec = load_record(path)
+            if completed_only and rec["status"] != "completed":
+                raise ValueError(f"run status is {rec['status']!r}, not 'completed'")
+            runs.append(from_record(rec, str(path)))
+        except (ValueError, KeyError, TypeError, PlannerError) as exc:
+            line = f"{path}: {exc}"
+            if strict:
+                raise PlannerError("runs", str(path), f"bad run record ({exc})") from None
+            skipped.append(line)
+    return runs, skipped
+
+
+def from_published(runs: list[PublishedRun], source: str) -> list[Measurement]:
+    return [Measurement(label=r.label, source=source, model=r.model, layout=r.layout, job=r.job, gpus=r.gpus,
+                        device_kind="published", device_name=r.gpu, hardware_profile=r.gpu,
+                        step_s=r.measured_step_s, tokens_per_s=r.layout.global_batch * r.model.seq_len
+                        / r.measured_step_s)
+            for r in runs]
+
+
+def published_measurements(path: str) -> list[Measurement]:
+    """A published-results CSV with the columns of megatron2021_table1.csv."""
+    return from_published(load_published(path), str(path))

@@ -1,0 +1,116 @@
+"""The run-record contract: one JSON file per run plus a per-step CSV, its schema, validator and
+loader. The reference trainer writes records to this contract (reference_trainer/record.py);
+calibration and validation read them. No torch here: reading a record is cheap.
+
+reference_trainer/README.md documents every field; ``SCHEMA`` below is the same list as the
+validator sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# The troubleshooting thresholds a record's flags use are the planner's own (planner.core.checks).
+from planner.core.checks import BUBBLE_LIMIT, COMM_SHARE_LIMIT, DATA_WAIT_LIMIT, MEMORY_HEADROOM  # noqa: F401
+
+SCHEMA_VERSION = 1
+RECORD_JSON = "record.json"
+STEPS_CSV = "steps.csv"
+CSV_COLUMNS = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped", "step_s", "data_wait_s", "fwd_bwd_s",
+               "optimizer_s", "tokens_per_s", "traced", "gpu_util_percent", "power_w")
+
+NUM, INT, STR, BOOL, DICT, LIST = "number", "integer", "string", "boolean", "object", "array"
+OPT = "?"  # suffix: the field may be null
+
+SCHEMA: dict[str, object] = {
+    "schema_version": INT, "run_name": STR, "created_utc": STR, "status": STR, "message": STR + OPT,
+    "model": {"name": STR, "arch": STR, "layers": INT, "hidden": INT, "heads": INT, "kv_heads": INT,
+              "ffn_hidden": INT, "vocab": INT, "seq_len": INT, "tied_embeddings": BOOL, "params": INT,
+              "dropout": NUM},
+    "layout": {"dp": INT, "tp": INT, "pp": INT, "vpp": INT, "micro_batch": INT, "global_batch": INT,
+               "zero_stage": INT, "recompute": STR, "sequence_parallel": BOOL, "schedule": STR, "grad_accum": INT},
+    "precision": STR, "attention": STR,
+    "hardware": {"device_kind": STR, "device_name": STR, "device_count": INT, "nodes": INT, "hostnames": LIST,
+                 "cpu_cores": INT, "device_memory_bytes": INT + OPT},
+    "software": {"python": STR, "torch": STR, "numpy": STR, "platform": STR, "backend": STR, "cuda": STR + OPT,
+                 "nccl": STR + OPT, "planner": STR, "git_commit": STR + OPT},
+    "config": DICT, "fault_injection": STR + OPT,
+    "steps": {"total": INT, "completed": INT, "resumed_from": INT, "warmup_excluded": INT, "traced": LIST,
+              "measured": INT, "skipped": LIST},
+    "step_time_s": {"median": NUM, "p10": NUM, "p90": NUM, "mean": NUM},
+    "tokens_per_step": INT, "tokens_per_s": NUM, "model_flops_per_token": NUM,
+    "achieved_flops_per_device": NUM, "achieved_tflops_per_device": NUM,
+    "peak_flops_per_device": NUM + OPT, "peak_flops_source": STR + OPT, "mfu": NUM + OPT,
+    "breakdown_s": {"compute": NUM, "comm_total": NUM + OPT, "comm_exposed": NUM + OPT, "comm_hidden": NUM + OPT,
+                    "data_wait": NUM, "bubble": NUM + OPT, "optimizer": NUM, "other": NUM},
+    "breakdown_source": STR,
+    "bubble_fraction": NUM + OPT, "bubble_fraction_ideal": NUM, "comm_share": NUM + OPT, "data_wait_share": NUM,
+    "per_stage": LIST,
+    "memory": {"kind": STR, "peak_allocated_bytes": INT, "peak_reserved_bytes": INT + OPT,
+               "capacity_bytes": INT + OPT, "per_rank_peak_bytes": LIST},
+    "nvml": DICT + OPT, "nvml_reason": STR + OPT,
+    "cpu": {"processes": INT, "cores": INT, "process_cpu_s": NUM, "wall_s": NUM, "utilization_cores": NUM},
+    "checkpoint_s": NUM,
+    "loss": {"first": NUM + OPT, "last": NUM + OPT, "min": NUM + OPT, "nonfinite_steps": INT, "any_nonfinite": BOOL,
+             "final_loss_scale": NUM + OPT},
+    "flags": LIST,
+    "files": {"steps_csv": STR},
+}
+
+# Fields a record may lack (added after schema version 1 was first written); checked when present.
+OPTIONAL: dict[str, str] = {"per_rank": LIST}
+
+_TYPES = {NUM: (int, float), INT: (int,), STR: (str,), BOOL: (bool,), DICT: (dict,), LIST: (list,)}
+
+
+def _check(data: object, schema: dict, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'record'}: expected an object")
+    for key, kind in schema.items():
+        name = f"{where}.{key}" if where else key
+        if key not in data:
+            raise ValueError(f"run record: field '{name}' is missing")
+        value = data[key]
+        if isinstance(kind, dict):
+            _check(value, kind, name)
+            continue
+        nullable = kind.endswith(OPT)
+        base = kind.rstrip(OPT)
+        if value is None:
+            if not nullable:
+                raise ValueError(f"run record: field '{name}' is null, expected {base}")
+            continue
+        ok = isinstance(value, _TYPES[base]) and not (base in (NUM, INT) and isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"run record: field '{name}' has type {type(value).__name__}, expected {base}")
+
+
+def validate_record(data: dict) -> dict:
+    """Raise ValueError naming the first missing or bad field; return ``data``."""
+    _check(data, SCHEMA, "")
+    _check(data, {k: v for k, v in OPTIONAL.items() if k in data}, "")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(f"run record: field 'schema_version' is {data['schema_version']}, expected {SCHEMA_VERSION}")
+    if not data["step_time_s"]["median"] > 0:
+        raise ValueError("run record: field 'step_time_s.median' must be > 0")
+    for key in ("bubble_fraction", "comm_share", "data_wait_share", "mfu"):
+        v = data[key]
+        if v is not None and not (0.0 <= v <= 1.5 if key == "mfu" else 0.0 <= v <= 1.0):
+            raise ValueError(f"run record: field '{key}'={v} out of range")
+    return data
+
+
+def load_record(path: str | os.PathLike) -> dict:
+    """Read and validate a run record (record.json, or the run folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECORD_JSON
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"run record {path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"run record {path}: not JSON ({exc})") from None
+    return validate_record(data)

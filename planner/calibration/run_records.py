@@ -1,0 +1,164 @@
+"""Run records for the explorer's Runs tab, on top of `planner validate`'s own pieces.
+
+Loading and pairing are planner.calibration.measured and .validate (what `planner validate` runs), so the
+page's table and plot are the CLI's. This module adds what the page needs besides: uploaded records,
+one prediction per run (so a run no profile matches is named, not fatal), the `planner validate`
+command line, and the per-step CSV of a run in progress.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import shlex
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import PlannerError
+
+RECORD_FILE = "record.json"
+STEPS_FILE = "steps.csv"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loaded:
+    runs: tuple  # planner.calibration.measured.Measurement, one per good record
+    skipped: tuple[str, ...]  # "where: why", one line per record that did not parse
+
+
+def load_folder(folder: str | Path) -> Loaded:
+    """Every record.json under ``folder`` (completed runs), bad ones named and skipped."""
+    from planner.calibration.measured import load_measurements
+
+    if not any(Path(folder).glob(f"**/{RECORD_FILE}")):
+        return Loaded(runs=(), skipped=())
+    runs, skipped = load_measurements([str(folder)])
+    return Loaded(runs=tuple(runs), skipped=tuple(skipped))
+
+
+def load_uploaded(files: Sequence[tuple[str, bytes]]) -> Loaded:
+    """Uploaded records, each through the same loader (from a temporary file)."""
+    from planner.calibration.measured import load_measurements
+
+    runs, skipped = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, content) in enumerate(files):
+            path = Path(tmp) / str(i) / RECORD_FILE
+            path.parent.mkdir()
+            path.write_bytes(content)
+            got, bad = load_measurements([str(path)])
+            runs += got
+            skipped += [line.replace(str(path), name) for line in bad]
+    return Loaded(runs=tuple(runs), skipped=tuple(skipped))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Compared:
+    points: tuple  # planner.calibration.validate.Point
+    unpredicted: tuple[str, ...]  # "run: why" for runs the planner could not predict
+
+
+def compare(runs: Sequence, profile: str | None) -> Compared:
+    """`planner validate`'s comparison, run by run: ``profile`` for all, or (None) the profile each
+    run names or whose GPU it ran on."""
+    from planner.calibration.validate import compare as validate_compare
+    from planner.hardware import get_profile
+
+    override = get_profile(profile) if profile else None
+    points, unpredicted = [], []
+    for run in runs:
+        try:
+            points += validate_compare([run], override)
+        except PlannerError as exc:
+            unpredicted.append(f"{run.label}: {exc}")
+    return Compared(points=tuple(points), unpredicted=tuple(unpredicted))
+
+
+def point_rows(points: Sequence) -> list[dict]:
+    """The validation table: relative errors for rates and sizes, percentage points for fractions."""
+    from planner.calibration.validate import QUANTITIES
+
+    return [{"run": p.run, "quantity": p.quantity, "predicted": p.predicted, "measured": p.measured,
+             "error": f"{p.error:+.1%}" if QUANTITIES[p.quantity][1] else f"{p.error * 100:+.1f}pp"}
+            for p in points]
+
+
+def run_rows(runs: Sequence) -> list[dict]:
+    """One row per loaded run: what ran, on what."""
+    return [{"run": r.label, "model": r.model.name, "params": r.model.params,
+             "layout": f"dp {r.layout.dp} x tp {r.layout.tp} x pp {r.layout.pp}, mb {r.layout.micro_batch}, "
+                       f"gb {r.layout.global_batch}", "precision": r.job.precision, "device": r.device_name,
+             "profile": r.hardware_profile or "", "step s": r.step_s} for r in runs]
+
+
+def validate_command(folder: str, profile: str | None) -> str:
+    return shlex.join(["planner", "validate", folder, *(["--gpu", profile] if profile else []),
+                       "--plot", "validate.png"])
+
+
+def plot_png(points: Sequence) -> bytes:
+    """`planner validate --plot` as PNG bytes (matplotlib; a few hundred ms, so the page caches it)."""
+    from planner.calibration.validate import plot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "validate.png"
+        plot(list(points), str(path))
+        return path.read_bytes()
+
+
+# --- a run in progress: its per-step CSV ----------------------------------------------------------
+# What the live view plots -> the CSV columns that carry it (planner/calibration/record.py CSV_COLUMNS;
+# GPU utilisation and power where the CSV has them).
+ROLES = {
+    "loss": ("loss",),
+    "step time s": ("step_s",),
+    "tokens/s": ("tokens_per_s",),
+    "GPU utilisation %": ("gpu_util_percent", "gpu_util_pct", "gpu_util"),
+    "power W": ("power_w", "gpu_power_w"),
+}
+
+
+def steps_csv(folder: str | Path) -> Path | None:
+    path = Path(folder) / STEPS_FILE
+    return path if path.is_file() else None
+
+
+def live_runs(runs_dir: str | Path) -> list[str]:
+    """Run folders that have a per-step CSV (finished or still running), newest first."""
+    found = [p for p in Path(runs_dir).glob(f"*/{STEPS_FILE}") if p.is_file()]
+    return [p.parent.name for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
+
+
+def read_steps(path: str | Path) -> dict[str, list[float]]:
+    """The step number and each plotted quantity found, as columns. A line still being written
+    (short, or not numbers yet) is left out, so a live run reads cleanly."""
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
+        if "step" not in header:
+            return {}
+        columns = {"step": header.index("step")}
+        for role, names in ROLES.items():
+            index = next((header.index(n) for n in names if n in header), None)
+            if index is not None:
+                columns[role] = index
+        out: dict[str, list[float]] = {k: [] for k in columns}
+        for row in reader:
+            if len(row) != len(header):
+                continue
+            try:
+                values = {k: float(row[c]) if row[c].strip() else math.nan for k, c in columns.items()}
+            except ValueError:
+                continue
+            for k, v in values.items():
+                out[k].append(v)
+    return out
+
+
+def step_rows(columns: dict[str, list[float]]) -> list[dict]:
+    """Long form (step, quantity, value) for one small chart per quantity; empty values left out."""
+    steps = columns.get("step", [])
+    return [{"step": s, "quantity": role, "value": v} for role in ROLES if role in columns
+            for s, v in zip(steps, columns[role]) if math.isfinite(v)]

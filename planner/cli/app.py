@@ -1,0 +1,62 @@
+"""`planner app`: serves the what-if explorer (the page planner/app/page.py, inside the package).
+
+Registered through planner.cli.main.EXTENSIONS; imports nothing heavy until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def app_path() -> Path | None:
+    """The page inside the installed package (works after a plain `pip install .`)."""
+    path = Path(__file__).resolve().parent.parent / "app" / "page.py"
+    return path if path.is_file() else None
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("app", help="open the what-if explorer in a browser (Streamlit)")
+    p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    p.add_argument("--address", default="localhost", help="address to listen on (default localhost)")
+    p.add_argument("--headless", action="store_true", help="do not open a browser")
+    p.set_defaults(func=run)
+
+
+def streamlit_command(args: argparse.Namespace, app: Path) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
+            "--server.address", args.address, "--server.headless", "true" if headless(args) else "false",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+
+
+def headless(args: argparse.Namespace) -> bool:
+    """Streamlit asks for an e-mail address on its first run when not headless, and exits 255
+    without a terminal to ask on: serve headless unless a person is at a terminal."""
+    return args.headless or not (sys.stdin.isatty() and sys.stdout.isatty())
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.port <= 65535:
+        print(f"planner app: port={args.port}: 1 to 65535", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if importlib.util.find_spec("streamlit") is None:
+        print("planner app: streamlit is not installed; pip install -e '.[app]'", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    app = app_path()
+    if app is None:
+        print("planner app: planner/app/page.py is missing from the installed package; reinstall it",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cmd = streamlit_command(args, app)
+    if os.name == "posix":  # become the server: a signal to `planner app` reaches streamlit itself
+        os.execv(cmd[0], cmd)
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0

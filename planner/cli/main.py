@@ -1,0 +1,207 @@
+"""`planner`: the command line. Parses, calls the core, formats; nothing else lives here.
+
+Exit codes: 0 ok, 2 bad input (one line on stderr), 3 the layout asked for does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from planner.errors import PlannerError
+
+EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
+
+# Subcommands that live in their own modules. Each module has ``add_parser(sub)``, which adds its
+# parser and sets ``func`` (a function of the parsed args returning the exit code) with
+# ``set_defaults``. They are imported when the parser is built: keep their imports light.
+EXTENSIONS: tuple[str, ...] = ("planner.cli.calibrate", "planner.cli.decide", "planner.cli.export", "planner.cli.app")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the flag, the value and what is allowed."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _formats(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("text", "json", "csv"), default="text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from planner.cli import inputs
+
+    parser = _Parser(prog="planner", description="Plan LLM training: layout, memory, step time, days and cost.")
+    parser.add_argument("--version", action="version", version="planner 0.1.0")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("estimate", help="the best layout (fields you pin are kept) and its full report")
+    inputs.add_plan_args(p)
+    _formats(p)
+    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time", help="ranking objective")
+    p.add_argument("--top", type=int, default=5, help="runners-up to show")
+
+    p = sub.add_parser("search", help="every valid layout, ranked")
+    inputs.add_plan_args(p)
+    _formats(p)
+    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time")
+    p.add_argument("--top", type=int, default=20, help="rows to print (0: all fitting)")
+    p.add_argument("--all", action="store_true", help="include layouts that do not fit")
+
+    p = sub.add_parser("presets", help="list the model presets")
+    _formats(p)
+    p = sub.add_parser("profiles", help="list the hardware profiles")
+    _formats(p)
+    sub.add_parser("run", help="train with the reference trainer under torchrun (see `planner run --help`)",
+                   add_help=False)
+    import importlib
+
+    for name in EXTENSIONS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def run_trainer(argv: list[str]) -> int:
+    """`planner run`: the reference trainer's launcher, in its own process. The planner never
+    imports the trainer (the trainer imports the planner's core), so it is started by module name."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("reference_trainer") is None or importlib.util.find_spec("torch") is None:
+        print("planner run: the reference trainer needs torch; "
+              "pip install torch==2.13.0 && pip install -e '.[trainer]'", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, "-m", "reference_trainer.launch", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the trainer's launcher owns its flags
+        return run_trainer(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "func", None) is not None:
+            return args.func(args)
+        return COMMANDS[args.command](args)
+    except PlannerError as exc:
+        print(f"planner {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `planner search | head`
+        return 0
+
+
+def cmd_estimate(a: argparse.Namespace) -> int:
+    from planner.cli.inputs import inputs_from_args
+    from planner.core.plan import plan
+    from planner.core.report import CSV_COLUMNS, csv_row, estimate_report
+
+    x = inputs_from_args(a)
+    p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
+    if a.format == "json":
+        out = p.best.to_json()
+        out["model_note"] = x.model_note
+        out["nearest_fit"] = p.nearest_fit.to_json() if p.nearest_fit else None
+        print(json.dumps(out, indent=2))
+    elif a.format == "csv":
+        _print_csv([CSV_COLUMNS, csv_row(p.best)])
+    else:
+        print(estimate_report(p, f"chosen for {_model_flag(a)}: {x.model_note}", top=a.top))
+    return 0 if p.fits else EXIT_DOES_NOT_FIT
+
+
+def cmd_search(a: argparse.Namespace) -> int:
+    from planner.cli.inputs import inputs_from_args
+    from planner.core.report import CSV_COLUMNS, csv_row, table
+    from planner.core.results import estimate_at
+    from planner.core.search import search
+
+    x = inputs_from_args(a)
+    r = search(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort)
+    ev = r.evaluation
+    limit = len(ev.candidates) if a.all else r.feasible
+    if a.top:
+        limit = min(limit, a.top)
+    rows = [estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit)]
+    if a.format == "json":
+        print(json.dumps({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds,
+                          "results": [e.to_json() for e in rows]}, indent=2))
+    elif a.format == "csv":
+        _print_csv([CSV_COLUMNS, *(csv_row(e) for e in rows)])
+    else:
+        print(f"{x.model.describe()} on {x.gpus} x {x.hardware.name}: {r.feasible} of {r.evaluated} layouts fit "
+              f"({r.search_seconds * 1e3:.1f} ms); top {len(rows)} by {a.sort}")
+        print(table(rows))
+    return 0 if r.feasible else EXIT_DOES_NOT_FIT
+
+
+def cmd_presets(a: argparse.Namespace) -> int:
+    from planner.core.presets import preset_source, presets
+
+    table = presets()
+    if a.format == "json":
+        print(json.dumps({n: {"params": s.params, "arch": s.arch, "layers": s.layers, "hidden": s.hidden,
+                              "heads": s.heads, "kv_heads": s.kv_heads, "ffn_hidden": s.ffn_hidden, "vocab": s.vocab,
+                              "seq_len": s.seq_len, "source": preset_source(n)} for n, s in table.items()}, indent=2))
+        return 0
+    rows = [("name", "params", "arch", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq")]
+    rows += [(n, f"{s.params / 1e9:.2f}B", s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab,
+              s.seq_len) for n, s in table.items()]
+    _print_rows(rows, a.format)
+    return 0
+
+
+def cmd_profiles(a: argparse.Namespace) -> int:
+    from planner.hardware import get_profile, profile_names
+
+    profiles = [get_profile(n) for n in profile_names()]
+    if a.format == "json":
+        print(json.dumps({p.name: {"gpu": p.gpu.model, "memory_bytes": p.gpu.memory_bytes,
+                                   "hbm_bytes_per_s": p.gpu.hbm_bytes_per_s, "tdp_watts": p.gpu.tdp_watts,
+                                   "peak_flops": p.gpu.peak_flops, "gpus_per_node": p.network.gpus_per_node,
+                                   "intra_node_bytes_per_s": p.network.intra_bytes_per_s,
+                                   "inter_node_bytes_per_s": p.network.inter_bytes_per_s,
+                                   "calibrated": p.calibrated, "path": p.path} for p in profiles}, indent=2))
+        return 0
+    rows = [("name", "GPU", "mem GiB", "HBM GB/s", "bf16 TF", "fp16 TF", "fp8 TF", "TDP W", "GPUs/node",
+             "intra GB/s", "inter GB/s/GPU", "calibrated")]
+    for p in profiles:
+        pk = p.gpu.peak_flops
+        rows.append((p.name, p.gpu.model, f"{p.gpu.memory_bytes / 2**30:.0f}", f"{p.gpu.hbm_bytes_per_s / 1e9:.0f}",
+                     f"{pk['bf16'] / 1e12:.4g}" if pk["bf16"] else "-",
+                     f"{pk['fp16'] / 1e12:.4g}" if pk["fp16"] else "-",
+                     f"{pk['fp8'] / 1e12:.4g}" if pk["fp8"] else "-", f"{p.gpu.tdp_watts:.0f}",
+                     p.network.gpus_per_node, f"{p.network.intra_bytes_per_s / 1e9:.0f}",
+                     f"{p.network.inter_bytes_per_s / 1e9:.1f}", "yes" if p.calibrated else "no"))
+    _print_rows(rows, a.format)
+    return 0
+
+
+def _model_flag(a: argparse.Namespace) -> str:
+    return f"--params {a.params}" if a.params else f"--preset {a.preset}" if a.preset else "shape flags"
+
+
+def _print_rows(rows: list[tuple], fmt: str) -> None:
+    if fmt == "csv":
+        _print_csv(rows)
+        return
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _print_csv(rows) -> None:
+    import csv
+
+    csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
+
+
+COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "presets": cmd_presets, "profiles": cmd_profiles}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

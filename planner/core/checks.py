@@ -1,0 +1,51 @@
+"""The seed article's troubleshooting table as checks on an estimate, each with its likely fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.core.resilience import DataFeedPlan, ReliabilityPlan
+
+COMM_SHARE_LIMIT = 0.15  # "communication overhead should be < 15%"
+BUBBLE_LIMIT = 0.15  # "more than 4 stages pushes the bubble over 15%"
+MEMORY_HEADROOM = 0.05  # within 5% of capacity
+DATA_WAIT_LIMIT = 0.10  # data wait over 10% of the step: the loader cannot keep up
+MAX_STAGES_WITHOUT_WARNING = 4
+MICRO_BATCHES_PER_STAGE = 4  # "few" micro-batches: fewer than 4 per pipeline stage
+GOODPUT_FLOOR = 0.90  # warn when failures and checkpoints cost more than 10% of the run
+
+
+def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: float, capacity_bytes: float,
+                 pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
+                 feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None) -> list[str]:
+    out = []
+    if total_bytes > capacity_bytes:
+        over = (total_bytes - capacity_bytes) / 2**30
+        out.append(f"does not fit: {total_bytes / 2**30:.1f} GiB needed, {capacity_bytes / 2**30:.0f} GiB available "
+                   f"({over:.1f} GiB over); fix: activation recompute, a higher ZeRO stage, more tp/pp, "
+                   "or a smaller micro-batch")
+    elif total_bytes > (1 - MEMORY_HEADROOM) * capacity_bytes:
+        out.append(f"memory at {total_bytes / capacity_bytes:.0%} of capacity (within {MEMORY_HEADROOM:.0%}): "
+                   "allocator spikes may OOM; fix: a smaller micro-batch, recompute or a higher ZeRO stage")
+    if comm_fraction > COMM_SHARE_LIMIT:
+        fix = ("keep tensor parallel inside a node" if tp > gpus_per_node else
+               "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp")
+        out.append(f"communication is {comm_fraction:.0%} of the step (> {COMM_SHARE_LIMIT:.0%}); fix: {fix}")
+    if bubble_fraction > BUBBLE_LIMIT:
+        out.append(f"pipeline bubble is {bubble_fraction:.0%} of the step (> {BUBBLE_LIMIT:.0%}); fix: more "
+                   "micro-batches per step (larger global batch or smaller micro-batch), interleaving (--vpp), "
+                   "or fewer pipeline stages")
+    if pp > MAX_STAGES_WITHOUT_WARNING and grad_accum < MICRO_BATCHES_PER_STAGE * pp:
+        out.append(f"{pp} pipeline stages with only {grad_accum} micro-batches per step (< {MICRO_BATCHES_PER_STAGE} "
+                   f"per stage){' even interleaved' if vpp > 1 else ''}: the bubble grows as (pp-1)/(vpp*m); "
+                   "fix: at most 4 stages, or more micro-batches")
+    if feed is not None and not feed.keeps_up:
+        out.append(f"the data feed needs {feed.bytes_per_s / 1e6:.0f} MB/s of tokens but storage reads "
+                   f"{feed.storage_read_bytes_per_s / 1e6:.0f} MB/s; fix: cache the dataset on node-local SSD "
+                   "or in memory (memory -> SSD -> HDD), or faster storage")
+    if reliability is not None and reliability.goodput < GOODPUT_FLOOR:
+        out.append(f"failures and checkpoints cost {1 - reliability.goodput:.0%} of the run "
+                   f"({reliability.expected_interruptions:.0f} expected interruptions); fix: faster checkpoint "
+                   "storage or asynchronous saves, fewer GPUs per job, or a shorter restart")
+    return out

@@ -1,0 +1,106 @@
+"""One vectorised pass over candidate layouts: memory, step time and everything derived from them.
+
+A single estimate is an evaluation of one candidate; there is no scalar copy of the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.core.flops import model_flops_per_token, recompute_flops_per_token
+from planner.core.layout import Candidates, Job
+from planner.core.memory import Memory, memory
+from planner.core.model import ModelSpec
+from planner.core.steptime import StepTime, _peak, step_time
+from planner.hardware import HardwareProfile
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Columns aligned with the candidates. Seconds, bytes, FLOP/s, joules: SI units."""
+
+    candidates: Candidates
+    memory: Memory  # the peak stage
+    time: StepTime
+    capacity_bytes: float
+    tokens_per_step: np.ndarray
+    model_flops_per_step: np.ndarray
+    hardware_flops_per_step: np.ndarray
+    peak_flops: float
+    train_tokens: float
+    gpus: int
+    power_watts: float
+    pue: float
+    price_usd_per_gpu_hour: float
+    packing_efficiency: float
+    stage_memory: tuple[Memory, ...] = ()  # first, fullest and last pipeline stage
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.memory.total <= self.capacity_bytes
+
+    @property
+    def step_s(self) -> np.ndarray:
+        return self.time.step
+
+    @property
+    def bubble_fraction(self) -> np.ndarray:
+        return self.time.bubble / self.step_s
+
+    @property
+    def comm_fraction(self) -> np.ndarray:
+        t = self.time
+        return (t.tp_comm + t.pp_comm + t.dp_comm) / self.step_s
+
+    @property
+    def tokens_per_s(self) -> np.ndarray:
+        return self.tokens_per_step / self.step_s
+
+    @property
+    def model_flops_per_gpu(self) -> np.ndarray:
+        return self.model_flops_per_step / self.step_s / self.gpus
+
+    @property
+    def mfu(self) -> np.ndarray:
+        return self.model_flops_per_gpu / self.peak_flops
+
+    @property
+    def hfu(self) -> np.ndarray:
+        return self.hardware_flops_per_step / self.step_s / self.gpus / self.peak_flops
+
+    @property
+    def train_seconds(self) -> np.ndarray:
+        """Ideal (failure-free) time: the planned real tokens over the real-token rate."""
+        return self.train_tokens / (self.tokens_per_s * self.packing_efficiency)
+
+    @property
+    def gpu_hours(self) -> np.ndarray:
+        return self.train_seconds * self.gpus / 3600.0
+
+    @property
+    def energy_kwh(self) -> np.ndarray:
+        """GPU power x time x PUE (GPUs only: hosts and network are left out, as in the Llama 2
+        paper's accounting, which uses the GPUs' TDP)."""
+        return self.gpus * self.power_watts * self.train_seconds * self.pue / 3.6e6
+
+    @property
+    def cost_usd(self) -> np.ndarray:
+        return self.gpu_hours * self.price_usd_per_gpu_hour
+
+
+def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
+    mem, stages = memory(model, hw, job, c)
+    st = step_time(model, hw, job, c)
+    tokens = c.gb * model.seq_len
+    per_token = model_flops_per_token(model, job)
+    price = job.price_usd_per_gpu_hour if job.price_usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
+    return Evaluation(
+        candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
+        tokens_per_step=tokens.astype(float), model_flops_per_step=per_token * tokens,
+        hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute)) * tokens,
+        peak_flops=_peak(hw, "bf16" if job.precision == "fp8" else job.precision),
+        train_tokens=job.train_tokens(model), gpus=gpus,
+        power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
+        packing_efficiency=job.packing_efficiency, stage_memory=stages)

@@ -1,0 +1,44 @@
+"""Fine-tuning: which parameters train. Full fine-tuning trains all of them, like pre-training;
+LoRA (Hu et al. 2021) freezes the model and trains a rank-r update B @ A beside each target
+matrix: r * (d_in + d_out) parameters per target per layer.
+"""
+
+from __future__ import annotations
+
+from planner.core.layout import Job
+from planner.core.model import ModelSpec
+from planner.errors import require
+
+
+def target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(d_in, d_out) of each LoRA-targetable matrix of one layer."""
+    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    shapes = {"q_proj": (h, h), "k_proj": (h, hkv), "v_proj": (h, hkv), "o_proj": (h, h),
+              "up_proj": (h, f), "down_proj": (f, h)}
+    if model.gated_mlp:
+        shapes["gate_proj"] = (h, f)
+    return shapes
+
+
+def lora_params_per_layer(model: ModelSpec, job: Job) -> int:
+    shapes = target_shapes(model)
+    total = 0
+    for name in job.lora_targets:
+        require(name in shapes, "lora_targets", name, f"{model.arch} layers have {', '.join(shapes)}")
+        d_in, d_out = shapes[name]
+        require(job.lora_r <= min(d_in, d_out), "lora_r", job.lora_r,
+                f"at most the smaller side of {name} ({min(d_in, d_out)}); a rank above it adds nothing")
+        total += job.lora_r * (d_in + d_out)
+    return total
+
+
+def trainable_params(model: ModelSpec, job: Job) -> int:
+    """Parameters that receive gradients and optimizer states."""
+    if job.mode != "lora":
+        return model.params
+    return model.layers * lora_params_per_layer(model, job)
+
+
+def lora_forward_flops_per_token(model: ModelSpec, job: Job) -> float:
+    """x @ A then @ B: 2 * r * (d_in + d_out) per target per layer."""
+    return 2.0 * trainable_params(model, job) if job.mode == "lora" else 0.0

@@ -1,0 +1,149 @@
+"""Memory per GPU, by part and by pipeline stage.
+
+Model states (ZeRO paper, Rajbhandari et al. 2020, Sec. 3.1): 16-bit weights, gradients and
+AdamW states (fp32 master copy, momentum, variance: 12 bytes), each sharded over the
+data-parallel group by ZeRO stage 1 (optimizer), 2 (+gradients) or 3 (+weights).
+Activations per layer (Korthikanti et al. 2022, Sec. 4): s*b*h*(34 + 5*a*s/h) bytes for a GPT
+layer, generalised below to GQA, gated MLPs and flash attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.core.finetune import lora_params_per_layer
+from planner.core.layout import Candidates, Job
+from planner.core.model import ModelSpec
+from planner.core.pipeline import in_flight, stage_layers_arrays
+from planner.hardware import HardwareProfile
+
+WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 3}  # fp8: bf16 weights + fp8 copy (TE)
+# fp16 reduces gradients in fp16 (ZeRO paper's 2 bytes); bf16 and fp8 accumulate them in fp32
+# (Megatron-LM forces fp32 main grads for bf16; torchtitan's FSDP reduce_dtype is fp32).
+GRAD_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 4, "fp8": 4}
+# AdamW: fp32 momentum + variance (8), plus the fp32 master weights (4) under mixed precision.
+OPTIMIZER_BYTES = {"fp32": 8, "tf32": 8, "fp16": 12, "bf16": 12, "fp8": 12}
+ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+FP32_LOGIT_BYTES = 4  # the fp32 copy the cross-entropy keeps beside the logits (Megatron vocab-parallel CE)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Bytes per GPU at the peak stage, by part; ``stage`` is the peak stage's index."""
+
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    other: np.ndarray
+    stage: np.ndarray
+    total: np.ndarray  # the sum of the five parts, computed once by ``Memory.of``
+
+    @classmethod
+    def of(cls, weights, gradients, optimizer, activations, other, stage) -> "Memory":
+        return cls(weights, gradients, optimizer, activations, other, stage,
+                   weights + gradients + optimizer + activations + other)
+
+
+def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
+                               recompute: np.ndarray | None = None) -> np.ndarray:
+    """Activations one layer keeps for backward, per micro-batch, per GPU.
+
+    Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
+      replicated over TP ranks unless sequence parallel: inputs of the two norms, of QKV and of
+        the MLP (4 * e*h) and the two dropout masks (2 * h, GPT only);
+      split by TP: Q, K, V and the attention output (e*(2h + 2h_kv)), the MLP's internal
+        tensors (2 * e*f for GELU, 3 * e*f for SwiGLU), and for standard attention the softmax
+        output (e*a*s) plus dropout mask and output ((1 + e)*a*s with dropout); flash attention keeps
+        only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
+    GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
+    Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
+    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full).
+
+    Some of these are kept only for a weight gradient: the inputs of QKV, of the output
+    projection, of MLP-in and of MLP-out. Under LoRA a frozen matmul needs no weight gradient, so
+    its input is not kept unless an adapter on it reads the same tensor. Eager kernels (plain
+    PyTorch, job.kernels == "eager") keep more for RMSNorm (the normalised output, for the norm's
+    weight) and SwiGLU (the SiLU output, for the product's backward).
+    """
+    rc = c.recompute if recompute is None else recompute
+    e = ACT_BYTES[job.precision]
+    h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
+    drop = 1.0 if model.has_dropout else 0.0
+    targets = set(job.lora_targets) if job.lora else None
+    trains = lambda *names: targets is None or bool(targets.intersection(names))  # noqa: E731
+    eager = job.kernels == "eager" and model.gated_mlp
+    # Replicated over TP ranks unless sequence parallel.
+    replicated = (2 * e * h  # the two norms' inputs
+                  + e * h * trains("q_proj", "k_proj", "v_proj")  # QKV input
+                  + e * h * trains("gate_proj", "up_proj")  # MLP input
+                  + 2 * h * drop  # two dropout masks
+                  + (2 * e * h * (targets is None) if eager else 0))  # RMSNorm outputs, for its weight
+    # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.
+    split = (e * (h + 2 * hkv) + e * h * trains("o_proj")
+             + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
+             + e * f * trains("down_proj"))  # MLP-out input
+    if job.attention == "standard":
+        scores = np.where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
+    else:
+        scores = np.full(len(c), 4.0 * a)
+    tp = c.tp.astype(float)
+    per_token = np.where(c.sp, replicated / tp, replicated) + (split + scores) / tp
+    full = np.where(c.sp, e * h / tp, e * h)
+    per_token = np.where(rc == 2, full, per_token)
+    return per_token * c.mb * s
+
+
+def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[Memory, tuple[Memory, ...]]:
+    """Peak memory per GPU, and the memory of the three stages that can hold the peak: the first
+    (embedding, most micro-batches in flight), the fullest (an extra layer when layers do not
+    divide) and the last (head, logits). Other stages hold less than one of these."""
+    eff = hw.efficiency
+    tp, dp, pp = c.tp.astype(float), c.dp.astype(float), c.pp
+    wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
+    act_layer = activation_bytes_per_layer(model, c, job)
+    # One layer's full activations for the micro-batch being recomputed (the working set).
+    no_rc = activation_bytes_per_layer(model, c, job, recompute=np.zeros_like(c.recompute))
+    working = np.where(c.recompute == 2, no_rc, 0.0)
+    first, fullest, last = stage_layers_arrays(model.layers, pp)
+    e = 2 if job.precision in ("fp16", "bf16", "fp8") else 4
+    tokens = c.mb * model.seq_len
+    stages = []
+    for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
+        is_first, is_last = index == 0, index == pp - 1
+        params = layers * model.layer_params
+        params = params + np.where(is_first, model.embedding_params, 0)
+        # The last stage holds the final norm and the head; a tied head is a copy there when pp > 1.
+        head = model.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
+        params = params + np.where(is_last, model.norm_params + head, 0)
+        shard = params / tp
+        # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
+        # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
+        trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
+        weights = (shard * wb + (trained * wb if job.lora else 0.0)) / np.where(c.zero >= 3, dp, 1)
+        grads = trained * gb / np.where(c.zero >= 2, dp, 1)
+        optim = trained * ob / np.where(c.zero >= 1, dp, 1)
+        flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
+        acts = layers * act_layer * flight + working
+        # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
+        mask = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight / np.where(c.sp, tp, 1)
+        acts = acts + np.where(is_first, mask, 0.0)
+        logits = (ACT_BYTES[job.precision] + FP32_LOGIT_BYTES) * tokens * model.vocab / tp
+        acts = acts + np.where(is_last, logits, 0.0)
+        # ZeRO-3 gathers one layer's full weights and prefetches the next: two 16-bit layers.
+        gather = np.where(c.zero >= 3, 2 * model.layer_params / tp * e, 0.0)
+        distributed = (c.dp * c.tp * c.pp) > 1
+        other = (eff.cuda_context_bytes + np.where(distributed, eff.comm_buffer_bytes, 0.0) + gather
+                 + eff.fragmentation * (acts + grads))
+        stages.append(Memory.of(weights, grads, optim, acts, other, index))
+    peak = stages[0]
+    for mem in stages[1:]:
+        peak = _pick_larger(peak, mem)
+    return peak, tuple(stages)
+
+
+def _pick_larger(a: Memory, b: Memory) -> Memory:
+    take_b = b.total > a.total
+    return Memory(*(np.where(take_b, getattr(b, f), getattr(a, f)) for f in Memory.__slots__))

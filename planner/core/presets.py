@@ -1,0 +1,74 @@
+"""Model presets (planner/presets.toml) and the rule that turns '--params 33B' into a shape."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from pathlib import Path
+
+from planner.core.model import ModelSpec, spec_from_dict
+from planner.errors import PlannerError, closest_names
+
+# A preset is taken for --params N when its parameter count is within this relative distance.
+PRESET_MATCH_TOLERANCE = 0.10
+
+
+@functools.cache
+def _raw() -> dict[str, dict]:
+    return tomllib.loads((Path(__file__).parent / "presets.toml").read_text())
+
+
+@functools.cache
+def presets() -> dict[str, ModelSpec]:
+    return {name: spec_from_dict(name, data) for name, data in _raw().items()}
+
+
+def preset_source(name: str) -> str:
+    return _raw()[name].get("source", "")
+
+
+def get_preset(name: str) -> ModelSpec:
+    table = presets()
+    key = name.strip().lower()
+    if key not in table:
+        hint = closest_names(key, list(table))
+        raise PlannerError("preset", name, f"unknown preset; {hint + ' ' if hint else ''}"
+                                           "`planner presets` lists them")
+    return table[key]
+
+
+def resolve_params(target: float) -> tuple[ModelSpec, str]:
+    """The model for '--params N': the nearest preset within 10%, else a LLaMA-style shape.
+
+    Returns the spec and one sentence saying how it was chosen.
+    """
+    name, spec = min(presets().items(), key=lambda kv: abs(kv[1].params / target - 1))
+    if abs(spec.params / target - 1) <= PRESET_MATCH_TOLERANCE:
+        return spec, f"nearest preset to {target / 1e9:g}B parameters"
+    spec = scaled_llama(target)
+    return spec, (f"no preset within {PRESET_MATCH_TOLERANCE:.0%} of {target / 1e9:g}B parameters; "
+                  "LLaMA-style shape from the scaling rule (head_dim 128, hidden/layers ~ 100-128)")
+
+
+def scaled_llama(target: float, vocab: int = 32000, seq_len: int = 4096) -> ModelSpec:
+    """A LLaMA-style shape with about ``target`` parameters.
+
+    Rule (documented in the README): head_dim 128; hidden a multiple of 1024 from 4096 up (so
+    heads is a multiple of 8 and tensor parallel 8 divides it), of 256 below; SwiGLU ffn
+    int(8h/3) rounded up to 256; for each width the depth closest to the target. Among shapes
+    within 2% of the target, the one whose aspect ratio hidden/layers is closest to 112 wins
+    (LLaMA 7B-65B span 102-128; Kaplan et al. 2020 find loss flat over a wide range of aspect
+    ratios); if none is within 2%, the closest count wins.
+    """
+    import math
+
+    candidates = []
+    for hidden in [*range(256, 4096, 256), *range(4096, 65536 + 1, 1024)]:
+        probe = ModelSpec(arch="llama", layers=1, hidden=hidden, heads=max(1, hidden // 128),
+                          vocab=vocab, seq_len=seq_len)
+        fixed = probe.params - probe.layer_params
+        layers = max(1, round((target - fixed) / probe.layer_params))
+        spec = probe.replace(layers=layers, name=f"llama-style-{target / 1e9:g}b")
+        error = abs(spec.params / target - 1)
+        candidates.append(((error > 0.02, abs(math.log(hidden / layers / 112)), error), hidden, spec))
+    return min(candidates, key=lambda c: (c[0], c[1]))[2]

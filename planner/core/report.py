@@ -1,0 +1,157 @@
+"""Text for people: the estimate report, the ranked table, and CSV rows for machines."""
+
+from __future__ import annotations
+
+from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM
+from planner.core.plan import Plan
+from planner.core.results import Estimate
+from planner.units import GIB, fmt_bytes, fmt_count, fmt_seconds
+
+BAR_WIDTH = 50
+BAR_PARTS = (("weights_bytes", "W", "weights"), ("gradients_bytes", "G", "grads"),
+             ("optimizer_bytes", "O", "optimizer"), ("activations_bytes", "A", "activations"),
+             ("other_bytes", "x", "other"))
+TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("pp_comm_s", "PP comm"),
+              ("dp_comm_s", "DP comm"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"), ("other_s", "other"))
+
+
+def layout_line(e: Estimate) -> str:
+    lay = e.layout
+    vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 else ""
+    sched = " GPipe" if lay.schedule == "gpipe" else ""
+    return (f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{vpp}{sched} | micro-batch {lay.micro_batch} x "
+            f"{lay.grad_accum} accum = global {lay.global_batch} seqs | ZeRO-{lay.zero_stage} | "
+            f"recompute {lay.recompute} | SP {'on' if lay.sequence_parallel else 'off'}")
+
+
+def memory_bar(e: Estimate) -> str:
+    """Parts as letters on a bar whose right end is the GPU's capacity (`|`)."""
+    m = e.memory
+    scale = BAR_WIDTH / max(m.capacity_bytes, m.total_bytes)
+    cells = "".join(ch * round(getattr(m, key) * scale) for key, ch, _ in BAR_PARTS)
+    cap = round(m.capacity_bytes * scale)
+    cells = (cells + "." * max(0, cap - len(cells)))
+    return "[" + cells[:cap] + "|" + cells[cap:] + "]"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
+
+
+def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
+    e = p.best
+    m, t, tr, hw = e.memory, e.time, e.train, e.hardware
+    nodes = -(-e.gpus // hw.network.gpus_per_node)
+    job = e.job
+    tokens_note = ("--tokens" if job.tokens is not None else
+                   f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"
+                   if job.mode == "pretrain" else "default for fine-tuning, an assumption; --tokens to set")
+    batch_note = (f"default: about {fmt_count(job.batch_tokens_target)} tokens" if job.global_batch is None
+                  else "--global-batch")
+    lines = [
+        f"model    {e.model.describe()}",
+        *( [f"         {model_note}"] if model_note else []),
+        f"cluster  {e.gpus} x {hw.name} ({nodes} node{'s' if nodes > 1 else ''} x {hw.network.gpus_per_node}): "
+        f"{hw.description}",
+        f"job      {fmt_count(tr.tokens)} tokens ({tokens_note}); global batch {e.layout.global_batch} seqs = "
+        f"{fmt_count(e.layout.global_batch * e.model.seq_len)} tokens ({batch_note}); {job.precision}, "
+        f"{job.attention} attention",
+        f"layout   {layout_line(e)}",
+        f"         best of {p.result.feasible} fitting layouts out of {p.result.evaluated} evaluated "
+        f"in {p.result.search_seconds * 1e3:.1f} ms (ranked by {p.result.objective})"
+        + (f"; pinned: {', '.join(p.pinned)}" if p.pinned else ""),
+        "",
+        f"memory   {m.total_bytes / GIB:.1f} of {m.capacity_bytes / GIB:.0f} GiB per GPU "
+        f"({m.total_bytes / m.capacity_bytes:.0%}, peak on pipeline stage {m.peak_stage})"
+        + ("" if m.fits else "  ** DOES NOT FIT **"),
+        f"         {memory_bar(e)}",
+        "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
+        *([ "         by stage: " + ", ".join(f"stage {sm.stage} {sm.total_bytes / GIB:.1f} GiB"
+                                              for sm in e.stage_memory)] if e.layout.pp > 1 else []),
+        "",
+        f"step     {t.step_s:.3g} s = " + " + ".join(
+            f"{label} {getattr(t, key):.3g}" for key, label in TIME_PARTS if getattr(t, key) > 0.0005 * t.step_s),
+        f"         bubble {_pct(e.bubble_fraction)} | communication {_pct(e.comm_fraction)} of step (exposed) | "
+        f"MFU {e.mfu:.1%} | HFU {e.hfu:.1%} | {e.model_tflops_per_gpu:.0f} TFLOP/s per GPU | "
+        f"{fmt_count(e.tokens_per_s)} tokens/s",
+        "",
+        f"train    {tr.days:.1f} days | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
+        f"(TDP x PUE {tr.pue}) | ${fmt_count(tr.cost_usd)} at ${tr.price_usd_per_gpu_hour:.2f}/GPU-hour",
+    ]
+    lines += operations_lines(e)
+    if p.nearest_fit is not None:
+        n = p.nearest_fit
+        lines += ["", f"nearest layout that fits: {layout_line(n)}",
+                  f"         {n.memory.total_bytes / GIB:.1f} GiB, step {n.time.step_s:.3g} s, {n.train.days:.1f} days"]
+    elif not m.fits:
+        lines += ["", f"no layout fits on {e.gpus} x {hw.name}: more GPUs, a larger GPU, or a smaller model"]
+    if p.runners_up:
+        lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ")]
+    lines += ["", "warnings: " + ("none" if not e.warnings else "")]
+    lines += [f"  - {w}" for w in e.warnings]
+    return "\n".join(lines)
+
+
+def operations_lines(e: Estimate) -> list[str]:
+    """Fine-tuning mode, failures and checkpoints, the data feed."""
+    out = []
+    job = e.job
+    if job.mode != "pretrain":
+        what = (f"lora (r {job.lora_r}, alpha {job.lora_alpha:g}, {','.join(job.lora_targets)})"
+                if job.lora else job.mode)
+        out.append(f"mode     {what}: {e.trainable_params:,} trainable of {e.model.params:,} parameters "
+                   f"({e.trainable_params / e.model.params:.2%})")
+    r, c, d = e.reliability, e.checkpoint, e.data_feed
+    if r is not None and c is not None:
+        every = (f"checkpoint every {c.interval_steps} steps ({fmt_seconds(c.interval_s)}, "
+                 f"{'Young/Daly optimum' if r.mtbf_job_hours != float('inf') else 'as set'})"
+                 if c.interval_steps else "no failures assumed: checkpoint only as you need")
+        mtbf = "no failures" if r.mtbf_job_hours == float("inf") else f"job MTBF {r.mtbf_job_hours:,.0f} h"
+        out += [f"expected {r.expected_seconds / 86400:.1f} days with failures and checkpoints "
+                f"(goodput {r.goodput:.1%}; ideal {r.ideal_seconds / 86400:.1f}): "
+                f"{r.expected_interruptions:.1f} interruptions ({mtbf})",
+                f"         {every}; {fmt_bytes(c.bytes_total)} each ({fmt_bytes(c.bytes_per_gpu)} per GPU), "
+                f"{c.save_s:.1f} s to save, {c.load_s:.1f} s to load, {fmt_bytes(c.storage_bytes)} kept"]
+    if d is not None:
+        out.append(f"data     {fmt_bytes(d.bytes_per_s)}/s of {d.token_bytes}-byte tokens from storage "
+                   f"({fmt_bytes(d.storage_read_bytes_per_s)}/s available); dataset {fmt_bytes(d.dataset_bytes)}; "
+                   f"prefetch {d.prefetch_samples_per_rank} samples ({fmt_bytes(d.prefetch_bytes_per_rank)}) per rank")
+    return [""] + out if out else []
+
+
+TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "mb", "accum", "zero", "recompute", "sp", "mem GiB", "step s",
+                "MFU", "bubble", "comm", "days")
+
+
+def table_rows(estimates: list[Estimate]) -> list[tuple]:
+    rows = []
+    for i, e in enumerate(estimates, 1):
+        lay = e.layout
+        rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.micro_batch, lay.grad_accum, lay.zero_stage,
+                     lay.recompute, "on" if lay.sequence_parallel else "off", f"{e.memory.total_bytes / GIB:.1f}",
+                     f"{e.time.step_s:.3g}", f"{e.mfu:.1%}", _pct(e.bubble_fraction), _pct(e.comm_fraction),
+                     f"{e.train.days:.1f}"))
+    return rows
+
+
+def table(estimates: list[Estimate], indent: str = "") -> str:
+    rows = [TABLE_HEADER, *table_rows(estimates)]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(TABLE_HEADER))]
+    return "\n".join(indent + "  ".join(str(v).rjust(w) for v, w in zip(r, widths)) for r in rows)
+
+
+CSV_COLUMNS = ("model", "params", "gpu", "gpus", "dp", "tp", "pp", "vpp", "micro_batch", "global_batch",
+               "grad_accum", "zero_stage", "recompute", "sequence_parallel", "precision", "fits", "total_bytes",
+               "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+               "optimizer_s", "other_s", "bubble_fraction", "comm_fraction", "tokens_per_s", "mfu", "hfu",
+               "train_days", "gpu_hours", "energy_kwh", "cost_usd")
+
+
+def csv_row(e: Estimate) -> list:
+    j = e.to_json()
+    flat = {**j["layout"], **j["memory"], **j["time"], "model": e.model.name, "params": e.model.params,
+            "gpu": e.hardware.name, "gpus": e.gpus, "bubble_fraction": e.bubble_fraction,
+            "comm_fraction": e.comm_fraction, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu, "hfu": e.hfu,
+            "train_days": e.train.days, "gpu_hours": e.train.gpu_hours, "energy_kwh": e.train.energy_kwh,
+            "cost_usd": e.train.cost_usd}
+    return [flat[c] for c in CSV_COLUMNS]

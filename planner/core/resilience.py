@@ -1,0 +1,148 @@
+"""The whole job, not only the step: checkpoints, failures, goodput, and the data feed.
+
+Failures follow an exponential law with the job's MTBF (per-GPU MTBF / GPUs). The checkpoint
+interval is Young/Daly's optimum and the expected wall-clock time Daly's (2006) model, which
+counts checkpoint saves, work lost at each failure, and restarts (reschedule + reload).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.core.layout import Job, Layout
+from planner.core.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from planner.core.model import ModelSpec
+from planner.errors import require
+
+# Llama 3 (Llama Team 2024, Sec. 3.3.4): 419 unexpected interruptions in a 54-day snapshot on
+# 16,384 H100 GPUs -> 16384 * 54 * 24 / 419 = 50,677 GPU-hours between failures.
+LLAMA3_MTBF_GPU_HOURS = 16384 * 54 * 24 / 419
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Operations:
+    """How the job lives on a real cluster: failures, restarts, storage and checkpoints."""
+
+    mtbf_gpu_hours: float = LLAMA3_MTBF_GPU_HOURS  # math.inf: no failures
+    restart_s: float = 600.0  # detect, reschedule, re-initialise (before the checkpoint load); an assumption
+    storage_write_bytes_per_s: float = 20e9  # aggregate, to the checkpoint file system; an assumption
+    storage_read_bytes_per_s: float = 20e9  # aggregate, for checkpoint loads and the training data
+    keep_last: int = 3  # the seed's checkpoint.keep_last
+    checkpoint_interval_steps: int | None = None  # None: the Young/Daly optimum
+    epochs: float = 1.0  # passes over the dataset
+    token_bytes: int | None = None  # None: 2 (uint16) when the vocabulary fits, else 4 (uint32)
+    prefetch_factor: int = 4  # the seed: prefetch = batch_size x 4 samples
+
+    def __post_init__(self) -> None:
+        require(self.mtbf_gpu_hours > 0, "mtbf", self.mtbf_gpu_hours, "greater than zero hours (inf: no failures)")
+        require(self.restart_s >= 0, "restart", self.restart_s, "zero or more seconds")
+        require(self.storage_write_bytes_per_s > 0, "storage_write", self.storage_write_bytes_per_s, "> 0 bytes/s")
+        require(self.storage_read_bytes_per_s > 0, "storage_read", self.storage_read_bytes_per_s, "> 0 bytes/s")
+        require(self.keep_last >= 1, "keep_last", self.keep_last, "at least 1")
+        require(self.checkpoint_interval_steps is None or self.checkpoint_interval_steps >= 1,
+                "checkpoint_interval", self.checkpoint_interval_steps, "at least 1 step")
+        require(self.epochs > 0, "epochs", self.epochs, "greater than zero")
+        require(self.token_bytes in (None, 1, 2, 4, 8), "token_bytes", self.token_bytes, "1, 2, 4 or 8")
+        require(self.prefetch_factor >= 1, "prefetch_factor", self.prefetch_factor, "at least 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPlan:
+    bytes_total: float  # one checkpoint, all ranks
+    bytes_per_gpu: float  # the largest shard a rank writes
+    storage_bytes: float  # keep_last checkpoints
+    save_s: float
+    load_s: float
+    interval_steps: int | None  # None: no failures, nothing to checkpoint against
+    interval_s: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReliabilityPlan:
+    mtbf_job_hours: float
+    expected_interruptions: float
+    ideal_seconds: float
+    expected_seconds: float
+    checkpoint_overhead_s: float  # time spent saving
+    failure_overhead_s: float  # lost work and restarts
+    goodput: float  # ideal / expected, in (0, 1]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataFeedPlan:
+    token_bytes: int
+    bytes_per_s: float  # what the cluster consumes from storage
+    dataset_bytes: float  # unique tokens on disk: planned tokens / epochs
+    prefetch_samples_per_rank: int
+    prefetch_bytes_per_rank: float
+    storage_read_bytes_per_s: float
+    keeps_up: bool
+
+
+def checkpoint_bytes(model: ModelSpec, job: Job, layout: Layout, trainable: int) -> tuple[float, float]:
+    """(total, largest per-GPU shard): 16-bit weights plus fp32 master and AdamW states of what
+    trains (14 bytes per trained parameter in mixed precision, 12 in fp32). Under LoRA only the
+    adapters and their states are saved; the frozen base model is already on disk."""
+    states = OPTIMIZER_BYTES[job.precision]
+    weights = min(WEIGHT_BYTES[job.precision], 4)
+    saved = trainable
+    total = saved * (weights + states)
+    model_parallel = layout.tp * layout.pp
+    per_gpu = (saved * weights / (model_parallel * (layout.dp if layout.zero_stage >= 3 else 1))
+               + saved * states / (model_parallel * (layout.dp if layout.zero_stage >= 1 else 1)))
+    return float(total), float(per_gpu)
+
+
+def daly_interval(save_s: float, mtbf_s: float) -> float:
+    """Optimal compute time between checkpoints (Daly 2006, eq. 37): for save time d < 2M,
+    sqrt(2dM) * (1 + sqrt(d/(2M))/3 + (d/(2M))/9) - d; else M. Young (1974): sqrt(2dM)."""
+    if math.isinf(mtbf_s):
+        return math.inf
+    if save_s >= 2 * mtbf_s:
+        return mtbf_s
+    x = save_s / (2 * mtbf_s)
+    return math.sqrt(2 * save_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - save_s
+
+
+def expected_wall_seconds(ideal_s: float, interval_s: float, save_s: float, restart_s: float,
+                          mtbf_s: float) -> float:
+    """Daly 2006, eq. 20: T = M e^{R/M} (e^{(tau+d)/M} - 1) T_s / tau, exponential failures.
+    No failures: T_s (1 + d/tau); no failures and no checkpoints: T_s exactly."""
+    if math.isinf(mtbf_s):
+        return ideal_s if math.isinf(interval_s) else ideal_s * (1 + save_s / interval_s)
+    return mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + save_s) / mtbf_s) * ideal_s / interval_s
+
+
+def plan_operations(model: ModelSpec, job: Job, layout: Layout, gpus: int, step_s: float, ideal_s: float,
+                    tokens_per_s: float, trainable: int, ops: Operations) -> tuple[CheckpointPlan, ReliabilityPlan,
+                                                                                   DataFeedPlan]:
+    total, per_gpu = checkpoint_bytes(model, job, layout, trainable)
+    save = total / ops.storage_write_bytes_per_s
+    load = total / ops.storage_read_bytes_per_s
+    mtbf = ops.mtbf_gpu_hours * 3600 / gpus
+    if ops.checkpoint_interval_steps is not None:
+        steps: int | None = ops.checkpoint_interval_steps
+        interval = steps * step_s
+    else:
+        interval = daly_interval(save, mtbf)
+        steps = None if math.isinf(interval) else max(1, round(interval / step_s))
+        interval = math.inf if steps is None else steps * step_s
+    expected = expected_wall_seconds(ideal_s, interval, save, ops.restart_s + load, mtbf)
+    ckpt_overhead = 0.0 if math.isinf(interval) else ideal_s * save / interval
+    checkpoint = CheckpointPlan(bytes_total=total, bytes_per_gpu=per_gpu, storage_bytes=total * ops.keep_last,
+                                save_s=save, load_s=load, interval_steps=steps,
+                                interval_s=None if math.isinf(interval) else interval)
+    reliability = ReliabilityPlan(mtbf_job_hours=mtbf / 3600, expected_interruptions=expected / mtbf,
+                                  ideal_seconds=ideal_s, expected_seconds=expected,
+                                  checkpoint_overhead_s=ckpt_overhead,
+                                  failure_overhead_s=expected - ideal_s - ckpt_overhead, goodput=ideal_s / expected)
+    width = ops.token_bytes or (2 if model.vocab <= 2**16 else 4)
+    need = tokens_per_s * width * job.packing_efficiency
+    samples = layout.micro_batch * ops.prefetch_factor
+    feed = DataFeedPlan(token_bytes=width, bytes_per_s=need,
+                        dataset_bytes=job.train_tokens(model) / ops.epochs * width,
+                        prefetch_samples_per_rank=samples, prefetch_bytes_per_rank=samples * model.seq_len * width,
+                        storage_read_bytes_per_s=ops.storage_read_bytes_per_s,
+                        keeps_up=need <= ops.storage_read_bytes_per_s)
+    return checkpoint, reliability, feed

@@ -1,0 +1,164 @@
+"""An estimate: frozen dataclasses with named parts, and their JSON form (a stable contract)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from planner.core.checks import warnings_for
+from planner.core.evaluate import Evaluation
+from planner.core.finetune import trainable_params
+from planner.core.layout import Job, Layout
+from planner.core.model import ModelSpec
+from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
+from planner.hardware import HardwareProfile
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryParts:
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    total_bytes: float
+    capacity_bytes: float
+    fits: bool
+    peak_stage: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageMemory:
+    """Memory of one pipeline stage (the first, the fullest and the last are reported)."""
+
+    stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    total_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeParts:
+    step_s: float
+    compute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    bubble_s: float
+    optimizer_s: float
+    other_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainTotals:
+    tokens: float
+    seconds: float
+    days: float
+    gpu_hours: float
+    energy_kwh: float
+    cost_usd: float
+    price_usd_per_gpu_hour: float
+    pue: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    model: ModelSpec
+    hardware: HardwareProfile
+    gpus: int
+    layout: Layout
+    job: Job
+    memory: MemoryParts
+    time: TimeParts
+    bubble_fraction: float
+    comm_fraction: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    train: TrainTotals
+    warnings: tuple[str, ...]
+    stage_memory: tuple[StageMemory, ...] = ()
+    trainable_params: int = 0
+    checkpoint: CheckpointPlan | None = None
+    reliability: ReliabilityPlan | None = None
+    data_feed: DataFeedPlan | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def to_json(self) -> dict:
+        m, lay = self.model, self.layout
+        return {
+            "model": {"name": m.name, "arch": m.arch, "params": m.params, "layers": m.layers, "hidden": m.hidden,
+                      "heads": m.heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
+                      "seq_len": m.seq_len, "tied_embeddings": m.tied_embeddings},
+            "cluster": {"gpu": self.hardware.name, "gpus": self.gpus,
+                        "gpus_per_node": self.hardware.network.gpus_per_node},
+            "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
+                       "global_batch": lay.global_batch, "grad_accum": lay.grad_accum, "zero_stage": lay.zero_stage,
+                       "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
+                       "precision": self.job.precision, "schedule": lay.schedule, "attention": self.job.attention},
+            "memory": dataclasses.asdict(self.memory),
+            "memory_by_stage": [dataclasses.asdict(s) for s in self.stage_memory],
+            "time": dataclasses.asdict(self.time),
+            "bubble_fraction": self.bubble_fraction,
+            "comm_fraction": self.comm_fraction,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "train": dataclasses.asdict(self.train),
+            "warnings": list(self.warnings),
+            "mode": self.job.mode,
+            "trainable_params": self.trainable_params,
+            "checkpoint": dataclasses.asdict(self.checkpoint) if self.checkpoint else None,
+            "reliability": _finite(dataclasses.asdict(self.reliability)) if self.reliability else None,
+            "data_feed": dataclasses.asdict(self.data_feed) if self.data_feed else None,
+        }
+
+
+def _finite(d: dict) -> dict:
+    """JSON has no infinity: an infinite MTBF (no failures) is written as null."""
+    return {k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in d.items()}
+
+
+def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
+                ops: Operations = Operations()) -> Estimate:
+    """Row ``i`` of an evaluation as an Estimate."""
+    c, mem, t = ev.candidates, ev.memory, ev.time
+    layout = c.layout(i)
+    f = lambda x: float(x[i])  # noqa: E731
+    memory = MemoryParts(weights_bytes=f(mem.weights), gradients_bytes=f(mem.gradients),
+                         optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
+                         other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
+                         fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]))
+    time = TimeParts(step_s=f(t.step), compute_s=f(t.compute), tp_comm_s=f(t.tp_comm), pp_comm_s=f(t.pp_comm),
+                     dp_comm_s=f(t.dp_comm), bubble_s=f(t.bubble), optimizer_s=f(t.optimizer), other_s=f(t.other))
+    seconds = f(ev.train_seconds)
+    train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),
+                        energy_kwh=f(ev.energy_kwh), cost_usd=f(ev.cost_usd),
+                        price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue)
+    stages = {}
+    for sm in ev.stage_memory:  # first, fullest, last: the same stage may appear twice
+        k = int(sm.stage[i])
+        stages[k] = StageMemory(stage=k, weights_bytes=f(sm.weights), gradients_bytes=f(sm.gradients),
+                                optimizer_bytes=f(sm.optimizer), activations_bytes=f(sm.activations),
+                                other_bytes=f(sm.other), total_bytes=f(sm.total))
+    bubble, comm = f(ev.bubble_fraction), f(ev.comm_fraction)
+    trainable = trainable_params(model, job)
+    checkpoint, reliability, feed = plan_operations(model, job, layout, ev.gpus, time.step_s, seconds,
+                                                    f(ev.tokens_per_s), trainable, ops)
+    warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=memory.total_bytes,
+                            capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
+                            grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
+                            feed=feed, reliability=reliability)
+    return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
+                    bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=f(ev.tokens_per_s),
+                    model_tflops_per_gpu=f(ev.model_flops_per_gpu) / 1e12, mfu=f(ev.mfu), hfu=f(ev.hfu),
+                    train=train, warnings=tuple(warnings), stage_memory=tuple(stages[k] for k in sorted(stages)),
+                    trainable_params=trainable, checkpoint=checkpoint, reliability=reliability, data_feed=feed)

@@ -1,0 +1,191 @@
+"""Search = enumerate, evaluate, filter, rank. A single estimate is a search of one.
+
+Every (dp, tp, pp, vpp, micro_batch, zero, recompute, sequence_parallel) valid for the model and
+the GPU count is built as numpy columns, evaluated in one vectorised pass, the layouts that do
+not fit are dropped and the rest ranked by the objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.core.evaluate import Evaluation, evaluate
+from planner.core.layout import RECOMPUTE, SCHEDULES, Candidates, Job, default_global_batch
+from planner.core.model import ModelSpec
+from planner.errors import PlannerError, require
+from planner.hardware import HardwareProfile
+
+OBJECTIVES = ("time", "cost", "memory")
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pins:
+    """Layout fields the user fixed; None means 'search it'."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    micro_batch: int | None = None
+    zero_stage: int | None = None
+    recompute: str | None = None
+    sequence_parallel: bool | None = None
+    schedule: str | None = None
+
+    def pinned(self) -> dict[str, object]:
+        return {f: getattr(self, f) for f in self.__slots__ if getattr(self, f) is not None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    evaluation: Evaluation  # every candidate, in rank order: fitting ones first
+    evaluated: int
+    feasible: int
+    search_seconds: float
+    objective: str = "time"
+    notes: list[str] = field(default_factory=list)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None) -> None:
+    """Pinned values that can never be valid get one clear error each."""
+    require(gpus >= 1, "gpus", gpus, "a positive integer")
+    valid_tp = [t for t in _divisors(gpus) if model.heads % t == 0 and model.kv_heads % t == 0]
+    if pins.tp is not None:
+        require(pins.tp >= 1, "tp", pins.tp, "a positive integer")
+        require(model.heads % pins.tp == 0 and model.kv_heads % pins.tp == 0, "tp", pins.tp,
+                f"must divide heads={model.heads} and kv_heads={model.kv_heads}; valid on {gpus} GPUs: "
+                f"{', '.join(map(str, valid_tp))}")
+    for name in ("dp", "tp", "pp", "vpp", "micro_batch"):
+        value = getattr(pins, name)
+        if value is not None:
+            require(value >= 1, name, value, "a positive integer")
+            if name in ("dp", "tp", "pp"):
+                require(gpus % value == 0, name, value, f"must divide gpus={gpus}")
+    if pins.pp is not None:
+        require(pins.pp <= model.layers, "pp", pins.pp, f"at most layers={model.layers}")
+    if pins.dp is not None and pins.tp is not None and pins.pp is not None:
+        require(pins.dp * pins.tp * pins.pp == gpus, "dp*tp*pp", pins.dp * pins.tp * pins.pp,
+                f"must equal gpus: dp={pins.dp} tp={pins.tp} pp={pins.pp} gpus={gpus}")
+    if pins.vpp is not None and pins.vpp > 1:
+        pp = pins.pp
+        if pp is not None:
+            require(pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
+            require(model.layers % (pp * pins.vpp) == 0, "vpp", pins.vpp,
+                    f"layers={model.layers} must divide by pp*vpp={pp * pins.vpp}")
+    if global_batch is not None and pins.dp is not None and pins.micro_batch is not None:
+        require(global_batch % (pins.dp * pins.micro_batch) == 0, "global_batch", global_batch,
+                f"must be divisible by dp*micro_batch={pins.dp * pins.micro_batch}")
+    if pins.zero_stage is not None:
+        require(pins.zero_stage in (0, 1, 2, 3), "zero", pins.zero_stage, "0, 1, 2 or 3")
+
+
+def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> tuple[Candidates, str]:
+    """All valid layouts as columns, and a reason when there are none."""
+    _check_pins(model, gpus, pins, job.global_batch)
+    triples = []
+    for tp in _divisors(gpus):
+        if model.heads % tp or model.kv_heads % tp or (pins.tp is not None and tp != pins.tp):
+            continue
+        for pp in _divisors(gpus // tp):
+            if pp > model.layers or (pins.pp is not None and pp != pins.pp):
+                continue
+            dp = gpus // (tp * pp)
+            if pins.dp is not None and dp != pins.dp:
+                continue
+            vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
+                          if pp > 1 else [])
+            for vpp in vpps:
+                if pins.vpp is None or vpp == pins.vpp:
+                    triples.append((dp, tp, pp, vpp))
+    if not triples:
+        return _empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing heads={model.heads} "
+                          f"and kv_heads={model.kv_heads} and the fields pinned ({pins.pinned()})")
+    base = np.array(triples, dtype=np.int64)
+    mbs = [pins.micro_batch] if pins.micro_batch is not None else list(MICRO_BATCHES)
+    # LoRA's optimizer states and gradients are tiny: sharding them (ZeRO-1/2) buys nothing.
+    zeros = [pins.zero_stage] if pins.zero_stage is not None else [0, 3] if job.lora else [0, 1, 2, 3]
+    # Selective recompute recomputes the attention core, which flash attention already does in
+    # its backward: the two are the same layout then, so it is searched only with standard attention.
+    rcs = ([RECOMPUTE.index(pins.recompute)] if pins.recompute is not None
+           else [0, 2] if job.attention == "flash" else [0, 1, 2])
+    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
+    sched = [SCHEDULES.index(pins.schedule)] if pins.schedule is not None else [0]
+    grid = np.array(np.meshgrid(np.arange(len(base)), mbs, zeros, rcs, sps, sched, indexing="ij")).reshape(6, -1)
+    rows = base[grid[0]]
+    dp, tp, pp, vpp = rows.T
+    mb, zero, rc, sp, schedule = grid[1], grid[2], grid[3], grid[4].astype(bool), grid[5]
+    if job.global_batch is not None:
+        gb = np.full_like(dp, job.global_batch)
+        keep = gb % (dp * mb) == 0
+    else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
+        gb = default_global_batch(model, dp * mb, job.batch_tokens_target)
+        keep = (gb * model.seq_len <= 1.5 * job.batch_tokens_target) | (gb == dp * mb) & (mb == 1)
+    keep &= ~(sp & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
+    m = gb // (dp * mb)
+    keep &= (vpp == 1) | (m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
+    keep &= ~((schedule == 1) & (vpp > 1))  # GPipe is not interleaved here
+    c = Candidates(dp=dp, tp=tp, pp=pp, vpp=vpp, mb=mb, gb=gb, zero=zero, recompute=rc, sp=sp,
+                   schedule=schedule).take(np.flatnonzero(keep))
+    if len(c) == 0:
+        return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
+                   f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
+    return c, ""
+
+
+def _empty() -> Candidates:
+    z = np.zeros(0, dtype=np.int64)
+    return Candidates(dp=z, tp=z, pp=z, vpp=z, mb=z, gb=z, zero=z, recompute=z, sp=z.astype(bool), schedule=z)
+
+
+def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
+    """Fitting layouts first; within each group by the objective, then by memory; layouts that
+    do not fit by how much they exceed capacity."""
+    require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
+    primary = {"time": ev.train_seconds, "cost": ev.cost_usd, "memory": ev.memory.total}[objective]
+    primary = np.where(ev.fits, primary, np.inf)
+    # Layouts within 0.1% of each other on the objective are a tie: prefer less memory. Layouts
+    # that do not fit come last, those closest to fitting first.
+    bucket = np.round(np.log(primary, where=np.isfinite(primary), out=np.full_like(primary, np.inf)) / 1e-3)
+    second = np.where(ev.fits, ev.step_s, ev.memory.total)
+    return np.lexsort((ev.memory.total, second, bucket))
+
+
+def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
+           objective: str = "time") -> SearchResult:
+    start = time.perf_counter()
+    if not hw.gpu.supports(job.precision):
+        have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
+        raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
+                                                       f"choose one of {', '.join(have)}")
+    c, why = enumerate_layouts(model, gpus, job, pins)
+    if len(c) == 0:
+        raise PlannerError("layout", pins.pinned() or "search", why)
+    ev = evaluate(model, hw, job, c, gpus)
+    order = rank_order(ev, objective)
+    ev = take(ev, order)
+    return SearchResult(evaluation=ev, evaluated=len(c), feasible=int(ev.fits.sum()),
+                        search_seconds=time.perf_counter() - start, objective=objective)
+
+
+def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
+    """The evaluation restricted (and reordered) to ``index``."""
+    def cut(m):
+        return type(m)(*(getattr(m, f)[index] for f in m.__slots__))
+
+    mem = cut(ev.memory)
+    st = type(ev.time)(*(getattr(ev.time, f)[index] for f in ev.time.__slots__))
+    return dataclasses.replace(ev, candidates=ev.candidates.take(index), memory=mem, time=st,
+                               stage_memory=tuple(cut(m) for m in ev.stage_memory),
+                               tokens_per_step=ev.tokens_per_step[index],
+                               model_flops_per_step=ev.model_flops_per_step[index],
+                               hardware_flops_per_step=ev.hardware_flops_per_step[index])

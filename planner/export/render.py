@@ -1,0 +1,314 @@
+"""A plan as something that starts: the reference trainer's torchrun command and run config,
+Megatron-LM arguments, a DeepSpeed config, a Slurm batch script, a Kubernetes PyTorchJob.
+
+Pure functions from an ``Estimate`` to text; what each format can express is in export_rules.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+
+from planner.core.report import layout_line
+from planner.core.results import Estimate
+from planner.export.rules import node_split, problems
+from planner.export.yamltext import dump as yaml_dump
+from planner.units import GIB, fmt_count
+
+MASTER_PORT = 29500
+# The seed's AdamW settings and checkpoint policy (also the reference trainer's defaults).
+ADAMW = {"lr": 6e-5, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+DEFAULT_CHECKPOINT_INTERVAL = 1000  # steps, when no failure model sets one (the seed's 1000steps)
+INITIAL_LOSS_SCALE_POWER = 16  # fp16 dynamic loss scaling starts at 2**16 (Megatron, DeepSpeed, torch)
+LOSS_SCALE_WINDOW = 1000  # steps without overflow before the scale grows (DeepSpeed, Megatron default)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportOptions:
+    steps: int | None = None  # None: the plan's tokens / (global batch x sequence length)
+    run_name: str | None = None  # None: model-<gpus>x<gpu>
+    image: str = "reference-trainer:latest"  # k8s: an image holding this repository and torch
+    config_path: str = "run.yaml"  # where the scripts write the reference trainer's run config
+    keep_last: int = 3  # checkpoints kept (the seed's keep_last)
+
+
+# --- shared pieces ------------------------------------------------------------------------------
+
+
+def train_steps(e: Estimate, opts: ExportOptions) -> int:
+    """Optimizer steps for the plan's tokens: tokens / packing / (global batch x sequence length)."""
+    if opts.steps is not None:
+        return opts.steps
+    per_step = e.layout.global_batch * e.model.seq_len * e.job.packing_efficiency
+    return max(1, math.ceil(e.train.tokens / per_step))
+
+
+def run_name(e: Estimate, opts: ExportOptions) -> str:
+    name = opts.run_name or f"{e.model.name}-{e.gpus}x{e.hardware.name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+
+
+def checkpoint_interval(e: Estimate) -> int:
+    """Young/Daly's optimum where the estimate has a failure model, else the seed's 1000 steps."""
+    c = e.checkpoint
+    return c.interval_steps if c is not None and c.interval_steps else DEFAULT_CHECKPOINT_INTERVAL
+
+
+def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
+    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node) if fmt != "deepspeed" else (0, 0)
+    where = f" ({nodes} node{'s' if nodes > 1 else ''} x {per_node} GPUs)" if nodes else ""
+    lines = [f"planner export --format {fmt}: {e.model.name} on {e.gpus} x {e.hardware.name}{where}",
+             f"layout: {layout_line(e)}; {e.job.precision}, {e.job.attention} attention",
+             f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {e.train.days:.1f} days for "
+             f"{fmt_count(e.train.tokens)} tokens ({steps:,} steps); "
+             f"{e.memory.total_bytes / GIB:.1f} of {e.memory.capacity_bytes / GIB:.0f} GiB per GPU"]
+    return lines + ([note] if note else []) + [f"warning: {w}" for w in e.warnings]
+
+
+def run_config(e: Estimate, opts: ExportOptions) -> dict:
+    """The reference trainer's run config (the keys of reference_trainer/config.py)."""
+    from planner.hardware import profile_names
+
+    m, lay, prec = e.model, e.layout, e.job.precision
+    training: dict = {"steps": train_steps(e, opts), "precision": prec, "lr": ADAMW["lr"],
+                      "betas": list(ADAMW["betas"]), "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]}
+    if prec == "fp16":
+        training |= {"init_loss_scale": float(2**INITIAL_LOSS_SCALE_POWER),
+                     "loss_scale_growth_interval": LOSS_SCALE_WINDOW}
+    config = {
+        "run_name": run_name(e, opts),
+        "model": {"arch": m.arch, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
+                  "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "seq_len": m.seq_len,
+                  "tied_embeddings": m.tied_embeddings, "attention": e.job.attention},
+        "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
+                   "global_batch": lay.global_batch, "zero_stage": lay.zero_stage, "recompute": lay.recompute,
+                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule},
+        "training": training,
+        "checkpoint": {"interval": checkpoint_interval(e), "keep_last": opts.keep_last, "auto_resume": True},
+    }
+    if e.hardware.name in profile_names():
+        config["profile"] = {"hardware_profile": e.hardware.name}
+    return config
+
+
+def planner_run_line(e: Estimate, steps: int) -> str:
+    """The same run with `planner run` (the reference trainer's launcher flags)."""
+    from planner.core.presets import presets
+
+    m, lay = e.model, e.layout
+    if presets().get(m.name) == m:
+        argv = ["--preset", m.name]
+    else:
+        argv = ["--arch", m.arch, "--layers", m.layers, "--hidden", m.hidden, "--heads", m.heads, "--kv-heads",
+                m.kv_heads, "--ffn-hidden", m.ffn_hidden, "--vocab", m.vocab, "--seq-len", m.seq_len]
+    argv += ["--dp", lay.dp, "--tp", lay.tp, "--pp", lay.pp, "--vpp", lay.vpp, "--micro-batch", lay.micro_batch,
+             "--global-batch", lay.global_batch, "--steps", steps, "--recompute", lay.recompute,
+             "--zero", lay.zero_stage, "--precision", e.job.precision]
+    if lay.sequence_parallel:
+        argv.append("--sequence-parallel")
+    if lay.schedule != "1f1b":
+        argv += ["--schedule", lay.schedule]
+    return shlex.join(["planner", "run", *map(str, argv)])
+
+
+def torchrun_argv(e: Estimate, nodes: int | str, per_node: int, rank: str, addr: str) -> list[str]:
+    if nodes == 1:
+        return ["torchrun", "--standalone", "--nproc_per_node", str(per_node)]
+    return ["torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(per_node), "--node_rank", rank,
+            "--master_addr", addr, "--master_port", str(MASTER_PORT)]
+
+
+def _shell(argv: list[str]) -> str:
+    """argv as a shell line; words holding a "${...}" or "$(...)" expansion are double-quoted so they expand."""
+    return " ".join(f'"{a}"' if "$" in a else shlex.quote(a) for a in argv)
+
+
+def _heredoc(path_var: str, text: str, tag: str) -> list[str]:
+    return [f"cat > \"${path_var}\" <<'{tag}'", text.rstrip("\n"), tag]
+
+
+# --- the formats ----------------------------------------------------------------------------
+
+
+def render(fmt: str, e: Estimate, opts: ExportOptions = ExportOptions(), note: str = "") -> str:
+    """``e`` in format ``fmt``. Raises the first thing the format cannot express."""
+    bad = problems(fmt, e)
+    if bad:
+        raise bad[0]
+    return {"torchrun": torchrun_script, "megatron": megatron_script, "deepspeed": deepspeed_json,
+            "slurm": slurm_script, "k8s": k8s_manifest}[fmt](e, opts, note)
+
+
+def torchrun_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
+    steps = train_steps(e, opts)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    where = ("one node" if nodes == 1 else
+             f"every one of the {nodes} nodes, with NODE_RANK=0..{nodes - 1} and MASTER_ADDR = node 0's address")
+    config = yaml_dump(run_config(e, opts))
+    argv = torchrun_argv(e, nodes, per_node, "${NODE_RANK:?set NODE_RANK}", "${MASTER_ADDR:?set MASTER_ADDR}")
+    lines = ["#!/usr/bin/env bash", *(f"# {s}" for s in summary(e, "torchrun", steps, note)),
+             f"# Run from the repository root on {where}.", "set -euo pipefail",
+             f"CONFIG=\"${{CONFIG:-{opts.config_path}}}\"", *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
+             _shell([*argv, "-m", "reference_trainer", "--config", "$CONFIG"]),
+             "# The same run through the planner's launcher:", f"#   {planner_run_line(e, steps)}"]
+    return "\n".join(lines) + "\n"
+
+
+def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
+    """Megatron-LM pretrain_gpt.py arguments (Megatron-Core 0.10 or later), grouped."""
+    m, lay, prec = e.model, e.layout, e.job.precision
+    model = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads,
+             "--ffn-hidden-size", m.ffn_hidden, "--seq-length", m.seq_len, "--max-position-embeddings", m.seq_len,
+             "--attention-backend", "flash" if e.job.attention == "flash" else "unfused"]
+    if m.kv_heads != m.heads:
+        model += ["--group-query-attention", "--num-query-groups", m.kv_heads]
+    if m.arch == "llama":
+        model += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+                  "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    if not m.tied_embeddings:
+        model.append("--untie-embeddings-and-output-weights")
+    parallel = ["--tensor-model-parallel-size", lay.tp, "--pipeline-model-parallel-size", lay.pp]
+    if lay.vpp > 1:  # Megatron counts layers per virtual stage: layers / (pp * vpp)
+        parallel += ["--num-layers-per-virtual-pipeline-stage", m.layers // (lay.pp * lay.vpp)]
+    if lay.sequence_parallel and lay.tp > 1:
+        parallel.append("--sequence-parallel")
+    if lay.zero_stage == 1:
+        parallel.append("--use-distributed-optimizer")
+    if e.job.overlap_grad_reduce and lay.dp > 1:
+        parallel.append("--overlap-grad-reduce")
+    batch = ["--micro-batch-size", lay.micro_batch, "--global-batch-size", lay.global_batch, "--train-iters", steps]
+    memory = {"none": [], "selective": ["--recompute-granularity", "selective"],
+              "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                       "--recompute-num-layers", 1]}[lay.recompute]
+    precision = {"fp32": [], "bf16": ["--bf16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
+                 "fp16": ["--fp16", "--initial-loss-scale", 2**INITIAL_LOSS_SCALE_POWER, "--min-loss-scale", 1,
+                          "--loss-scale-window", LOSS_SCALE_WINDOW, "--hysteresis", 2]}[prec]
+    optimizer = ["--optimizer", "adam", "--lr", ADAMW["lr"], "--min-lr", ADAMW["lr"] / 10, "--lr-decay-style",
+                 "cosine", "--lr-warmup-fraction", 0.01, "--weight-decay", ADAMW["weight_decay"], "--adam-beta1",
+                 ADAMW["betas"][0], "--adam-beta2", ADAMW["betas"][1], "--adam-eps", ADAMW["eps"], "--clip-grad", 1.0]
+    groups = {"MODEL_ARGS": model, "PARALLEL_ARGS": parallel, "BATCH_ARGS": batch, "MEMORY_ARGS": memory,
+              "PRECISION_ARGS": precision, "OPTIMIZER_ARGS": optimizer}
+    # Empty groups are left out: "${EMPTY[@]}" is an unbound-variable error under `set -u` in bash < 4.4.
+    return {k: [str(x) for x in v] for k, v in groups.items() if v}
+
+
+def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
+    steps = train_steps(e, opts)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    lines = ["#!/usr/bin/env bash", *(f"# {s}" for s in summary(e, "megatron", steps, note)),
+             "# Megatron-LM pretrain_gpt.py (Megatron-Core 0.10 or later): run from a Megatron-LM checkout on "
+             + ("one node." if nodes == 1 else f"each of the {nodes} nodes with NODE_RANK and MASTER_ADDR set."),
+             f"# Data parallel size is implied: world {e.gpus} / (tp {e.layout.tp} x pp {e.layout.pp}) = "
+             f"{e.layout.dp}. The vocabulary ({e.model.vocab}) comes from your tokenizer.",
+             "set -euo pipefail"]
+    for name, args in megatron_args(e, steps).items():
+        pairs, i = [], 0
+        while i < len(args):  # one flag (with its value) per line
+            take = 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+            pairs.append(" ".join(shlex.quote(a) for a in args[i:i + take]))
+            i += take
+        lines += [f"{name}=(", *(f"  {p}" for p in pairs), ")"]
+    ckpt = f"checkpoints/{run_name(e, opts)}"
+    lines += ["DATA_ARGS=(", '  --data-path "${DATA_PATH:?set DATA_PATH to a Megatron .bin/.idx prefix}"',
+              "  --tokenizer-type HuggingFaceTokenizer",
+              '  --tokenizer-model "${TOKENIZER_MODEL:?set TOKENIZER_MODEL}"', "  --split 99,1,0", ")",
+              "CHECKPOINT_ARGS=(", f'  --save "${{CKPT_DIR:-{ckpt}}}"', f'  --load "${{CKPT_DIR:-{ckpt}}}"',
+              f"  --save-interval {checkpoint_interval(e)}", "  --log-interval 10", ")"]
+    argv = torchrun_argv(e, nodes, per_node, "${NODE_RANK:?set NODE_RANK}", "${MASTER_ADDR:?set MASTER_ADDR}")
+    groups = [*megatron_args(e, steps), "DATA_ARGS", "CHECKPOINT_ARGS"]
+    lines.append(_shell(argv) + " pretrain_gpt.py " + " ".join(f'"${{{g}[@]}}"' for g in groups))
+    return "\n".join(lines) + "\n"
+
+
+def deepspeed_config(e: Estimate) -> dict:
+    """A DeepSpeed config: train_batch_size = micro-batch x accumulation x data-parallel ranks."""
+    lay, prec = e.layout, e.job.precision
+    config: dict = {
+        "train_batch_size": lay.global_batch,
+        "train_micro_batch_size_per_gpu": lay.micro_batch,
+        "gradient_accumulation_steps": lay.grad_accum,
+        "zero_optimization": {"stage": lay.zero_stage, "overlap_comm": e.job.overlap_grad_reduce,
+                              "contiguous_gradients": True},
+        "bf16": {"enabled": prec == "bf16"},
+        "fp16": {"enabled": prec == "fp16"},
+        "optimizer": {"type": "AdamW", "params": {"lr": ADAMW["lr"], "betas": list(ADAMW["betas"]),
+                                                  "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 100,
+        "wall_clock_breakdown": False,
+    }
+    if prec == "fp16":  # dynamic loss scaling (loss_scale 0), starting at 2**16
+        config["fp16"] |= {"loss_scale": 0, "initial_scale_power": INITIAL_LOSS_SCALE_POWER,
+                           "loss_scale_window": LOSS_SCALE_WINDOW, "hysteresis": 2, "min_loss_scale": 1}
+    if lay.recompute == "full":  # deepspeed.checkpointing.checkpoint around every layer
+        config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                              "cpu_checkpointing": False, "number_checkpoints": e.model.layers,
+                                              "synchronize_checkpoint_boundary": False, "profile": False}
+    return config
+
+
+def deepspeed_json(e: Estimate, opts: ExportOptions, note: str = "") -> str:
+    return json.dumps(deepspeed_config(e), indent=2) + "\n"
+
+
+def slurm_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
+    steps = train_steps(e, opts)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    name = run_name(e, opts)
+    config = yaml_dump(run_config(e, opts))
+    launch = ["srun", "--kill-on-bad-exit=1", "torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(per_node),
+              "--rdzv_id", "$SLURM_JOB_ID", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"$MASTER_ADDR:{MASTER_PORT}",
+              "-m", "reference_trainer", "--config", "$CONFIG"]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gpus-per-node={per_node}", "#SBATCH --exclusive",
+             *(f"# {s}" for s in summary(e, "slurm", steps, note)),
+             f"# No --time: the run is predicted to take {e.train.days:.1f} days; set your partition's limit and",
+             "# resubmit: the run config resumes from the last checkpoint (auto_resume).",
+             "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"',
+             f"CONFIG=\"${{CONFIG:-{opts.config_path}}}\"", *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
+             'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+             _shell(launch)]
+    return "\n".join(lines) + "\n"
+
+
+def k8s_name(e: Estimate, opts: ExportOptions) -> str:
+    """A DNS-1035 label: lower-case letters, digits and '-', starting with a letter."""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_name(e, opts).lower()).strip("-")
+    name = name if name[:1].isalpha() else f"job-{name}"
+    return name[:50].rstrip("-")
+
+
+def k8s_manifest(e: Estimate, opts: ExportOptions, note: str = "") -> str:
+    """A Kubeflow PyTorchJob (one pod per node; the operator sets MASTER_ADDR, MASTER_PORT and RANK,
+    the pod's index) and the ConfigMap holding the run config."""
+    steps = train_steps(e, opts)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    name = k8s_name(e, opts)
+    config_text = yaml_dump(run_config(e, opts))
+    mount = "/etc/planner"
+    command = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={per_node}", "--node_rank=$(RANK)",
+               "--master_addr=$(MASTER_ADDR)", "--master_port=$(MASTER_PORT)",
+               "-m", "reference_trainer", "--config", f"{mount}/run.yaml"]
+
+    def replica(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {
+            "containers": [{"name": "pytorch", "image": opts.image, "command": command,
+                            "resources": {"limits": {"nvidia.com/gpu": per_node}},
+                            "volumeMounts": [{"name": "run-config", "mountPath": mount},
+                                             {"name": "dshm", "mountPath": "/dev/shm"}]}],
+            "volumes": [{"name": "run-config", "configMap": {"name": f"{name}-config"}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}}
+
+    specs = {"Master": replica(1)}
+    if nodes > 1:
+        specs["Worker"] = replica(nodes - 1)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+           "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "pytorchReplicaSpecs": specs}}
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-config"},
+                  "data": {"run.yaml": config_text}}
+    head = [*summary(e, "k8s", steps, note), f"kubectl apply -f this file; image {opts.image} must hold this "
+                                             "repository and torch"]
+    return yaml_dump(config_map, head) + "---\n" + yaml_dump(job)
