@@ -19,7 +19,7 @@ def test_every_enumerated_layout_is_valid_and_fitting_ones_come_first():
     c, ev = r.evaluation.candidates, r.evaluation
     assert r.evaluated == len(c) > 1000
     assert np.all(c.dp * c.tp * c.pp == 128)
-    assert np.all(c.gb % (c.dp * c.mb) == 0)
+    assert np.all(c.global_batch % (c.dp * c.micro_batch) == 0)
     assert np.all(model.heads % c.tp == 0)
     assert np.all(model.layers % (c.pp * c.vpp) == 0)[()] or np.all(c.vpp[model.layers % (c.pp * c.vpp) != 0] == 1)
     fits = ev.fits

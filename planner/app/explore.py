@@ -112,10 +112,6 @@ def compute(argv: Sequence[str], top: int = TOP_LAYOUTS) -> View | Problem:
 
 
 # --- pinned layouts that do not divide -----------------------------------------------------------
-_COLUMNS = {"dp": "dp", "tp": "tp", "pp": "pp", "vpp": "vpp", "micro_batch": "mb", "zero_stage": "zero",
-            "recompute": "recompute", "sequence_parallel": "sp", "schedule": "schedule"}
-
-
 def _nearest(value: object, valid: set) -> tuple:
     """The closest valid value below and above a number; every valid value for a category."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -139,7 +135,7 @@ def pin_suggestions(model, gpus: int, job, pins) -> tuple[Suggestion, ...]:
             c, _ = enumerate_layouts(model, gpus, job, dataclasses.replace(pins, **{name: None}))
         except PlannerError:
             continue  # another pin is wrong on its own: its own suggestion says so
-        column = getattr(c, _COLUMNS[name])
+        column = getattr(c, name)
         valid = {decode.get(name, int)(v) for v in np.unique(column)}
         if valid and value not in valid:
             out.append(Suggestion(field=name, value=value, valid=_nearest(value, valid)))
@@ -160,7 +156,7 @@ def _valid_global_batches(model, gpus: int, job, pins) -> set[int]:
     except PlannerError:
         return set()
     # A layout needs global_batch divisible by dp*micro_batch, and by pp more when interleaved.
-    units = set((c.dp * c.mb * np.where(c.vpp > 1, c.pp, 1)).tolist())
+    units = set((c.dp * c.micro_batch * np.where(c.vpp > 1, c.pp, 1)).tolist())
     g = job.global_batch
     near = {u * k for u in units for k in (g // u, -(-g // u)) if k >= 1}
     ok = set()

@@ -93,7 +93,7 @@ class Evaluation:
 def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
     mem, stages = memory(model, hw, job, c)
     st = step_time(model, hw, job, c)
-    tokens = c.gb * model.seq_len
+    tokens = c.global_batch * model.seq_len
     per_token = model_flops_per_token(model, job)
     price = job.price_usd_per_gpu_hour if job.price_usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
     return Evaluation(

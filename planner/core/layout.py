@@ -84,6 +84,10 @@ class Job:
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     packing_efficiency: float = 1.0  # real tokens / sequence positions (1.0: documents packed, no padding)
     kernels: str = "fused"  # element-wise kernels: fused (Megatron-LM) or eager (the reference trainer)
+    # The software stack (a name in stacks/ or a stack file): its kernels, overlaps, sharding
+    # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
+    stack: str = "fsdp2"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
@@ -127,18 +131,18 @@ class Job:
 class Candidates:
     """Layouts as columns (numpy arrays of equal length): what the vectorised model evaluates.
 
-    recompute: 0 none, 1 selective, 2 full. schedule: 0 1f1b, 1 gpipe. sp: bool.
+    recompute: 0 none, 1 selective, 2 full. schedule: 0 1f1b, 1 gpipe. sequence_parallel: bool.
     """
 
     dp: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
     vpp: np.ndarray
-    mb: np.ndarray
-    gb: np.ndarray
-    zero: np.ndarray
+    micro_batch: np.ndarray
+    global_batch: np.ndarray
+    zero_stage: np.ndarray
     recompute: np.ndarray
-    sp: np.ndarray
+    sequence_parallel: np.ndarray
     schedule: np.ndarray
 
     def __len__(self) -> int:
@@ -147,24 +151,26 @@ class Candidates:
     @property
     def m(self) -> np.ndarray:
         """Micro-batches per pipeline per step."""
-        return self.gb // (self.dp * self.mb)
+        return self.global_batch // (self.dp * self.micro_batch)
 
     def take(self, index: np.ndarray) -> "Candidates":
         return Candidates(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
 
     def layout(self, i: int) -> Layout:
         return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]),
-                      micro_batch=int(self.mb[i]), global_batch=int(self.gb[i]), zero_stage=int(self.zero[i]),
-                      recompute=RECOMPUTE[int(self.recompute[i])], sequence_parallel=bool(self.sp[i]),
+                      micro_batch=int(self.micro_batch[i]), global_batch=int(self.global_batch[i]),
+                      zero_stage=int(self.zero_stage[i]), recompute=RECOMPUTE[int(self.recompute[i])],
+                      sequence_parallel=bool(self.sequence_parallel[i]),
                       schedule=SCHEDULES[int(self.schedule[i])])
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> "Candidates":
         col = lambda f: np.array([f(x) for x in layouts], dtype=np.int64)  # noqa: E731
         return cls(dp=col(lambda x: x.dp), tp=col(lambda x: x.tp), pp=col(lambda x: x.pp),
-                   vpp=col(lambda x: x.vpp), mb=col(lambda x: x.micro_batch), gb=col(lambda x: x.global_batch),
-                   zero=col(lambda x: x.zero_stage), recompute=col(lambda x: RECOMPUTE.index(x.recompute)),
-                   sp=np.array([x.sequence_parallel for x in layouts], dtype=bool),
+                   vpp=col(lambda x: x.vpp), micro_batch=col(lambda x: x.micro_batch),
+                   global_batch=col(lambda x: x.global_batch), zero_stage=col(lambda x: x.zero_stage),
+                   recompute=col(lambda x: RECOMPUTE.index(x.recompute)),
+                   sequence_parallel=np.array([x.sequence_parallel for x in layouts], dtype=bool),
                    schedule=col(lambda x: SCHEDULES.index(x.schedule)))
 
 

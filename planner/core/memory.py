@@ -90,10 +90,10 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
     else:
         scores = np.full(len(c), 4.0 * a)
     tp = c.tp.astype(float)
-    per_token = np.where(c.sp, replicated / tp, replicated) + (split + scores) / tp
-    full = np.where(c.sp, e * h / tp, e * h)
+    per_token = np.where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
+    full = np.where(c.sequence_parallel, e * h / tp, e * h)
     per_token = np.where(rc == 2, full, per_token)
-    return per_token * c.mb * s
+    return per_token * c.micro_batch * s
 
 
 def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[Memory, tuple[Memory, ...]]:
@@ -109,7 +109,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
     working = np.where(c.recompute == 2, no_rc, 0.0)
     first, fullest, last = stage_layers_arrays(model.layers, pp)
     e = 2 if job.precision in ("fp16", "bf16", "fp8") else 4
-    tokens = c.mb * model.seq_len
+    tokens = c.micro_batch * model.seq_len
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
         is_first, is_last = index == 0, index == pp - 1
@@ -122,18 +122,18 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
         # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
         # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
         trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
-        weights = (shard * wb + (trained * wb if job.lora else 0.0)) / np.where(c.zero >= 3, dp, 1)
-        grads = trained * gb / np.where(c.zero >= 2, dp, 1)
-        optim = trained * ob / np.where(c.zero >= 1, dp, 1)
+        weights = (shard * wb + (trained * wb if job.lora else 0.0)) / np.where(c.zero_stage >= 3, dp, 1)
+        grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
+        optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
         acts = layers * act_layer * flight + working
         # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
-        mask = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight / np.where(c.sp, tp, 1)
+        mask = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight / np.where(c.sequence_parallel, tp, 1)
         acts = acts + np.where(is_first, mask, 0.0)
         logits = (ACT_BYTES[job.precision] + FP32_LOGIT_BYTES) * tokens * model.vocab / tp
         acts = acts + np.where(is_last, logits, 0.0)
         # ZeRO-3 gathers one layer's full weights and prefetches the next: two 16-bit layers.
-        gather = np.where(c.zero >= 3, 2 * model.layer_params / tp * e, 0.0)
+        gather = np.where(c.zero_stage >= 3, 2 * model.layer_params / tp * e, 0.0)
         distributed = (c.dp * c.tp * c.pp) > 1
         other = (eff.cuda_context_bytes + np.where(distributed, eff.comm_buffer_bytes, 0.0) + gather
                  + eff.fragmentation * (acts + grads))

@@ -53,8 +53,8 @@ def nearest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, 
     if fits.size == 0:
         return None
     c = ev.candidates
-    columns = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "micro_batch": c.mb, "zero_stage": c.zero,
-               "recompute": c.recompute, "sequence_parallel": c.sp, "schedule": c.schedule}
+    columns = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "micro_batch": c.micro_batch, "zero_stage": c.zero_stage,
+               "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "schedule": c.schedule}
     changed = np.zeros(len(c), dtype=int)
     for name, value in pins.pinned().items():
         if name == "recompute":

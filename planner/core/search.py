@@ -134,8 +134,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     m = gb // (dp * mb)
     keep &= (vpp == 1) | (m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
     keep &= ~((schedule == 1) & (vpp > 1))  # GPipe is not interleaved here
-    c = Candidates(dp=dp, tp=tp, pp=pp, vpp=vpp, mb=mb, gb=gb, zero=zero, recompute=rc, sp=sp,
-                   schedule=schedule).take(np.flatnonzero(keep))
+    c = Candidates(dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=mb, global_batch=gb, zero_stage=zero, recompute=rc,
+                   sequence_parallel=sp, schedule=schedule).take(np.flatnonzero(keep))
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
                    f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
@@ -144,7 +144,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
 
 def _empty() -> Candidates:
     z = np.zeros(0, dtype=np.int64)
-    return Candidates(dp=z, tp=z, pp=z, vpp=z, mb=z, gb=z, zero=z, recompute=z, sp=z.astype(bool), schedule=z)
+    return Candidates(dp=z, tp=z, pp=z, vpp=z, micro_batch=z, global_batch=z, zero_stage=z, recompute=z,
+                      sequence_parallel=z.astype(bool), schedule=z)
 
 
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:

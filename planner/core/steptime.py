@@ -80,8 +80,8 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job) -> tuple[np.nd
         split = 2 * f
     softmax = (2 + 2.5 * drop) * a * s if job.attention == "standard" else 0.0
     tp = c.tp.astype(float)
-    tokens = c.mb * s
-    layer = e * tokens * (np.where(c.sp, replicated / tp, replicated) + split / tp)
+    tokens = c.micro_batch * s
+    layer = e * tokens * (np.where(c.sequence_parallel, replicated / tp, replicated) + split / tp)
     return layer, e * tokens * softmax / tp
 
 
@@ -99,8 +99,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     e = hw.efficiency
     act = ACT_BYTES[job.precision]
     peak = _peak(hw, job.precision)
-    gemms = sum(gemm_time(g, hw, peak, act) for g in layer_gemms(model, c.mb, c.tp))
-    attn_flops = attention_core_flops(model, c.mb, c.tp)
+    gemms = sum(gemm_time(g, hw, peak, act) for g in layer_gemms(model, c.micro_batch, c.tp))
+    attn_flops = attention_core_flops(model, c.micro_batch, c.tp)
     half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
     if job.attention == "flash":  # causal: flash skips the upper triangle
         attn_fwd = 0.5 * attn_flops / (half_peak * e.flash_attention)
@@ -115,7 +115,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
     # GEMMs run at the matmul roof (they are < 1% of the FLOPs at the ranks people use).
     weight_grads = 0 if job.lora else 1
-    adapter = (lora_params_per_layer(model, job) * 2.0 * c.mb * model.seq_len / c.tp / (peak * e.matmul)
+    adapter = (lora_params_per_layer(model, job) * 2.0 * c.micro_batch * model.seq_len / c.tp / (peak * e.matmul)
                if job.lora else 0.0)
     fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm
     bwd = (1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm
@@ -123,7 +123,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
-    collective = comm.tp_collective(links, act * c.mb * model.seq_len * model.hidden, c.tp)
+    collective = comm.tp_collective(links, act * c.micro_batch * model.seq_len * model.hidden, c.tp)
     calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
     return _LayerTimes(fwd, bwd, recompute, calls * collective, calls)
 
@@ -135,8 +135,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     lt = layer_times(model, hw, job, c, links)
     act = ACT_BYTES[job.precision]
     half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
-    head = gemm_time(logits_gemm(model, c.mb, c.tp), hw, half_peak, act)
-    loss = LOGIT_TRAFFIC_BYTES * c.mb * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
+    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, half_peak, act)
+    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
     head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
 
     # A CPU host's cores are shared by its processes (threads per process = cores / processes,
@@ -162,7 +162,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     tp_mb = layers_pace * (lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s) * busy
     m = c.m.astype(float)
     p, v = c.pp, c.vpp.astype(float)
-    p2p_one = comm.p2p(links, act * c.mb * model.seq_len * model.hidden, c.tp, c.dp) * busy
+    p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len * model.hidden, c.tp, c.dp) * busy
     pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
     per_mb = compute_mb + tp_mb + pp_mb
     bubble = (p - 1) / v * per_mb
@@ -181,14 +181,14 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
     fwd_mb = layers_pace * lt.forward * slow
     zero3 = m * np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb))
-    dp = np.select([c.zero == 0, c.zero == 1, c.zero == 2],
+    dp = np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
                    [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step,
                     m * np.maximum(0.0, rs - hidden) + ag_step], zero3)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
-    held = trained / np.where(c.zero >= 1, c.dp, 1)
+    held = trained / np.where(c.zero_stage >= 1, c.dp, 1)
     optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory) * slow
 
     overhead_mb = layers_pace * overhead_layer
