@@ -8,6 +8,7 @@ a DP group is strided by tp, and pipeline neighbours are tp*dp ranks apart.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,7 @@ FINETUNE_DEFAULT_TOKENS = 1e9  # fine-tuning has no Chinchilla rule: an assumpti
 ATTENTION = ("flash", "standard")
 KERNELS = ("fused", "eager")  # element-wise kernels: fused (Megatron-LM, TE) or one PyTorch op at a time
 SCHEDULES = ("1f1b", "gpipe")  # 1f1b with vpp > 1 is interleaved 1F1B
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # searched when the micro-batch is free
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
 # Fine-tuning batches are far smaller (Llama 2 SFT: 64 sequences of 4096): about 256K tokens.
 FINETUNE_BATCH_TOKENS = 2**18
@@ -32,27 +34,99 @@ CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Layout:
-    """One parallel layout. ``global_batch`` is in sequences."""
+class Dim:
+    """One dimension of the parallel layout, declared once (as a field of ``Layout``, below).
 
-    dp: int
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    micro_batch: int = 1
-    global_batch: int
-    zero_stage: int = 0
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    schedule: str = "1f1b"
+    Everything else is derived from it: the Layout field and its check, the search's column
+    (``Candidates``), ``Pins``, the CLI flag (``--`` + name with dashes), JSON keys and CSV columns,
+    the explorer's field and URL key, and the run record's layout. ``name`` and ``type`` come from
+    the Layout field. As torchtitan derives its flags from job-config dataclasses.
+    """
+
+    help: str
+    label: str  # the explorer's label
+    choices: tuple = ()  # the allowed values (str and bool dimensions; ints listed when few)
+    low: int = 1  # ints: the smallest allowed value
+    high: int = 1 << 20  # ints: the largest the explorer offers
+    pinnable: bool = True  # a user may fix it (a Pins field, a flag); global_batch is the job's
+    # Values the search tries when the dimension is free, from the job; None: a dimension of the
+    # device mesh (dp, tp, pp, vpp), enumerated together so that their product is the GPU count.
+    searched: Callable[["Job"], tuple] | None = None
+    flag_aliases: tuple[str, ...] = ()  # older spellings of the flag, still accepted
+    name: str = ""
+    type: type = int
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: object) -> None:
+        """The dimension's own rule (rules across dimensions live in the search)."""
+        if self.type is int:
+            require(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= self.low,
+                    self.name, value, ("a positive integer" if self.low == 1 else f"a whole number >= {self.low}")
+                    if not self.choices else f"one of {', '.join(map(str, self.choices))}")
+        if self.choices:
+            require(value in self.choices, self.name, value, f"one of {', '.join(map(str, self.choices))}")
+
+    def encode(self, values: list) -> np.ndarray:
+        """A column: ints as int64, bools as bool, strings as their index in ``choices``."""
+        if self.type is bool:
+            return np.array(values, dtype=bool)
+        if self.type is str:
+            return np.array([self.choices.index(v) for v in values], dtype=np.int64)
+        return np.array(values, dtype=np.int64)
+
+    def decode(self, code: object) -> object:
+        """One value of a column as the Layout field holds it."""
+        if self.type is bool:
+            return bool(code)
+        if self.type is str:
+            return self.choices[int(code)]
+        return int(code)
+
+
+def _dim(default: object = dataclasses.MISSING, **spec: object):
+    return dataclasses.field(default=default, metadata={"dim": Dim(**spec)})
+
+
+def _searched_zero(job: "Job") -> tuple:
+    # LoRA's optimizer states and gradients are tiny: sharding them (ZeRO-1/2) buys nothing.
+    return (0, 3) if job.lora else (0, 1, 2, 3)
+
+
+def _searched_recompute(job: "Job") -> tuple:
+    # Selective recompute recomputes the attention core, which flash attention already does in
+    # its backward: the two are the same layout then, so it is searched only with standard attention.
+    return ("none", "full") if job.attention == "flash" else RECOMPUTE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """One parallel layout. Each field is a dimension, declared here once (see ``Dim``)."""
+
+    dp: int = _dim(help="data-parallel replicas (dp*tp*pp = GPUs)", label="Data parallel")
+    tp: int = _dim(1, help="tensor-parallel ranks (divides heads and kv_heads)", label="Tensor parallel")
+    pp: int = _dim(1, help="pipeline stages", label="Pipeline stages")
+    vpp: int = _dim(1, help="virtual stages per pipeline rank (interleaved 1F1B; needs pp > 1)",
+                    label="Virtual stages per rank", high=128)
+    micro_batch: int = _dim(1, help="sequences per micro-batch", label="Micro-batch",
+                            searched=lambda job: MICRO_BATCHES)
+    global_batch: int = _dim(help="sequences per step (--global-batch, a job option)", label="Global batch",
+                             pinnable=False)
+    zero_stage: int = _dim(0, help="ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights",
+                           label="ZeRO stage", low=0, choices=(0, 1, 2, 3), searched=_searched_zero,
+                           flag_aliases=("--zero",))
+    recompute: str = _dim("none", help="activation recompute", label="Activation recompute", choices=RECOMPUTE,
+                          searched=_searched_recompute)
+    sequence_parallel: bool = _dim(False, help="sequence parallel (with tp > 1)", label="Sequence parallel",
+                                   choices=(False, True), searched=lambda job: (False, True))
+    schedule: str = _dim("1f1b", help="pipeline schedule: 1f1b (interleaved when vpp > 1) or gpipe",
+                         label="Pipeline schedule", choices=SCHEDULES, searched=lambda job: ("1f1b",))
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch"):
-            value = getattr(self, f)
-            require(isinstance(value, (int, np.integer)) and value >= 1, f, value, "a positive integer")
-        require(self.zero_stage in (0, 1, 2, 3), "zero_stage", self.zero_stage, "0, 1, 2 or 3")
-        require(self.recompute in RECOMPUTE, "recompute", self.recompute, f"one of {', '.join(RECOMPUTE)}")
-        require(self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
+        for d in LAYOUT_DIMS:
+            d.check(getattr(self, d.name))
 
     @property
     def gpus(self) -> int:
@@ -65,6 +139,17 @@ class Layout:
 
     def replace(self, **changes: object) -> "Layout":
         return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, object]:
+        """The layout's JSON form: every dimension by its name, plus grad_accum."""
+        return {**{d.name: getattr(self, d.name) for d in LAYOUT_DIMS}, "grad_accum": self.grad_accum}
+
+
+_TYPES = {"int": int, "str": str, "bool": bool}
+LAYOUT_DIMS: tuple[Dim, ...] = tuple(dataclasses.replace(f.metadata["dim"], name=f.name, type=_TYPES[f.type])
+                                     for f in dataclasses.fields(Layout))
+PIN_DIMS: tuple[Dim, ...] = tuple(d for d in LAYOUT_DIMS if d.pinnable)  # the fields a user may fix
+DIMS: dict[str, Dim] = {d.name: d for d in LAYOUT_DIMS}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,26 +212,30 @@ class Job:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Candidates:
-    """Layouts as columns (numpy arrays of equal length): what the vectorised model evaluates.
-
-    recompute: 0 none, 1 selective, 2 full. schedule: 0 1f1b, 1 gpipe. sequence_parallel: bool.
+    """Layouts as columns (numpy arrays of equal length, one per Layout dimension, by its name):
+    what the vectorised model evaluates. String dimensions are held as their index in the
+    dimension's choices (recompute: 0 none, 1 selective, 2 full; schedule: 0 1f1b, 1 gpipe),
+    sequence_parallel as bool.
     """
 
-    dp: np.ndarray
-    tp: np.ndarray
-    pp: np.ndarray
-    vpp: np.ndarray
-    micro_batch: np.ndarray
-    global_batch: np.ndarray
-    zero_stage: np.ndarray
-    recompute: np.ndarray
-    sequence_parallel: np.ndarray
-    schedule: np.ndarray
+    __slots__ = tuple(DIMS)
+
+    def __init__(self, **columns: np.ndarray) -> None:
+        missing, unknown = set(DIMS) - set(columns), set(columns) - set(DIMS)
+        if missing or unknown:
+            raise TypeError(f"Candidates: columns missing {sorted(missing)}, unknown {sorted(unknown)}")
+        for name, column in columns.items():
+            object.__setattr__(self, name, column)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Candidates are immutable")
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in DIMS}
 
     @property
     def m(self) -> np.ndarray:
@@ -154,24 +243,18 @@ class Candidates:
         return self.global_batch // (self.dp * self.micro_batch)
 
     def take(self, index: np.ndarray) -> "Candidates":
-        return Candidates(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+        return Candidates(**{name: column[index] for name, column in self.columns().items()})
 
     def layout(self, i: int) -> Layout:
-        return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]),
-                      micro_batch=int(self.micro_batch[i]), global_batch=int(self.global_batch[i]),
-                      zero_stage=int(self.zero_stage[i]), recompute=RECOMPUTE[int(self.recompute[i])],
-                      sequence_parallel=bool(self.sequence_parallel[i]),
-                      schedule=SCHEDULES[int(self.schedule[i])])
+        return Layout(**{d.name: d.decode(getattr(self, d.name)[i]) for d in LAYOUT_DIMS})
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> "Candidates":
-        col = lambda f: np.array([f(x) for x in layouts], dtype=np.int64)  # noqa: E731
-        return cls(dp=col(lambda x: x.dp), tp=col(lambda x: x.tp), pp=col(lambda x: x.pp),
-                   vpp=col(lambda x: x.vpp), micro_batch=col(lambda x: x.micro_batch),
-                   global_batch=col(lambda x: x.global_batch), zero_stage=col(lambda x: x.zero_stage),
-                   recompute=col(lambda x: RECOMPUTE.index(x.recompute)),
-                   sequence_parallel=np.array([x.sequence_parallel for x in layouts], dtype=bool),
-                   schedule=col(lambda x: SCHEDULES.index(x.schedule)))
+        return cls(**{d.name: d.encode([getattr(x, d.name) for x in layouts]) for d in LAYOUT_DIMS})
+
+    @classmethod
+    def empty(cls) -> "Candidates":
+        return cls.from_layouts([])
 
 
 def default_global_batch(model: ModelSpec, dp_mb: np.ndarray | int,

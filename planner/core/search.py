@@ -14,31 +14,30 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.core.evaluate import Evaluation, evaluate
-from planner.core.layout import RECOMPUTE, SCHEDULES, Candidates, Job, default_global_batch
+from planner.core.layout import DIMS, LAYOUT_DIMS, PIN_DIMS, SCHEDULES, Candidates, Job, default_global_batch
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import HardwareProfile
 
 OBJECTIVES = ("time", "cost", "memory")
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Pins:
-    """Layout fields the user fixed; None means 'search it'."""
+def _pinned(self) -> dict[str, object]:
+    return {d.name: getattr(self, d.name) for d in PIN_DIMS if getattr(self, d.name) is not None}
 
-    dp: int | None = None
-    tp: int | None = None
-    pp: int | None = None
-    vpp: int | None = None
-    micro_batch: int | None = None
-    zero_stage: int | None = None
-    recompute: str | None = None
-    sequence_parallel: bool | None = None
-    schedule: str | None = None
 
-    def pinned(self) -> dict[str, object]:
-        return {f: getattr(self, f) for f in self.__slots__ if getattr(self, f) is not None}
+def _check_own(self) -> None:
+    for name, value in _pinned(self).items():
+        DIMS[name].check(value)
+
+
+# Layout fields the user fixed; None means 'search it'. One optional field per pinnable dimension.
+Pins = dataclasses.make_dataclass(
+    "Pins", [(d.name, f"{d.type.__name__} | None", dataclasses.field(default=None)) for d in PIN_DIMS],
+    namespace={"pinned": _pinned, "__post_init__": _check_own,
+               "__doc__": "Layout fields the user fixed; None means 'search it'."},
+    frozen=True, kw_only=True, slots=True)
+Pins.__module__ = __name__
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,42 +56,36 @@ def _divisors(n: int) -> list[int]:
 
 
 def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None) -> None:
-    """Pinned values that can never be valid get one clear error each."""
+    """Pinned values that can never be valid get one clear error each (each value's own rule was
+    checked when the Pins were made)."""
     require(gpus >= 1, "gpus", gpus, "a positive integer")
     valid_tp = [t for t in _divisors(gpus) if model.heads % t == 0 and model.kv_heads % t == 0]
     if pins.tp is not None:
-        require(pins.tp >= 1, "tp", pins.tp, "a positive integer")
         require(model.heads % pins.tp == 0 and model.kv_heads % pins.tp == 0, "tp", pins.tp,
                 f"must divide heads={model.heads} and kv_heads={model.kv_heads}; valid on {gpus} GPUs: "
                 f"{', '.join(map(str, valid_tp))}")
-    for name in ("dp", "tp", "pp", "vpp", "micro_batch"):
+    for name in ("dp", "tp", "pp"):
         value = getattr(pins, name)
         if value is not None:
-            require(value >= 1, name, value, "a positive integer")
-            if name in ("dp", "tp", "pp"):
-                require(gpus % value == 0, name, value, f"must divide gpus={gpus}")
+            require(gpus % value == 0, name, value, f"must divide gpus={gpus}")
     if pins.pp is not None:
         require(pins.pp <= model.layers, "pp", pins.pp, f"at most layers={model.layers}")
     if pins.dp is not None and pins.tp is not None and pins.pp is not None:
         require(pins.dp * pins.tp * pins.pp == gpus, "dp*tp*pp", pins.dp * pins.tp * pins.pp,
                 f"must equal gpus: dp={pins.dp} tp={pins.tp} pp={pins.pp} gpus={gpus}")
-    if pins.vpp is not None and pins.vpp > 1:
-        pp = pins.pp
-        if pp is not None:
-            require(pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
-            require(model.layers % (pp * pins.vpp) == 0, "vpp", pins.vpp,
-                    f"layers={model.layers} must divide by pp*vpp={pp * pins.vpp}")
+    if pins.vpp is not None and pins.vpp > 1 and pins.pp is not None:
+        require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
+        require(model.layers % (pins.pp * pins.vpp) == 0, "vpp", pins.vpp,
+                f"layers={model.layers} must divide by pp*vpp={pins.pp * pins.vpp}")
     if global_batch is not None and pins.dp is not None and pins.micro_batch is not None:
         require(global_batch % (pins.dp * pins.micro_batch) == 0, "global_batch", global_batch,
                 f"must be divisible by dp*micro_batch={pins.dp * pins.micro_batch}")
-    if pins.zero_stage is not None:
-        require(pins.zero_stage in (0, 1, 2, 3), "zero", pins.zero_stage, "0, 1, 2 or 3")
 
 
-def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> tuple[Candidates, str]:
-    """All valid layouts as columns, and a reason when there are none."""
-    _check_pins(model, gpus, pins, job.global_batch)
-    triples = []
+def _mesh(model: ModelSpec, gpus: int, pins: Pins) -> list[tuple[int, int, int, int]]:
+    """Every (dp, tp, pp, vpp) whose product dp*tp*pp is the GPU count, tp dividing the heads,
+    vpp dividing the layers per stage, and the pinned ones kept."""
+    out = []
     for tp in _divisors(gpus):
         if model.heads % tp or model.kv_heads % tp or (pins.tp is not None and tp != pins.tp):
             continue
@@ -104,48 +97,42 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                 continue
             vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
                           if pp > 1 else [])
-            for vpp in vpps:
-                if pins.vpp is None or vpp == pins.vpp:
-                    triples.append((dp, tp, pp, vpp))
-    if not triples:
-        return _empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing heads={model.heads} "
-                          f"and kv_heads={model.kv_heads} and the fields pinned ({pins.pinned()})")
-    base = np.array(triples, dtype=np.int64)
-    mbs = [pins.micro_batch] if pins.micro_batch is not None else list(MICRO_BATCHES)
-    # LoRA's optimizer states and gradients are tiny: sharding them (ZeRO-1/2) buys nothing.
-    zeros = [pins.zero_stage] if pins.zero_stage is not None else [0, 3] if job.lora else [0, 1, 2, 3]
-    # Selective recompute recomputes the attention core, which flash attention already does in
-    # its backward: the two are the same layout then, so it is searched only with standard attention.
-    rcs = ([RECOMPUTE.index(pins.recompute)] if pins.recompute is not None
-           else [0, 2] if job.attention == "flash" else [0, 1, 2])
-    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
-    sched = [SCHEDULES.index(pins.schedule)] if pins.schedule is not None else [0]
-    grid = np.array(np.meshgrid(np.arange(len(base)), mbs, zeros, rcs, sps, sched, indexing="ij")).reshape(6, -1)
-    rows = base[grid[0]]
-    dp, tp, pp, vpp = rows.T
-    mb, zero, rc, sp, schedule = grid[1], grid[2], grid[3], grid[4].astype(bool), grid[5]
+            out += [(dp, tp, pp, vpp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
+    return out
+
+
+def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> tuple[Candidates, str]:
+    """All valid layouts as columns, and a reason when there are none."""
+    _check_pins(model, gpus, pins, job.global_batch)
+    mesh = _mesh(model, gpus, pins)
+    if not mesh:
+        return Candidates.empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing "
+                                    f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
+                                    f"({pins.pinned()})")
+    # Every other dimension: its pinned value, or the values it declares for the search.
+    free = [d for d in LAYOUT_DIMS if d.searched is not None]
+    codes = [d.encode([getattr(pins, d.name)] if getattr(pins, d.name) is not None else list(d.searched(job)))
+             for d in free]
+    grid = [g.reshape(-1) for g in np.meshgrid(np.arange(len(mesh)), *(np.arange(len(c)) for c in codes),
+                                               indexing="ij")]
+    dp, tp, pp, vpp = np.array(mesh, dtype=np.int64)[grid[0]].T
+    cols = {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, **{d.name: c[g] for d, c, g in zip(free, codes, grid[1:])}}
+    mb = cols["micro_batch"]
     if job.global_batch is not None:
         gb = np.full_like(dp, job.global_batch)
         keep = gb % (dp * mb) == 0
     else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
         gb = default_global_batch(model, dp * mb, job.batch_tokens_target)
         keep = (gb * model.seq_len <= 1.5 * job.batch_tokens_target) | (gb == dp * mb) & (mb == 1)
-    keep &= ~(sp & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
-    m = gb // (dp * mb)
-    keep &= (vpp == 1) | (m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
-    keep &= ~((schedule == 1) & (vpp > 1))  # GPipe is not interleaved here
-    c = Candidates(dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch=mb, global_batch=gb, zero_stage=zero, recompute=rc,
-                   sequence_parallel=sp, schedule=schedule).take(np.flatnonzero(keep))
+    c = Candidates(**cols, global_batch=gb)
+    keep &= ~(c.sequence_parallel & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
+    keep &= (vpp == 1) | (c.m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
+    keep &= ~((c.schedule == SCHEDULES.index("gpipe")) & (vpp > 1))  # GPipe is not interleaved here
+    c = c.take(np.flatnonzero(keep))
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
                    f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
     return c, ""
-
-
-def _empty() -> Candidates:
-    z = np.zeros(0, dtype=np.int64)
-    return Candidates(dp=z, tp=z, pp=z, vpp=z, micro_batch=z, global_batch=z, zero_stage=z, recompute=z,
-                      sequence_parallel=z.astype(bool), schedule=z)
 
 
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
