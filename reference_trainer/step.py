@@ -31,10 +31,11 @@ def compute_dtype(precision: str) -> torch.dtype | None:
 
 def lr_at(step: int, tr: TrainingConfig) -> float:
     """Linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at the
-    last step (Loshchilov & Hutter 2017, as in GPT-3 and LLaMA)."""
+    last step (Loshchilov & Hutter 2017, as in GPT-3 and LLaMA). Steps count from 0: the first
+    step after warm-up runs at ``lr`` and the last one (``steps - 1``) at the minimum."""
     if step < tr.warmup_steps:
         return tr.lr * (step + 1) / tr.warmup_steps
-    progress = (step - tr.warmup_steps) / max(1, tr.steps - tr.warmup_steps)
+    progress = min(1.0, (step - tr.warmup_steps) / max(1, tr.steps - 1 - tr.warmup_steps))
     return tr.lr * (tr.min_lr_ratio + (1 - tr.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -143,13 +144,14 @@ class Stepper:
         return torch.zeros((), device=self.device)
 
     def _sync(self, model: torch.nn.Module, last: bool):
-        """Gradient reduction on the last micro-batch only: DDP's no_sync; FSDP2 for ZeRO 1
-        (ZeRO 2 and 3 reduce-scatter every micro-batch, keeping gradients sharded)."""
+        """Gradient reduction on the last micro-batch only: DDP's no_sync (ZeRO 0); FSDP2 for
+        ZeRO 1 and for ZeRO 0 with tensor parallel (FSDP2 with a shard group of one, see
+        ``apply_dp``); ZeRO 2 and 3 reduce-scatter every micro-batch, keeping gradients sharded."""
         zero = self.layout.zero_stage
-        if zero == 0 and hasattr(model, "no_sync") and not last:
-            return model.no_sync()
-        if zero >= 1 and hasattr(model, "set_requires_gradient_sync"):
+        if hasattr(model, "set_requires_gradient_sync"):
             model.set_requires_gradient_sync(last or zero >= 2)
+        elif zero == 0 and hasattr(model, "no_sync") and not last:
+            return model.no_sync()
         return contextlib.nullcontext()
 
     # --- after backward ------------------------------------------------------------------
