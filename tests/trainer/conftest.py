@@ -4,6 +4,7 @@ once per session: ``python -m reference_trainer --config a.yaml --config b.yaml 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.trainer.helpers import TINY_GPT, TINY_LLAMA, run_trainer, write_config
@@ -24,9 +25,13 @@ def single_sweep(tmp_path_factory):
     """One process: the reference runs, an fp16 run with one injected overflow, and (last, as it
     stops the sweep with exit code 3) a run whose losses stay non-finite."""
     folder = tmp_path_factory.mktemp("single")
+    tokens = folder / "tokens.bin"  # a memory-mapped token file: a repeating ramp, 40 samples of 64
+    (np.arange(40 * 64 + 1) % 97).astype(np.uint16).tofile(tokens)
     configs = [
         write_config(folder, "gpt-1", TINY_GPT, {"dp": 1}),
         write_config(folder, "llama-1", TINY_LLAMA, {"dp": 1}),
+        write_config(folder, "gpt-memmap", TINY_GPT, {"dp": 1}, data={"path": str(tokens), "workers": 1},
+                     training={"steps": 10}),
         write_config(folder, "fp16-overflow", TINY_GPT, {"dp": 1}, training={"steps": 5, "precision": "fp16"}),
         write_config(folder, "stop-nonfinite", TINY_GPT, {"dp": 1}, training={"max_nonfinite_steps": 2}),
     ]

@@ -181,3 +181,18 @@ def test_flags_fire_past_their_limits_and_not_below():
     assert fired["comm_share"]["limit"] == 0.15 and fired["bubble_fraction"]["limit"] == 0.15
     assert fired["data_wait_share"]["limit"] == 0.10 and "prefetch" in fired["data_wait_share"]["advice"]
     assert not math.isnan(fired["bubble_fraction"]["value"])
+
+
+@pytest.mark.slow
+def test_a_run_from_a_memmapped_token_file(single_sweep):
+    from reference_trainer.record import load_record
+    from tests.trainer.helpers import column, explain
+
+    runs, proc = single_sweep
+    rec = load_record(runs / "gpt-memmap")
+    assert rec["status"] == "completed", explain(proc)
+    assert rec["config"]["data"]["path"].endswith("tokens.bin")
+    loss = column(runs / "gpt-memmap", "loss")
+    # A ramp mod 97 is learnable in context: 10 steps at lr 1e-3 bring the loss well below the
+    # untrained log(vocab) = log(512) = 6.24.
+    assert loss[0] == pytest.approx(math.log(512), abs=0.5) and loss[-1] < loss[0] - 0.5
