@@ -153,26 +153,86 @@ DIMS: dict[str, Dim] = {d.name: d for d in LAYOUT_DIMS}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Job:
-    """The training job: how much, in what precision, at what price."""
+class Option:
+    """One option of the job (a field of ``Job``, below) or of operations, declared once: the CLI
+    flag, the explorer's field and the default all come from here. ``name``, ``type`` and
+    ``default`` come from the dataclass field."""
 
-    tokens: float | None = None  # None: 20 tokens per parameter (Chinchilla)
-    global_batch: int | None = None  # sequences; None: about 4M tokens per step
-    precision: str = "bf16"
-    attention: str = "flash"
-    overlap_grad_reduce: bool = True  # DP gradient reduction overlapped with backward (DDP/FSDP do)
-    price_usd_per_gpu_hour: float | None = None  # None: the hardware profile's figure
-    pue: float = 1.2  # power usage effectiveness of the data centre
-    mode: str = "pretrain"  # pretrain | full-finetune | lora
-    lora_r: int = 8  # the seed article's LoRA config: r=8, alpha=16, q_proj and v_proj
-    lora_alpha: float = 16.0
-    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
-    packing_efficiency: float = 1.0  # real tokens / sequence positions (1.0: documents packed, no padding)
-    kernels: str = "fused"  # element-wise kernels: fused (Megatron-LM) or eager (the reference trainer)
+    help: str
+    label: str = ""  # the explorer's label; empty: not in the explorer
+    choices: tuple = ()
+    low: float | None = None  # the explorer's bounds
+    high: float | None = None
+    step: float | None = None
+    flag: str = ""  # default: "--" + the name with dashes
+    count: bool = False  # given as a count with a suffix (1T, 2.5B; planner.units.parse_count)
+    group: str = "job"  # the explorer's sidebar section
+    name: str = ""
+    type: str = ""  # the annotation: "int", "float | None", "tuple[str, ...]", ...
+    default: object = None
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def optional(self) -> bool:
+        return self.type.endswith("| None")
+
+    @property
+    def base_type(self) -> str:
+        return self.type.split("|")[0].split("[")[0].strip()
+
+
+def _opt(default: object, **spec: object):
+    return dataclasses.field(default=default, metadata={"option": Option(**spec)})
+
+
+def options_of(cls: type) -> tuple[Option, ...]:
+    """The options a dataclass declares with ``_opt``, with their names, types and defaults."""
+    return tuple(dataclasses.replace(f.metadata["option"], name=f.name, type=str(f.type), default=f.default)
+                 for f in dataclasses.fields(cls) if "option" in f.metadata)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """The training job: how much, in what precision, at what price. Each field is an option,
+    declared here once (see ``Option``)."""
+
+    tokens: float | None = _opt(None, help="tokens to train, e.g. 1T (default: 20 per parameter, Chinchilla)",
+                                label="Tokens to train (billions; 0: default)", low=0.0, high=1e6, step=100.0,
+                                count=True)
+    global_batch: int | None = _opt(None, help="sequences per step (default: about 4M tokens)",
+                                    label="Global batch, sequences (0: about 4M tokens)", low=0, high=10_000_000,
+                                    group="layout")
+    precision: str = _opt("bf16", help="number format of the matmuls", label="Precision", choices=PRECISIONS)
+    attention: str = _opt("flash", help="flash (fused, no score matrix kept) or standard", label="Attention",
+                          choices=ATTENTION)
+    # DP gradient reduction overlapped with backward (DDP/FSDP do)
+    overlap_grad_reduce: bool = _opt(True, help="DP gradient reduction after backward, not during it",
+                                     label="Overlap DP reduction with backward", flag="--no-overlap")
+    price_usd_per_gpu_hour: float | None = _opt(None, help="USD (default: the profile's indicative rate)",
+                                                label="Price per GPU-hour (USD; empty: the profile's)", low=0.0,
+                                                high=1000.0, step=0.25, flag="--price-per-gpu-hour")
+    pue: float = _opt(1.2, help="data-centre power usage effectiveness (default 1.2)", label="PUE", low=1.0,
+                      high=3.0, step=0.05)
+    mode: str = _opt("pretrain", help="pretrain, full-finetune, or lora (frozen model + rank-r adapters)",
+                     label="Training", choices=MODES, group="finetune")
+    # LoRA defaults: r=8, alpha=16 on q_proj and v_proj, as in Hu et al. 2021 (Sec. 7.1) and PEFT's examples.
+    lora_r: int = _opt(8, help="LoRA rank (default 8)", label="LoRA rank r", low=1, high=4096, group="finetune")
+    lora_alpha: float = _opt(16.0, help="LoRA alpha (default 16; scales, costs nothing)", label="LoRA alpha",
+                             low=0.01, high=65536.0, step=1.0, group="finetune")
+    lora_targets: tuple[str, ...] = _opt(("q_proj", "v_proj"), label="LoRA targets", group="finetune",
+                                         help=f"comma-separated, from {','.join(LORA_TARGETS)} (default q_proj,v_proj)")
+    packing_efficiency: float = _opt(1.0, help="share of sequence positions holding real tokens (default 1.0: packed)",
+                                     label="Packing efficiency", low=0.01, high=1.0, step=0.05, group="operations")
+    kernels: str = _opt("fused", help="element-wise kernels: fused (Megatron-LM, default) or eager (plain PyTorch, "
+                                      "as the reference trainer)", label="Element-wise kernels", choices=KERNELS)
     # The software stack (a name in stacks/ or a stack file): its kernels, overlaps, sharding
     # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
-    stack: str = "fsdp2"
-    compile: bool = False
+    stack: str = _opt("fsdp2", help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
+                                    "reference, or a stack file (default fsdp2; `planner stacks` lists them)")
+    compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
@@ -182,7 +242,7 @@ class Job:
         require(self.global_batch is None or self.global_batch >= 1, "global_batch", self.global_batch,
                 "a positive integer (sequences)")
         require(self.price_usd_per_gpu_hour is None or self.price_usd_per_gpu_hour >= 0,
-                "price_per_gpu_hour", self.price_usd_per_gpu_hour, "zero or more (USD)")
+                "price_usd_per_gpu_hour", self.price_usd_per_gpu_hour, "zero or more (USD)")
         require(1.0 <= self.pue <= 3.0, "pue", self.pue, "between 1.0 and 3.0")
         require(self.mode in MODES, "mode", self.mode, f"one of {', '.join(MODES)}")
         require(0 < self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
@@ -210,6 +270,9 @@ class Job:
 
     def replace(self, **changes: object) -> "Job":
         return dataclasses.replace(self, **changes)
+
+
+JOB_OPTIONS: tuple[Option, ...] = options_of(Job)
 
 
 class Candidates:

@@ -1,0 +1,167 @@
+"""The planner's inputs from one mapping of declared names -> values: what the CLI and the explorer
+both call, so a flag and an explorer field mean the same thing.
+
+The names are those declared once elsewhere: the model's (``preset``, ``params`` or a shape), the
+hardware's (``gpu``, ``gpus``, ``gpus_per_node``), the job's options (``planner.core.layout.Job``),
+the operations options (``OPS_OPTIONS`` below) and the layout's pinnable dimensions
+(``planner.core.layout.PIN_DIMS``). A missing name or ``None`` takes the declared default; text is
+parsed the way the CLI reads it (``tokens="1T"``, ``lora_targets="q_proj,v_proj"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from planner.core.layout import JOB_OPTIONS, PIN_DIMS, Job, Option, options_of
+from planner.core.model import ARCHS, ModelSpec
+from planner.core.presets import get_preset, resolve_params
+from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
+from planner.core.search import Pins
+from planner.errors import PlannerError
+from planner.hardware import HardwareProfile, get_profile
+from planner.units import parse_count
+
+DEFAULT_GPU = "a100-80g"
+DEFAULT_GPUS = 8
+SHAPE_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
+_OPS = Operations()  # the operations defaults, converted to the options' units below
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpsOptions:
+    """Failures, checkpoints, storage and data as a user gives them (hours, minutes, GB/s); each
+    field an option declared once. ``Operations`` (SI units) is built from them."""
+
+    mtbf_gpu_hours: float | None = dataclasses.field(default=None, metadata={"option": Option(
+        help=f"mean time between failures per GPU (default {LLAMA3_MTBF_GPU_HOURS:,.0f}: Llama 3's 419 "
+             "interruptions in 54 days on 16,384 GPUs; inf: none)",
+        label="MTBF per GPU, hours (0: no failures)", low=0.0, high=1e9, step=1000.0, group="operations")})
+    mtbf_node_hours: float | None = dataclasses.field(default=None, metadata={"option": Option(
+        help="the same per node (divided among its GPUs)")})
+    restart_minutes: float = dataclasses.field(default=_OPS.restart_s / 60, metadata={"option": Option(
+        help=f"detect + reschedule + re-init (default {_OPS.restart_s / 60:g})",
+        label="Restart after a failure, minutes", low=0.0, high=1440.0, step=1.0, group="operations")})
+    storage_gbps: float | None = dataclasses.field(default=None, metadata={"option": Option(
+        help=f"storage bandwidth in GB/s, read and write (default {_OPS.storage_write_bytes_per_s / 1e9:g})",
+        label="Storage bandwidth, GB/s (empty: default)", low=0.001, high=100000.0, step=1.0,
+        group="operations")})
+    storage_write_gbps: float | None = dataclasses.field(default=None, metadata={"option": Option(
+        help="checkpoint write bandwidth, GB/s, aggregate")})
+    storage_read_gbps: float | None = dataclasses.field(default=None, metadata={"option": Option(
+        help="read bandwidth (loads, data), GB/s, aggregate")})
+    keep_last: int = dataclasses.field(default=_OPS.keep_last, metadata={"option": Option(
+        help=f"checkpoints kept (default {_OPS.keep_last})", label="Checkpoints kept", low=1, high=1000,
+        group="operations")})
+    checkpoint_interval: int | None = dataclasses.field(default=None, metadata={"option": Option(
+        help="steps between checkpoints (default: Young/Daly optimum)")})
+    epochs: float = dataclasses.field(default=_OPS.epochs, metadata={"option": Option(
+        help=f"passes over the dataset (sizes it; default {_OPS.epochs:g})", label="Epochs over the dataset",
+        low=0.01, high=1000.0, step=1.0, group="operations")})
+    token_bytes: int | None = dataclasses.field(default=None, metadata={"option": Option(
+        help="bytes per stored token (default 2 if vocab <= 65536, else 4)")})
+
+
+OPS_OPTIONS: tuple[Option, ...] = options_of(OpsOptions)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inputs:
+    model: ModelSpec
+    model_note: str
+    hardware: HardwareProfile
+    gpus: int
+    job: Job
+    pins: Pins
+    ops: Operations
+
+
+def _value(values: Mapping[str, object], o: Option) -> object:
+    """One option's value from the mapping: its default when absent or None, text parsed."""
+    v = values.get(o.name)
+    if v is None:
+        return o.default
+    if isinstance(v, str):
+        if o.base_type == "tuple":
+            return tuple(t.strip() for t in v.split(",") if t.strip())
+        if o.count:
+            return parse_count(v, o.name)
+    return v
+
+
+def job_from(values: Mapping[str, object]) -> Job:
+    return Job(**{o.name: _value(values, o) for o in JOB_OPTIONS})
+
+
+def pins_from(values: Mapping[str, object]) -> Pins:
+    return Pins(**{d.name: values.get(d.name) for d in PIN_DIMS})
+
+
+def ops_from(values: Mapping[str, object], gpus_per_node: int) -> Operations:
+    o = OpsOptions(**{opt.name: _value(values, opt) for opt in OPS_OPTIONS})
+    if o.mtbf_gpu_hours is not None and o.mtbf_node_hours is not None:
+        raise PlannerError("mtbf_node_hours", o.mtbf_node_hours, "give --mtbf-gpu-hours or --mtbf-node-hours")
+    mtbf = LLAMA3_MTBF_GPU_HOURS if o.mtbf_gpu_hours is None else o.mtbf_gpu_hours
+    if o.mtbf_node_hours is not None:
+        if not o.mtbf_node_hours > 0:
+            raise PlannerError("mtbf_node_hours", o.mtbf_node_hours, "greater than zero hours (inf: no failures)")
+        mtbf = o.mtbf_node_hours * gpus_per_node  # a node failing stops all its GPUs' work
+    for name in ("storage_gbps", "storage_write_gbps", "storage_read_gbps"):
+        value = getattr(o, name)
+        if value is not None and not value > 0:
+            raise PlannerError(name, value, "greater than zero GB/s")
+    write = (o.storage_write_gbps or o.storage_gbps or _OPS.storage_write_bytes_per_s / 1e9) * 1e9
+    read = (o.storage_read_gbps or o.storage_gbps or _OPS.storage_read_bytes_per_s / 1e9) * 1e9
+    return Operations(mtbf_gpu_hours=mtbf, restart_s=o.restart_minutes * 60, storage_write_bytes_per_s=write,
+                      storage_read_bytes_per_s=read, keep_last=o.keep_last,
+                      checkpoint_interval_steps=o.checkpoint_interval, epochs=o.epochs, token_bytes=o.token_bytes)
+
+
+def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
+    """A preset, a parameter count (nearest preset or a LLaMA-style shape) or a shape; shape keys
+    given with a preset or a count override its shape."""
+    preset, params = values.get("preset"), values.get("params")
+    shape = {k: values[k] for k in SHAPE_KEYS if values.get(k) is not None}
+    if preset and params:
+        raise PlannerError("params", params, "give --preset or --params, not both")
+    if preset:
+        spec, note = get_preset(str(preset)), f"preset {preset}"
+    elif params:
+        spec, note = resolve_params(parse_count(params, "params") if isinstance(params, str) else float(params))
+    elif {"layers", "hidden", "heads"} <= set(shape):
+        if shape.get("arch") is not None and shape["arch"] not in ARCHS:
+            raise PlannerError("arch", shape["arch"], f"one of {', '.join(ARCHS)}")
+        return ModelSpec(name="custom", **shape), "shape from flags"
+    else:
+        raise PlannerError("model", "none", "give --preset NAME, --params 33B, or --layers, --hidden and --heads")
+    if shape:
+        if "arch" in shape and shape["arch"] != spec.arch:
+            shape.setdefault("ffn_hidden", None)
+            shape.setdefault("tied_embeddings", None)
+        if "heads" in shape and shape.get("kv_heads") is None and spec.kv_heads == spec.heads:
+            shape["kv_heads"] = None  # keep multi-head attention when only heads changes
+        spec = spec.replace(name=f"{spec.name}+custom", **shape)
+        note += " with " + ", ".join(f"{k}={v}" for k, v in shape.items() if v is not None)
+    return spec, note
+
+
+def hardware_from(name: str, gpus_per_node: int | None) -> HardwareProfile:
+    hw = get_profile(name)
+    return hw.with_gpus_per_node(gpus_per_node) if gpus_per_node else hw
+
+
+def build_inputs(values: Mapping[str, object]) -> Inputs:
+    """(model, hardware, job, pins, operations) from one mapping; raises PlannerError naming the field."""
+    from planner.core.finetune import trainable_params
+
+    model, note = model_from(values)
+    gpus = values.get("gpus")
+    gpus = DEFAULT_GPUS if gpus is None else gpus
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise PlannerError("gpus", gpus, "a positive integer")
+    hw = hardware_from(str(values.get("gpu") or DEFAULT_GPU), values.get("gpus_per_node"))
+    job = job_from(values)
+    trainable_params(model, job)  # validates LoRA targets and rank against this model
+    return Inputs(model=model, model_note=note, hardware=hw, gpus=gpus, job=job, pins=pins_from(values),
+                  ops=ops_from(values, hw.network.gpus_per_node))
