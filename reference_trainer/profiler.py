@@ -4,11 +4,17 @@ A traced step is cut into intervals (profiler timestamps, one clock per process)
 - busy: compute: ``aten::`` ops on the CPU (gloo), or non-NCCL kernels on the GPU;
 - collectives: ``gloo:*`` events on gloo's worker threads (the main thread's ``c10d::allreduce_``
   only records the enqueue), or NCCL collective kernels;
-- receives: ``gloo:recv``, or NCCL SendRecv kernels (pipeline parallel).
+- receives: ``gloo:recv``, or NCCL SendRecv kernels (pipeline parallel);
+- waits: DTensor's ``_c10d_functional::wait_tensor`` (tensor parallel's collectives). It can sit
+  inside another op (``aten::add`` of a residual whose input is still being all-reduced), so its
+  span is cut out of the compute intervals: the innermost op decides, and waiting is never compute.
 An operation that ends while compute runs was hidden. One that ends while nothing computes was
 waited for, from the end of the last computation before it (or its own start, if later) until
 it completed: its "waiting tail". Inside the forward-backward window, exposed communication is
-the union of the collectives' tails and pipeline idle (bubble) the union of the receives' tails.
+the union of the collectives' tails and the waits, and pipeline idle (bubble) the union of the
+receives' tails. Exposed tensor-parallel communication is the part spent in functional-collective
+waits (on the CPU, where a wait blocks the thread); the rest of the exposed communication is data
+parallel's (DDP's and FSDP2's collectives do not go through ``wait_tensor``).
 A receive lasts until its peer has sent, so the idle time includes the transfer, which neither
 gloo nor NCCL lets us tell apart from waiting; with small activations it is a small part.
 """
@@ -27,6 +33,7 @@ STEP_MARK = "rt:step"
 FWD_BWD_MARK = "rt:fwd_bwd"
 P2P_GLOO = ("gloo:send", "gloo:recv")
 RECV_GLOO = "gloo:recv"
+WAIT_OPS = ("_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -83,44 +90,64 @@ def clip(intervals: list[tuple[float, float]], window: tuple[float, float]) -> l
 
 
 def classify(events, device_type: str) -> dict[str, list[tuple[float, float]]]:
-    """Busy, collective and point-to-point intervals (microseconds) plus the marks' windows."""
-    busy, coll, p2p, marks = [], [], [], {}
+    """Busy, collective, point-to-point and wait intervals (microseconds) plus the marks' windows."""
+    busy, coll, p2p, waits, marks = [], [], [], [], {}
     for e in events:
         span = (float(e.time_range.start), float(e.time_range.end))
         name = e.name
         if name in (STEP_MARK, FWD_BWD_MARK):
             marks[name] = span
         elif device_type == "cuda" and e.device_type == torch.autograd.DeviceType.CUDA:
-            if "nccl" in name.lower():
-                if "SendRecv" in name or "Recv" in name:
-                    p2p.append(span)
-                elif "Send" not in name:
-                    coll.append(span)
-            else:
+            kind = nccl_kind(name)
+            if kind == "p2p":
+                p2p.append(span)
+            elif kind == "collective":
+                coll.append(span)
+            elif kind is None:
                 busy.append(span)
         elif device_type == "cpu":
             if name == RECV_GLOO:
                 p2p.append(span)
             elif name.startswith("gloo:") and name not in P2P_GLOO:
                 coll.append(span)
+            elif name in WAIT_OPS:
+                waits.append(span)
             elif name.startswith("aten::"):
                 busy.append(span)
-    return {"busy": union(busy), "coll": sorted(coll), "p2p": sorted(p2p), "marks": marks}
+    waits = union(waits)
+    return {"busy": subtract(union(busy), waits), "coll": sorted(coll), "p2p": sorted(p2p), "waits": waits,
+            "marks": marks}
+
+
+def nccl_kind(kernel: str) -> str | None:
+    """An NCCL kernel's role from its name (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``,
+    ``ncclDevKernel_SendRecv``, ``ncclKernel_ReduceScatter_...``): "p2p" for receives and
+    send-receives (pipeline parallel), "send" for a lone send (the receiver books the wait),
+    "collective" for the rest; None for a kernel that is not NCCL's (compute)."""
+    if "nccl" not in kernel.lower():
+        return None
+    if "SendRecv" in kernel or "Recv" in kernel:
+        return "p2p"
+    return "send" if "Send" in kernel else "collective"
 
 
 def analyse(events, device_type: str) -> dict[str, float]:
-    """Seconds of one traced step: communication total/exposed, pipeline idle, fwd-bwd window."""
+    """Seconds of one traced step: communication total/exposed (and its tensor-parallel part),
+    pipeline idle, fwd-bwd window."""
     c = classify(events, device_type)
     step = c["marks"].get(STEP_MARK)
     fb = c["marks"].get(FWD_BWD_MARK)
     if step is None or fb is None:
         return {}
     coll_step = clip(c["coll"], step)
-    coll_fb, p2p_fb, busy_fb = clip(c["coll"], fb), clip(c["p2p"], fb), clip(c["busy"], fb)
+    coll_fb, p2p_fb, busy_fb, waits_fb = clip(c["coll"], fb), clip(c["p2p"], fb), clip(c["busy"], fb), clip(
+        c["waits"], fb)
     idle = waiting_tails(p2p_fb, busy_fb)
-    exposed = subtract(waiting_tails(coll_fb, busy_fb), idle)
+    exposed = subtract(union(waiting_tails(coll_fb, busy_fb) + waits_fb), idle)
+    tp_exposed = subtract(waits_fb, idle)
     return {"comm_total_s": length(coll_step) / 1e6, "comm_exposed_s": length(exposed) / 1e6,
-            "bubble_s": length(idle) / 1e6, "fwd_bwd_s": (fb[1] - fb[0]) / 1e6, "busy_s": length(busy_fb) / 1e6,
+            "comm_exposed_tp_s": length(tp_exposed) / 1e6, "bubble_s": length(idle) / 1e6,
+            "fwd_bwd_s": (fb[1] - fb[0]) / 1e6, "busy_s": length(busy_fb) / 1e6,
             "step_window_s": (step[1] - step[0]) / 1e6}
 
 

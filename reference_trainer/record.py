@@ -88,10 +88,11 @@ def _rank_breakdown(r: dict) -> dict:
     if traced:
         frac = lambda key, base: _mean([a[key] / a[base] for a in traced if a[base] > 0]) or 0.0  # noqa: E731
         out["comm_exposed"] = frac("comm_exposed_s", "fwd_bwd_s") * fb
+        out["comm_exposed_tp"] = frac("comm_exposed_tp_s", "fwd_bwd_s") * fb  # functional-collective waits
         out["bubble"] = frac("bubble_s", "fwd_bwd_s") * fb
         out["comm_total"] = frac("comm_total_s", "step_window_s") * step
     else:
-        out["comm_exposed"] = out["bubble"] = out["comm_total"] = None
+        out["comm_exposed"] = out["comm_exposed_tp"] = out["bubble"] = out["comm_total"] = None
     out["compute"] = fb - (out["comm_exposed"] or 0.0) - (out["bubble"] or 0.0)
     return out
 
@@ -139,7 +140,7 @@ def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dic
     peak, peak_source = _peak(config, env)
 
     per_rank = [_rank_breakdown(r) for r in ranks]
-    keys = ("compute", "comm_total", "comm_exposed", "data_wait", "bubble", "optimizer", "other")
+    keys = ("compute", "comm_total", "comm_exposed", "comm_exposed_tp", "data_wait", "bubble", "optimizer", "other")
     breakdown = {k: _mean([b[k] for b in per_rank]) for k in keys}
     for k in ("compute", "data_wait", "optimizer", "other"):
         breakdown[k] = breakdown[k] or 0.0

@@ -25,6 +25,66 @@ def test_waiting_tails():
     assert profiler.waiting_tails(ops, busy) == [(10, 18), (31, 40)]
 
 
+class _Event:
+    """What profiler.classify reads of a torch.profiler FunctionEvent."""
+
+    def __init__(self, name, start, end, device="cpu"):
+        self.name = name
+        self.time_range = type("R", (), {"start": start, "end": end})()
+        self.device_type = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
+
+
+def test_a_wait_nested_inside_an_op_is_communication():
+    # Tensor parallel on the CPU (issue 13): the residual add waits inside aten::add for the
+    # all-reduce of its input (DTensor's wait_tensor); gloo runs the all-reduce on its worker
+    # thread from 10 to 88 us. Compute: mm 0-30, the add's own work 30-40 and 90-100.
+    events = [_Event("rt:step", 0, 120), _Event("rt:fwd_bwd", 0, 110), _Event("aten::mm", 0, 30),
+              _Event("aten::add", 30, 100), _Event("_c10d_functional::wait_tensor", 40, 90),
+              _Event("gloo:all_reduce", 10, 88)]
+    out = profiler.analyse(events, "cpu")
+    # Busy = [0, 40) + [90, 100) = 50 us; the wait (40-90) is exposed tensor-parallel
+    # communication, 50 us; the all-reduce's tail (40-88) lies inside it.
+    assert out["busy_s"] == pytest.approx(50e-6)
+    assert out["comm_exposed_s"] == pytest.approx(50e-6)
+    assert out["comm_exposed_tp_s"] == pytest.approx(50e-6)
+    assert out["comm_total_s"] == pytest.approx(78e-6)
+    assert out["bubble_s"] == 0.0
+
+
+def test_before_the_fix_the_nested_wait_was_booked_as_hidden():
+    # The same trace without the wait event (what the outer op alone shows): the all-reduce ends
+    # inside aten::add, so it reads as hidden behind compute. The wait event is what tells.
+    events = [_Event("rt:step", 0, 120), _Event("rt:fwd_bwd", 0, 110), _Event("aten::mm", 0, 30),
+              _Event("aten::add", 30, 100), _Event("gloo:all_reduce", 10, 88)]
+    assert profiler.analyse(events, "cpu")["comm_exposed_s"] == 0.0
+
+
+def test_nccl_kernel_names_on_a_gpu_trace_fixture():
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "nccl_kernels.json").read_text())
+    events = [_Event(e["name"], e["start"], e["end"], e["device"]) for e in data["events"]]
+    kinds = {e["name"].split("(")[0]: profiler.nccl_kind(e["name"]) for e in data["events"] if e["device"] == "cuda"}
+    assert kinds["ncclDevKernel_AllReduce_Sum_bf16_RING_LL"] == "collective"
+    assert kinds["ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"] == "collective"
+    assert kinds["ncclKernel_AllGather_RING_LL_Sum_int8_t"] == "collective"
+    assert kinds["ncclDevKernel_SendRecv"] == "p2p" and kinds["ncclDevKernel_Recv"] == "p2p"
+    assert kinds["ncclDevKernel_Send"] == "send"
+    assert sum(k is None for k in kinds.values()) == 4  # two gemms, an element-wise add, flash attention
+    out = profiler.analyse(events, "cuda")
+    # Compute kernels: [0,100) [160,300) [420,500) [760,800) = 360 us.
+    # Collectives in fwd-bwd: all-reduce 50-150 ends at 150, after compute ended at 100: tail 100-150;
+    # reduce-scatter 480-560 ends after the flash kernel (500): tail 500-560; all-gather 600-700:
+    # nothing computes from 500 to 700, tail 600-700. Receives: send-recv 250-400 ends at 400,
+    # compute ended at 300: idle 300-400; recv 700-750: idle 700-750.
+    assert out["busy_s"] == pytest.approx(360e-6)
+    assert out["bubble_s"] == pytest.approx(150e-6)
+    assert out["comm_exposed_s"] == pytest.approx((50 + 60 + 100) * 1e-6)
+    # total: every collective in the step window, the optimizer's f64 all-reduce too; sends are not.
+    assert out["comm_total_s"] == pytest.approx((100 + 80 + 100 + 50) * 1e-6)
+
+
 @pytest.mark.slow
 def test_dp2_communication_is_measured_and_below_the_step(two_sweep):
     runs, proc = two_sweep
