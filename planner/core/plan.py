@@ -1,7 +1,8 @@
 """The answer to 'how should I train this, will it fit, how long': the best layout and its runners-up.
 
-``plan`` searches the layouts left free by the user's pins; when the pins leave only layouts that
-do not fit, it also finds the nearest layout that does (fewest pinned fields changed, then fastest).
+``plan`` evaluates one table (every layout of the free search plus the pinned values) and selects
+from it the layouts with the user's pins; when those do not fit, it also finds the nearest layout
+that does (fewest pinned fields changed, then fastest).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.layout import RECOMPUTE, SCHEDULES, Job
+from planner.core.layout import DIMS, Job
 from planner.core.model import ModelSpec
 from planner.core.resilience import Operations
 from planner.core.results import Estimate, estimate_at
-from planner.core.search import Pins, SearchResult, search
+from planner.core.search import Pins, SearchResult, enumerate_layouts, matches, search, searched_by_default, select
+from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
 
 
@@ -33,35 +35,57 @@ class Plan:
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
          objective: str = "time", top: int = 5, ops: Operations = Operations()) -> Plan:
-    result = search(model, hw, job, gpus, pins, objective)
+    """The best layout with these pins, its runners-up and, when it does not fit, the nearest
+    layout that does: all from one evaluated table (``evaluate_table``)."""
+    return plan_from_table(evaluate_table(model, hw, job, gpus, pins, objective), model, hw, job, gpus, pins,
+                           top, ops)
+
+
+def evaluate_table(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
+                   objective: str = "time") -> SearchResult:
+    """Every layout the free search tries plus the pinned values, evaluated once and ranked: the
+    layouts of the pins, of the pins with one freed, and of no pins are all selections of it."""
+    return search(model, hw, job, gpus, pins, objective, widen=True)
+
+
+def plan_from_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int,
+                    pins: Pins = Pins(), top: int = 5, ops: Operations = Operations()) -> Plan:
+    """``plan`` from an evaluated table; raises PlannerError when no layout has these pins."""
+    c = table.evaluation.candidates
+    rows = np.flatnonzero(matches(c, pins))
+    if rows.size == 0 or pins.pinned():
+        # The pins' own checks, and the reason when no layout has them (enumeration only, no evaluation).
+        _, why = enumerate_layouts(model, gpus, job, pins)
+        if rows.size == 0:
+            raise PlannerError("layout", pins.pinned() or "search", why)
+    result = select(table, rows)
     ev = result.evaluation
     best = estimate_at(ev, 0, model, hw, job, ops)
     count = min(len(ev.candidates), top + 1) if best.fits else 1
     runners = tuple(estimate_at(ev, i, model, hw, job, ops) for i in range(1, count) if bool(ev.fits[i]))
-    nearest = None
-    if not best.fits:
-        nearest = nearest_fitting(model, hw, job, gpus, pins, objective, ops)
+    nearest = None if best.fits else nearest_in_table(table, model, hw, job, pins, ops)
     return Plan(best=best, runners_up=runners, result=result, nearest_fit=nearest, pinned=tuple(pins.pinned()))
 
 
 def nearest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins,
                     objective: str, ops: Operations = Operations()) -> Estimate | None:
-    """The fitting layout that changes the fewest pinned fields (then the best by objective)."""
-    free = search(model, hw, job, gpus, Pins(), objective)
-    ev = free.evaluation
-    fits = np.flatnonzero(ev.fits)
+    """The nearest fitting layout to these pins (see ``nearest_in_table``), from a fresh table."""
+    table = evaluate_table(model, hw, job, gpus, pins, objective)
+    return nearest_in_table(table, model, hw, job, pins, ops)
+
+
+def nearest_in_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, job: Job, pins: Pins,
+                     ops: Operations = Operations()) -> Estimate | None:
+    """The fitting layout of the free search that changes the fewest pinned fields (then the best
+    by the objective)."""
+    ev = table.evaluation
+    c = ev.candidates
+    fits = np.flatnonzero(ev.fits & searched_by_default(c, job))
     if fits.size == 0:
         return None
-    c = ev.candidates
-    columns = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "micro_batch": c.micro_batch, "zero_stage": c.zero_stage,
-               "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "schedule": c.schedule}
     changed = np.zeros(len(c), dtype=int)
     for name, value in pins.pinned().items():
-        if name == "recompute":
-            value = RECOMPUTE.index(value)
-        elif name == "schedule":
-            value = SCHEDULES.index(value)
-        changed += columns[name] != value
-    # The evaluation is already in rank order, so the first fitting row with the fewest changes wins.
+        changed += getattr(c, name) != DIMS[name].encode([value])[0]
+    # The table is in rank order, so the first fitting row with the fewest changes wins.
     i = fits[np.argmin(changed[fits])]
     return estimate_at(ev, int(i), model, hw, job, ops)

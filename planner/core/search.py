@@ -101,18 +101,30 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins) -> list[tuple[int, int, int, 
     return out
 
 
-def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> tuple[Candidates, str]:
-    """All valid layouts as columns, and a reason when there are none."""
-    _check_pins(model, gpus, pins, job.global_batch)
-    mesh = _mesh(model, gpus, pins)
+def _values(d, job: Job, pinned: object, widen: bool) -> list:
+    """The values of one dimension the enumeration tries: the pinned one, or those it declares for
+    the search (``widen``: those and the pinned one)."""
+    searched = list(d.searched(job))
+    if pinned is None:
+        return searched
+    return searched + [pinned] * (pinned not in searched) if widen else [pinned]
+
+
+def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins(),
+                      widen: bool = False) -> tuple[Candidates, str]:
+    """All valid layouts as columns, and a reason when there are none. ``widen``: every layout of
+    the free search plus the pinned values, unchecked, so that the layouts of these pins, and of
+    any of them freed, are a selection of one table (``matches``)."""
+    if not widen:
+        _check_pins(model, gpus, pins, job.global_batch)
+    mesh = _mesh(model, gpus, Pins() if widen else pins)
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing "
                                     f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
                                     f"({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
     free = [d for d in LAYOUT_DIMS if d.searched is not None]
-    codes = [d.encode([getattr(pins, d.name)] if getattr(pins, d.name) is not None else list(d.searched(job)))
-             for d in free]
+    codes = [d.encode(_values(d, job, getattr(pins, d.name), widen)) for d in free]
     grid = [g.reshape(-1) for g in np.meshgrid(np.arange(len(mesh)), *(np.arange(len(c)) for c in codes),
                                                indexing="ij")]
     dp, tp, pp, vpp = np.array(mesh, dtype=np.int64)[grid[0]].T
@@ -135,6 +147,23 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     return c, ""
 
 
+def matches(c: Candidates, pins: Pins) -> np.ndarray:
+    """The rows of ``c`` that agree with every pinned field."""
+    keep = np.ones(len(c), dtype=bool)
+    for name, value in pins.pinned().items():
+        keep &= getattr(c, name) == DIMS[name].encode([value])[0]
+    return keep
+
+
+def searched_by_default(c: Candidates, job: Job) -> np.ndarray:
+    """The rows of ``c`` that the search tries with nothing pinned (a widened table holds more)."""
+    keep = ~(c.sequence_parallel & (c.tp == 1))
+    for d in LAYOUT_DIMS:
+        if d.searched is not None:
+            keep &= np.isin(getattr(c, d.name), d.encode(list(d.searched(job))))
+    return keep
+
+
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     """Fitting layouts first; within each group by the objective, then by memory; layouts that
     do not fit by how much they exceed capacity."""
@@ -149,13 +178,14 @@ def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
 
 
 def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
-           objective: str = "time") -> SearchResult:
+           objective: str = "time", widen: bool = False) -> SearchResult:
+    """Enumerate, evaluate, rank. ``widen``: the table of ``enumerate_layouts(widen=True)``."""
     start = time.perf_counter()
     if not hw.gpu.supports(job.precision):
         have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
         raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
                                                        f"choose one of {', '.join(have)}")
-    c, why = enumerate_layouts(model, gpus, job, pins)
+    c, why = enumerate_layouts(model, gpus, job, pins, widen)
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
     ev = evaluate(model, hw, job, c, gpus)
@@ -163,6 +193,12 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
     ev = take(ev, order)
     return SearchResult(evaluation=ev, evaluated=len(c), feasible=int(ev.fits.sum()),
                         search_seconds=time.perf_counter() - start, objective=objective)
+
+
+def select(result: SearchResult, index: np.ndarray) -> SearchResult:
+    """The search result restricted to ``index`` (rank order kept when ``index`` ascends)."""
+    ev = take(result.evaluation, index)
+    return dataclasses.replace(result, evaluation=ev, evaluated=len(index), feasible=int(ev.fits.sum()))
 
 
 def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
