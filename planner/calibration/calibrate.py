@@ -130,16 +130,6 @@ def calibrate(runs: list[Measurement], base: HardwareProfile, factors: tuple[str
                base_errors=base_errors, loo_errors=loo)
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(float(v)) if isinstance(v, float) else str(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def calibrated_profile_toml(base: HardwareProfile, fit: Fit, runs: list[Measurement], name: str) -> str:
     """The base profile file with its [efficiency] replaced by the fit, plus [provenance]."""
     import tomllib
@@ -159,14 +149,13 @@ def calibrated_profile_toml(base: HardwareProfile, fit: Fit, runs: list[Measurem
     if fit.loo_errors is not None:
         prov["loo_mean_abs_error"] = mean(fit.loo_errors)
     data["provenance"] = prov
-    lines = [f"# Calibrated by `planner calibrate` from {len(runs)} runs on {prov['date']}; base: {base.name}."]
-    for key, value in data.items():
-        if not isinstance(value, dict):
-            lines.append(f"{key} = {_toml_value(value)}")
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines += ["", f"[{key}]"] + [f"{k} = {_toml_value(v)}" for k, v in value.items()]
-    return "\n".join(lines) + "\n"
+    import tomli_w  # a real TOML writer: names with quotes or newlines stay strings (imported here: CLI start-up)
+
+    prov = {k: v for k, v in prov.items() if v is not None}  # TOML has no null
+    data["provenance"] = prov
+    base_name = " ".join(str(base.name).split())  # no newline can end the comment line
+    head = f"# Calibrated by `planner calibrate` from {len(runs)} runs on {prov['date']}; base: {base_name}.\n"
+    return head + tomli_w.dumps(data)
 
 
 def describe_fit(fit: Fit, runs: list[Measurement]) -> str:

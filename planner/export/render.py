@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.rules import node_split, problems
+from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
 from planner.units import GIB, fmt_count
 
@@ -127,7 +128,18 @@ def _shell(argv: list[str]) -> str:
 
 
 def _heredoc(path_var: str, text: str, tag: str) -> list[str]:
+    """``text`` written to the file named by $path_var; the quoted tag turns off every expansion,
+    and is lengthened until no line of ``text`` equals it."""
+    while tag in text.splitlines():
+        tag += "_"
     return [f"cat > \"${path_var}\" <<'{tag}'", text.rstrip("\n"), tag]
+
+
+def _default(var: str, value: str) -> str:
+    """``VAR`` from the environment, else ``value``: quoted with shlex.quote, never expanded (a
+    value like '$(cmd)' stays that text)."""
+    return f'{var}="${{{var}:-}}"; [ -n "${var}" ] || {var}={shlex.quote(value)}'
+
 
 
 # --- the formats ----------------------------------------------------------------------------
@@ -149,11 +161,11 @@ def torchrun_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
              f"every one of the {nodes} nodes, with NODE_RANK=0..{nodes - 1} and MASTER_ADDR = node 0's address")
     config = yaml_dump(run_config(e, opts))
     argv = torchrun_argv(e, nodes, per_node, "${NODE_RANK:?set NODE_RANK}", "${MASTER_ADDR:?set MASTER_ADDR}")
-    lines = ["#!/usr/bin/env bash", *(f"# {s}" for s in summary(e, "torchrun", steps, note)),
+    lines = ["#!/usr/bin/env bash", *comment_lines(summary(e, "torchrun", steps, note)),
              f"# Run from the repository root on {where}.", "set -euo pipefail",
-             f"CONFIG=\"${{CONFIG:-{opts.config_path}}}\"", *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
+             _default("CONFIG", opts.config_path), *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
              _shell([*argv, "-m", "reference_trainer", "--config", "$CONFIG"]),
-             "# The same run through the planner's launcher:", f"#   {planner_run_line(e, steps)}"]
+             "# The same run through the planner's launcher:", *comment_lines([planner_run_line(e, steps)], "#  ")]
     return "\n".join(lines) + "\n"
 
 
@@ -198,7 +210,7 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
 def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     steps = train_steps(e, opts)
     nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
-    lines = ["#!/usr/bin/env bash", *(f"# {s}" for s in summary(e, "megatron", steps, note)),
+    lines = ["#!/usr/bin/env bash", *comment_lines(summary(e, "megatron", steps, note)),
              "# Megatron-LM pretrain_gpt.py (Megatron-Core 0.10 or later): run from a Megatron-LM checkout on "
              + ("one node." if nodes == 1 else f"each of the {nodes} nodes with NODE_RANK and MASTER_ADDR set."),
              f"# Data parallel size is implied: world {e.gpus} / (tp {e.layout.tp} x pp {e.layout.pp}) = "
@@ -215,7 +227,7 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     lines += ["DATA_ARGS=(", '  --data-path "${DATA_PATH:?set DATA_PATH to a Megatron .bin/.idx prefix}"',
               "  --tokenizer-type HuggingFaceTokenizer",
               '  --tokenizer-model "${TOKENIZER_MODEL:?set TOKENIZER_MODEL}"', "  --split 99,1,0", ")",
-              "CHECKPOINT_ARGS=(", f'  --save "${{CKPT_DIR:-{ckpt}}}"', f'  --load "${{CKPT_DIR:-{ckpt}}}"',
+              _default("CKPT_DIR", ckpt), "CHECKPOINT_ARGS=(", '  --save "$CKPT_DIR"', '  --load "$CKPT_DIR"',
               f"  --save-interval {checkpoint_interval(e)}", "  --log-interval 10", ")"]
     argv = torchrun_argv(e, nodes, per_node, "${NODE_RANK:?set NODE_RANK}", "${MASTER_ADDR:?set MASTER_ADDR}")
     groups = [*megatron_args(e, steps), "DATA_ARGS", "CHECKPOINT_ARGS"]
@@ -262,13 +274,13 @@ def slurm_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     launch = ["srun", "--kill-on-bad-exit=1", "torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(per_node),
               "--rdzv_id", "$SLURM_JOB_ID", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"$MASTER_ADDR:{MASTER_PORT}",
               "-m", "reference_trainer", "--config", "$CONFIG"]
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={shlex.quote(name)}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --gpus-per-node={per_node}", "#SBATCH --exclusive",
-             *(f"# {s}" for s in summary(e, "slurm", steps, note)),
+             *comment_lines(summary(e, "slurm", steps, note)),
              f"# No --time: the run is predicted to take {e.train.days:.1f} days; set your partition's limit and",
              "# resubmit: the run config resumes from the last checkpoint (auto_resume).",
              "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"',
-             f"CONFIG=\"${{CONFIG:-{opts.config_path}}}\"", *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
+             _default("CONFIG", opts.config_path), *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
              'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
              _shell(launch)]
     return "\n".join(lines) + "\n"
