@@ -26,6 +26,7 @@ ATTENTION = ("flash", "standard")
 TOKEN_DTYPES = ("uint16", "uint32")
 # A tiny shape that trains in seconds on a CPU (the default when no model is given).
 DEBUG_MODEL = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64}
+SEED_MAX = 2**32 - 1
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name != "name")
 
 
@@ -260,6 +261,8 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
     spec, lay, tr = config.spec, config.layout, config.training
     _require(re.fullmatch(r"[A-Za-z0-9._-]+", config.run_name) is not None,
              f"run_name={config.run_name!r}: letters, digits, '.', '_' and '-' only")
+    # numpy's generators take seeds >= 0; torch.manual_seed(seed + per-rank offsets) stays below 2**64.
+    _require(0 <= config.seed <= SEED_MAX, f"seed={config.seed}: an integer from 0 to {SEED_MAX}")
     _require(config.attention in ATTENTION, f"model.attention={config.attention!r}: one of {', '.join(ATTENTION)}")
     _require(tr.precision in PRECISIONS, f"training.precision={tr.precision!r}: one of {', '.join(PRECISIONS)}")
     _require(tr.steps >= 1, f"training.steps={tr.steps}: a positive integer")

@@ -1,9 +1,18 @@
-"""Test hooks that inject faults, read from the environment variable REFERENCE_TRAINER_FAULT.
+"""Faults: what the trainer does about them, and test hooks that inject them.
+
+Defences: ``die_with_parent`` (a rank or torchrun dies with its launcher: Linux's parent-death
+signal) and ``RunLock`` (one live run per run folder; a dead job's lock is taken over, said in one
+line).
+
+Test hooks, read from the environment variable REFERENCE_TRAINER_FAULT.
 
 Comma-separated specs, each ``kind:key=value:...``:
   kill:rank=R:step=N:at=step   rank R sends itself SIGKILL in the middle of step N (after backward)
   kill:rank=R:step=N:at=save   rank R sends itself SIGKILL while saving step N's checkpoint
                                (its shards written, the checkpoint not yet committed)
+  stall:rank=R:step=N:at=save:seconds=S
+                               rank R prints "fault: stalling in save of step N" and sleeps S
+                               seconds there (a window for a test to kill the job mid-save)
   overflow:step=N              the loss of step N is multiplied by inf (an fp16 overflow)
   overflow:from=N              every step from N on (repeated non-finite losses)
 Any spec may add ``run=NAME`` to apply only to the run of that name (in a sweep). Steps count
@@ -12,8 +21,13 @@ from 1, as in the logs and the CSV. Unset in normal runs; the run record stores 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import sys
+import time
+from pathlib import Path
 
 ENV = "REFERENCE_TRAINER_FAULT"
 
@@ -42,8 +56,12 @@ def active() -> str | None:
 def maybe_kill(where: str, step: int) -> None:
     rank = int(os.environ.get("RANK", "0"))
     for s in _specs():
-        if s["kind"] == "kill" and int(s["rank"]) == rank and int(s["step"]) == step and s.get("at", "step") == where:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if s["kind"] in ("kill", "stall") and int(s["rank"]) == rank and int(s["step"]) == step and (
+                s.get("at", "step") == where):
+            if s["kind"] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            print(f"fault: stalling in {where} of step {step}", flush=True)
+            time.sleep(float(s.get("seconds", "60")))
 
 
 def overflow(step: int) -> bool:
@@ -52,3 +70,88 @@ def overflow(step: int) -> bool:
                                         or ("from" in s and step >= int(s["from"]))):
             return True
     return False
+
+
+# --- defences ---------------------------------------------------------------------------------
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(expected_parent: int | None = None) -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl(PR_SET_PDEATHSIG)); torchrun
+    starts ranks in their own sessions, so killing the launcher's process group would otherwise
+    leave them training. If the parent is already gone (or is not ``expected_parent``), exit now.
+    Returns False where the signal is not available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    before = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != (expected_parent or before):  # the parent died before the signal was armed
+        os._exit(1)
+    return True
+
+
+class RunLock:
+    """One live run per run folder: a POSIX lock (``lockf``) on ``run.lock``, released by the kernel
+    when the holder dies however it dies; the file names the holder (pid, host, start), so a lock
+    left by a dead job is recognised and taken over with one line. Not inherited by forked loader
+    workers. On a shared filesystem it relies on the filesystem's locks (NFS: lockd)."""
+
+    NAME = "run.lock"
+
+    def __init__(self, folder: Path):
+        self.folder, self.path, self.fd = Path(folder), Path(folder) / self.NAME, None
+
+    def acquire(self, log=None) -> str | None:
+        """Take the lock; returns why not (a live run holds it), or None when held."""
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+            os.close(fd)
+            return (f"run folder {self.folder} is in use by a live run ({holder}); wait for it, stop it, "
+                    "or use another run_name")
+        previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        if previous and log is not None:
+            log(f"taking over the lock of {self.folder}: its holder ({previous}) is no longer running")
+        mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, mine.encode() + b"\n", 0)
+        os.fsync(fd)
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        """Clear the holder and unlock (a clean end: the next run takes it over silently)."""
+        if self.fd is None:
+            return
+        import fcntl
+
+        os.ftruncate(self.fd, 0)
+        fcntl.lockf(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+
+    def probe(self) -> str | None:
+        """Why the folder is busy (a live run holds the lock), or None; holds nothing afterwards."""
+        if not self.path.exists():
+            return None
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+            return f"run folder {self.folder} is in use by a live run ({holder}); wait for it, stop it, or use another run_name"
+        finally:
+            os.close(fd)  # closing any descriptor drops this process's lockf locks on the file
+        return None

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from reference_trainer import faults
 from reference_trainer.config import ConfigError, build_config, config_to_dict, validate
+
+PARENT_ENV = "PLANNER_RUN_PARENT_PID"  # set by `planner run`: this launcher dies with it
 
 # flag -> (section, key) of the run config; section None: top level.
 FLAGS = {
@@ -45,8 +49,21 @@ FLAGS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line naming the flag, the value and what is allowed (exit 2),
+    not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        bad = re.fullmatch(r"argument (\S+): invalid (int|float) value: (.*)", message)
+        if bad:
+            flag, kind, value = bad.groups()
+            message = f"{flag.split('/')[0]}={value}: expected {'an integer' if kind == 'int' else 'a number'}"
+        print(f"error: {message} (planner run --help lists the flags)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="planner run", description="Train with the reference trainer under torchrun "
+    p = _Parser(prog="planner run", description="Train with the reference trainer under torchrun "
                                 "and write a run record under runs/.")
     p.add_argument("--config", help="a run config YAML to start from (flags override its keys)")
     m = p.add_argument_group("model (a preset, a parameter count, or a shape; shape flags override a preset's)")
@@ -153,6 +170,8 @@ def torchrun_command(config_path: Path, nnodes: int, nproc: int, rdzv_endpoint: 
 
 
 def main(argv: list[str]) -> int:
+    if os.environ.get(PARENT_ENV, "").isdigit():
+        faults.die_with_parent(int(os.environ[PARENT_ENV]))
     args = parser().parse_args(argv)
     try:
         data = config_dict(args)
@@ -167,6 +186,9 @@ def main(argv: list[str]) -> int:
         validate(config, world_size=args.nnodes * nproc)
         if args.nnodes > 1 and not args.rdzv_endpoint:
             raise ConfigError(f"--nnodes={args.nnodes}: give --rdzv-endpoint HOST:PORT (the same on every node)")
+        busy = None if args.dry_run else faults.RunLock(config.run_dir).probe()
+        if busy:
+            raise ConfigError(busy)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -190,7 +212,8 @@ def main(argv: list[str]) -> int:
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     print(f"run {config.run_name}: {world} processes ({args.nnodes} node(s) x {nproc}); config {config_path}",
           flush=True)
-    rc = subprocess.call(cmd, env=env)
+    # torchrun dies with this launcher (and its ranks with torchrun: train.py arms the same signal).
+    rc = subprocess.call(cmd, env=env, preexec_fn=faults.die_with_parent)
     record = config.run_dir / "record.json"
     if rc == 0 and record.exists():
         print(f"record: {record}")

@@ -33,14 +33,17 @@ from planner.calibration.record import (  # noqa: F401  (re-exported: the traine
 # --- the per-step CSV -------------------------------------------------------------------------
 class StepCsv:
     """Rank 0 appends one row per step (flushed, so a crash keeps what was done). A resumed run
-    keeps the rows up to the checkpoint it resumed from and rewrites the rest."""
+    keeps the rows up to the checkpoint it resumed from, cuts the file after them (dropping rows a
+    crashed launch wrote past it, and a half-written last line), and appends: never rewritten."""
 
     def __init__(self, path: Path, keep_until: int):
         self.path = path
         self.rows: list[dict] = []
         if keep_until > 0 and path.exists():
-            with open(path, newline="") as f:
-                self.rows = [_parse_row(r) for r in csv.DictReader(f) if int(r["step"]) <= keep_until]
+            self.rows, end = _rows_until(path, keep_until)
+            if end:
+                os.truncate(path, end)
+                return
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, CSV_COLUMNS)
             writer.writeheader()
@@ -50,6 +53,26 @@ class StepCsv:
         self.rows.append(row)
         with open(self.path, "a", newline="") as f:
             csv.DictWriter(f, CSV_COLUMNS).writerow(_format_row(row))
+
+
+def _rows_until(path: Path, step: int) -> tuple[list[dict], int]:
+    """The CSV's rows up to ``step`` and the byte offset just after them; (rows, 0) if the file
+    does not start with the expected header."""
+    lines = path.read_bytes().split(b"\n")
+    if lines[0].rstrip(b"\r").decode(errors="replace") != ",".join(CSV_COLUMNS):
+        return [], 0
+    rows, end = [], len(lines[0]) + 1
+    for line in lines[1:-1]:  # the last piece follows the final newline: empty, or a half-written row
+        values = next(csv.reader([line.rstrip(b"\r").decode(errors="replace")]), [])
+        try:
+            row = _parse_row(dict(zip(CSV_COLUMNS, values)))
+        except ValueError:
+            break
+        if row["step"] is None or row["step"] > step:
+            break
+        rows.append(row)
+        end += len(line) + 1
+    return rows, end
 
 
 def _format_row(row: dict) -> dict:

@@ -76,6 +76,8 @@ class Log:
 def run(configs: list[RunConfig]) -> int:
     """Train each config in turn in one process group (a sweep: the same world size for all,
     checked before); stop at the first that fails. Returns the exit code."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: die with it (ranks run in their own sessions)
+        faults.die_with_parent()
     _single_process_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -97,6 +99,8 @@ def run(configs: list[RunConfig]) -> int:
                     print(f"error: {exc}", file=sys.stderr, flush=True)
                 rc = 2
             finally:
+                if state.get("lock") is not None:
+                    state["lock"].release()
                 # Drop everything that holds the process group before destroying it; gloo otherwise
                 # aborts at interpreter exit ("terminate called without an active exception").
                 state.clear()
@@ -130,8 +134,12 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
         f"sp={lay.sequence_parallel} schedule={lay.schedule}; {tr.precision} on {world} x {device.type}")
 
     run_dir = config.run_dir
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    lock = faults.RunLock(run_dir) if rank == 0 else None  # one live run per run folder
+    busy = [lock.acquire(log) if lock is not None else None]
+    dist.broadcast_object_list(busy, src=0)
+    if busy[0]:
+        raise ConfigError(busy[0])
+    state["lock"] = lock
     layout_key = {k: v for k, v in config_to_dict(config)["layout"].items()}
     ckpt = Checkpointer(config.checkpoint_dir, keep_last=config.checkpoint.keep_last, layout=layout_key,
                         world_size=world)
@@ -149,7 +157,12 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
                 stepper.scaler.load_state_dict(extra["scaler"])
             guard.run, guard.first = extra["guard"]
             log(f"resumed from {path.name} (step {start})")
-    if start >= tr.steps:
+    missing = [start >= tr.steps and rank == 0 and not (run_dir / record.RECORD_JSON).exists()]
+    dist.broadcast_object_list(missing, src=0)
+    rebuild = missing[0]
+    if rebuild:  # killed between the final checkpoint and record.json: write the record now
+        log(f"run {config.run_name} complete but its record is missing: rebuilding it from {record.STEPS_CSV}")
+    elif start >= tr.steps:
         log(f"run {config.run_name} already complete ({start}/{tr.steps} steps in its newest checkpoint); "
             "nothing to do")
         return 0
@@ -217,19 +230,24 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
             log(f"checkpoint step {step} saved")
 
     nvml_summary = nvml.stop()
+    if rebuild:  # no step ran in this launch: the CSV's (rank 0's) timers, and a status that says so
+        rows = csv.rows if csv is not None else []
+        status, message = "completed_rebuilt", (f"record rebuilt on a restart from {record.STEPS_CSV} (rank 0's "
+                                                "timers; memory, traces and NVML not measured)")
     mine = _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml_summary, save_s)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if rank == 0:
         rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
-                                  rows=csv.rows if csv else rows, start_step=start, warmup_steps=warm,
+                                  rows=csv.rows if csv else rows, start_step=0 if rebuild else start,
+                                  warmup_steps=warm,
                                   status=status, message=message, nvml_reason=nvml_reason,
                                   env=_environment(device), fault=faults.active())
         path = record.write_record(run_dir, rec)
         log(record.summary(rec))
         log(f"run record: {path}")
     del batches
-    return EXIT_NONFINITE if status != "completed" else 0
+    return EXIT_NONFINITE if status not in ("completed", "completed_rebuilt") else 0
 
 
 def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s) -> dict:

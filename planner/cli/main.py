@@ -75,7 +75,11 @@ def run_trainer(argv: list[str]) -> int:
         print("planner run: the reference trainer needs torch; "
               "pip install torch==2.13.0 && pip install -e '.[trainer]'", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, "-m", "reference_trainer.launch", *argv])
+    import os
+
+    # The launcher arms a parent-death signal against this pid, so stopping `planner run` stops the run.
+    env = {**os.environ, "PLANNER_RUN_PARENT_PID": str(os.getpid())}
+    return subprocess.call([sys.executable, "-m", "reference_trainer.launch", *argv], env=env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,25 @@
 """Crashes: kill -9 one rank mid-save, then another mid-run, truncate the newest checkpoint, and
 relaunch each time with auto_resume: the run ends with exactly the uninterrupted run's loss
-curve, weights and optimizer state (same layout, same seed: bitwise)."""
+curve, weights and optimizer state (same layout, same seed: bitwise). Then the crash series of
+benchmarks/crash_resume.py (whole job and launcher alone killed at random points, mid-save
+included; a checkpoint corrupted at the same size), the run-folder lock, a checkpoint of another
+layout, and checkpoint files that would run code when unpickled."""
 
 from __future__ import annotations
+
+import importlib.util
+import io
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.trainer.conftest import FAULT, checkpointed_config  # noqa: E402
-from tests.trainer.helpers import explain, steps  # noqa: E402
+from tests.trainer.conftest import FAULT, checkpointed_config
+from tests.trainer.helpers import explain, steps
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +33,7 @@ def final_state(run_dir, tmp_path):
 
     out = tmp_path / f"{run_dir.name}.pt"
     dcp_to_torch_save(run_dir / "checkpoints" / "step_00000008", out)
-    return torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=True)
 
 
 def test_killed_ranks_resume_to_the_uninterrupted_result(two_sweep, tmp_path):
@@ -64,3 +74,94 @@ def test_killed_ranks_resume_to_the_uninterrupted_result(two_sweep, tmp_path):
         for key, value in want[part].items():
             if isinstance(value, torch.Tensor):
                 assert torch.equal(got[part][key], value), key
+
+
+def crash_module():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "crash_resume.py"
+    spec = importlib.util.spec_from_file_location("crash_resume", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_random_kills_resume_from_the_newest_good_checkpoint_bitwise(tmp_path):
+    """4 kills (2 of the whole job, 2 of the launcher alone, mid-save among them), a finishing
+    launch, then a same-size corruption of the newest checkpoint: every launch resumes from the
+    newest good checkpoint, no rank outlives its launcher, steps.csv equals the uninterrupted run."""
+    figures = crash_module().crash_series(tmp_path, kills=4, steps=8, seed=3, say=lambda _: None)
+    assert figures["failures"] == []
+    assert figures["kills"] == 4 and figures["launcher_only"] == 2 and figures["orphans"] == 0
+    assert figures["resumed_from_newest"] == figures["launches"] == 6
+    assert figures["mid_save"] >= 1 and figures["identical"]
+
+
+def test_a_live_run_locks_its_folder_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    from reference_trainer.faults import RunLock
+
+    folder = tmp_path / "run"
+    code = (f"import time; from reference_trainer.faults import RunLock; RunLock({str(folder)!r}).acquire(); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    busy = RunLock(folder).acquire()
+    assert busy is not None and "in use by a live run" in busy and f'"pid": {holder.pid}' in busy
+    assert RunLock(folder).probe() == busy
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+    said = []
+    lock = RunLock(folder)
+    assert lock.probe() is None and lock.acquire(said.append) is None
+    assert len(said) == 1 and said[0].startswith(f"taking over the lock of {folder}") and str(holder.pid) in said[0]
+    lock.release()
+    assert RunLock(folder).acquire(said.append) is None and len(said) == 1  # a clean release: nothing to say
+
+
+def test_a_checkpoint_of_another_layout_exits_2_and_keeps_its_checkpoints(tmp_path):
+    from tests.trainer.helpers import TINY_GPT, run_trainer, write_config
+
+    ckpt = {"checkpoint": {"interval": 2, "keep_last": 1, "dir": str(tmp_path / "ckpt")}, "training": {"steps": 2}}
+    first = write_config(tmp_path, "a", {**TINY_GPT, "layers": 2}, {"dp": 1}, **ckpt)
+    assert run_trainer([first], 1).returncode == 0
+    other = write_config(tmp_path, "b", {**TINY_GPT, "layers": 2}, {"dp": 1, "micro_batch": 1}, **ckpt)
+    proc = run_trainer([other], 1)
+    assert proc.returncode == 2, explain(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "written by another layout" in lines[0] and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000002"]
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def test_checkpoint_metadata_and_extra_state_never_run_code():
+    from reference_trainer.checkpoint import _MetadataUnpickler
+
+    with pytest.raises(pickle.UnpicklingError, match="builtins.print, which is not allowed"):
+        _MetadataUnpickler(io.BytesIO(pickle.dumps(_Payload()))).load()
+    blob = io.BytesIO()
+    torch.save({"rng": torch.zeros(2), "payload": _Payload()}, blob)
+    blob.seek(0)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(blob, weights_only=True)
+
+
+def test_steps_csv_is_cut_after_the_checkpoint_and_appended(tmp_path):
+    from reference_trainer.record import CSV_COLUMNS, StepCsv
+
+    path = tmp_path / "steps.csv"
+    csv = StepCsv(path, keep_until=0)
+    rows = [dict.fromkeys(CSV_COLUMNS, 0.5) | {"step": s, "skipped": 0, "traced": 0, "loss_scale": None}
+            for s in (1, 2, 3)]
+    for row in rows:
+        csv.write(row)
+    head = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b"4,0.5,0.")  # a half-written row from a killed launch
+    resumed = StepCsv(path, keep_until=2)
+    assert [r["step"] for r in resumed.rows] == [1, 2]
+    assert head.startswith(path.read_bytes()) and path.read_bytes().count(b"\n") == 3  # header + 2 rows, cut
+    resumed.write(rows[2])
+    assert path.read_bytes() == head
