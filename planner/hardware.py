@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import PlannerError, closest_names, require
+from planner.schema import Key, check_table
 from planner.units import GB, GIB, TERA
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -59,6 +60,11 @@ class Efficiency:
     memory: float = 0.8351  # fraction of HBM bandwidth reached by element-wise kernels
     # FlashAttention-2 reaches 50-73% of A100 peak forward and backward (Dao 2023, Sec. 4.1).
     flash_attention: float = 0.60
+    # The GPU generation's own fused attention (FlashAttention-3 / cuDNN on Hopper: 60-75% of peak
+    # forward, Shah et al. 2024, FlashAttention-3, Fig. 5); on older GPUs it is FlashAttention-2.
+    fused_attention: float = 0.60
+    # Fraction of the fp8 dense peak a large fp8 GEMM reaches (Hopper: ~65-70%, cuBLASLt).
+    fp8_matmul: float = 0.65
     intra_node_bw: float = 0.8732  # achieved NCCL bus bandwidth / link bandwidth, inside a node
     inter_node_bw: float = 0.85  # the same between nodes
     dp_overlap: float = 1.0  # fraction of the last backward pass that can hide DP communication
@@ -77,11 +83,12 @@ class Efficiency:
     comm_buffer_bytes: float = 0.5 * GIB  # NCCL/gloo buffers when any group has > 1 rank
     fragmentation: float = 0.05  # allocator fragmentation, fraction of activations + gradients
 
-    def replace(self, **changes: float) -> "Efficiency":
+    def replace(self, **changes: float) -> Efficiency:
         return dataclasses.replace(self, **changes)
 
 
 EFFICIENCY_UNITS = {"cuda_context_bytes": ("cuda_context_gib", GIB), "comm_buffer_bytes": ("comm_buffer_gib", GIB)}
+EFFICIENCY_UNITS_BY_FILE_KEY = {key: attr for attr, (key, _) in EFFICIENCY_UNITS.items()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,8 +102,11 @@ class HardwareProfile:
     source: str = ""
     path: str = ""
     calibrated: bool = False
+    # The efficiency factors the file itself sets: those a software stack may not replace
+    # (planner/stacks.py `effective`).
+    efficiency_keys: frozenset[str] = frozenset()
 
-    def with_gpus_per_node(self, gpus_per_node: int) -> "HardwareProfile":
+    def with_gpus_per_node(self, gpus_per_node: int) -> HardwareProfile:
         require(gpus_per_node >= 1, "gpus_per_node", gpus_per_node, "a positive integer")
         # The node's NIC bandwidth is shared by its GPUs: keep the per-node total fixed.
         per_node = self.network.inter_bytes_per_s * self.network.gpus_per_node
@@ -104,7 +114,7 @@ class HardwareProfile:
                                       inter_bytes_per_s=per_node / gpus_per_node)
         return dataclasses.replace(self, network=network)
 
-    def with_efficiency(self, efficiency: Efficiency) -> "HardwareProfile":
+    def with_efficiency(self, efficiency: Efficiency) -> HardwareProfile:
         return dataclasses.replace(self, efficiency=efficiency)
 
 
@@ -117,50 +127,96 @@ def _profile_dirs() -> list[Path]:
     return [root, root / "calibrated"]
 
 
-def _get(table: dict, key: str, where: str) -> float:
-    if key not in table:
-        raise PlannerError(where, "missing", f"profile needs key '{key}'")
-    return table[key]
+# --- the profile file schema (planner/schema.py): units in the key names, converted at load -----
+
+_FRACTION = {"lo": 1e-3, "hi": 1.0}  # a share of a peak: [0.001, 1] (below, nothing would run)
+_SHARE = {"lo": 0.0, "hi": 1.0}  # a share that may be zero: [0, 1]
+TOP_KEYS = {
+    "name": Key(str, default=None), "aliases": Key(list, default=[]), "description": Key(str, default=""),
+    "price_usd_per_gpu_hour": Key(float, 0, 1e4, unit="USD", default=2.0),
+    "gpu": Key(dict), "node": Key(dict), "efficiency": Key(dict, default={}),
+    "provenance": Key(dict, default=None),  # calibrated profiles: how they were fitted (free-form)
+}
+GPU_KEYS = {
+    "model": Key(str, default=None), "source": Key(str, default=""),
+    "memory_gib": Key(float, 1e-3, 1e5, unit="GiB", scale=GIB),
+    "hbm_gb_per_s": Key(float, 1e-2, 1e6, unit="GB/s", scale=GB),
+    "tdp_w": Key(float, 0.1, 1e5, unit="W"),
+    # 0: the precision is not supported; else at least 0.1 GFLOP/s (a slow CPU core)
+    **{f"{p}_tflops": Key(float, 1e-4, 1e6, unit="TFLOP/s dense", scale=TERA, default=0.0, zero_ok=True)
+       for p in PRECISIONS},
+}
+NODE_KEYS = {
+    "gpus_per_node": Key(int, 1, 1024),
+    "intra_node_gb_per_s": Key(float, 1e-3, 1e6, unit="GB/s per GPU per direction", scale=GB),
+    "inter_node_gbit_per_s": Key(float, 1e-3, 1e8, unit="Gbit/s per node", scale=1e9 / 8),
+    "intra_node_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=5e-6),
+    "inter_node_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=10e-6),
+    "description": Key(str, default=""), "compute_slots": Key(int, 1, 4096, default=None),
+}
+# Physical ranges of the efficiency factors (the fit's bounds, planner/calibration/calibrate.py,
+# lie inside them). Defaults are the Efficiency dataclass's, filled in by efficiency_from_table.
+EFFICIENCY_KEYS = {
+    "matmul": Key(float, **_FRACTION), "memory": Key(float, **_FRACTION),
+    "flash_attention": Key(float, **_FRACTION), "intra_node_bw": Key(float, **_FRACTION),
+    "fused_attention": Key(float, **_FRACTION), "fp8_matmul": Key(float, **_FRACTION),
+    "inter_node_bw": Key(float, **_FRACTION), "power_fraction": Key(float, 0.0, 2.0, lo_open=True),
+    "matmul_half_dim": Key(float, 0, 1e6), "dp_overlap": Key(float, **_SHARE),
+    "zero3_overlap": Key(float, **_SHARE), "tp_overlap": Key(float, **_SHARE),
+    "thread_scaling": Key(float, **_SHARE), "fragmentation": Key(float, 0.0, 10.0),
+    "layer_overhead_s": Key(float, 0, 10, unit="s"), "tp_collective_overhead_s": Key(float, 0, 10, unit="s"),
+    "step_overhead_s": Key(float, 0, 3600, unit="s"),
+    "cuda_context_gib": Key(float, 0, 1e3, unit="GiB", scale=GIB),
+    "comm_buffer_gib": Key(float, 0, 1e3, unit="GiB", scale=GIB),
+    "source": Key(str, default=""), "note": Key(str, default=""),
+}
+EFFICIENCY_KEYS = {k: dataclasses.replace(v, default=None) if v.kind is float else v
+                   for k, v in EFFICIENCY_KEYS.items()}
+
+
+def read_toml(path: str | Path, what: str) -> dict:
+    """A TOML file as a dict; an unreadable, non-UTF-8 or malformed file is one PlannerError line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PlannerError(what, str(path), f"cannot read ({exc.strerror or exc})") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PlannerError(what, str(path), f"not a UTF-8 text file (byte {exc.start}); a TOML {what} file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PlannerError(what, str(path), f"not valid TOML ({exc})") from None
 
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
+    """A hardware profile file, every key checked against the schema above (one-line errors naming
+    the file, the key, the value and the allowed range) and converted to SI base units."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PlannerError("gpu", str(path), f"not a readable TOML hardware profile ({exc})") from None
-    g, n = data.get("gpu", {}), data.get("node", {})
-    peaks = {p: float(g.get(f"{p}_tflops", 0.0)) * TERA for p in PRECISIONS}
-    gpu = GPU(model=g.get("model", data.get("name", path.stem)),
-              memory_bytes=float(_get(g, "memory_gib", str(path))) * GIB,
-              hbm_bytes_per_s=float(_get(g, "hbm_gb_per_s", str(path))) * GB,
-              tdp_watts=float(_get(g, "tdp_w", str(path))), peak_flops=peaks)
-    gpn = int(_get(n, "gpus_per_node", str(path)))
-    network = Network(gpus_per_node=gpn,
-                      intra_bytes_per_s=float(_get(n, "intra_node_gb_per_s", str(path))) * GB,
-                      inter_bytes_per_s=float(_get(n, "inter_node_gbit_per_s", str(path))) * 1e9 / 8 / gpn,
-                      intra_latency_s=float(n.get("intra_node_latency_us", 5.0)) * 1e-6,
-                      inter_latency_s=float(n.get("inter_node_latency_us", 10.0)) * 1e-6,
-                      description=n.get("description", ""),
-                      compute_slots=int(n["compute_slots"]) if "compute_slots" in n else None)
-    return HardwareProfile(name=data.get("name", path.stem), description=data.get("description", ""),
-                           gpu=gpu, network=network, efficiency=efficiency_from_table(data.get("efficiency", {})),
-                           price_usd_per_gpu_hour=float(data.get("price_usd_per_gpu_hour", 2.0)),
-                           source=g.get("source", ""), path=str(path), calibrated="provenance" in data)
+    data = read_toml(path, "hardware profile")
+    top = check_table(data, TOP_KEYS, str(path))
+    g = check_table(top["gpu"], GPU_KEYS, f"{path} [gpu]")
+    n = check_table(top["node"], NODE_KEYS, f"{path} [node]")
+    name = top["name"] or path.stem
+    gpu = GPU(model=g["model"] or name, memory_bytes=g["memory_gib"], hbm_bytes_per_s=g["hbm_gb_per_s"],
+              tdp_watts=g["tdp_w"], peak_flops={p: g[f"{p}_tflops"] for p in PRECISIONS})
+    gpn = n["gpus_per_node"]
+    network = Network(gpus_per_node=gpn, intra_bytes_per_s=n["intra_node_gb_per_s"],
+                      inter_bytes_per_s=n["inter_node_gbit_per_s"] / gpn,
+                      intra_latency_s=n["intra_node_latency_us"], inter_latency_s=n["inter_node_latency_us"],
+                      description=n["description"], compute_slots=n["compute_slots"])
+    return HardwareProfile(name=name, description=top["description"], gpu=gpu, network=network,
+                           efficiency=efficiency_from_table(top["efficiency"], f"{path} [efficiency]"),
+                           price_usd_per_gpu_hour=top["price_usd_per_gpu_hour"], source=g["source"],
+                           path=str(path), calibrated=top["provenance"] is not None,
+                           efficiency_keys=frozenset(EFFICIENCY_UNITS_BY_FILE_KEY.get(k, k) for k in top["efficiency"]))
 
 
-def efficiency_from_table(table: dict) -> Efficiency:
-    values: dict[str, float] = {}
-    names = {f.name for f in dataclasses.fields(Efficiency)}
-    file_keys = {EFFICIENCY_UNITS.get(k, (k, 1.0))[0]: k for k in names}
-    for key, value in table.items():
-        if key in ("source", "note"):
-            continue
-        if key not in file_keys:
-            raise PlannerError("efficiency", key, f"unknown factor; allowed: {', '.join(sorted(file_keys))}")
-        attr = file_keys[key]
-        values[attr] = float(value) * EFFICIENCY_UNITS.get(attr, (key, 1.0))[1]
-    return Efficiency(**values)
+def efficiency_from_table(table: dict, where: str = "[efficiency]") -> Efficiency:
+    """The factors a table sets (file keys, file units), checked and converted; the rest default."""
+    values = check_table(table, EFFICIENCY_KEYS, where)
+    file_keys = {EFFICIENCY_UNITS.get(f.name, (f.name, 1.0))[0]: f.name for f in dataclasses.fields(Efficiency)}
+    return Efficiency(**{file_keys[k]: v for k, v in values.items() if k in file_keys and v is not None})
 
 
 def efficiency_to_table(eff: Efficiency) -> dict[str, float]:
@@ -177,8 +233,8 @@ def _index() -> dict[str, str]:
     index: dict[str, str] = {}
     for folder in _profile_dirs():
         for path in sorted(folder.glob("*.toml")):
-            data = tomllib.loads(path.read_text())
-            for key in [data.get("name", path.stem), *data.get("aliases", [])]:
+            top = check_table(read_toml(path, "hardware profile"), TOP_KEYS, str(path))
+            for key in [top["name"] or path.stem, *top["aliases"]]:
                 index.setdefault(key.lower(), str(path))
     return index
 
@@ -187,7 +243,7 @@ def profile_names() -> list[str]:
     """Canonical names, built-in first then calibrated."""
     seen: list[str] = []
     for path in dict.fromkeys(_index().values()):
-        seen.append(tomllib.loads(Path(path).read_text()).get("name", Path(path).stem))
+        seen.append(read_toml(path, "hardware profile").get("name", Path(path).stem))
     return seen
 
 

@@ -5,6 +5,7 @@ GB means 1e9 bytes and GiB means 2**30 bytes; the two are never mixed silently.
 
 from __future__ import annotations
 
+import math
 import re
 
 from planner.errors import PlannerError
@@ -17,17 +18,22 @@ _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGTP]?)\s*$", re.IGNORECASE)
 
 
-def parse_count(text: str | float | int, field: str) -> float:
-    """'33B' -> 3.3e10, '1T' -> 1e12, '4M' -> 4e6, '2e9' -> 2e9. Positive only."""
+def parse_count(text: str | float, field: str, hi: float = math.inf, lo: float = 0.0) -> float:
+    """'33B' -> 3.3e10, '1T' -> 1e12, '4M' -> 4e6, '2e9' -> 2e9. Finite, greater than zero, at
+    least ``lo`` and at most ``hi``."""
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
+        raise PlannerError(field, text, "a positive number with an optional K/M/B/T suffix, e.g. 33B, 1T, 4M")
     if isinstance(text, (int, float)):
-        value = float(text)
+        value = float(text) if abs(text) < 1e308 else math.inf
     else:
-        match = _NUMBER.match(str(text))
+        match = _NUMBER.match(text)
         if not match:
             raise PlannerError(field, text, "a positive number with an optional K/M/B/T suffix, e.g. 33B, 1T, 4M")
         value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
-    if not value > 0:
-        raise PlannerError(field, text, "must be greater than zero")
+    bound = f"at most {hi:g}" if math.isfinite(hi) else "finite"
+    if not (0 < value <= hi and value >= lo) or math.isinf(value):
+        least = f"at least {lo:g}" if lo > 0 else "greater than zero"
+        raise PlannerError(field, text, f"{least} and {bound}")
     return value
 
 
@@ -35,15 +41,18 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d|w)?\s*$", re.IGNOR
 _SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+MAX_DURATION_S = 1000 * 365 * 86400.0  # a thousand years: the documented upper bound
+
+
 def parse_duration(text: str, field: str) -> float:
-    """'30d' -> seconds, '12h', '90min', '3600s' or a bare number of days."""
+    """'30d' -> seconds, '12h', '90min', '3600s' or a bare number of days; at most 1000 years."""
     match = _DURATION.match(str(text))
     if not match:
         raise PlannerError(field, text, "a duration like 30d, 12h, 90min or 3600s")
     unit = (match.group(2) or "d").lower()
     value = float(match.group(1)) * _SECONDS[unit]
-    if not value > 0:
-        raise PlannerError(field, text, "must be greater than zero")
+    if not 0 < value <= MAX_DURATION_S:
+        raise PlannerError(field, text, "greater than zero and at most 1000 years (365000d)")
     return value
 
 

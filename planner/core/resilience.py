@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from planner.core.layout import Job, Layout
 from planner.core.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from planner.core.model import ModelSpec
-from planner.errors import require
+from planner.errors import PlannerError, require
 
 # Llama 3 (Llama Team 2024, Sec. 3.3.4): 419 unexpected interruptions in a 54-day snapshot on
 # 16,384 H100 GPUs -> 16384 * 54 * 24 / 419 = 50,677 GPU-hours between failures.
 LLAMA3_MTBF_GPU_HOURS = 16384 * 54 * 24 / 419
+# A job whose expected wall-clock time exceeds this multiple of its failure-free time (goodput
+# under 0.1%) never finishes in practice: it is refused with the reason, not printed as "1e30 days".
+MAX_SLOWDOWN = 1e3
+_LOG_MAX_FLOAT = math.log(1.7e308)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,14 +39,16 @@ class Operations:
     prefetch_factor: int = 4  # the seed: prefetch = batch_size x 4 samples
 
     def __post_init__(self) -> None:
+        # The ranges of planner/schema.py FLAGS, in base units: every product below stays finite.
         require(self.mtbf_gpu_hours > 0, "mtbf", self.mtbf_gpu_hours, "greater than zero hours (inf: no failures)")
-        require(self.restart_s >= 0, "restart", self.restart_s, "zero or more seconds")
-        require(self.storage_write_bytes_per_s > 0, "storage_write", self.storage_write_bytes_per_s, "> 0 bytes/s")
-        require(self.storage_read_bytes_per_s > 0, "storage_read", self.storage_read_bytes_per_s, "> 0 bytes/s")
-        require(self.keep_last >= 1, "keep_last", self.keep_last, "at least 1")
-        require(self.checkpoint_interval_steps is None or self.checkpoint_interval_steps >= 1,
-                "checkpoint_interval", self.checkpoint_interval_steps, "at least 1 step")
-        require(self.epochs > 0, "epochs", self.epochs, "greater than zero")
+        require(0 <= self.restart_s <= 1e5 * 60, "restart", self.restart_s, "from 0 to 6e6 seconds")
+        for name in ("storage_write_bytes_per_s", "storage_read_bytes_per_s"):
+            value = getattr(self, name)
+            require(1e3 <= value <= 1e15, name, value, "from 1e3 to 1e15 bytes/s (1e-6 to 1e6 GB/s)")
+        require(1 <= self.keep_last <= 10**4, "keep_last", self.keep_last, "from 1 to 10,000")
+        require(self.checkpoint_interval_steps is None or 1 <= self.checkpoint_interval_steps <= 10**9,
+                "checkpoint_interval", self.checkpoint_interval_steps, "from 1 to 1e9 steps")
+        require(0 < self.epochs <= 1e6, "epochs", self.epochs, "in (0, 1e6]")
         require(self.token_bytes in (None, 1, 2, 4, 8), "token_bytes", self.token_bytes, "1, 2, 4 or 8")
         require(self.prefetch_factor >= 1, "prefetch_factor", self.prefetch_factor, "at least 1")
 
@@ -109,9 +115,16 @@ def expected_wall_seconds(ideal_s: float, interval_s: float, save_s: float, rest
                           mtbf_s: float) -> float:
     """Daly 2006, eq. 20: T = M e^{R/M} (e^{(tau+d)/M} - 1) T_s / tau, exponential failures.
     No failures: T_s (1 + d/tau); no failures and no checkpoints: T_s exactly."""
+    if ideal_s <= 0:
+        return 0.0
     if math.isinf(mtbf_s):
         return ideal_s if math.isinf(interval_s) else ideal_s * (1 + save_s / interval_s)
-    return mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + save_s) / mtbf_s) * ideal_s / interval_s
+    # In logarithms, so that a short MTBF gives a huge but exact figure instead of an
+    # OverflowError: log(e^x - 1) = x + log(1 - e^-x), exact for every x > 0.
+    x = (interval_s + save_s) / mtbf_s
+    log_t = (math.log(mtbf_s) + restart_s / mtbf_s + x + math.log(-math.expm1(-x))
+             + math.log(ideal_s) - math.log(interval_s))
+    return math.exp(log_t) if log_t < _LOG_MAX_FLOAT else math.inf
 
 
 def plan_operations(model: ModelSpec, job: Job, layout: Layout, gpus: int, step_s: float, ideal_s: float,
@@ -129,6 +142,12 @@ def plan_operations(model: ModelSpec, job: Job, layout: Layout, gpus: int, step_
         steps = None if math.isinf(interval) else max(1, round(interval / step_s))
         interval = math.inf if steps is None else steps * step_s
     expected = expected_wall_seconds(ideal_s, interval, save, ops.restart_s + load, mtbf)
+    if not expected <= ideal_s * MAX_SLOWDOWN:
+        raise PlannerError("mtbf_gpu_hours", ops.mtbf_gpu_hours,
+                           f"too short for {gpus:,} GPUs: a failure every {mtbf:.3g} s job-wide against "
+                           f"{ops.restart_s + load:.3g} s to restart and reload and {save:.3g} s to save; the job "
+                           f"would take over {MAX_SLOWDOWN:g}x its failure-free time (goodput < "
+                           f"{1 / MAX_SLOWDOWN:.1%}): raise it, use fewer GPUs or faster storage")
     ckpt_overhead = 0.0 if math.isinf(interval) else ideal_s * save / interval
     checkpoint = CheckpointPlan(bytes_total=total, bytes_per_gpu=per_gpu, storage_bytes=total * ops.keep_last,
                                 save_s=save, load_s=load, interval_steps=steps,

@@ -1,0 +1,277 @@
+"""Fuzz the command line: random flag values and random hardware profile files for every
+subcommand, run in process through ``planner.cli.main.main(argv)``.
+
+Each case must end in exit 0 or 3 with finite output (no nan/inf in the text, JSON that a strict
+parser accepts), or exit 2 with exactly one line on stderr; never a traceback, never a hang (a
+per-case alarm). tests/test_fuzz.py runs a bounded sample of the same cases in CI.
+
+    python benchmarks/fuzz_cli.py --cases 2000 --seed 1
+
+prints the counts per outcome and per subcommand, and the first failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CASE_SECONDS = 20  # a case slower than this is a hang
+
+# --- value pools --------------------------------------------------------------------------
+
+HOSTILE = ["0", "-1", "-8", "1e30", "99999999999999999999", "1e-320", "1e400", "nan", "NaN", "inf", "-inf",
+           "Infinity", "1e308", "0.001", "-0", "0x10", "abc", "", " ", "1,5", "1e", "1.5", "2.5e3", "1e400B",
+           "1e30T", "3B", "1_000", "١٢", "\x00", "--", "1e-9", "4294967297", "-99999999999999999999",
+           "10**6", "1000001", "65537", "1e16", "1e15"]
+SANE = {"int": ["1", "2", "4", "8", "16", "64", "3"], "float": ["0.5", "1", "1.2", "2", "10", "100", "1e4"],
+        "count": ["125M", "1.3B", "7B", "1T", "300B", "2e9"], "gpus": ["8", "16", "64", "8,16", "1"]}
+
+# subcommand -> (base argv that makes it valid, {flag: kind})
+PLAN_FLAGS = {"--gpus": "gpus", "--gpus-per-node": "int", "--tokens": "count", "--global-batch": "int",
+              "--pue": "float", "--price-per-gpu-hour": "float", "--lora-r": "int", "--lora-alpha": "float",
+              "--packing-efficiency": "float", "--mtbf-gpu-hours": "float", "--mtbf-node-hours": "float",
+              "--restart-minutes": "float", "--storage-gbps": "float", "--storage-write-gbps": "float",
+              "--storage-read-gbps": "float", "--keep-last": "int", "--checkpoint-interval": "int",
+              "--epochs": "float", "--token-bytes": "int", "--dp": "int", "--tp": "int", "--pp": "int",
+              "--vpp": "int", "--micro-batch": "int", "--zero": "int", "--params": "count", "--layers": "int",
+              "--hidden": "int", "--heads": "int", "--kv-heads": "int", "--ffn-hidden": "int", "--vocab": "int",
+              "--seq-len": "int"}
+MODEL = ["--preset", "gpt3-1.3b"]
+COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "estimate": (["estimate", *MODEL], {**PLAN_FLAGS, "--top": "int"}),
+    "search": (["search", *MODEL], {**PLAN_FLAGS, "--top": "int"}),
+    "export": (["export", *MODEL, "--format", "torchrun"], {**PLAN_FLAGS, "--steps": "int"}),
+    "compare": (["compare", *MODEL, "--gpu", "a100-80g"], PLAN_FLAGS),
+    "recommend": (["recommend", *MODEL, "--gpu", "a100-80g", "--deadline", "30d"],
+                  {**{k: v for k, v in PLAN_FLAGS.items() if k != "--gpus"}, "--max-gpus": "gpus",
+                   "--deadline": "float", "--budget": "count"}),
+    "presets": (["presets"], {}),
+    "profiles": (["profiles"], {}),
+    "validate": (["validate"], {}),
+    "calibrate": (["calibrate"], {}),
+    "probe": (["probe"], {"--nprocs": "int"}),
+}
+FORMATS = {"estimate": ("text", "json", "csv"), "search": ("text", "json", "csv"), "compare": ("text", "json"),
+           "recommend": ("text", "json"), "presets": ("text", "json", "csv"), "profiles": ("text", "json", "csv"),
+           "validate": ("text", "json", "csv")}
+
+# --- hardware profile files ---------------------------------------------------------------
+
+PROFILE_KEYS = {"gpu": {"memory_gib": 80, "hbm_gb_per_s": 2039, "tdp_w": 400, "bf16_tflops": 312,
+                        "fp16_tflops": 312, "fp32_tflops": 19.5},
+                "node": {"gpus_per_node": 8, "intra_node_gb_per_s": 300, "inter_node_gbit_per_s": 1600,
+                         "intra_node_latency_us": 5, "inter_node_latency_us": 10},
+                "efficiency": {"matmul": 0.7, "memory": 0.8, "intra_node_bw": 0.85, "cuda_context_gib": 0.75,
+                               "fragmentation": 0.05, "step_overhead_s": 0.0}}
+TOML_VALUES = ["0", "-8", "1e30", "1e-320", "nan", "inf", "-inf", '"lots"', "true", "[1, 2]", "{a = 1}",
+               "99999999999999999999", "0.5", "2", "1e308", '"80"', "-0.0", "1.5"]
+
+
+def profile_text(pick: Callable[[Sequence], object]) -> str | bytes:
+    """A TOML profile with a few keys broken, removed, added or mistyped; or a binary file."""
+    kind = pick(["edit", "edit", "edit", "edit", "binary", "latin1", "garbage", "unknown-section"])
+    if kind == "binary":
+        return bytes([0x00, 0xFF, 0xFE, 0x80, 0x10]) * 20
+    if kind == "latin1":
+        return 'name = "caf\xe9"\n'.encode("latin-1")
+    if kind == "garbage":
+        return "this is [not toml = = ]\n"
+    tables = {t: dict(v) for t, v in PROFILE_KEYS.items()}
+    for _ in range(int(pick([1, 1, 2, 3]))):
+        table = tables[pick(list(tables))]
+        key = pick(list(table) + ["bogus_key"])
+        action = pick(["value", "value", "value", "drop"])
+        if action == "drop":
+            table.pop(key, None)
+        else:
+            table[key] = pick(TOML_VALUES)
+    lines = ['name = "fuzz-gpu"', f"price_usd_per_gpu_hour = {pick(['2.0', '0', '-1', 'nan', '1e300', '2.0'])}"]
+    if kind == "unknown-section":
+        lines.append("[gpuu]\nmemory_gib = 80")
+    for t, keys in tables.items():
+        lines.append(f"[{t}]")
+        lines += [f"{k} = {v}" for k, v in keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+# The columns planner/calibration/published.py reads (Megatron-LM 2021 Table 1, first row).
+CSV_COLUMNS = ("params_billion,attention_heads,hidden_size,num_layers,tensor_parallel,pipeline_parallel,num_gpus,"
+               "global_batch_size_seqs,seq_len,vocab_size,micro_batch_size,virtual_pipeline_stages,"
+               "achieved_tflops_per_gpu")
+CSV_ROW = ["1.7", "24", "2304", "24", "1", "1", "32", "512", "2048", "51200", "16", "1", "137"]
+
+
+def published_csv(pick: Callable[[Sequence], object]) -> str:
+    row = list(CSV_ROW)
+    for _ in range(int(pick([0, 1, 1, 2, 3]))):
+        row[int(pick(range(len(row))))] = str(pick(HOSTILE[:20] + ["1", "2"]))
+    return CSV_COLUMNS + "\n" + ",".join(row) + "\n"
+
+
+# --- cases --------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    command: str
+    argv: list[str]
+    files: dict[str, str | bytes]  # name -> content, written into the case's folder; "{dir}" in argv
+
+
+def make_case(pick: Callable[[Sequence], object]) -> Case:
+    command = str(pick(list(COMMANDS)))
+    base, flags = COMMANDS[command]
+    argv, files = list(base), {}
+    if command in FORMATS:
+        argv += ["--format", str(pick(FORMATS[command]))]
+    names = sorted(flags)
+    for _ in range(int(pick([0, 1, 1, 2, 3])) if names else 0):
+        flag = str(pick(names))
+        kind = flags[flag]
+        value = str(pick(HOSTILE if pick([True, True, False]) else SANE[kind]))
+        argv += [f"{flag}={value}"]
+    if command in ("estimate", "search", "export", "compare", "recommend", "calibrate", "validate") \
+            and pick([True, False, False]):
+        files["gpu.toml"] = profile_text(pick)
+        flag = "--base" if command == "calibrate" else "--gpu"
+        argv += [flag, "{dir}/gpu.toml"]
+    if command == "calibrate":
+        argv += ["{dir}", "--out", str(pick(["{dir}/out.toml", "{dir}"]))]
+        if "--base" not in argv:
+            argv += ["--base", "a100-80g"]
+    if command == "validate":
+        files["pub.csv"] = published_csv(pick)
+        argv += ["--published", "{dir}/pub.csv"]
+        if pick([False, False, True]):
+            argv += ["--plot", "{dir}"]
+    if command == "probe":  # a valid probe would run real benchmarks: keep it to refused values
+        argv += ["--out", "{dir}/probe.toml", f"--nprocs={pick(['0', '-1', '1e3', 'nan', '99999999999999999999'])}"]
+    if command == "compare" and pick([False, False, True]):
+        argv += ["--plot", "{dir}"]
+    return Case(command, argv, files)
+
+
+# --- running ------------------------------------------------------------------------------
+
+_NONFINITE = re.compile(r"(?<![A-Za-z])(nan|inf|infinity)(?![A-Za-z])", re.IGNORECASE)
+
+
+class _Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hang()
+
+
+@dataclass
+class Outcome:
+    kind: str  # ok | refused | nonfinite | bad-json | multi-line | traceback | hang | exit-N
+    rc: int | None
+    seconds: float
+    detail: str = ""
+
+
+def run_case(case: Case, seconds: int = CASE_SECONDS) -> Outcome:
+    from planner.cli.main import main
+    from planner.hardware import get_profile
+
+    get_profile.cache_clear()  # a fuzz profile file is rewritten under the same path
+    with tempfile.TemporaryDirectory() as d:
+        for name, content in case.files.items():
+            (Path(d) / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        argv = [a.replace("{dir}", d) for a in case.argv]
+        out, err = io.StringIO(), io.StringIO()
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(seconds)
+        start = time.perf_counter()
+        rc: int | None = None
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 2
+        except _Hang:
+            return Outcome("hang", None, time.perf_counter() - start, " ".join(argv))
+        except BaseException:  # noqa: BLE001 - a traceback is the failure being counted
+            return Outcome("traceback", None, time.perf_counter() - start,
+                           " ".join(argv) + "\n" + traceback.format_exc(limit=-3))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        return classify(argv, rc, out.getvalue(), err.getvalue(), time.perf_counter() - start)
+
+
+def classify(argv: list[str], rc: int | None, stdout: str, stderr: str, seconds: float) -> Outcome:
+    where = " ".join(argv)
+    if rc == 2:
+        lines = stderr.strip("\n").split("\n")
+        if len(lines) == 1 and lines[0].strip() and stdout == "":
+            return Outcome("refused", rc, seconds)
+        return Outcome("multi-line", rc, seconds, f"{where}\n{stderr[-2000:]}")
+    if rc not in (0, 3):
+        return Outcome(f"exit-{rc}", rc, seconds, f"{where}\n{stderr[-2000:]}")
+    hit = _NONFINITE.search(stdout)
+    if hit:
+        return Outcome("nonfinite", rc, seconds, f"{where}\n...{stdout[max(0, hit.start() - 200):hit.end() + 50]}")
+    if "--format=json" in argv or ("--format" in argv and argv[argv.index("--format") + 1] == "json"):
+        try:
+            json.loads(stdout, parse_constant=_reject_constant)
+        except ValueError as exc:
+            return Outcome("bad-json", rc, seconds, f"{where}\n{exc}")
+    return Outcome("ok", rc, seconds)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite JSON constant {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--show", type=int, default=5, help="failures to print in full")
+    a = p.parse_args(argv)
+    rng = random.Random(a.seed)
+    kinds: Counter = Counter()
+    per_command: dict[str, Counter] = {}
+    failures: list[Outcome] = []
+    slowest = 0.0
+    start = time.perf_counter()
+    for _ in range(a.cases):
+        case = make_case(rng.choice)
+        o = run_case(case)
+        kinds[o.kind] += 1
+        per_command.setdefault(case.command, Counter())[o.kind] += 1
+        slowest = max(slowest, o.seconds)
+        if o.kind not in ("ok", "refused"):
+            failures.append(o)
+    good = kinds["ok"] + kinds["refused"]
+    print(f"cases {a.cases}, seed {a.seed}, {time.perf_counter() - start:.0f} s, slowest case {slowest:.2f} s")
+    print(f"finite results (exit 0/3) {kinds['ok']}, one-line refusals (exit 2) {kinds['refused']}: "
+          f"{100 * good / a.cases:.2f}% good")
+    print(f"hangs {kinds['hang']}, tracebacks {kinds['traceback']}, non-finite output {kinds['nonfinite']}, "
+          f"invalid JSON {kinds['bad-json']}, multi-line errors {kinds['multi-line']}, "
+          f"other exits {sum(v for k, v in kinds.items() if k.startswith('exit-'))}")
+    for command, c in sorted(per_command.items()):
+        print(f"  {command:10s} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    for o in failures[:a.show]:
+        print(f"--- {o.kind}\n{o.detail}")
+    return 0 if good == a.cases else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
