@@ -13,6 +13,7 @@ from pathlib import Path
 from planner.calibration.published import PublishedRun, load_published
 from planner.core.layout import Job, Layout
 from planner.core.model import ModelSpec
+from planner.core.step_parts import measured_parts
 from planner.errors import PlannerError
 
 MODEL_KEYS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
@@ -39,6 +40,10 @@ class Measurement:
     memory_kind: str | None = None  # "cuda" (allocated) is comparable with the planner's total; CPU RSS is not
     bubble_fraction: float | None = None
     comm_fraction: float | None = None
+    # Seconds per step part (planner.core.step_parts.measured_parts; None: not measured) and the
+    # step they add up to (the record's mean over measured steps and ranks).
+    parts: dict | None = None
+    parts_step_s: float | None = None
 
 
 def from_record(rec: dict, source: str) -> Measurement:
@@ -55,12 +60,15 @@ def from_record(rec: dict, source: str) -> Measurement:
     hw = rec["hardware"]
     profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
     mem = rec["memory"]
+    parts = measured_parts(rec["breakdown_s"], layout.tp, layout.dp, hw["device_kind"])
+    total = sum(parts[k] or 0.0 for k in ("compute", "bubble", "optimizer", "data_wait", "other", "_comm"))
     return Measurement(label=rec["run_name"], source=source, model=model, layout=layout, job=job,
                        gpus=int(hw["device_count"]), device_kind=hw["device_kind"], device_name=hw["device_name"],
                        hardware_profile=profile, step_s=float(rec["step_time_s"]["median"]),
                        tokens_per_s=rec["tokens_per_s"], mfu=rec["mfu"],
                        peak_memory_bytes=float(mem["peak_allocated_bytes"]), memory_kind=mem["kind"],
-                       bubble_fraction=rec["bubble_fraction"], comm_fraction=rec["comm_share"])
+                       bubble_fraction=rec["bubble_fraction"], comm_fraction=rec["comm_share"],
+                       parts=parts, parts_step_s=total if total > 0 else None)
 
 
 def record_paths(paths: list[str]) -> list[Path]:

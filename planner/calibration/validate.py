@@ -1,7 +1,9 @@
 """Validation: predicted vs measured, run by run, with the error of each quantity.
 
-Step time, tokens/s, MFU and peak memory are compared as relative errors; the bubble fraction and
-the communication share (fractions of the step) as differences in percentage points.
+Step time, tokens/s, MFU and peak memory are compared as relative errors; every part of the step
+(planner.core.step_parts: compute, exposed TP / DP communication, bubble with pipeline transfers,
+optimizer, data wait, other) as its share of the step, the error in percentage points.
+``bubble_fraction`` and ``comm_fraction`` are the bubble's and the communication's shares.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ import numpy as np
 from planner.calibration.measured import Measurement
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
+from planner.core.step_parts import COMPARED, compared, predicted_parts
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile, get_profile, profile_names
 
 # name: (unit, relative?)
 QUANTITIES = {"step_s": ("s", True), "tokens_per_s": ("tokens/s", True), "mfu": ("", True),
               "peak_memory_bytes": ("bytes", True), "bubble_fraction": ("", False), "comm_fraction": ("", False)}
+# step_parts.COMPARED label -> quantity name (shares of the step); bubble and comm as above.
+SHARES = {label: {"bubble": "bubble_fraction", "comm": "comm_fraction"}.get(label, f"{label}_share")
+          for label in COMPARED}
+QUANTITIES.update({q: ("", False) for q in SHARES.values()})
 COMPARABLE_MEMORY = ("cuda_allocated", "cuda")  # a CPU process's RSS is not what the planner predicts
 
 
@@ -43,6 +50,15 @@ def profile_for(run: Measurement, override: HardwareProfile | None) -> HardwareP
                                                "(a probed or calibrated one for CPU runs)")
 
 
+def part_shares(run: Measurement, ev, hw: HardwareProfile) -> dict[str, tuple[float, float]]:
+    """Quantity name -> (predicted, measured) share of the step for each part the run measured."""
+    if not run.parts or not run.parts_step_s:
+        return {}
+    pred = predicted_parts(ev.time, 0, hw.efficiency.step_overhead_s)
+    step = float(ev.step_s[0])
+    return {SHARES[label]: (p / step, m / run.parts_step_s) for label, (p, m) in compared(pred, run.parts).items()}
+
+
 def compare(runs: list[Measurement], override: HardwareProfile | None = None) -> list[Point]:
     points: list[Point] = []
     for r in runs:
@@ -52,19 +68,26 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
         # torch.cuda.max_memory_allocated counts tensors only: not the CUDA context, the
         # communication buffers or the allocator's fragmentation, which the planner's total adds.
         allocated = float(m.weights[0] + m.gradients[0] + m.optimizer[0] + m.activations[0])
-        predicted = {"step_s": float(ev.step_s[0]), "tokens_per_s": float(ev.tokens_per_s[0]),
-                     "mfu": float(ev.mfu[0]), "peak_memory_bytes": allocated,
-                     "bubble_fraction": float(ev.bubble_fraction[0]), "comm_fraction": float(ev.comm_fraction[0])}
-        for q, (_, relative) in QUANTITIES.items():
-            measured = getattr(r, q)
-            if q == "mfu" and measured is not None and r.device_kind == "cpu":
-                measured = None  # a CPU's "peak" is the probe's, not the run's (set per record)
-            if q == "peak_memory_bytes" and r.memory_kind not in COMPARABLE_MEMORY:
-                measured = None
+        pairs = {"step_s": (float(ev.step_s[0]), r.step_s), "tokens_per_s": (float(ev.tokens_per_s[0]), r.tokens_per_s),
+                 "mfu": (float(ev.mfu[0]), r.mfu), "peak_memory_bytes": (allocated, r.peak_memory_bytes)}
+        if r.device_kind == "cpu":
+            pairs["mfu"] = (pairs["mfu"][0], None)  # a CPU's "peak" is the probe's, not the run's (set per record)
+        if r.memory_kind not in COMPARABLE_MEMORY:
+            pairs["peak_memory_bytes"] = (allocated, None)  # a CPU process's RSS is not what the planner predicts
+        shares = part_shares(r, ev, hw)
+        if not shares:  # a record without traces, or a published row: its fractions as reported
+            t = ev.time
+            pred_bubble = float((t.bubble[0] + t.pp_comm[0]) / ev.step_s[0])
+            pred_comm = float((t.tp_comm[0] + t.dp_comm[0]) / ev.step_s[0])
+            shares = {"bubble_fraction": (pred_bubble, r.bubble_fraction),
+                      "comm_fraction": (pred_comm, r.comm_fraction)}
+        pairs.update(shares)
+        for q, (predicted, measured) in pairs.items():
+            relative = QUANTITIES[q][1]
             if measured is None or (relative and measured <= 0):
                 continue
-            err = predicted[q] / measured - 1 if relative else predicted[q] - measured
-            points.append(Point(run=r.label, quantity=q, predicted=predicted[q], measured=float(measured), error=err))
+            err = predicted / measured - 1 if relative else predicted - measured
+            points.append(Point(run=r.label, quantity=q, predicted=predicted, measured=float(measured), error=err))
     return points
 
 

@@ -4,6 +4,7 @@ the troubleshooting flags. All in this process: no torchrun."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -12,8 +13,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-
-import itertools
 
 from planner.core.model import ModelSpec
 from reference_trainer.config import TrainingConfig
