@@ -14,10 +14,21 @@ from planner.core.flops import megatron_eq3_flops
 from planner.core.layout import Job, Layout
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError
+from planner.schema import FLAGS, Key, check_csv_row
 
 REQUIRED = ("params_billion", "attention_heads", "hidden_size", "num_layers", "tensor_parallel",
             "pipeline_parallel", "num_gpus", "global_batch_size_seqs", "seq_len", "vocab_size",
             "micro_batch_size", "virtual_pipeline_stages", "achieved_tflops_per_gpu")
+# Each number of a row, checked before use (planner/schema.py; the model and layout then check
+# their own rules): integers in the flags' ranges, the achieved rate in (0, 1e6] TFLOP/s.
+ROW_SPEC = {"params_billion": Key(float, 0, 1e6, lo_open=True),
+            **{k: FLAGS[f] for k, f in (("attention_heads", "heads"), ("hidden_size", "hidden"),
+                                        ("num_layers", "layers"), ("tensor_parallel", "tp"),
+                                        ("pipeline_parallel", "pp"), ("num_gpus", "gpus"),
+                                        ("global_batch_size_seqs", "global_batch"), ("seq_len", "seq_len"),
+                                        ("vocab_size", "vocab"), ("micro_batch_size", "micro_batch"),
+                                        ("virtual_pipeline_stages", "vpp"))},
+            "achieved_tflops_per_gpu": Key(float, 0, 1e6, lo_open=True, unit="TFLOP/s")}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,7 +46,7 @@ class PublishedRun:
 def megatron_job() -> Job:
     """How Megatron-LM ran in 2021: fp16 mixed precision, standard (unfused-softmax) attention
     without flash, gradient all-reduce after the backward pass (no overlap)."""
-    return Job(precision="fp16", attention="standard", overlap_grad_reduce=False)
+    return Job(precision="fp16", attention="standard", stack="megatron-2021")
 
 
 def load_published(path: str | Path) -> list[PublishedRun]:
@@ -50,7 +61,8 @@ def load_published(path: str | Path) -> list[PublishedRun]:
     if missing:
         raise PlannerError("published", str(path), f"missing columns: {', '.join(missing)}")
     runs = []
-    for row in rows:
+    for i, row in enumerate(rows, start=2):  # row 1 is the header
+        row = {**row, **check_csv_row(row, ROW_SPEC, f"{path} row {i}"), "params_billion": row["params_billion"]}
         model = ModelSpec(name=f"gpt-{row['params_billion']}b", arch="gpt", layers=int(row["num_layers"]),
                           hidden=int(row["hidden_size"]), heads=int(row["attention_heads"]),
                           vocab=int(row["vocab_size"]), seq_len=int(row["seq_len"]))
@@ -94,10 +106,120 @@ def load_table2(path: str | Path) -> tuple[list[PublishedRun], list[PublishedRun
             job, target = megatron_job(), ptd
         elif scheme.startswith("ZeRO-3"):
             layout = Layout(dp=gpus, micro_batch=mb, global_batch=batch, zero_stage=3, recompute="full")
-            job, target = Job(precision="fp16", attention="standard"), zero
+            job, target = Job(precision="fp16", attention="standard", stack="deepspeed-zero"), zero
         else:
             continue
         step = megatron_eq3_flops(model, batch) / (tflops * 1e12 * gpus)
         target.append(PublishedRun(label=f"{size}B {scheme.split()[0]} {gpus}", model=model, layout=layout, job=job,
                                    gpus=gpus, gpu="a100-80g", measured_step_s=step, measured_tflops_per_gpu=tflops))
     return ptd, zero
+
+
+# --- torchtitan's published benchmarks (FSDP2, TP, PP, CP; A100, H100, H200; bf16 and fp8) ------
+# torchtitan's docs/performance.md names its 405B cards "H100 94GB"; the 2024 benchmark tables
+# describe the same Grand Teton servers (96 GB HBM2e at 500 W). Both map to that profile.
+TORCHTITAN_GPUS = {"a100-80g": "a100-80g", "h100-94g": "h100-96g-hbm2e", "h100-96g-hbm2e": "h100-96g-hbm2e",
+                   "h200": "h200"}
+# Activation checkpointing as torchtitan names it -> the layout's recompute. torchtitan's
+# "selective" is op-level selective checkpointing by default ("op"), or every other layer fully
+# checkpointed ("layer"); both recompute about a sixth of a step (published: 2% apart) and are the
+# fsdp2 stack's "selective" (planner/stacks.py).
+TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full", "selective": "selective", "selective op": "selective",
+                        "selective layer": "selective"}
+TORCHTITAN_REQUIRED = ("model", "gpu", "num_gpus", "fsdp", "tp", "pp", "cp", "pp_schedule", "local_batch",
+                       "global_batch", "seq_len", "activation_checkpointing", "precision", "torch_compile",
+                       "async_tp", "tokens_per_s_per_gpu", "memory_gib_reported")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TorchtitanRun:
+    """One row of torchtitan_performance.csv as planner inputs and measured figures."""
+
+    label: str
+    model: ModelSpec
+    layout: Layout
+    job: Job
+    gpus: int
+    gpu: str
+    cp: int
+    measured_tokens_per_s_per_gpu: float
+    measured_memory_bytes: float | None  # max over GPUs of torch's reserved memory, where reported
+    async_tp: bool
+
+
+def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
+    from planner.core.presets import get_preset
+    from planner.units import GIB
+
+    gpus, tp, pp, cp = (int(row[k]) for k in ("num_gpus", "tp", "pp", "cp"))
+    seq, local, gbatch = int(row["seq_len"]), int(row["local_batch"]), int(row["global_batch"])
+    dp = gpus // (tp * pp * cp)
+    if dp * tp * pp * cp != gpus or gbatch != local * dp:
+        raise PlannerError("published", where, f"fsdp/tp/pp/cp/local_batch do not multiply out: {row}")
+    model = get_preset(row["model"]).replace(seq_len=seq)
+    ac = row["activation_checkpointing"].split(" (")[0].strip()
+    schedule = row["pp_schedule"].strip().lower()
+    # torchtitan without pipelining runs the whole local batch in one forward. With pipelining its
+    # interleaved 1F1B puts two stages on each rank (uneven when layers do not divide), and until
+    # 2025 it split the local batch into as many micro-batches as there are pipeline ranks
+    # (experimental.pipeline_parallel_microbatches defaulted to the pipeline degree).
+    vpp = 2 if schedule.startswith("interleaved") else 1
+    micro = local if pp == 1 else local // pp
+    if pp > 1 and micro * pp != local:
+        raise PlannerError("published", where, f"local_batch={local} does not split into pp={pp} micro-batches")
+    layout = Layout(dp=dp * cp, tp=tp, pp=pp, vpp=vpp, micro_batch=micro, global_batch=gbatch * cp,
+                    zero_stage=3, recompute=TORCHTITAN_RECOMPUTE[ac], sequence_parallel=tp > 1)
+    # torchtitan's December 2024 benchmarks ran torch.compile per block with the loss eager; the
+    # 2025 ones compile the loss as well (the fsdp2 stack of today).
+    stack = "fsdp2-2024" if "2025" not in row["source"] else "fsdp2"
+    job = Job(precision=row["precision"], attention="flash", stack=stack,
+              compile=row["torch_compile"].strip() == "yes", async_tp=row["async_tp"].strip() == "yes")
+    mem = row.get("memory_gib_reported", "").strip()
+    label = (f"{row['model']} {row['gpu']} x{gpus} fsdp{dp} tp{tp} pp{pp}{' cp' + str(cp) if cp > 1 else ''}"
+             f"{' interleaved' if vpp > 1 else ''} b{local} s{seq // 1024}K {ac} {row['precision']}{' compile' if job.compile else ''}"
+             f"{' async-tp' if row['async_tp'].strip() == 'yes' else ''}")
+    return TorchtitanRun(label=label, model=model, layout=layout, job=job, gpus=gpus,
+                         gpu=TORCHTITAN_GPUS[row["gpu"]], cp=cp,
+                         measured_tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
+                         measured_memory_bytes=float(mem) * GIB if mem else None,
+                         async_tp=row["async_tp"].strip() == "yes")
+
+
+def load_torchtitan(path: str | Path, with_cp: bool = False) -> list[TorchtitanRun]:
+    """The rows of torchtitan_performance.csv (without context parallelism unless ``with_cp``)."""
+    path = Path(path)
+    try:
+        rows = list(csv.DictReader(path.read_text().splitlines()))
+    except OSError as exc:
+        raise PlannerError("published", str(path), f"cannot read ({exc.strerror})") from None
+    missing = [k for k in TORCHTITAN_REQUIRED if rows and k not in rows[0]]
+    if not rows or missing:
+        raise PlannerError("published", str(path), f"not torchtitan_performance.csv (missing {missing or 'rows'})")
+    runs = [_torchtitan_row(r, f"{path}:{i + 2}") for i, r in enumerate(rows)]
+    return [r for r in runs if r is not None and (with_cp or r.cp == 1)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    tokens_per_s_per_gpu: float
+    memory_bytes: float
+    mfu: float
+    fits: bool
+
+
+def predict_torchtitan(run: TorchtitanRun, hw=None) -> Prediction:
+    """The planner's figures for one torchtitan row (``hw``: a profile to use instead of the row's)."""
+    from planner.core.evaluate import evaluate
+    from planner.core.layout import Candidates
+    from planner.hardware import get_profile
+
+    hw = hw or get_profile(run.gpu)
+    from planner.core.memory import outside_allocator
+
+    c = Candidates.from_layouts([run.layout])
+    ev = evaluate(run.model, hw, run.job, c, run.gpus)
+    # torchtitan logs torch's max reserved memory: the planner's total less what lies outside
+    # torch's allocator (the CUDA context, NCCL buffers).
+    reserved = float(ev.memory.total[0] - outside_allocator(hw, c)[0])
+    return Prediction(tokens_per_s_per_gpu=float(ev.tokens_per_s[0]) / run.gpus, memory_bytes=reserved,
+                      mfu=float(ev.mfu[0]), fits=bool(ev.fits[0]))

@@ -13,8 +13,9 @@ from planner.core.flops import model_flops_per_token, recompute_flops_per_token
 from planner.core.layout import Candidates, Job
 from planner.core.memory import Memory, memory
 from planner.core.model import ModelSpec
-from planner.core.steptime import StepTime, _peak, step_time
+from planner.core.steptime import StepTime, reference_peak, step_time
 from planner.hardware import HardwareProfile
+from planner.stacks import effective, software
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +92,21 @@ class Evaluation:
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
-    mem, stages = memory(model, hw, job, c)
-    st = step_time(model, hw, job, c)
+    """``hw`` is the hardware profile; the job's software stack adds its factors here."""
+    sw = software(job)
+    hw = effective(hw, sw.stack, job.async_tp)
+    if not job.overlap_grad_reduce:
+        hw = hw.with_efficiency(hw.efficiency.replace(dp_overlap=0.0))
+    mem, stages = memory(model, hw, job, c, sw)
+    st = step_time(model, hw, job, c, sw)
     tokens = c.global_batch * model.seq_len
     per_token = model_flops_per_token(model, job)
     price = job.price_usd_per_gpu_hour if job.price_usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
     return Evaluation(
         candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
         tokens_per_step=tokens.astype(float), model_flops_per_step=per_token * tokens,
-        hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute)) * tokens,
-        peak_flops=_peak(hw, "bf16" if job.precision == "fp8" else job.precision),
+        hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute, sw.stack.selective)) * tokens,
+        peak_flops=reference_peak(hw, job.precision),
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
         packing_efficiency=job.packing_efficiency, stage_memory=stages)

@@ -1,8 +1,15 @@
 """FLOPs: the matmuls of one layer as GEMM shapes, and the model FLOPs behind MFU.
 
 Forward FLOPs of a GEMM (m x k) @ (k x n) are 2*m*n*k; backward is twice forward (input and
-weight gradients). Attention scores and values add 4*s*h FLOPs per token per layer forward
-(Narayanan et al. 2021, Sec. 5.1 / eq. 3; PaLM, Chowdhery et al. 2022, App. B counts the same).
+weight gradients). Attention scores and values (QK^T and AV) cost 4*s*h FLOPs per token per layer
+forward over the full s x s square (Narayanan et al. 2021, eq. 3; PaLM, Chowdhery et al. 2022,
+App. B; torchtitan's MFU). A causal model needs only the lower triangle: 2*s*h.
+
+The convention here, the same in the MFU numerator and in the time: attention is counted CAUSAL
+(half the square), because that is the work a causal kernel (FlashAttention, cuDNN) does and what
+its time pays for. Megatron's eq. 3 and torchtitan's reported MFU count the full square; at 8K
+tokens that adds 12-14% to a Llama 3 8B's FLOPs, at 128K it more than doubles them.
+``causal=False`` gives the full-square count for comparing with those.
 """
 
 from __future__ import annotations
@@ -50,10 +57,11 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> li
     ]
 
 
-def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> np.ndarray:
-    """QK^T and AV forward FLOPs per layer per micro-batch per GPU, full (non-causal) s x s:
-    2 * 2*b*s*s*h / tp. GQA does not change them (each query head still sees s keys)."""
-    return 4.0 * micro_batch * model.seq_len**2 * model.hidden / tp
+def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
+                         causal: bool = True) -> np.ndarray:
+    """QK^T and AV forward FLOPs per layer per micro-batch per GPU: 2 * 2*b*s*s*h / tp over the
+    full square, half of it causal. GQA does not change them (each query head still sees its keys)."""
+    return (0.5 if causal else 1.0) * 4.0 * micro_batch * model.seq_len**2 * model.hidden / tp
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> Gemm:
@@ -61,29 +69,50 @@ def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> Ge
     return Gemm(micro_batch * model.seq_len, model.vocab / tp, model.hidden)
 
 
-def model_flops_per_token(model: ModelSpec, job: "Job | None" = None) -> float:
+def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
+    """Forward attention-core FLOPs per token, all layers: 4*s*h per layer, half of it causal."""
+    return (0.5 if causal else 1.0) * 4.0 * model.seq_len * model.hidden * model.layers
+
+
+def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:
     """Training FLOPs per token without recomputation: 3x forward, where forward is
-    2 FLOPs per matmul weight (layers and output head) plus 4*s*h per layer for attention.
-    This is what MFU counts (PaLM convention, non-causal attention like Megatron's eq. 3).
+    2 FLOPs per matmul weight (layers and output head) plus the attention core (causal: 2*s*h
+    per layer; ``causal=False``: 4*s*h, Megatron's eq. 3 and torchtitan's count).
+    This is what MFU counts.
 
     LoRA: frozen weights need only input gradients in backward (1x their forward, not 2x), the
     attention core still 2x, and the adapters 3x their forward: 4W + 3A + 3a per token."""
     from planner.core.finetune import lora_forward_flops_per_token
 
     weights = 2.0 * model.matmul_params_per_token
-    attention = 4.0 * model.seq_len * model.hidden * model.layers
+    attention = attention_flops_per_token(model, causal)
     if job is not None and job.lora:
         return 2 * weights + 3 * attention + 3 * lora_forward_flops_per_token(model, job)
     return 3.0 * (weights + attention)
 
 
-def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray) -> np.ndarray:
+def op_sac_recomputed_share(model: ModelSpec) -> float:
+    """The share of a layer's weight-GEMM FLOPs that torchtitan's op-level selective checkpointing
+    recomputes: it saves every matmul's output except every second one per block (counted in
+    forward order wq, wk, wv, wo, w1, w3, w2 for a gated MLP: wk, wo and w3 are recomputed; for a
+    GELU MLP fused QKV, proj, fc1, fc2: proj and fc2) (torchtitan parallelize_llama,
+    _apply_ac_to_transformer_block, "op" policy)."""
+    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    if model.gated_mlp:
+        return (h * hkv + h * h + f * h) / (2 * h * h + 2 * h * hkv + 3 * f * h)
+    return (h * h + f * h) / (h * (h + 2 * hkv) + h * h + 2 * f * h)
+
+
+def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective: str = "attention",
+                              causal: bool = True) -> np.ndarray:
     """Extra forward FLOPs per token that recomputation adds (HFU counts them, MFU does not).
-    full: every layer's forward again (not the head); selective: attention core only
-    (Korthikanti et al. 2022, Sec. 5)."""
-    layer_forward = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
-    attention = 4.0 * model.seq_len * model.hidden * model.layers
-    return np.where(recompute == 2, layer_forward + attention, np.where(recompute == 1, attention, 0.0))
+    full: every layer's forward again (not the head); selective "attention": the attention core
+    (Korthikanti et al. 2022, Sec. 5); selective "op": the share of weight GEMMs torchtitan's
+    op-level policy recomputes (attention's output is kept)."""
+    layer_gemms = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
+    attention = attention_flops_per_token(model, causal)
+    selective_flops = attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms
+    return np.where(recompute == 2, layer_gemms + attention, np.where(recompute == 1, selective_flops, 0.0))
 
 
 def megatron_eq3_flops(model: ModelSpec, batch_seqs: float) -> float:

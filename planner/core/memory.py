@@ -18,15 +18,22 @@ from planner.core.layout import Candidates, Job
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers_arrays
 from planner.hardware import HardwareProfile
+from planner.stacks import Software, software
 
-WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 3}  # fp8: bf16 weights + fp8 copy (TE)
+# fp8 keeps bf16 weights; Transformer Engine's delayed scaling also caches an fp8 copy (+1 byte),
+# torchao's dynamic tensorwise scaling casts them on the fly (fp8_weight_bytes below).
+WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 # fp16 reduces gradients in fp16 (ZeRO paper's 2 bytes); bf16 and fp8 accumulate them in fp32
 # (Megatron-LM forces fp32 main grads for bf16; torchtitan's FSDP reduce_dtype is fp32).
 GRAD_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 4, "fp8": 4}
 # AdamW: fp32 momentum + variance (8), plus the fp32 master weights (4) under mixed precision.
 OPTIMIZER_BYTES = {"fp32": 8, "tf32": 8, "fp16": 12, "bf16": 12, "fp8": 12}
 ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
-FP32_LOGIT_BYTES = 4  # the fp32 copy the cross-entropy keeps beside the logits (Megatron vocab-parallel CE)
+
+
+def fp8_weight_bytes(sw: Software) -> float:
+    """Bytes per parameter an fp8 job holds beside its 16-bit weights: TE's cached fp8 copy."""
+    return 1.0 if sw.fp8 and sw.stack.fp8_recipe == "delayed" else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +54,8 @@ class Memory:
                    weights + gradients + optimizer + activations + other)
 
 
-def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
-                               recompute: np.ndarray | None = None) -> np.ndarray:
+def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
+                               sw: Software | None = None) -> np.ndarray:
     """Activations one layer keeps for backward, per micro-batch, per GPU.
 
     Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
@@ -67,14 +74,21 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
     its input is not kept unless an adapter on it reads the same tensor. Eager kernels (plain
     PyTorch, job.kernels == "eager") keep more for RMSNorm (the normalised output, for the norm's
     weight) and SwiGLU (the SiLU output, for the product's backward).
+
+    Selective recompute is the stack's policy: "attention" (Megatron, Korthikanti et al. 2022)
+    recomputes the attention core, dropping its s x s terms; "op" (torchtitan's op-level
+    selective checkpointing) keeps the block input, the attention output and every matmul output
+    but every second one (wq, wv, w1, w2 of a gated block; QKV and fc1 of a GELU one) and
+    recomputes everything else.
     """
+    sw = sw or software(job)
     rc = c.recompute if recompute is None else recompute
     e = ACT_BYTES[job.precision]
     h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
     drop = 1.0 if model.has_dropout else 0.0
     targets = set(job.lora_targets) if job.lora else None
     trains = lambda *names: targets is None or bool(targets.intersection(names))  # noqa: E731
-    eager = job.kernels == "eager" and model.gated_mlp
+    eager = sw.eager and model.gated_mlp
     # Replicated over TP ranks unless sequence parallel.
     replicated = (2 * e * h  # the two norms' inputs
                   + e * h * trains("q_proj", "k_proj", "v_proj")  # QKV input
@@ -91,24 +105,33 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job,
         scores = np.full(len(c), 4.0 * a)
     tp = c.tp.astype(float)
     per_token = np.where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
+    if sw.stack.selective == "op":  # input and the second matmul's output (replicated), the rest split
+        kept_split = (h + hkv + f if model.gated_mlp else h + 2 * hkv + f) + h  # + attention output
+        op = np.where(c.sequence_parallel, 2 * e * h / tp, 2 * e * h) + (e * kept_split + 4.0 * a) / tp
+        per_token = np.where(rc == 1, op, per_token)
     full = np.where(c.sequence_parallel, e * h / tp, e * h)
     per_token = np.where(rc == 2, full, per_token)
     return per_token * c.micro_batch * s
 
 
-def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tuple[Memory, tuple[Memory, ...]]:
+def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+           sw: Software | None = None) -> tuple[Memory, tuple[Memory, ...]]:
     """Peak memory per GPU, and the memory of the three stages that can hold the peak: the first
     (embedding, most micro-batches in flight), the fullest (an extra layer when layers do not
-    divide) and the last (head, logits). Other stages hold less than one of these."""
+    divide) and the last (head, logits). Other stages hold less than one of these.
+
+    ``other`` holds what torch's allocator does not see (the CUDA context, NCCL buffers: see
+    ``outside_allocator``) and what it does (ZeRO-3 gather buffers, fragmentation)."""
+    sw = sw or software(job)
     eff = hw.efficiency
     tp, dp, pp = c.tp.astype(float), c.dp.astype(float), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
-    act_layer = activation_bytes_per_layer(model, c, job)
+    act_layer = activation_bytes_per_layer(model, c, job, sw=sw)
     # One layer's full activations for the micro-batch being recomputed (the working set).
-    no_rc = activation_bytes_per_layer(model, c, job, recompute=np.zeros_like(c.recompute))
-    working = np.where(c.recompute == 2, no_rc, 0.0)
+    no_rc = activation_bytes_per_layer(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
+    working = np.where((c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")), no_rc, 0.0)
     first, fullest, last = stage_layers_arrays(model.layers, pp)
-    e = 2 if job.precision in ("fp16", "bf16", "fp8") else 4
+    e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
     tokens = c.micro_batch * model.seq_len
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
@@ -122,7 +145,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
         # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
         # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
         trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
-        weights = (shard * wb + (trained * wb if job.lora else 0.0)) / np.where(c.zero_stage >= 3, dp, 1)
+        weights = ((shard * (wb + fp8_weight_bytes(sw)) + (trained * wb if job.lora else 0.0))
+                   / np.where(c.zero_stage >= 3, dp, 1))
         grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
         optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
@@ -130,18 +154,28 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> tu
         # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
         mask = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight / np.where(c.sequence_parallel, tp, 1)
         acts = acts + np.where(is_first, mask, 0.0)
-        logits = (ACT_BYTES[job.precision] + FP32_LOGIT_BYTES) * tokens * model.vocab / tp
+        # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
+        logits = sw.logit_bytes * tokens * model.vocab / tp
         acts = acts + np.where(is_last, logits, 0.0)
-        # ZeRO-3 gathers one layer's full weights and prefetches the next: two 16-bit layers.
-        gather = np.where(c.zero_stage >= 3, 2 * model.layer_params / tp * e, 0.0)
-        distributed = (c.dp * c.tp * c.pp) > 1
-        other = (eff.cuda_context_bytes + np.where(distributed, eff.comm_buffer_bytes, 0.0) + gather
-                 + eff.fragmentation * (acts + grads))
+        # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in
+        # 16-bit). Under pipelining a stack that does not reshard between micro-batches (FSDP2 in
+        # torchtitan) keeps the stage's weights gathered and its gradients unsharded (fp32).
+        gather = np.where(c.zero_stage >= 3, sw.stack.gather_layers * model.layer_params / tp * e, 0.0)
+        if not sw.stack.reshard_in_pipeline:
+            gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
+        other = outside_allocator(hw, c) + gather + eff.fragmentation * (acts + grads + gather)
         stages.append(Memory.of(weights, grads, optim, acts, other, index))
     peak = stages[0]
     for mem in stages[1:]:
         peak = _pick_larger(peak, mem)
     return peak, tuple(stages)
+
+
+def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:
+    """Memory torch's caching allocator does not count (max_memory_reserved leaves it out): the
+    CUDA context with its library workspaces, and NCCL's buffers when any group has > 1 rank."""
+    distributed = (c.dp * c.tp * c.pp) > 1
+    return hw.efficiency.cuda_context_bytes + np.where(distributed, hw.efficiency.comm_buffer_bytes, 0.0)
 
 
 def _pick_larger(a: Memory, b: Memory) -> Memory:

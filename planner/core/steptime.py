@@ -15,12 +15,13 @@ import numpy as np
 
 from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
-from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm
+from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import Candidates, Job
 from planner.core.memory import ACT_BYTES, GRAD_BYTES
 from planner.core.model import ModelSpec
 from planner.core.pipeline import stage_layers_arrays
 from planner.hardware import HardwareProfile
+from planner.stacks import Software, software
 
 FLASH_BACKWARD_RATIO = 2.5  # flash attention backward / forward time (Dao 2023, FlashAttention-2, Sec. 3)
 LOGIT_TRAFFIC_BYTES = 12  # per logit, forward + backward cross-entropy (16-bit in, fp32 exp, 16-bit grad)
@@ -43,34 +44,46 @@ class StepTime:
         return self.compute + self.tp_comm + self.pp_comm + self.dp_comm + self.bubble + self.optimizer + self.other
 
 
-def _peak(hw: HardwareProfile, precision: str) -> float:
+def linear_peak(hw: HardwareProfile, precision: str) -> float:
+    """Dense peak of the linear layers' GEMMs: fp8 runs them at the fp8 rate where the GPU has
+    one (at 16-bit where it has none)."""
     return hw.gpu.peak_flops["bf16" if precision == "fp8" and not hw.gpu.supports("fp8") else precision]
 
 
-def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float) -> np.ndarray:
-    """max(compute at size-dependent efficiency, memory traffic of A, B and C): a roofline whose
-    compute roof is ``matmul * d/(d + matmul_half_dim)`` of peak, d the smallest GEMM dimension."""
+def reference_peak(hw: HardwareProfile, precision: str) -> float:
+    """The 16-bit peak for fp8 jobs (attention, element-wise work and the head stay in bf16, and
+    MFU is reported against it, as torchtitan and Megatron-LM report fp8 MFU); else the precision's."""
+    return hw.gpu.peak_flops["bf16" if precision == "fp8" else precision]
+
+
+def gemm_efficiency(hw: HardwareProfile, d: np.ndarray, fp8: bool = False) -> np.ndarray:
+    """The compute roof of a GEMM whose smallest dimension is ``d``: ``matmul * d/(d + half_dim)``
+    of peak (``fp8_matmul`` for fp8 GEMMs): small GEMMs fill the GPU less."""
     e = hw.efficiency
-    d = g.min_dim
-    compute = g.flops / (peak * e.matmul * d / (d + e.matmul_half_dim))
-    traffic = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hw.gpu.hbm_bytes_per_s * e.memory)
+    return (e.fp8_matmul if fp8 else e.matmul) * d / (d + e.matmul_half_dim)
+
+
+def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float, fp8: bool = False) -> np.ndarray:
+    """max(compute at size-dependent efficiency, memory traffic of A, B and C): a roofline."""
+    compute = g.flops / (peak * gemm_efficiency(hw, g.min_dim, fp8))
+    traffic = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hw.gpu.hbm_bytes_per_s * hw.efficiency.memory)
     return np.maximum(compute, traffic)
 
 
-def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job) -> tuple[np.ndarray, np.ndarray]:
+def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes of the element-wise kernels of one layer's forward per micro-batch per GPU:
     (layer without attention core, attention-core softmax/dropout).
 
-    fused (Megatron-LM): one kernel each for norm, bias-dropout-add, bias-GELU or SwiGLU,
-    scale-mask-softmax, RoPE on Q and K. eager (plain PyTorch ops, as the reference trainer): the
-    same for GPT (LayerNorm, GELU and SDPA are single ops), but RMSNorm, RoPE and SwiGLU are
-    several ops each, every one reading and writing its operands: RMSNorm ~7h per norm (square,
-    mean, rsqrt, two products), RoPE ~9 reads/writes per Q and K element plus Q's copy out of the
-    fused QKV (2h), SwiGLU 5f (SiLU, product)."""
+    fused (Megatron-LM, TE, torch.compile): one kernel each for norm, bias-dropout-add, bias-GELU
+    or SwiGLU, scale-mask-softmax, RoPE on Q and K. eager (plain PyTorch ops): the same for GPT
+    (LayerNorm, GELU and SDPA are single ops), but RMSNorm, RoPE and SwiGLU are several ops each,
+    every one reading and writing its operands: RMSNorm ~7h per norm (square, mean, rsqrt, two
+    products), RoPE ~9 reads/writes per Q and K element plus Q's copy out of the fused QKV (2h),
+    SwiGLU 5f (SiLU, product)."""
     e = ACT_BYTES[job.precision]
     h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
     drop = 1.0 if model.has_dropout else 0.0
-    eager = job.kernels == "eager" and model.gated_mlp
+    eager = sw.eager and model.gated_mlp
     # Two norms (read + write h each), two residual adds (read 2h, write h, + 1-byte mask).
     norms = 2 * (7 if eager else 2) * h
     replicated = norms + 2 * (3 * h + 0.5 * h * drop)
@@ -78,11 +91,21 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job) -> tuple[np.nd
         split = 5 * f + 9 * (h + hkv) + 2 * h if eager else 3 * f + 2 * (h + hkv)
     else:  # bias-GELU
         split = 2 * f
-    softmax = (2 + 2.5 * drop) * a * s if job.attention == "standard" else 0.0
+    softmax = (2 + 2.5 * drop) * a * s if sw.attention == "standard" else 0.0
     tp = c.tp.astype(float)
     tokens = c.micro_batch * s
     layer = e * tokens * (np.where(c.sequence_parallel, replicated / tp, replicated) + split / tp)
     return layer, e * tokens * softmax / tp
+
+
+def fp8_cast_elements(model: ModelSpec) -> float:
+    """Elements per token per layer that fp8 training casts (amax, scale, cast, transposed copy):
+    forward, the inputs of the four linear groups (QKV, proj and MLP-in read h each; MLP-out reads
+    f); backward, the gradients of their outputs (h + 2 h_kv, h, MLP-in width, h). torchao float8
+    and Transformer Engine cast these three operands of every GEMM (Micikevicius et al. 2022)."""
+    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    mlp_in = (2 if model.gated_mlp else 1) * f
+    return (3 * h + f) + (h + 2 * hkv + h + mlp_in + h)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,32 +117,49 @@ class _LayerTimes:
     tp_calls: np.ndarray  # TP collectives per layer per micro-batch on the critical path
 
 
-def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
-                links: comm.Links) -> _LayerTimes:
+def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+                    sw: Software) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward time of the attention core (QK^T, softmax, AV) per layer per micro-batch.
+
+    Flash kernels (FlashAttention-2, or the GPU's own fused kernel: FlashAttention-3 / cuDNN on
+    Hopper) skip the masked upper triangle and run at their measured fraction of the 16-bit peak,
+    the backward taking 2.5x the forward (Dao 2023, FlashAttention-2, Sec. 3 and 4.1). Standard
+    attention runs two batched GEMMs of head_dim width over the full square (the mask is applied
+    after), backward twice forward."""
+    e = hw.efficiency
+    half_peak = reference_peak(hw, job.precision)
+    if sw.attention == "standard":
+        flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False)
+        fwd = flops / (half_peak * gemm_efficiency(hw, np.asarray(float(model.head_dim))))
+        return fwd, 2 * fwd
+    kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
+    fwd = attention_core_flops(model, c.micro_batch, c.tp) / (half_peak * kernel)
+    return fwd, FLASH_BACKWARD_RATIO * fwd
+
+
+def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, links: comm.Links,
+                sw: Software) -> _LayerTimes:
     e = hw.efficiency
     act = ACT_BYTES[job.precision]
-    peak = _peak(hw, job.precision)
-    gemms = sum(gemm_time(g, hw, peak, act) for g in layer_gemms(model, c.micro_batch, c.tp))
-    attn_flops = attention_core_flops(model, c.micro_batch, c.tp)
-    half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
-    if job.attention == "flash":  # causal: flash skips the upper triangle
-        attn_fwd = 0.5 * attn_flops / (half_peak * e.flash_attention)
-        attn_bwd = FLASH_BACKWARD_RATIO * attn_fwd
-    else:  # two batched GEMMs of (s x d) @ (d x s) and (s x s) @ (s x d) per head
-        d = model.head_dim
-        eff = e.matmul * d / (d + e.matmul_half_dim)
-        attn_fwd = attn_flops / (half_peak * eff)
-        attn_bwd = 2 * attn_fwd
+    peak = linear_peak(hw, job.precision)
+    fp8 = sw.fp8 and hw.gpu.supports("fp8")
+    gemms = sum(gemm_time(g, hw, peak, 1 if fp8 else act, fp8) for g in layer_gemms(model, c.micro_batch, c.tp))
+    attn_fwd, attn_bwd = attention_times(model, hw, job, c, sw)
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
-    ew_layer, ew_softmax = _elementwise_bytes(model, c, job)
+    ew_layer, ew_softmax = _elementwise_bytes(model, c, job, sw)
+    # fp8: amax, scaling and casts of each GEMM's operands, memory-bound, forward and backward.
+    cast = sw.fp8_cast_bytes * c.micro_batch * model.seq_len * fp8_cast_elements(model) / c.tp / hbm if fp8 else 0.0
     # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
     # GEMMs run at the matmul roof (they are < 1% of the FLOPs at the ranks people use).
     weight_grads = 0 if job.lora else 1
     adapter = (lora_params_per_layer(model, job) * 2.0 * c.micro_batch * model.seq_len / c.tp / (peak * e.matmul)
                if job.lora else 0.0)
-    fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm
-    bwd = (1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm
-    selective = np.where(job.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
+    fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm + 0.4 * cast
+    bwd = (1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm + 0.6 * cast
+    if sw.stack.selective == "op":  # every second matmul and all element-wise work again
+        selective = op_sac_recomputed_share(model) * gemms + ew_layer / hbm + 0.4 * cast
+    else:  # the attention core again (Korthikanti et al. 2022); flash attention recomputes it anyway
+        selective = np.where(sw.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
@@ -128,14 +168,15 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     return _LayerTimes(fwd, bwd, recompute, calls * collective, calls)
 
 
-def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> StepTime:
-    """The step's breakdown: seconds per optimizer step on the critical path, by part."""
+def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software | None = None) -> StepTime:
+    """The step's breakdown: seconds per optimizer step on the critical path, by part. ``hw``
+    carries the stack's software factors already (planner.stacks.effective)."""
+    sw = sw or software(job)
     e = hw.efficiency
     links = comm.Links.of(hw)
-    lt = layer_times(model, hw, job, c, links)
+    lt = layer_times(model, hw, job, c, links, sw)
     act = ACT_BYTES[job.precision]
-    half_peak = _peak(hw, "bf16" if job.precision == "fp8" else job.precision)
-    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, half_peak, act)
+    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, reference_peak(hw, job.precision), act)
     loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
     head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
 
@@ -171,8 +212,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     params = np.maximum(fullest * model.layer_params, first * model.layer_params + model.embedding_params)
     shard = params / c.tp
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
-    grad_bytes = trained * GRAD_BYTES[job.precision]
-    param_bytes = shard * act
+    # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
+    # never wider than the precision keeps them.
+    grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
+    param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
     ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0) * busy
     rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0) * busy
     ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0) * busy  # ZeRO-3: gather the weights
@@ -180,10 +223,18 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) ->
     bwd_mb = layers_pace * lt.backward * slow
     hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
     fwd_mb = layers_pace * lt.forward * slow
-    zero3 = m * np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb))
+    # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
+    # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
+    # the current block's compute. The first gather and the last reduce-scatter of a pass have
+    # nothing to hide behind: one block's worth. A stack that keeps a pipeline stage's weights
+    # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
+    edge = (ag + rs) / np.maximum(layers_pace, 1)
+    per_mb = np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
+    once = np.maximum(0.0, ag + rs - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
+    zero3 = np.where((p > 1) & (not sw.stack.reshard_in_pipeline), once, m * per_mb)
+    zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     dp = np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
-                   [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step,
-                    m * np.maximum(0.0, rs - hidden) + ag_step], zero3)
+                   [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")

@@ -1,0 +1,246 @@
+"""How the job runs in software: the stack (Megatron-LM, Megatron-Core + Transformer Engine,
+torchtitan's FSDP2, DeepSpeed ZeRO, this project's reference trainer).
+
+The same GPU runs 1.5-2x apart under different software. A stack file (``stacks/*.toml``) names
+what kernels it runs, what overlaps with what, how it shards and gathers, its overheads and its
+fp8 recipe, each cited. Hardware factors (peak rates, GEMM and attention efficiency, bandwidths)
+stay in the hardware profile; a stack's factors set the software ones, unless a calibrated
+hardware profile (fitted on runs of a stack) sets them itself. Keys carry their units; values are
+converted to SI once, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import PlannerError, closest_names
+
+ELEMENTWISE = ("fused", "eager")
+ATTENTION_KERNELS = ("flash2", "fused", "standard")  # fused: FlashAttention-3 / cuDNN / TE on Hopper
+SELECTIVE = ("attention", "op")
+FP8_RECIPES = ("none", "tensorwise", "delayed")
+DEFAULT_STACK = "fsdp2"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stack:
+    name: str
+    description: str
+    source: str
+    path: str = ""
+    # Kernels
+    elementwise: str  # fused (one kernel per norm, activation, RoPE) or eager (one PyTorch op at a time)
+    attention_kernel: str
+    logit_bytes: float  # bytes per logit element held at the loss's peak (per token x vocab / tp)
+    logit_bytes_compiled: float  # the same when torch.compile fuses the loss
+    selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
+    # Overlap (fractions)
+    dp_overlap: float  # of the last micro-batch's backward that hides the DP gradient reduction
+    zero3_overlap: float  # of compute that hides ZeRO-3 / FSDP parameter gathers and gradient reduce-scatters
+    tp_overlap: float  # of tensor-parallel communication hidden behind GEMMs
+    tp_overlap_async: float  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
+    # Sharding
+    grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
+    zero_stages: tuple[int, ...]  # the ZeRO stages it runs
+    gather_layers: float  # layers of unsharded 16-bit weights held at once under ZeRO-3 (current + prefetch)
+    reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
+    grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
+    # Pipeline
+    schedules: tuple[str, ...]
+    interleaved: bool
+    # Fixed overheads (seconds)
+    layer_overhead_s: float  # per layer per micro-batch per pass that the GPU waits for (launch, dispatch)
+    step_overhead_s: float  # per optimizer step
+    tp_collective_overhead_s: float  # per tensor-parallel collective
+    # torch.compile
+    compiles: bool  # --compile means something on this stack
+    # fp8
+    fp8_recipe: str
+    fp8_cast_bytes: float  # HBM bytes per element cast to fp8 (amax, scale, cast, transposed copy)
+    fp8_cast_bytes_compiled: float  # the same when compiled (casts fused into neighbouring kernels)
+    fp8_all_gather: bool  # ZeRO-3 / FSDP gathers fp8 weights (1 byte) instead of 16-bit ones
+
+    def elementwise_for(self, compile: bool) -> str:
+        return "fused" if compile and self.compiles else self.elementwise
+
+    def logit_bytes_for(self, compile: bool) -> float:
+        return self.logit_bytes_compiled if compile and self.compiles else self.logit_bytes
+
+    def cast_bytes_for(self, compile: bool) -> float:
+        return self.fp8_cast_bytes_compiled if compile and self.compiles else self.fp8_cast_bytes
+
+
+# file key -> (attribute, kind, allowed): kind "float" with (low, high), "str" with choices,
+# "bool", "ints" / "strs" (lists).
+_KEYS: dict[str, tuple[str, str, object]] = {
+    "elementwise": ("elementwise", "str", ELEMENTWISE),
+    "attention": ("attention_kernel", "str", ATTENTION_KERNELS),
+    "logit_bytes": ("logit_bytes", "float", (2.0, 32.0)),
+    "logit_bytes_compiled": ("logit_bytes_compiled", "float", (2.0, 32.0)),
+    "selective": ("selective", "str", SELECTIVE),
+    "dp_overlap": ("dp_overlap", "float", (0.0, 1.0)),
+    "zero3_overlap": ("zero3_overlap", "float", (0.0, 1.0)),
+    "tp_overlap": ("tp_overlap", "float", (0.0, 1.0)),
+    "tp_overlap_async": ("tp_overlap_async", "float", (0.0, 1.0)),
+    "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
+    "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
+    "gather_layers": ("gather_layers", "float", (0.0, 64.0)),
+    "reshard_in_pipeline": ("reshard_in_pipeline", "bool", None),
+    "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
+    "schedules": ("schedules", "strs", ("1f1b", "gpipe")),
+    "interleaved": ("interleaved", "bool", None),
+    "layer_overhead_us": ("layer_overhead_s", "us", (0.0, 1e5)),
+    "step_overhead_ms": ("step_overhead_s", "ms", (0.0, 1e5)),
+    "tp_collective_overhead_us": ("tp_collective_overhead_s", "us", (0.0, 1e5)),
+    "compiles": ("compiles", "bool", None),
+    "fp8_recipe": ("fp8_recipe", "str", FP8_RECIPES),
+    "fp8_cast_bytes": ("fp8_cast_bytes", "float", (0.0, 64.0)),
+    "fp8_cast_bytes_compiled": ("fp8_cast_bytes_compiled", "float", (0.0, 64.0)),
+    "fp8_all_gather": ("fp8_all_gather", "bool", None),
+}
+_TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8")
+_TOP = ("name", "description", "source", "aliases", *_TABLES)
+
+
+def _value(where: str, key: str, value: object, kind: str, allowed: object) -> object:
+    def bad(what: str) -> PlannerError:
+        return PlannerError(f"{where}: {key}", repr(value), what)
+
+    if kind in ("float", "us", "ms"):
+        low, high = allowed
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise bad(f"a number from {low:g} to {high:g}")
+        return float(value) * {"float": 1.0, "us": 1e-6, "ms": 1e-3}[kind]
+    if kind == "str":
+        if value not in allowed:
+            raise bad(f"one of {', '.join(allowed)}")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if not isinstance(value, list) or not value or any(v not in allowed for v in value):
+        raise bad(f"a non-empty list of {', '.join(map(str, allowed))}")
+    return tuple(value)
+
+
+def load_stack_file(path: str | Path) -> Stack:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PlannerError("stack", str(path), f"not a readable TOML stack file ({exc})") from None
+    for key in data:
+        if key not in _TOP:
+            raise PlannerError(f"stack {path}", key, f"unknown key; allowed: {', '.join(_TOP)}")
+    values: dict[str, object] = {}
+    for table in _TABLES:
+        section = data.get(table, {})
+        if not isinstance(section, dict):
+            raise PlannerError(f"stack {path}", table, "a table")
+        for key, value in section.items():
+            if key in ("note", "source"):
+                continue
+            if key not in _KEYS:
+                raise PlannerError(f"stack {path} [{table}]", key, f"unknown key; allowed: {', '.join(_KEYS)}")
+            attr, kind, allowed = _KEYS[key]
+            values[attr] = _value(f"stack {path} [{table}]", key, value, kind, allowed)
+    missing = [k for k, (attr, _, _) in _KEYS.items() if attr not in values]
+    if missing:
+        raise PlannerError(f"stack {path}", "missing", f"needs key(s): {', '.join(missing)}")
+    for key in ("name", "description", "source"):
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            raise PlannerError(f"stack {path}", key, "a non-empty string")
+    return Stack(name=data["name"], description=data["description"], source=data["source"], path=str(path),
+                 **values)
+
+
+def _stack_dir() -> Path:
+    root = Path(__file__).resolve().parent.parent / "stacks"
+    if not root.is_dir():  # installed without the source tree: the package copy
+        import stacks
+
+        root = Path(stacks.__file__).resolve().parent
+    return root
+
+
+@functools.cache
+def _index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for path in sorted(_stack_dir().glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        for key in [data.get("name", path.stem), *data.get("aliases", [])]:
+            index.setdefault(str(key).lower(), str(path))
+    return index
+
+
+def stack_names() -> list[str]:
+    return [Path(p).stem for p in dict.fromkeys(_index().values())]
+
+
+@functools.cache
+def get_stack(name: str) -> Stack:
+    """A stack by name or alias, or by the path of a TOML file."""
+    if name.endswith(".toml") or "/" in name:
+        if not Path(name).is_file():
+            raise PlannerError("stack", name, "no such stack file")
+        return load_stack_file(name)
+    key = name.strip().lower()
+    if key not in _index():
+        hint = closest_names(key, list(_index()))
+        raise PlannerError("stack", name, f"unknown software stack; {hint + ' ' if hint else ''}"
+                                          f"known: {', '.join(stack_names())}")
+    return load_stack_file(_index()[key])
+
+
+# Software factors a stack sets and a hardware profile may also set (a calibrated profile, fitted
+# on runs of one stack, keeps its own): the hardware profile wins only where its file names them.
+SHARED_FACTORS = ("dp_overlap", "zero3_overlap", "tp_overlap", "layer_overhead_s", "step_overhead_s",
+                  "tp_collective_overhead_s")
+
+
+def effective(hw, stack: Stack, async_tp: bool = False):
+    """The hardware profile with the stack's software factors in its efficiency (those its own
+    file does not set)."""
+    given = getattr(hw, "efficiency_keys", frozenset())
+    changes = {f: getattr(stack, f) for f in SHARED_FACTORS if f not in given}
+    if async_tp and "tp_overlap" not in given:
+        changes["tp_overlap"] = stack.tp_overlap_async
+    return hw.with_efficiency(dataclasses.replace(hw.efficiency, **changes))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Software:
+    """What a job's stack does for this job (its options applied): what the formulas read."""
+
+    stack: Stack
+    elementwise: str  # fused | eager
+    attention: str  # flash2 | fused | standard
+    fp8: bool  # linear layers' GEMMs in fp8 (attention and element-wise work stay in 16-bit)
+    fp8_cast_bytes: float
+    logit_bytes: float
+
+    @property
+    def eager(self) -> bool:
+        return self.elementwise == "eager"
+
+
+def software(job) -> Software:
+    """The job's stack with its options (--kernels, --attention, --compile, --precision) applied."""
+    stack = get_stack(job.stack)
+    elementwise = stack.elementwise_for(job.compile) if job.kernels == "stack" else job.kernels
+    attention = "standard" if job.attention == "standard" else stack.attention_kernel
+    if attention == "standard" and job.attention == "flash":
+        attention = "flash2"  # a stack without flash attention of its own runs FlashAttention-2 when asked
+    fp8 = job.precision == "fp8"
+    if fp8 and stack.fp8_recipe == "none":
+        with_fp8 = [n for n in stack_names() if get_stack(n).fp8_recipe != "none"]
+        raise PlannerError("precision", "fp8", f"the {stack.name} stack has no fp8 recipe; use bf16, or a stack "
+                                              f"that has one: {', '.join(with_fp8)}")
+    return Software(stack=stack, elementwise=elementwise, attention=attention, fp8=fp8,
+                    fp8_cast_bytes=stack.cast_bytes_for(job.compile) if fp8 else 0.0,
+                    logit_bytes=stack.logit_bytes_for(job.compile))

@@ -1,0 +1,1 @@
+"""Software stacks as data files (planner/stacks.py reads them)."""
