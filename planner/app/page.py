@@ -219,7 +219,10 @@ def runs_tab(state: dict) -> None:
                            help="where the reference trainer writes <run>/record.json and <run>/steps.csv")
     uploads = st.file_uploader("Or upload run records (record.json)", type=["json"], accept_multiple_files=True,
                                key="uploads")
-    found = run_records.load_folder(folder)
+    refused = run_records.runs_folder_problem(folder)  # only under the configured roots
+    if refused:
+        st.error(refused)
+    found = run_records.load_folder(folder) if not refused else run_records.Loaded(runs=(), skipped=())
     uploaded = run_records.load_uploaded([(u.name, u.getvalue()) for u in uploads or []])
     runs = found.runs + uploaded.runs
     for line in found.skipped + uploaded.skipped:
@@ -230,7 +233,7 @@ def runs_tab(state: dict) -> None:
     else:
         predicted_vs_measured(runs, folder, profile_names())
     st.subheader("Live view")
-    live = run_records.live_runs(folder)
+    live = run_records.live_runs(folder) if not refused else []
     if not live:
         st.caption(f"No run folder in {folder}/ with a steps.csv yet.")
         return

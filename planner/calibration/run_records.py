@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import shlex
 import tempfile
 from collections.abc import Sequence
@@ -20,6 +21,27 @@ from planner.errors import PlannerError
 
 RECORD_FILE = "record.json"
 STEPS_FILE = "steps.csv"
+ROOTS_ENV = "PLANNER_RUNS_ROOTS"  # folders the explorer may read runs from, os.pathsep-separated
+
+
+def runs_roots() -> list[Path]:
+    """Where the explorer's Runs tab may read: $PLANNER_RUNS_ROOTS, else the working directory's
+    ``runs/`` and the committed runs (``benchmarks/runs``). A typed path outside is refused, so a
+    visitor of a served explorer cannot browse the server's files."""
+    configured = os.environ.get(ROOTS_ENV)
+    if configured:
+        return [Path(p).resolve() for p in configured.split(os.pathsep) if p]
+    return [Path("runs").resolve(), Path(__file__).resolve().parents[2] / "benchmarks" / "runs"]
+
+
+def runs_folder_problem(folder: str | Path) -> str | None:
+    """Why the explorer must not read ``folder`` (outside every root, after resolving '..' and
+    symbolic links), or None."""
+    path, roots = Path(folder).resolve(), runs_roots()
+    if any(path == root or root in path.parents for root in roots):
+        return None
+    return (f"runs folder {str(folder)!r}: the explorer reads runs only under {', '.join(map(str, roots))} "
+            f"(set {ROOTS_ENV} to allow other folders)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

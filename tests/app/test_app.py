@@ -125,8 +125,10 @@ def test_hardware_tab_compares_profiles():
     assert {"a100-80g", "a6000", "v100-32g (fp16)"} <= profiles
 
 
-def test_runs_tab_compares_records_and_names_the_bad_ones(tmp_path):
+def test_runs_tab_compares_records_and_names_the_bad_ones(tmp_path, monkeypatch):
     import shutil
+
+    monkeypatch.setenv("PLANNER_RUNS_ROOTS", str(tmp_path))  # the tab reads only under its roots
 
     runs = tmp_path / "runs"
     shutil.copytree(Path(__file__).resolve().parent / "data" / "runs", runs)
