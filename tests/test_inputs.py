@@ -1,0 +1,270 @@
+"""Input safety (issue 12): every number that enters is finite and in its documented range, hardware
+profile files are checked by a schema, and every output is finite.
+
+Each case of the issue's list is here; expected values are worked by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from planner.cli.main import main
+from planner.core.resilience import expected_wall_seconds
+from planner.core.search import _divisors
+from planner.errors import PlannerError
+from planner.hardware import get_profile, load_profile_file
+from planner.schema import Key, check_csv_row, check_table
+from planner.units import GIB, parse_count, parse_duration
+
+MODEL = ["--preset", "gpt3-1.3b"]
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    get_profile.cache_clear()
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_refusal(capsys, argv: list[str], *needles: str) -> str:
+    rc, out, err = run(capsys, argv)
+    assert rc == 2, (argv, out, err)
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def strict_json(text: str) -> object:
+    def reject(name: str) -> None:
+        raise ValueError(f"non-finite JSON constant {name}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+# --- the issue's list ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["estimate", "--params", "1e30"], ("params", "1e30", "at most 1e+15")),  # was: a hang
+    (["estimate", *MODEL, "--gpus", "99999999999999999999"], ("gpus", "1,000,000")),  # was: a hang
+    (["compare", *MODEL, "--gpus", "8,99999999999999999999"], ("gpus", "1,000,000")),
+    (["estimate", *MODEL, "--micro-batch", "99999999999999999999"], ("micro_batch", "65,536")),  # IndexError
+    (["estimate", *MODEL, "--tokens", "1e400B"], ("tokens", "1e400B")),  # was: inf days, nan goodput
+    (["estimate", *MODEL, "--storage-gbps", "1e-320"], ("storage_gbps", "1e-06")),
+    (["estimate", *MODEL, "--storage-write-gbps", "0"], ("storage_write_gbps",)),  # was: the default
+    (["estimate", *MODEL, "--gpus-per-node", "0"], ("gpus_per_node", "from 1 to 1,024")),  # was: the default
+    (["estimate", *MODEL, "--mtbf-gpu-hours", "0.001"], ("mtbf_gpu_hours", "8 GPUs")),  # was: OverflowError
+    (["estimate", *MODEL, "--mtbf-gpu-hours", "nan"], ("mtbf_gpu_hours", "nan")),
+    (["estimate", *MODEL, "--pue", "inf"], ("pue",)),
+    (["estimate", *MODEL, "--price-per-gpu-hour", "-1"], ("price",)),
+    (["estimate", *MODEL, "--packing-efficiency", "1e-320"], ("packing_efficiency",)),
+    (["estimate", *MODEL, "--pp=--"], ("pp",)),  # argparse hands over a list
+    (["recommend", *MODEL, "--deadline", "99999999d"], ("deadline", "1000 years")),
+    (["recommend", *MODEL, "--deadline", "30d", "--budget", "1e400"], ("budget",)),
+    (["probe", "--out", "x.toml", "--nprocs", "99999999999999999999"], ("nprocs", "1,024")),  # was: OverflowError
+])
+def test_bad_numbers_are_one_line(capsys, argv, needles):
+    one_line_refusal(capsys, argv, *needles)
+
+
+def test_a_folder_as_output_is_refused_before_the_work(capsys, tmp_path):
+    folder = tmp_path / "plot.png"
+    folder.mkdir()
+    one_line_refusal(capsys, ["compare", *MODEL, "--plot", str(folder)], "plot", "not a folder")
+    one_line_refusal(capsys, ["probe", "--out", str(tmp_path), "--nprocs", "1"], "out", "not a folder")
+    csv = tmp_path / "t.csv"
+    csv.write_text("x\n1\n")
+    one_line_refusal(capsys, ["validate", "--published", str(csv), "--plot", str(tmp_path)], "plot")
+
+
+def test_a_short_mtbf_is_a_finite_answer_or_a_reason(capsys):
+    # 10 GPU-hours on 64 GPUs: a failure every 10*3600/64 = 562 s against a 10-minute restart;
+    # Daly's model still finishes (goodput ~30%), every figure finite and strict JSON.
+    rc, out, _ = run(capsys, ["estimate", *MODEL, "--gpus", "64", "--mtbf-gpu-hours", "10", "--format", "json"])
+    assert rc == 0
+    rel = strict_json(out)["reliability"]
+    assert rel["mtbf_job_hours"] == pytest.approx(10 / 64)
+    assert 0 < rel["goodput"] < 1 and math.isfinite(rel["expected_seconds"])
+    # on 4,096 GPUs a failure every 8.8 s: the job never finishes, said in one line (was 110 digits)
+    one_line_refusal(capsys, ["estimate", *MODEL, "--gpus", "4096", "--mtbf-gpu-hours", "10"], "4,096 GPUs")
+
+
+def test_zero_means_zero(capsys):
+    rc, out, _ = run(capsys, ["estimate", *MODEL, "--price-per-gpu-hour", "0", "--format", "json"])
+    assert rc == 0 and strict_json(out)["train"]["cost_usd"] == 0.0
+
+
+def test_no_failures_is_null_in_strict_json(capsys):
+    rc, out, _ = run(capsys, ["estimate", *MODEL, "--mtbf-gpu-hours", "inf", "--format", "json"])
+    assert rc == 0
+    rel = strict_json(out)["reliability"]
+    assert rel["mtbf_job_hours"] is None and rel["goodput"] == 1.0
+
+
+# --- units and arithmetic -----------------------------------------------------------------
+
+
+def test_parse_count_is_finite_and_bounded():
+    assert parse_count("33B", "params") == 33e9
+    assert parse_count("1.5T", "tokens", hi=1e16) == 1.5e12
+    for bad in ("1e400", "1e400B", "nan", "inf", "0", "-1", "", "1e30T"):
+        with pytest.raises(PlannerError):
+            parse_count(bad, "x", hi=1e16)
+    with pytest.raises(PlannerError, match="at least 1"):
+        parse_count("1e-320", "tokens", lo=1)
+    assert parse_duration("2w", "deadline") == 14 * 86400
+    with pytest.raises(PlannerError, match="1000 years"):
+        parse_duration("400000d", "deadline")
+
+
+def test_divisors_match_brute_force():
+    for n in (1, 2, 12, 97, 720720, 999983, 10**6):
+        assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+def test_daly_in_logarithms_equals_the_direct_formula():
+    # Daly 2006 eq. 20, evaluated directly where it does not overflow: T_s=1e6 s, tau=3600 s,
+    # d=60 s, R=600 s, M=86400 s -> 86400 e^(600/86400) (e^(3660/86400) - 1) 1e6 / 3600.
+    direct = 86400 * math.exp(600 / 86400) * math.expm1(3660 / 86400) * 1e6 / 3600
+    assert expected_wall_seconds(1e6, 3600, 60, 600, 86400) == pytest.approx(direct, rel=1e-12)
+    # M = 1 s against R = 1e4 s: e^(1e4) overflows a float; the figure is infinite, not an OverflowError
+    assert expected_wall_seconds(1e6, 1.0, 0.1, 1e4, 1.0) == math.inf
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+SPEC = {"n": Key(int, 1, 1024), "bw_gb_per_s": Key(float, 0, 1e6, lo_open=True, scale=1e9),
+        "share": Key(float, 0, 1, default=0.5), "label": Key(str, default="")}
+
+
+def test_check_table_converts_and_fills_defaults():
+    assert check_table({"n": 8.0, "bw_gb_per_s": 2}, SPEC, "f.toml") == {
+        "n": 8, "bw_gb_per_s": 2e9, "share": 0.5, "label": ""}
+
+
+@pytest.mark.parametrize("table,needles", [
+    ({"n": 0, "bw_gb_per_s": 1}, ("f.toml n=0", "from 1 to 1,024")),
+    ({"n": 8, "bw_gb_per_s": 0}, ("bw_gb_per_s=0", "in (0, 1,000,000]")),
+    ({"n": 8, "bw_gb_per_s": float("nan")}, ("nan",)),
+    ({"n": 8, "bw_gb_per_s": float("inf")}, ("inf",)),
+    ({"n": True, "bw_gb_per_s": 1}, ("n=True",)),
+    ({"n": 2.5, "bw_gb_per_s": 1}, ("n=2.5", "an integer")),
+    ({"n": "8", "bw_gb_per_s": 1}, ("n='8'",)),
+    ({"bw_gb_per_s": 1}, ("f.toml n='missing'", "required")),
+    ({"n": 8, "bw_gb_per_s": 1, "bogus": 1}, ("bogus", "allowed: bw_gb_per_s, label, n, share")),
+])
+def test_check_table_names_key_value_and_range(table, needles):
+    with pytest.raises(PlannerError) as exc:
+        check_table(table, SPEC, "f.toml")
+    for n in needles:
+        assert n in str(exc.value)
+
+
+def test_check_csv_row_parses_text():
+    spec = {"tp": Key(int, 1, 64), "tflops": Key(float, 0, 1e6, lo_open=True)}
+    assert check_csv_row({"tp": "8", "tflops": "137", "note": "x"}, spec, "t.csv row 2") == {"tp": 8, "tflops": 137.0}
+    for bad in ({"tp": "0x10", "tflops": "1"}, {"tp": "8", "tflops": "nan"}, {"tp": "", "tflops": "1"}):
+        with pytest.raises(PlannerError, match="t.csv row 2"):
+            check_csv_row(bad, spec, "t.csv row 2")
+
+
+# --- hardware profile files ---------------------------------------------------------------
+
+GOOD = """name = "test-gpu"
+price_usd_per_gpu_hour = 2.0
+[gpu]
+memory_gib = 80
+hbm_gb_per_s = 2039
+tdp_w = 400
+bf16_tflops = 312
+[node]
+gpus_per_node = 8
+intra_node_gb_per_s = 300
+inter_node_gbit_per_s = 1600
+[efficiency]
+matmul = 0.7
+cuda_context_gib = 1
+"""
+
+
+def test_a_profile_file_is_converted_to_base_units(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(GOOD)
+    p = load_profile_file(path)
+    assert p.gpu.memory_bytes == 80 * 2**30
+    assert p.gpu.hbm_bytes_per_s == 2039e9
+    assert p.gpu.peak_flops["bf16"] == 312e12 and p.gpu.peak_flops["fp8"] == 0.0
+    assert p.network.inter_bytes_per_s == 1600e9 / 8 / 8  # 1,600 Gbit/s per node over 8 GPUs: 25 GB/s each
+    assert p.network.intra_latency_s == 5e-6  # the documented default
+    assert p.efficiency.cuda_context_bytes == GIB and p.efficiency.matmul == 0.7
+
+
+@pytest.mark.parametrize("old,new,needles", [
+    ("memory_gib = 80", 'memory_gib = "lots"', ("[gpu] memory_gib='lots'", "GiB")),
+    ("memory_gib = 80", "memory_gib = -80", ("[gpu] memory_gib=-80",)),
+    ("gpus_per_node = 8", "gpus_per_node = 0", ("[node] gpus_per_node=0", "from 1 to 1,024")),
+    ("gpus_per_node = 8", "gpus_per_node = -8", ("gpus_per_node=-8",)),
+    ("gpus_per_node = 8", "gpus_per_node = 8.5", ("gpus_per_node=8.5", "integer")),
+    ("intra_node_gb_per_s = 300", "intra_node_gb_per_s = 0", ("intra_node_gb_per_s=0",)),
+    ("tdp_w = 400", "tdp_w = -400", ("tdp_w=-400",)),
+    ("price_usd_per_gpu_hour = 2.0", "price_usd_per_gpu_hour = -1", ("price_usd_per_gpu_hour=-1",)),
+    ("price_usd_per_gpu_hour = 2.0", "price_usd_per_gpu_hour = nan", ("price_usd_per_gpu_hour=nan",)),
+    ("matmul = 0.7", "matmul = 1.5", ("[efficiency] matmul=1.5", "[0.001, 1]")),
+    ("matmul = 0.7", "matmul = 1e-320", ("matmul",)),
+    ("bf16_tflops = 312", "bf16_tflops = 1e-320", ("bf16_tflops", "0 or a number")),
+    ("tdp_w = 400", "tdp_w = 400\ncolour = 1", ("[gpu] colour", "allowed: bf16_tflops")),
+    ("gpus_per_node = 8", "gpus_per_node = 8\nswitch = 1", ("[node] switch", "allowed:")),
+    ("matmul = 0.7", "matmul = 0.7\nmatmull = 0.7", ("[efficiency] matmull", "allowed:")),
+    ('name = "test-gpu"', 'name = "test-gpu"\nnmae = 1', ("nmae", "allowed: aliases")),
+    ("[node]", "[nodes]", ("nodes",)),
+    ("hbm_gb_per_s = 2039\n", "", ("[gpu] hbm_gb_per_s='missing'", "required")),
+])
+def test_a_bad_profile_file_is_one_line_naming_file_key_value(tmp_path, old, new, needles):
+    path = tmp_path / "bad.toml"
+    assert old in GOOD
+    path.write_text(GOOD.replace(old, new, 1))
+    with pytest.raises(PlannerError) as exc:
+        load_profile_file(path)
+    text = str(exc.value)
+    assert str(path) in text and "\n" not in text
+    for n in needles:
+        assert n in text, (n, text)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (bytes(range(256)), "not a UTF-8 text file"),
+    ('name = "caf\xe9"\n'.encode("latin-1"), "not a UTF-8 text file"),
+    (b"this is [not toml", "not valid TOML"),
+])
+def test_binary_or_malformed_profile_files(tmp_path, capsys, content, needle):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    one_line_refusal(capsys, ["estimate", *MODEL, "--gpu", str(path)], str(path), needle)
+
+
+def test_every_shipped_profile_passes_the_schema():
+    from planner.hardware import profile_names
+
+    for name in profile_names():
+        p = get_profile(name)
+        assert p.gpu.memory_bytes > 0 and p.network.gpus_per_node >= 1
+
+
+def test_exit_codes_in_a_subprocess(tmp_path):
+    import subprocess
+    import sys
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    r = cli("estimate", *MODEL, "--gpus", "99999999999999999999")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == ""
+    r = cli("estimate", *MODEL, "--format", "json")
+    assert r.returncode == 0 and strict_json(r.stdout)
+    r = cli("estimate", "--preset", "gpt3-175b", "--gpus", "8", "--tp", "1", "--pp", "1", "--format", "json")
+    assert r.returncode == 3 and strict_json(r.stdout)  # does not fit: still finite, strict JSON
