@@ -84,6 +84,7 @@ class ProfileConfig:
     nvml_interval_s: float = 0.1
     hardware_profile: str | None = None  # planner profile for MFU; None: the GPU found, if a profile names it
     peak_tflops: float | None = None  # explicit peak per device (e.g. a CPU), overrides the profile
+    tensorboard: bool = False  # TensorBoard event files under runs/<run_name>/tensorboard (rank 0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -180,6 +180,8 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
     nvml_reason = nvml.start()
     if nvml_reason:
         log(nvml_reason)
+    board = _open_board(config, device, world, log) if rank == 0 and config.profile.tensorboard else None
+    state["board"] = board
     tokens_per_step = lay.global_batch * config.spec.seq_len
     warm = config.profile.warmup_steps
     traced = set(range(start + warm, start + warm + config.profile.trace_steps))
@@ -211,6 +213,8 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
         rows.append(row)
         if csv is not None:
             csv.write(row)
+        if board is not None:
+            board.write(row, analyses[-1] if prof is not None else None, nvml.latest_memory_bytes())
         if result.skipped:
             log(f"step {step}: non-finite loss or gradients; step skipped"
                 + (f", loss scale now {result.loss_scale:g}" if result.loss_scale is not None else ""))
@@ -230,6 +234,8 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
             log(f"checkpoint step {step} saved")
 
     nvml_summary = nvml.stop()
+    if board is not None:
+        board.close()
     if rebuild:  # no step ran in this launch: the CSV's (rank 0's) timers, and a status that says so
         rows = csv.rows if csv is not None else []
         status, message = "completed_rebuilt", (f"record rebuilt on a restart from {record.STEPS_CSV} (rank 0's "
@@ -248,6 +254,21 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
         log(f"run record: {path}")
     del batches
     return EXIT_NONFINITE if status not in ("completed", "completed_rebuilt") else 0
+
+
+def _open_board(config: RunConfig, device: torch.device, world: int, log: Log):
+    """TensorBoard event files under the run folder, with the planner's prediction beside the
+    measured figures; None (and a line saying why) without tensorboard."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    prediction, why = profiler.predicted(config, name, world)
+    if why:
+        log(why)
+    board = profiler.Board(config.run_dir / "tensorboard", prediction)
+    why = board.open()
+    if why:
+        log(why)
+        return None
+    return board
 
 
 def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s) -> dict:

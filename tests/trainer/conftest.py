@@ -4,12 +4,15 @@ once per session: ``python -m reference_trainer --config a.yaml --config b.yaml 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from tests.trainer.helpers import TINY_GPT, TINY_LLAMA, run_trainer, write_config
 
 FAULT = "REFERENCE_TRAINER_FAULT"
+CPU_PROFILE = Path(__file__).resolve().parents[2] / "hardware_profiles" / "calibrated" / "cpu-2core.toml"
 CHECKPOINTED = {"model": {**TINY_GPT, "dropout": 0.1}, "layout": {"dp": 2},
                 "sections": {"training": {"steps": 8}, "data": {"workers": 1},
                              "checkpoint": {"interval": 2, "keep_last": 2, "auto_resume": True}}}
@@ -32,6 +35,8 @@ def single_sweep(tmp_path_factory):
         write_config(folder, "llama-1", TINY_LLAMA, {"dp": 1}),
         write_config(folder, "gpt-memmap", TINY_GPT, {"dp": 1}, data={"path": str(tokens), "workers": 1},
                      training={"steps": 10}),
+        write_config(folder, "gpt-tensorboard", TINY_GPT, {"dp": 1},
+                     profile={"tensorboard": True, "hardware_profile": str(CPU_PROFILE)}),
         write_config(folder, "fp16-overflow", TINY_GPT, {"dp": 1}, training={"steps": 5, "precision": "fp16"}),
         write_config(folder, "stop-nonfinite", TINY_GPT, {"dp": 1}, training={"max_nonfinite_steps": 2}),
     ]
