@@ -32,7 +32,8 @@ def main() -> int:
         pr = predict_torchtitan(r)
         e = pr.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1
         tok_err.append(e)
-        line = f"{r.label:<82} {r.measured_tokens_per_s_per_gpu:>10.0f} {pr.tokens_per_s_per_gpu:>7.0f} {e:>+7.1%} {pr.mfu:>6.1%}"
+        line = (f"{r.label:<82} {r.measured_tokens_per_s_per_gpu:>10.0f} {pr.tokens_per_s_per_gpu:>7.0f} "
+                f"{e:>+7.1%} {pr.mfu:>6.1%}")
         if r.measured_memory_bytes:
             m = pr.memory_bytes / r.measured_memory_bytes - 1
             mem_err.append(m)

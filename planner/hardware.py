@@ -115,7 +115,11 @@ class HardwareProfile:
         return dataclasses.replace(self, network=network)
 
     def with_efficiency(self, efficiency: Efficiency) -> HardwareProfile:
-        return dataclasses.replace(self, efficiency=efficiency)
+        """The profile with these factors; those that changed count as set by the profile (a
+        software stack no longer replaces them: planner.stacks.effective)."""
+        changed = {f.name for f in dataclasses.fields(Efficiency)
+                   if getattr(efficiency, f.name) != getattr(self.efficiency, f.name)}
+        return dataclasses.replace(self, efficiency=efficiency, efficiency_keys=self.efficiency_keys | changed)
 
 
 def _profile_dirs() -> list[Path]:

@@ -28,7 +28,7 @@ ROW_SPEC = {"params_billion": Key(float, 0, 1e6, lo_open=True),
                                         ("global_batch_size_seqs", "global_batch"), ("seq_len", "seq_len"),
                                         ("vocab_size", "vocab"), ("micro_batch_size", "micro_batch"),
                                         ("virtual_pipeline_stages", "vpp"))},
-            "achieved_tflops_per_gpu": Key(float, 0, 1e6, lo_open=True, unit="TFLOP/s")}
+            "achieved_tflops_per_gpu": Key(float, 1e-3, 1e6, unit="TFLOP/s")}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,7 +176,8 @@ def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
               compile=row["torch_compile"].strip() == "yes", async_tp=row["async_tp"].strip() == "yes")
     mem = row.get("memory_gib_reported", "").strip()
     label = (f"{row['model']} {row['gpu']} x{gpus} fsdp{dp} tp{tp} pp{pp}{' cp' + str(cp) if cp > 1 else ''}"
-             f"{' interleaved' if vpp > 1 else ''} b{local} s{seq // 1024}K {ac} {row['precision']}{' compile' if job.compile else ''}"
+             f"{' interleaved' if vpp > 1 else ''} b{local} s{seq // 1024}K {ac} {row['precision']}"
+             f"{' compile' if job.compile else ''}"
              f"{' async-tp' if row['async_tp'].strip() == 'yes' else ''}")
     return TorchtitanRun(label=label, model=model, layout=layout, job=job, gpus=gpus,
                          gpu=TORCHTITAN_GPUS[row["gpu"]], cp=cp,

@@ -105,7 +105,8 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
     return Evaluation(
         candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
         tokens_per_step=tokens.astype(float), model_flops_per_step=per_token * tokens,
-        hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute, sw.stack.selective)) * tokens,
+        hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute, sw.stack.selective))
+        * tokens,
         peak_flops=reference_peak(hw, job.precision),
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,

@@ -15,6 +15,7 @@ import numpy as np
 
 from planner.core.model import ModelSpec
 from planner.errors import require
+from planner.schema import MAX_TOKENS
 from planner.hardware import PRECISIONS
 
 RECOMPUTE = ("none", "selective", "full")
@@ -24,7 +25,9 @@ MODES = ("pretrain", "full-finetune", "lora")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FINETUNE_DEFAULT_TOKENS = 1e9  # fine-tuning has no Chinchilla rule: an assumption, stated in the output
 ATTENTION = ("flash", "standard")
-KERNELS = ("fused", "eager")  # element-wise kernels: fused (Megatron-LM, TE) or one PyTorch op at a time
+# Element-wise kernels: as the software stack runs them, fused (Megatron-LM, TE, torch.compile) or
+# one PyTorch op at a time (eager).
+KERNELS = ("stack", "fused", "eager")
 SCHEDULES = ("1f1b", "gpipe")  # 1f1b with vpp > 1 is interleaved 1F1B
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # searched when the micro-batch is free
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
@@ -226,27 +229,31 @@ class Job:
                                          help=f"comma-separated, from {','.join(LORA_TARGETS)} (default q_proj,v_proj)")
     packing_efficiency: float = _opt(1.0, help="share of sequence positions holding real tokens (default 1.0: packed)",
                                      label="Packing efficiency", low=0.01, high=1.0, step=0.05, group="operations")
-    kernels: str = _opt("fused", help="element-wise kernels: fused (Megatron-LM, default) or eager (plain PyTorch, "
-                                      "as the reference trainer)", label="Element-wise kernels", choices=KERNELS)
+    kernels: str = _opt("stack", help="element-wise kernels: stack (as the --stack runs them, default), fused "
+                                      "(Megatron-LM, TE, compiled) or eager (plain PyTorch)",
+                        label="Element-wise kernels", choices=KERNELS)
     # The software stack (a name in stacks/ or a stack file): its kernels, overlaps, sharding
     # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
     stack: str = _opt("fsdp2", help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
                                     "reference, or a stack file (default fsdp2; `planner stacks` lists them)")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
+    async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "
+                                      "(torchtitan async TP, TE --tp-comm-overlap)", label="Async TP")
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
         require(self.attention in ATTENTION, "attention", self.attention, f"one of {', '.join(ATTENTION)}")
         require(self.kernels in KERNELS, "kernels", self.kernels, f"one of {', '.join(KERNELS)}")
-        require(self.tokens is None or self.tokens > 0, "tokens", self.tokens, "greater than zero")
+        require(self.tokens is None or 1 <= self.tokens <= MAX_TOKENS, "tokens", self.tokens,
+                f"from 1 to {MAX_TOKENS:g} (planner/schema.py)")
         require(self.global_batch is None or self.global_batch >= 1, "global_batch", self.global_batch,
                 "a positive integer (sequences)")
-        require(self.price_usd_per_gpu_hour is None or self.price_usd_per_gpu_hour >= 0,
-                "price_usd_per_gpu_hour", self.price_usd_per_gpu_hour, "zero or more (USD)")
+        require(self.price_usd_per_gpu_hour is None or 0 <= self.price_usd_per_gpu_hour <= 1e4,
+                "price_usd_per_gpu_hour", self.price_usd_per_gpu_hour, "from 0 to 10,000 (USD)")
         require(1.0 <= self.pue <= 3.0, "pue", self.pue, "between 1.0 and 3.0")
         require(self.mode in MODES, "mode", self.mode, f"one of {', '.join(MODES)}")
-        require(0 < self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
-                "in (0, 1]: the share of sequence positions holding real tokens")
+        require(1e-3 <= self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
+                "in [0.001, 1]: the share of sequence positions holding real tokens")
         if self.mode == "lora":
             require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")
             require(self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "greater than zero")

@@ -152,7 +152,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
         acts = layers * act_layer * flight + working
         # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
-        mask = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight / np.where(c.sequence_parallel, tp, 1)
+        mask = ((1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight
+                / np.where(c.sequence_parallel, tp, 1))
         acts = acts + np.where(is_first, mask, 0.0)
         # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
         logits = sw.logit_bytes * tokens * model.vocab / tp

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
+from planner.schema import MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
 
@@ -52,6 +53,8 @@ class ModelSpec:
                 f"must divide hidden={self.hidden} (head_dim = hidden / heads)")
         require(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads,
                 f"must divide heads={self.heads} (grouped-query attention)")
+        require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
+                f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
     # --- derived shape -----------------------------------------------------------------
     @property

@@ -32,6 +32,15 @@ class Plan:
     def fits(self) -> bool:
         return self.best.fits
 
+    def to_json(self, model_note: str = "") -> dict:
+        """`planner estimate --format json`: the best estimate, how the model was chosen, the nearest fit."""
+        return plan_json(self.best, model_note, self.nearest_fit)
+
+
+def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None) -> dict:
+    return {**best.to_json(), "model_note": model_note,
+            "nearest_fit": nearest_fit.to_json() if nearest_fit is not None else None}
+
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
          objective: str = "time", top: int = 5, ops: Operations = Operations()) -> Plan:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM
+from pathlib import Path
+
+from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan
 from planner.core.results import Estimate
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_seconds
@@ -38,6 +40,15 @@ def _pct(x: float) -> str:
     return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
 
 
+def stack_line(e: Estimate) -> str:
+    """The software stack, what it runs, and where its factors come from."""
+    s = e.stack_json()
+    extras = [x for x, on in (("compiled", s["compile"]), ("async TP", s["async_tp"])) if on]
+    default = " (default; --stack to choose)" if e.job.stack == "fsdp2" else ""
+    where = Path(s["file"]).name if s["file"] else ""
+    return f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
+
+
 def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     e = p.best
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
@@ -56,6 +67,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"job      {fmt_count(tr.tokens)} tokens ({tokens_note}); global batch {e.layout.global_batch} seqs = "
         f"{fmt_count(e.layout.global_batch * e.model.seq_len)} tokens ({batch_note}); {job.precision}, "
         f"{job.attention} attention",
+        f"stack    {stack_line(e)}",
         f"layout   {layout_line(e)}",
         f"         best of {p.result.feasible} fitting layouts out of {p.result.evaluated} evaluated "
         f"in {p.result.search_seconds * 1e3:.1f} ms (ranked by {p.result.objective})"
@@ -72,7 +84,8 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"step     {t.step_s:.3g} s = " + " + ".join(
             f"{label} {getattr(t, key):.3g}" for key, label in TIME_PARTS if getattr(t, key) > 0.0005 * t.step_s),
         f"         bubble {_pct(e.bubble_fraction)} | communication {_pct(e.comm_fraction)} of step (exposed) | "
-        f"MFU {e.mfu:.1%} | HFU {e.hfu:.1%} | {e.model_tflops_per_gpu:.0f} TFLOP/s per GPU | "
+        f"MFU {e.mfu:.1%}{' (of the bf16 peak)' if job.precision == 'fp8' else ''} | HFU {e.hfu:.1%} | "
+        f"{e.model_tflops_per_gpu:.0f} TFLOP/s per GPU | "
         f"{fmt_count(e.tokens_per_s)} tokens/s",
         "",
         f"train    {tr.days:.1f} days | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
@@ -140,8 +153,9 @@ def table(estimates: list[Estimate], indent: str = "") -> str:
     return "\n".join(indent + "  ".join(str(v).rjust(w) for v, w in zip(r, widths)) for r in rows)
 
 
-CSV_COLUMNS = ("model", "params", "gpu", "gpus", "dp", "tp", "pp", "vpp", "micro_batch", "global_batch",
-               "grad_accum", "zero_stage", "recompute", "sequence_parallel", "precision", "fits", "total_bytes",
+# The layout's columns are its dimensions, by their declared names (planner.core.layout.LAYOUT_DIMS).
+CSV_COLUMNS = ("model", "params", "gpu", "gpus", *(d.name for d in LAYOUT_DIMS), "grad_accum", "precision",
+               "fits", "total_bytes",
                "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "other_s", "bubble_fraction", "comm_fraction", "tokens_per_s", "mfu", "hfu",
                "train_days", "gpu_hours", "energy_kwh", "cost_usd")

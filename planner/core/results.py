@@ -99,10 +99,7 @@ class Estimate:
                       "seq_len": m.seq_len, "tied_embeddings": m.tied_embeddings},
             "cluster": {"gpu": self.hardware.name, "gpus": self.gpus,
                         "gpus_per_node": self.hardware.network.gpus_per_node},
-            "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
-                       "global_batch": lay.global_batch, "grad_accum": lay.grad_accum, "zero_stage": lay.zero_stage,
-                       "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
-                       "precision": self.job.precision, "schedule": lay.schedule, "attention": self.job.attention},
+            "layout": {**lay.to_json(), "precision": self.job.precision, "attention": self.job.attention},
             "memory": dataclasses.asdict(self.memory),
             "memory_by_stage": [dataclasses.asdict(s) for s in self.stage_memory],
             "time": dataclasses.asdict(self.time),
@@ -119,7 +116,21 @@ class Estimate:
             "checkpoint": dataclasses.asdict(self.checkpoint) if self.checkpoint else None,
             "reliability": _finite(dataclasses.asdict(self.reliability)) if self.reliability else None,
             "data_feed": dataclasses.asdict(self.data_feed) if self.data_feed else None,
+            "stack": self.stack_json(),
+            "conventions": {"attention_flops": "causal (half of the s x s square), in MFU and in time alike",
+                            "mfu_peak": ("the bf16 dense peak (fp8 GEMMs run at the fp8 rate)"
+                                         if self.job.precision == "fp8" else f"the {self.job.precision} dense peak")},
         }
+
+    def stack_json(self) -> dict:
+        """The software stack the figures assume, what it ran with, and where its factors come from."""
+        from planner.stacks import software
+
+        sw = software(self.job)
+        return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
+                "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
+                "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
+                "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys)}
 
 
 def _finite(d: dict) -> dict:

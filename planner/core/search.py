@@ -8,6 +8,7 @@ not fit are dropped and the rest ranked by the objective.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from planner.core.layout import DIMS, LAYOUT_DIMS, PIN_DIMS, SCHEDULES, Candidat
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import HardwareProfile
+from planner.schema import MAX_GPUS
+from planner.stacks import Stack, get_stack
 
 OBJECTIVES = ("time", "cost", "memory")
 
@@ -51,14 +54,17 @@ class SearchResult:
 
 
 def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """Divisors of n in one numpy pass (n <= MAX_GPUS: at most 1,000 candidates)."""
+    d = np.arange(1, math.isqrt(n) + 1, dtype=np.int64)
+    small = d[n % d == 0]
+    return sorted(set(small.tolist()) | set((n // small).tolist()))
 
 
 def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None) -> None:
     """Pinned values that can never be valid get one clear error each (each value's own rule was
     checked when the Pins were made)."""
-    require(gpus >= 1, "gpus", gpus, "a positive integer")
+    require(isinstance(gpus, (int, np.integer)) and 1 <= gpus <= MAX_GPUS, "gpus", gpus,
+            f"an integer from 1 to {MAX_GPUS:,}")
     valid_tp = [t for t in _divisors(gpus) if model.heads % t == 0 and model.kv_heads % t == 0]
     if pins.tp is not None:
         require(model.heads % pins.tp == 0 and model.kv_heads % pins.tp == 0, "tp", pins.tp,
@@ -117,6 +123,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     any of them freed, are a selection of one table (``matches``)."""
     if not widen:
         _check_pins(model, gpus, pins, job.global_batch)
+        check_stack_pins(get_stack(job.stack), pins)
     mesh = _mesh(model, gpus, Pins() if widen else pins)
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing "
@@ -135,16 +142,57 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         keep = gb % (dp * mb) == 0
     else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
         gb = default_global_batch(model, dp * mb, job.batch_tokens_target)
-        keep = (gb * model.seq_len <= 1.5 * job.batch_tokens_target) | (gb == dp * mb) & (mb == 1)
+        # Only when no layout keeps the batch near the target does data parallelism alone set it
+        # (405B on 16,384 GPUs must not pick DP 16384 and a 134M-token batch).
+        near = gb * model.seq_len <= 1.5 * job.batch_tokens_target
+        keep = near if near.any() else (gb == dp * mb) & (mb == 1)
     c = Candidates(**cols, global_batch=gb)
     keep &= ~(c.sequence_parallel & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
     keep &= (vpp == 1) | (c.m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
     keep &= ~((c.schedule == SCHEDULES.index("gpipe")) & (vpp > 1))  # GPipe is not interleaved here
+    keep &= runs_on_stack(c, get_stack(job.stack))
     c = c.take(np.flatnonzero(keep))
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
                    f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
     return c, ""
+
+
+def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
+    """The layouts the software stack can run: its ZeRO stages, its pipeline schedules, and
+    interleaving only where it has an interleaved schedule (planner/stacks.py)."""
+    schedules = [SCHEDULES.index(s) for s in stack.schedules]
+    ok = np.isin(c.zero_stage, stack.zero_stages) & (np.isin(c.schedule, schedules) | (c.pp == 1))
+    return ok & ((c.vpp == 1) | stack.interleaved)
+
+
+def check_stack_pins(stack: Stack, pins: Pins) -> None:
+    """A pinned value the stack cannot run: one error naming the stacks that can."""
+    from planner.stacks import stack_names
+
+    def who(test) -> str:
+        return ", ".join(n for n in stack_names() if test(get_stack(n)))
+
+    if pins.zero_stage is not None and pins.zero_stage not in stack.zero_stages:
+        raise PlannerError("zero_stage", pins.zero_stage,
+                           f"the {stack.name} stack runs ZeRO {', '.join(map(str, stack.zero_stages))}; "
+                           f"stacks with ZeRO-{pins.zero_stage}: {who(lambda s: pins.zero_stage in s.zero_stages)}")
+    if pins.schedule is not None and pins.schedule not in stack.schedules:
+        raise PlannerError("schedule", pins.schedule, f"the {stack.name} stack runs {', '.join(stack.schedules)}; "
+                                                      f"stacks with {pins.schedule}: "
+                                                      f"{who(lambda s: pins.schedule in s.schedules)}")
+    if pins.vpp is not None and pins.vpp > 1 and not stack.interleaved:
+        raise PlannerError("vpp", pins.vpp, f"the {stack.name} stack has no interleaved schedule; "
+                                            f"stacks with one: {who(lambda s: s.interleaved)}")
+
+
+def batch_units(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> set[int]:
+    """Every global batch some layout with these pins can split is a multiple of one of these:
+    dp*micro_batch, times pp when interleaved (m divisible by pp)."""
+    mbs = _values(DIMS["micro_batch"], job, pins.micro_batch, widen=False)
+    gpipe = pins.schedule == "gpipe"  # GPipe is not interleaved here
+    return {dp * mb * (pp if vpp > 1 else 1) for dp, _, pp, vpp in _mesh(model, gpus, pins) for mb in mbs
+            if not (gpipe and vpp > 1)}
 
 
 def matches(c: Candidates, pins: Pins) -> np.ndarray:

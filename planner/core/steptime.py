@@ -66,7 +66,8 @@ def gemm_efficiency(hw: HardwareProfile, d: np.ndarray, fp8: bool = False) -> np
 def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float, fp8: bool = False) -> np.ndarray:
     """max(compute at size-dependent efficiency, memory traffic of A, B and C): a roofline."""
     compute = g.flops / (peak * gemm_efficiency(hw, g.min_dim, fp8))
-    traffic = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hw.gpu.hbm_bytes_per_s * hw.efficiency.memory)
+    hbm = hw.gpu.hbm_bytes_per_s * hw.efficiency.memory
+    traffic = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / hbm
     return np.maximum(compute, traffic)
 
 
@@ -177,7 +178,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     lt = layer_times(model, hw, job, c, links, sw)
     act = ACT_BYTES[job.precision]
     head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, reference_peak(hw, job.precision), act)
-    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len * model.vocab / c.tp / (hw.gpu.hbm_bytes_per_s * e.memory)
+    hbm = hw.gpu.hbm_bytes_per_s * e.memory
+    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len * model.vocab / c.tp / hbm
     head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
 
     # A CPU host's cores are shared by its processes (threads per process = cores / processes,
