@@ -1,7 +1,10 @@
 """Calibration: fit a profile's named efficiency factors to measured step times.
 
 scipy.optimize.least_squares on the relative step-time error, each factor within physical bounds
-(searched in a unit box; log-scaled for factors that span decades). The formulas never change:
+(searched in a unit box; log-scaled for factors that span decades). With ``parts`` the fit also
+matches each measured part of the step (planner.core.step_parts: compute, exposed TP / DP
+communication, bubble, optimizer) as a share of the step, so that it cannot fit the total by
+moving time between terms. The formulas never change:
 only the factors of ``planner.hardware.Efficiency`` do. The fit reports its in-sample error and
 the leave-one-out error (each run predicted by factors fitted without it).
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.calibration.measured import Measurement
+from planner.calibration.validate import part_shares
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
 from planner.errors import PlannerError
@@ -66,9 +70,26 @@ class Fit:
     loo_errors: np.ndarray | None  # leave-one-out
 
 
+# The shares a parts fit matches (validate's quantity names); their differences, in fractions of
+# the step, weigh as much as a relative step-time error of the same size.
+FIT_SHARES = ("compute_share", "tp_comm_share", "dp_comm_share", "bubble_fraction", "optimizer_share")
+
+
 def predict_step_s(runs: list[Measurement], hw: HardwareProfile) -> np.ndarray:
     return np.array([float(evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus).step_s[0])
                      for r in runs])
+
+
+def residuals(runs: list[Measurement], hw: HardwareProfile, parts: bool) -> np.ndarray:
+    """Relative step-time error per run; with ``parts``, then each measured share's difference."""
+    steps, shares = [], []
+    for r in runs:
+        ev = evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus)
+        steps.append(float(ev.step_s[0]) / r.step_s - 1)
+        if parts:
+            got = part_shares(r, ev, hw)
+            shares += [got[q][0] - got[q][1] for q in FIT_SHARES if q in got]
+    return np.array(steps + shares)
 
 
 def _to_unit(name: str, x: float) -> float:
@@ -91,18 +112,17 @@ def check_factors(factors: tuple[str, ...], runs: int) -> None:
                                          f"(better {2 * len(factors)}); profile more, or fit fewer with --factors")
 
 
-def fit_factors(runs: list[Measurement], base: HardwareProfile,
-                factors: tuple[str, ...]) -> tuple[Efficiency, bool, str]:
+def fit_factors(runs: list[Measurement], base: HardwareProfile, factors: tuple[str, ...],
+                parts: bool = False) -> tuple[Efficiency, bool, str]:
     from scipy.optimize import least_squares
 
     check_factors(factors, len(runs))
-    measured = np.array([r.step_s for r in runs])
 
     def efficiency(u: np.ndarray) -> Efficiency:
         return base.efficiency.replace(**{f: _from_unit(f, float(x)) for f, x in zip(factors, u)})
 
     def residual(u: np.ndarray) -> np.ndarray:
-        return predict_step_s(runs, base.with_efficiency(efficiency(u))) / measured - 1
+        return residuals(runs, base.with_efficiency(efficiency(u)), parts)
 
     u0 = np.clip([_to_unit(f, getattr(base.efficiency, f)) for f in factors], 0.02, 0.98)
     try:
@@ -115,16 +135,16 @@ def fit_factors(runs: list[Measurement], base: HardwareProfile,
 
 
 def calibrate(runs: list[Measurement], base: HardwareProfile, factors: tuple[str, ...] | None = None,
-              leave_one_out: bool = True) -> Fit:
+              leave_one_out: bool = True, parts: bool = False) -> Fit:
     factors = factors or default_factors(runs, base)
-    eff, ok, message = fit_factors(runs, base, factors)
+    eff, ok, message = fit_factors(runs, base, factors, parts)
     measured = np.array([r.step_s for r in runs])
     base_errors = predict_step_s(runs, base) / measured - 1
     errors = predict_step_s(runs, base.with_efficiency(eff)) / measured - 1
     loo = None
     if ok and leave_one_out and len(runs) > len(factors):
         loo = np.array([predict_step_s([r], base.with_efficiency(fit_factors(runs[:i] + runs[i + 1:], base,
-                                                                             factors)[0]))[0] / r.step_s - 1
+                                                                             factors, parts)[0]))[0] / r.step_s - 1
                         for i, r in enumerate(runs)])
     return Fit(efficiency=eff, factors=factors, converged=ok, message=message, errors=errors,
                base_errors=base_errors, loo_errors=loo)

@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--factors", help="comma-separated factors to fit (default: those the runs exercise: "
                    "matmul, memory, layer_overhead_s, and intra_node_bw, tp_collective_overhead_s, "
                    "thread_scaling, flash_attention when the runs use them)")
+    p.add_argument("--parts", action="store_true", help="also fit each measured part of the step (compute, "
+                   "exposed TP / DP communication, bubble, optimizer) as a share of the step, not only the total")
     p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
     p.set_defaults(func=cmd_calibrate)
 
@@ -98,7 +100,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     factors = (tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors
                else default_factors(runs, base))
     check_factors(factors, len(runs))
-    fit = calibrate(runs, base, factors)
+    fit = calibrate(runs, base, factors, parts=a.parts)
     print(describe_fit(fit, runs))
     if not fit.converged:
         print(f"planner calibrate: {fit.message}; kept the base profile {base.name}, wrote nothing",
