@@ -1,7 +1,7 @@
 """Crash and resume: kill the reference trainer at random points, relaunch, and check that every
 restart resumes from the newest good checkpoint and continues bitwise identically.
 
-    python benchmarks/crash_resume.py [--kills 20] [--seed 0] [--steps 12]
+    python benchmarks/crash_resume.py [--kills 20] [--seed 0] [--steps 20]
 
 One uninterrupted reference run (dp=2 under torchrun, dropout and a loader worker, so RNG and data
 position matter; a checkpoint every 2 steps, keep_last 2), then the same run killed ``--kills``
@@ -241,7 +241,7 @@ def crash_series(folder: Path, kills: int, steps: int, seed: int, say=print) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     t0 = time.perf_counter()

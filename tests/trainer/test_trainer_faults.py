@@ -165,3 +165,48 @@ def test_steps_csv_is_cut_after_the_checkpoint_and_appended(tmp_path):
     assert head.startswith(path.read_bytes()) and path.read_bytes().count(b"\n") == 3  # header + 2 rows, cut
     resumed.write(rows[2])
     assert path.read_bytes() == head
+
+
+def test_a_missing_record_is_rebuilt_and_a_corrupted_metadata_falls_back(tmp_path):
+    """Killed between the final checkpoint and record.json: the relaunch rebuilds the record. Then
+    DCP's .metadata is corrupted at the same size: skipped with a line, the previous checkpoint
+    used, and the continuation equals the first launch's CSV."""
+    import json
+
+    from tests.trainer.helpers import TINY_GPT, run_trainer, write_config
+
+    config = write_config(tmp_path, "r", {**TINY_GPT, "layers": 2}, {"dp": 1},
+                          training={"steps": 4}, checkpoint={"interval": 2, "keep_last": 3})
+    run = tmp_path / "runs" / "r"
+    assert run_trainer([config], 1).returncode == 0
+    columns = ("step", "loss", "lr", "grad_norm", "skipped")
+    first = [[r[c] for c in columns] for r in steps(run)]
+    (run / "record.json").unlink()
+    proc = run_trainer([config], 1)
+    assert proc.returncode == 0, explain(proc)
+    assert "complete but its record is missing: rebuilding it from steps.csv" in proc.stdout
+    assert json.loads((run / "record.json").read_text())["status"] == "completed_rebuilt"
+    metadata = run / "checkpoints" / "step_00000004" / ".metadata"
+    data = bytearray(metadata.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    metadata.write_bytes(bytes(data))
+    proc = run_trainer([config], 1)
+    assert proc.returncode == 0, explain(proc)
+    assert ("warning: skipping checkpoint step_00000004: file .metadata does not match its sha256 in COMMIT.json "
+            "(corrupted); moved to step_00000004.bad, using the previous one") in proc.stdout
+    assert "resumed from step_00000002 (step 2)" in proc.stdout and "Traceback" not in proc.stderr
+    assert [[r[c] for c in columns] for r in steps(run)] == first  # bitwise: floats read back from repr
+    assert json.loads((run / "record.json").read_text())["status"] == "completed"
+
+
+def test_pruning_keeps_the_newest_good_checkpoint(tmp_path):
+    from reference_trainer.checkpoint import Checkpointer
+
+    ckpt = object.__new__(Checkpointer)  # no process group needed for pruning
+    ckpt.root, ckpt.keep_last = tmp_path, 1
+    for step in (2, 4, 6):
+        (tmp_path / f"step_{step:08d}").mkdir()
+    (tmp_path / "step_00000008.bad").mkdir()
+    ckpt.good = tmp_path / "step_00000002"  # e.g. the one resumed from, newer ones unverified
+    ckpt._prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000006", "step_00000008.bad"]
