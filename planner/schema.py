@@ -188,7 +188,7 @@ FLAGS: dict[str, Key] = {
     "storage_read_gbps": Key(float, 1e-6, 1e6, unit="GB/s"),
     "keep_last": Key(int, 1, 10**4),
     "checkpoint_interval": Key(int, 1, 10**9, unit="steps"),
-    "epochs": Key(float, 0, 1e6, lo_open=True),
+    "epochs": Key(float, 1e-3, 1e6),
     "token_bytes": Key(int, 1, 8, unit="bytes"),
     "dp": Key(int, 1, MAX_GPUS), "tp": Key(int, 1, MAX_GPUS), "pp": Key(int, 1, MAX_GPUS),
     "vpp": Key(int, 1, 1024),

@@ -48,7 +48,7 @@ class Operations:
         require(1 <= self.keep_last <= 10**4, "keep_last", self.keep_last, "from 1 to 10,000")
         require(self.checkpoint_interval_steps is None or 1 <= self.checkpoint_interval_steps <= 10**9,
                 "checkpoint_interval", self.checkpoint_interval_steps, "from 1 to 1e9 steps")
-        require(0 < self.epochs <= 1e6, "epochs", self.epochs, "in (0, 1e6]")
+        require(1e-3 <= self.epochs <= 1e6, "epochs", self.epochs, "in [0.001, 1e6]")
         require(self.token_bytes in (None, 1, 2, 4, 8), "token_bytes", self.token_bytes, "1, 2, 4 or 8")
         require(self.prefetch_factor >= 1, "prefetch_factor", self.prefetch_factor, "at least 1")
 

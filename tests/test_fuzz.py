@@ -1,0 +1,47 @@
+"""Fuzz the command line (issue 12): random flag values (huge, tiny, negative, zero, nan, inf,
+garbage text) and random hardware profile files and published CSVs, for every subcommand.
+
+Each case must end in exit 0/3 with finite output (strict JSON where JSON is asked for), or exit 2
+with exactly one line on stderr; never a traceback, never a hang (a per-case alarm). The cases
+and the checks are benchmarks/fuzz_cli.py's; this runs a bounded sample (a few hundred cases,
+well under a minute), the benchmark runs thousands: ``python benchmarks/fuzz_cli.py --cases 2000``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+_spec = importlib.util.spec_from_file_location("fuzz_cli", Path(__file__).parent.parent / "benchmarks" / "fuzz_cli.py")
+fuzz = importlib.util.module_from_spec(_spec)
+sys.modules["fuzz_cli"] = fuzz  # dataclasses look their module up while the file runs
+_spec.loader.exec_module(fuzz)
+
+CASES = 600  # ~15 ms each on a 2-core machine: about 10-40 s in all
+
+
+@settings(max_examples=CASES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_every_case_is_a_finite_answer_or_one_line(data):
+    case = fuzz.make_case(lambda seq: data.draw(st.sampled_from(list(seq))))
+    outcome = fuzz.run_case(case, seconds=30)
+    assert outcome.kind in ("ok", "refused"), f"{outcome.kind}: {outcome.detail}"
+
+
+def test_the_classifier_catches_what_it_must():
+    """The checks themselves can fail: a traceback, nan in text, Infinity in JSON, two lines."""
+    assert fuzz.classify(["estimate"], 0, "days: nan\n", "", 0.1).kind == "nonfinite"
+    assert fuzz.classify(["estimate"], 0, "goodput inf%\n", "", 0.1).kind == "nonfinite"
+    assert fuzz.classify(["estimate", "--format", "json"], 0, '{"x": Infinity}', "", 0.1).kind == "nonfinite"
+    assert fuzz.classify(["estimate", "--format=json"], 0, '{"x": [1,', "", 0.1).kind == "bad-json"
+    assert fuzz.classify(["estimate"], 2, "", "usage: ...\nplanner: error\n", 0.1).kind == "multi-line"
+    assert fuzz.classify(["estimate"], 2, "", "planner estimate: gpus=0: ...\n", 0.1).kind == "refused"
+    assert fuzz.classify(["estimate"], 1, "", "boom\n", 0.1).kind == "exit-1"
+    assert fuzz.classify(["estimate"], 0, "information: 8 GPUs\n", "", 0.1).kind == "ok"  # 'inf' inside a word
+    crash = fuzz.Case("estimate", ["estimate", "--preset", "no-such-preset-\x00"], {})
+    assert fuzz.run_case(crash).kind == "refused"
