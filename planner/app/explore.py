@@ -1,17 +1,16 @@
-"""What the what-if explorer computes: pure functions of `planner estimate` flags.
+"""What the what-if explorer computes: pure functions of a mapping of declared names.
 
-The page (app.py) turns its widgets into flags (planner.app.state), calls these through
-``st.cache_data`` (so each input is searched once), and draws what they return. Parsing the flags
-with the CLI's own parser is what makes the page's figures and `planner estimate` agree.
+The page turns its widgets into that mapping (planner.app.state.mapping_from_state), calls these
+through ``st.cache_data`` (so each input is computed once), and draws what they return. The mapping
+goes to the same builder as the CLI's parsed flags (planner.core.options.build_inputs), which is
+what makes the page's figures and `planner estimate` agree. One explorer update evaluates one
+table of layouts; the plan, its runners-up, the nearest fit and the pin suggestions are read off it.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,34 +21,6 @@ from planner.units import GIB, fmt_count
 # GPU counts of the days-to-train sweep (powers of two; a cluster is bought in nodes of 8).
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 TOP_LAYOUTS = 20
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise PlannerError("flags", message, "flags of `planner estimate`")
-
-
-@functools.cache
-def _parser() -> argparse.ArgumentParser:
-    from planner.cli import inputs
-
-    p = _Parser(prog="planner estimate", add_help=False)
-    inputs.add_plan_args(p)
-    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time")
-    return p
-
-
-def parse_inputs(argv: Sequence[str]):
-    """The planner's inputs for these flags, as `planner estimate` reads them (raises PlannerError)."""
-    from planner.cli.inputs import inputs_from_args
-
-    args = _parser().parse_args(list(argv))
-    return inputs_from_args(args), args.sort
-
-
-def _ops(x) -> dict:
-    """The operations argument where the core takes one (issue 6), as `planner estimate` passes it."""
-    return {"ops": x.ops} if hasattr(x, "ops") else {}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,10 +39,9 @@ class View:
 
     def to_json(self) -> dict:
         """Exactly what `planner estimate --format json` prints for the same flags."""
-        out = self.best.to_json()
-        out["model_note"] = self.model_note
-        out["nearest_fit"] = self.nearest_fit.to_json() if self.nearest_fit is not None else None
-        return out
+        from planner.core.plan import plan_json
+
+        return plan_json(self.best, self.model_note, self.nearest_fit)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,19 +62,22 @@ class Problem:
     suggestions: tuple[Suggestion, ...] = ()
 
 
-def compute(argv: Sequence[str], top: int = TOP_LAYOUTS) -> View | Problem:
-    """The plan for these flags, or the reason there is none (never raises PlannerError)."""
-    from planner.core.plan import plan
+def compute(values: Mapping[str, object], top: int = TOP_LAYOUTS) -> View | Problem:
+    """The plan for a mapping of declared names, or the reason there is none (never raises
+    PlannerError). One table is evaluated; everything shown is selected from it."""
+    from planner.core.options import build_inputs
+    from planner.core.plan import evaluate_table, plan_from_table
 
+    objective = str(values.get("sort") or "time")
     try:
-        x, objective = parse_inputs(argv)
+        x = build_inputs(values)
+        table = evaluate_table(x.model, x.hardware, x.job, x.gpus, x.pins, objective)
     except PlannerError as exc:
         return Problem(message=str(exc), field=exc.field)
     try:
-        p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, objective, top=top, **_ops(x))
+        p = plan_from_table(table, x.model, x.hardware, x.job, x.gpus, x.pins, top, x.ops)
     except PlannerError as exc:
-        return Problem(message=str(exc), field=exc.field,
-                       suggestions=pin_suggestions(x.model, x.gpus, x.job, x.pins))
+        return Problem(message=str(exc), field=exc.field, suggestions=pin_suggestions(table, x))
     r = p.result
     return View(best=p.best, layouts=(p.best, *p.runners_up) if p.best.fits else (p.best,),
                 nearest_fit=p.nearest_fit, evaluated=r.evaluated, feasible=r.feasible,
@@ -121,53 +94,37 @@ def _nearest(value: object, valid: set) -> tuple:
     return tuple(v for v in (max(below) if below else None, min(above) if above else None) if v is not None)
 
 
-def pin_suggestions(model, gpus: int, job, pins) -> tuple[Suggestion, ...]:
+def pin_suggestions(table, x) -> tuple[Suggestion, ...]:
     """For each pinned field that is itself the obstacle: the nearest values that make a valid layout
-    with the other pins kept (found by freeing that one field and enumerating)."""
-    from planner.core.layout import RECOMPUTE, SCHEDULES
-    from planner.core.search import enumerate_layouts
+    with the other pins kept (the values of that column among the table's rows that keep them)."""
+    import dataclasses
 
-    decode = {"recompute": lambda i: RECOMPUTE[int(i)], "schedule": lambda i: SCHEDULES[int(i)],
-              "sequence_parallel": bool}
+    from planner.core.layout import DIMS
+    from planner.core.search import matches
+
+    c = table.evaluation.candidates
     out = []
-    for name, value in pins.pinned().items():
-        try:
-            c, _ = enumerate_layouts(model, gpus, job, dataclasses.replace(pins, **{name: None}))
-        except PlannerError:
-            continue  # another pin is wrong on its own: its own suggestion says so
-        column = getattr(c, name)
-        valid = {decode.get(name, int)(v) for v in np.unique(column)}
+    for name, value in x.pins.pinned().items():
+        rows = matches(c, dataclasses.replace(x.pins, **{name: None}))
+        valid = {DIMS[name].decode(v) for v in np.unique(getattr(c, name)[rows])}
         if valid and value not in valid:
             out.append(Suggestion(field=name, value=value, valid=_nearest(value, valid)))
-    if job.global_batch is not None:
-        valid_batches = _valid_global_batches(model, gpus, job, pins)
-        if valid_batches and job.global_batch not in valid_batches:
-            out.append(Suggestion(field="global_batch", value=job.global_batch,
-                                  valid=_nearest(job.global_batch, valid_batches)))
+    g = x.job.global_batch
+    if g is not None:
+        valid_batches = _valid_global_batches(x, g)
+        if valid_batches and g not in valid_batches:
+            out.append(Suggestion(field="global_batch", value=g, valid=_nearest(g, valid_batches)))
     return tuple(out)
 
 
-def _valid_global_batches(model, gpus: int, job, pins) -> set[int]:
-    """Global batches next to the one asked for that some layout (with the pins) can split."""
-    from planner.core.search import enumerate_layouts
+def _valid_global_batches(x, g: int) -> set[int]:
+    """Global batches next to ``g`` that some layout with the pins can split: multiples of one of
+    the layouts' batch units (dp*micro_batch, times pp when interleaved)."""
+    from planner.core.search import batch_units
 
-    try:
-        c, _ = enumerate_layouts(model, gpus, job.replace(global_batch=None), pins)
-    except PlannerError:
-        return set()
-    # A layout needs global_batch divisible by dp*micro_batch, and by pp more when interleaved.
-    units = set((c.dp * c.micro_batch * np.where(c.vpp > 1, c.pp, 1)).tolist())
-    g = job.global_batch
+    units = batch_units(x.model, x.gpus, x.job, x.pins)
     near = {u * k for u in units for k in (g // u, -(-g // u)) if k >= 1}
-    ok = set()
-    for candidate in sorted(near, key=lambda v: abs(v - g))[:8]:
-        try:
-            c, _ = enumerate_layouts(model, gpus, job.replace(global_batch=int(candidate)), pins)
-        except PlannerError:
-            continue
-        if len(c):
-            ok.add(int(candidate))
-    return ok
+    return set(sorted(near, key=lambda v: abs(v - g))[:8])
 
 
 # --- figures for the page -----------------------------------------------------------------------
@@ -294,15 +251,6 @@ def bubble_rows(pp: int, vpp: int, micro_batches: int) -> list[dict]:
 
 
 # --- the same job on other hardware --------------------------------------------------------------
-def precision_for(hw, wanted: str) -> str:
-    """The precision a profile runs the job in: the one asked for where the GPU has it, else bf16,
-    else fp16 (a V100 trains in fp16 with loss scaling)."""
-    for p in (wanted, "bf16", "fp16"):
-        if hw.gpu.supports(p):
-            return p
-    return wanted
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HardwareRow:
     profile: str
@@ -320,40 +268,39 @@ class HardwareRow:
     note: str = ""
 
 
-def compare_hardware(argv: Sequence[str], gpus: int, profiles: Sequence[str] | None = None) -> tuple[HardwareRow, ...]:
-    """The best layout of the same job on ``gpus`` GPUs of each profile (its own price per GPU-hour)."""
-    from planner.core.results import estimate_at
-    from planner.core.search import search
+def _comparison(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
+    """`planner compare` (planner.decisions.decide.compare) for the job of ``values`` on every
+    profile, each at its own price per GPU-hour; never raises when nothing fits."""
+    from planner.core.options import build_inputs
+    from planner.decisions.decide import compare, options_for
     from planner.hardware import get_profile, gpu_profile_names
 
-    x, _ = parse_inputs(argv)
+    x = build_inputs({**values, "gpus": 1})
+    hws = [get_profile(name) for name in profiles or gpu_profile_names()]
+    job = x.job.replace(price_usd_per_gpu_hour=None)
+    return compare(x.model, options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws)), tuple(counts),
+                   strict=False)
+
+
+def compare_hardware(values: Mapping[str, object], gpus: int,
+                     profiles: Sequence[str] | None = None) -> tuple[HardwareRow, ...]:
+    """The best fitting layout of the same job on ``gpus`` GPUs of each profile."""
+    c = _comparison(values, (gpus,), profiles)
     rows = []
-    for name in profiles or gpu_profile_names():
-        hw = get_profile(name)
-        job = x.job.replace(precision=precision_for(hw, x.job.precision), price_usd_per_gpu_hour=None)
-        try:
-            r = search(x.model, hw, job, gpus)
-        except PlannerError as exc:
-            rows.append(HardwareRow(profile=name, gpu=hw.gpu.model, precision=job.precision, fits=False, layout="",
-                                    days=math.nan, gpu_hours=math.nan, cost_usd=math.nan, energy_kwh=math.nan,
-                                    mfu=math.nan, memory_bytes=math.nan, capacity_bytes=hw.gpu.memory_bytes,
-                                    note=str(exc)))
+    for probe, option in zip(c.rows, c.options):  # one count: one row per option, in order
+        e = probe.best
+        base = dict(profile=probe.gpu, gpu=option.hardware.gpu.model, precision=option.job.precision,
+                    capacity_bytes=probe.capacity_bytes)
+        if e is None:
+            rows.append(HardwareRow(**base, fits=False, layout="", days=math.nan, gpu_hours=math.nan,
+                                    cost_usd=math.nan, energy_kwh=math.nan, mfu=math.nan,
+                                    memory_bytes=probe.min_bytes if probe.min_bytes is not None else math.nan,
+                                    note="no layout fits" if probe.min_bytes is not None else probe.why))
             continue
-        e = estimate_at(r.evaluation, 0, x.model, hw, job, **_ops(x))
-        j = e.to_json()
-        rows.append(HardwareRow(profile=name, gpu=hw.gpu.model, precision=job.precision, fits=e.fits,
-                                layout=layout_text(j["layout"]), days=e.train.days, gpu_hours=e.train.gpu_hours,
-                                cost_usd=e.train.cost_usd, energy_kwh=e.train.energy_kwh, mfu=e.mfu,
-                                memory_bytes=e.memory.total_bytes, capacity_bytes=e.memory.capacity_bytes,
-                                note="" if e.fits else "no layout fits"))
+        rows.append(HardwareRow(**base, fits=True, layout=layout_text(e.layout.to_json()), days=e.train.days,
+                                gpu_hours=e.train.gpu_hours, cost_usd=e.train.cost_usd,
+                                energy_kwh=e.train.energy_kwh, mfu=e.mfu, memory_bytes=e.memory.total_bytes))
     return tuple(rows)
-
-
-def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:
-    return [{"profile": r.profile, "GPU": r.gpu, "precision": r.precision, "fits": r.fits,
-             "days": r.days, "GPU-hours": r.gpu_hours, "cost $": r.cost_usd, "energy kWh": r.energy_kwh,
-             "MFU %": 100 * r.mfu, "memory GiB": r.memory_bytes / GIB, "capacity GiB": r.capacity_bytes / GIB,
-             "best layout": r.layout or r.note} for r in rows]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -364,29 +311,22 @@ class SweepPoint:
     seconds_per_token: float  # of the fastest fitting layout; nan when none fits
 
 
-def sweep(argv: Sequence[str], counts: Sequence[int] = SWEEP_GPUS,
+def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
           profiles: Sequence[str] | None = None) -> tuple[SweepPoint, ...]:
     """Training seconds per token of the fastest fitting layout, per profile and GPU count. Per token,
     so the result does not depend on the tokens to train (days = tokens x this / 86400)."""
-    from planner.core.search import search
-    from planner.hardware import get_profile, gpu_profile_names
+    c = _comparison(values, counts, profiles)
+    precision = {o.hardware.name: o.job.precision for o in c.options}
+    return tuple(SweepPoint(profile=p.gpu, precision=precision[p.gpu], gpus=p.gpus,
+                            seconds_per_token=p.best.train.seconds / p.best.train.tokens if p.best else math.nan)
+                 for p in c.rows)
 
-    x, _ = parse_inputs(argv)
-    points = []
-    for name in profiles or gpu_profile_names():
-        hw = get_profile(name)
-        job = x.job.replace(precision=precision_for(hw, x.job.precision))
-        for n in counts:
-            per_token = math.nan
-            try:
-                r = search(x.model, hw, job, n)
-                if r.feasible:
-                    ev = r.evaluation  # rank order: the fastest fitting layout first
-                    per_token = float(ev.train_seconds[0]) / ev.train_tokens
-            except PlannerError:
-                pass
-            points.append(SweepPoint(profile=name, precision=job.precision, gpus=n, seconds_per_token=per_token))
-    return tuple(points)
+
+def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:
+    return [{"profile": r.profile, "GPU": r.gpu, "precision": r.precision, "fits": r.fits,
+             "days": r.days, "GPU-hours": r.gpu_hours, "cost $": r.cost_usd, "energy kWh": r.energy_kwh,
+             "MFU %": 100 * r.mfu, "memory GiB": r.memory_bytes / GIB, "capacity GiB": r.capacity_bytes / GIB,
+             "best layout": r.layout or r.note} for r in rows]
 
 
 def sweep_rows(points: Sequence[SweepPoint], tokens: float, precision: str) -> list[dict]:

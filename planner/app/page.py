@@ -1,7 +1,8 @@
 """The what-if explorer page: `planner app` serves it (or `streamlit run app.py` from a checkout).
 
-Thin on purpose: the sidebar holds the inputs (planner.app.state: bounds, URL, flags), the
-planner computes (planner.app.explore, cached per input), the page draws (planner.app.charts).
+Thin on purpose: the sidebar holds the inputs (planner.app.state: bounds, URL, the mapping of
+declared names), the planner computes (planner.app.explore, cached per input), the page draws
+(planner.app.charts).
 The state lives in the URL query string, so a what-if can be shared by link.
 """
 
@@ -22,18 +23,18 @@ TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
 
 
 @st.cache_data(show_spinner=False, max_entries=512)
-def cached_compute(argv: tuple[str, ...]) -> explore.View | explore.Problem:
-    return explore.compute(argv)
+def cached_compute(values: dict) -> explore.View | explore.Problem:
+    return explore.compute(values)
 
 
 @st.cache_data(show_spinner="Comparing hardware...", max_entries=128)
-def cached_hardware(argv: tuple[str, ...], gpus: int) -> tuple[explore.HardwareRow, ...]:
-    return explore.compare_hardware(argv, gpus)
+def cached_hardware(values: dict, gpus: int) -> tuple[explore.HardwareRow, ...]:
+    return explore.compare_hardware(values, gpus)
 
 
 @st.cache_data(show_spinner="Searching every profile at 8 to 4096 GPUs...", max_entries=64)
-def cached_sweep(argv: tuple[str, ...]) -> tuple[explore.SweepPoint, ...]:
-    return explore.sweep(argv)
+def cached_sweep(values: dict) -> tuple[explore.SweepPoint, ...]:
+    return explore.sweep(values)
 
 
 def init_state() -> None:
@@ -86,8 +87,9 @@ def sidebar() -> dict:
     widget(fields["gpu"], sb)
     widget(fields["gpus"], sb)
     sb.header("Job")
-    for name in ("tokens", "precision", "attention", "overlap", "price", "pue"):
-        widget(fields[name], sb)
+    for f in explore_state.fields():
+        if f.group == "job":
+            widget(f, sb)
     with sb.expander("Fine-tuning", expanded=st.session_state["mode"] != "pretrain"):
         for f in explore_state.fields():
             if f.group == "finetune":
@@ -188,9 +190,8 @@ def layouts_tab(view: explore.View) -> None:
 def hardware_tab(state: dict, j: dict) -> None:
     from planner.app import charts
 
-    argv = tuple(explore_state.comparison_argv(state))
     st.subheader("Days to train vs GPUs")
-    points = cached_sweep(tuple(explore_state.sweep_argv(state)))
+    points = cached_sweep(explore_state.sweep_mapping(state))
     rows = explore.sweep_rows(points, j["train"]["tokens"], state["precision"])
     current = {"profile": state["gpu"], "GPUs": j["cluster"]["gpus"], "days": j["train"]["days"]}
     st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
@@ -198,7 +199,8 @@ def hardware_tab(state: dict, j: dict) -> None:
                "A GPU without the chosen precision runs bf16 or fp16 (named in the legend). Ringed: the plan shown.")
     st.subheader(f"Hardware comparison on {state['gpus']} GPUs")
     number = st.column_config.NumberColumn
-    st.dataframe(explore.hardware_table(cached_hardware(argv, int(state["gpus"]))), hide_index=True, width="stretch",
+    st.dataframe(explore.hardware_table(cached_hardware(explore_state.comparison_mapping(state), int(state["gpus"]))),
+                 hide_index=True, width="stretch",
                  column_config={"days": number(format="%.1f"), "GPU-hours": number(format="compact"),
                                 "cost $": number(format="compact"), "energy kWh": number(format="compact"),
                                 "MFU %": number(format="%.1f"), "memory GiB": number(format="%.1f"),
@@ -324,7 +326,7 @@ def page() -> None:
     for note in st.session_state.pop("_notes", []):
         st.info(note)
     query = explore_state.query_from_state(state)
-    result = cached_compute(tuple(explore_state.argv_from_state(state)))
+    result = cached_compute(explore_state.mapping_from_state(state))
     if isinstance(result, explore.Problem):
         st.query_params.from_dict(query)
         show_problem(result)

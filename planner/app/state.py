@@ -1,9 +1,11 @@
-"""The what-if explorer's state: its fields, their bounds, the URL query string and the command line.
+"""The what-if explorer's state: its fields, their bounds, the URL query string and the mapping.
 
-The state is a flat mapping of field name -> value. It is what the sidebar widgets hold, what the
-URL query string carries (only values that differ from the defaults), and what becomes the
-`planner estimate` flags, so a what-if shared by link, the page and the CLI all mean the same plan.
-No streamlit here: the page (app.py) builds one widget per field from the bounds below.
+The state is a flat mapping of field name -> widget value. It is what the sidebar widgets hold,
+what the URL query string carries (only values that differ from the defaults), and, through
+``mapping_from_state``, the mapping of declared names that ``planner.core.options.build_inputs``
+reads, the same builder the CLI's parsed flags go to. The job, operations and layout fields are
+derived from their declarations (``Job``, ``OPS_OPTIONS``, ``PIN_DIMS``). No streamlit here: the
+page (planner/app/page.py) builds one widget per field from the bounds below.
 """
 
 from __future__ import annotations
@@ -14,17 +16,23 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from planner.cli.inputs import DEFAULT_GPU
-from planner.core.layout import ATTENTION, MODES, RECOMPUTE, SCHEDULES
+from planner.core.layout import DIMS, JOB_OPTIONS, PIN_DIMS, Dim, Option
 from planner.core.model import ARCHS
-from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS
-from planner.hardware import PRECISIONS
+from planner.core.options import DEFAULT_GPU, OPS_OPTIONS
+from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 
 AUTO = "auto"  # a layout field left to the search
 MODEL_SOURCES = ("params", "preset", "shape")
 LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
 OBJECTIVES = ("time", "cost", "memory")
+SCALES = {"tokens": 1e9}  # the explorer shows tokens in billions
+BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour",)  # empty, not 0: 0 is a price
+# Options whose default is computed (None in the declaration): the value the explorer shows, and
+# what its 0 means.
+SHOWN_DEFAULT = {"mtbf_gpu_hours": round(LLAMA3_MTBF_GPU_HOURS),
+                 "storage_gbps": Operations().storage_write_bytes_per_s / 1e9}
+ZERO_MEANS = {"mtbf_gpu_hours": math.inf}  # 0 hours between failures: no failures
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,12 +55,47 @@ class Field:
     group: str = ""
 
 
+def _option_field(o: Option) -> Field:
+    """An explorer field from a declared job or operations option."""
+    if o.choices:
+        return Field(name=o.name, label=o.label, kind="choice", default=o.default, choices=o.choices, help=o.help,
+                     group=o.group)
+    if o.base_type == "bool":
+        return Field(name=o.name, label=o.label, kind="bool", default=o.default, help=o.help, group=o.group)
+    if o.base_type == "tuple":  # LoRA targets: a few common sets, comma-separated as on the command line
+        sets = (",".join(o.default), *(t for t in LORA_TARGET_SETS if t != ",".join(o.default)))
+        return Field(name=o.name, label=o.label, kind="choice", default=sets[0], choices=sets, help=o.help,
+                     group=o.group)
+    # An optional number is 0 for "the default" (counts), or empty (a price: 0 is a real price).
+    empty = o.optional and (o.low or 0) == 0 and o.name in BLANK_MEANS_DEFAULT
+    kind = "int" if o.base_type == "int" else "float"
+    zero = 0 if kind == "int" else 0.0
+    default = (None if empty else SHOWN_DEFAULT.get(o.name, zero) if o.default is None
+               else o.default / SCALES[o.name] if o.name in SCALES else o.default)
+    return Field(name=o.name, label=o.label, kind=kind, default=default, low=o.low, high=o.high, step=o.step,
+                 optional=empty, help=o.help, group=o.group)
+
+
+def _pin_field(d: Dim) -> Field:
+    """An explorer field from a declared layout dimension: 0 or 'auto' leaves it to the search."""
+    if d.type is bool:
+        return Field(name=d.name, label=d.label, kind="choice", default=AUTO, choices=(AUTO, "on", "off"),
+                     help=d.help, group="layout")
+    if d.choices:
+        return Field(name=d.name, label=d.label, kind="choice", default=AUTO, choices=(AUTO, *map(str, d.choices)),
+                     help=d.help, group="layout")
+    return Field(name=d.name, label=f"{d.label} (0: search)", kind="int", default=0, low=0, high=d.high,
+                 help=d.help, group="layout")
+
+
 @functools.cache
 def fields() -> tuple[Field, ...]:
-    """Every input, in sidebar order (reads the preset and profile lists once)."""
+    """Every input, in sidebar order (reads the preset and profile lists once). The job, operations
+    and layout fields are derived from their declarations."""
     from planner.core.presets import presets
     from planner.hardware import profile_names
 
+    job = [_option_field(o) for o in (*JOB_OPTIONS, *OPS_OPTIONS) if o.label]
     return (
         Field(name="model", label="Model from", kind="choice", default="params", choices=MODEL_SOURCES,
               group="model", help="a parameter count (nearest preset or a LLaMA-style shape), a preset, or a shape"),
@@ -76,54 +119,9 @@ def fields() -> tuple[Field, ...]:
         Field(name="gpu", label="GPU profile", kind="choice", default=DEFAULT_GPU, choices=tuple(profile_names()),
               group="hardware", help="built-in and calibrated profiles (`planner profiles`)"),
         Field(name="gpus", label="GPUs", kind="int", default=128, low=1, high=65536, step=8, group="hardware"),
-        Field(name="tokens", label="Tokens to train (billions; 0: default)", kind="float", default=0.0,
-              low=0.0, high=1e6, step=100.0, group="job",
-              help="0: the Chinchilla rule (20 tokens per parameter) for pre-training, 1B for fine-tuning"),
-        Field(name="precision", label="Precision", kind="choice", default="bf16", choices=PRECISIONS, group="job"),
-        Field(name="attention", label="Attention", kind="choice", default="flash", choices=ATTENTION, group="job"),
-        Field(name="overlap", label="Overlap DP reduction with backward", kind="bool", default=True, group="job"),
-        Field(name="price", label="Price per GPU-hour (USD; empty: the profile's)", kind="float", default=None,
-              low=0.0, high=1000.0, step=0.25, optional=True, group="job"),
-        Field(name="pue", label="PUE", kind="float", default=1.2, low=1.0, high=3.0, step=0.05, group="job",
-              help="data-centre power usage effectiveness"),
-        Field(name="mode", label="Training", kind="choice", default="pretrain", choices=MODES, group="finetune",
-              help="pre-training, full fine-tuning, or LoRA (frozen model + rank-r adapters)"),
-        Field(name="lora_r", label="LoRA rank r", kind="int", default=8, low=1, high=4096, group="finetune"),
-        Field(name="lora_alpha", label="LoRA alpha", kind="float", default=16.0, low=0.01, high=65536.0, step=1.0,
-              group="finetune", help="scales the update; costs nothing"),
-        Field(name="lora_targets", label="LoRA targets", kind="choice", default=LORA_TARGET_SETS[0],
-              choices=LORA_TARGET_SETS, group="finetune"),
-        Field(name="mtbf_gpu_hours", label="MTBF per GPU, hours (0: no failures)", kind="float",
-              default=round(LLAMA3_MTBF_GPU_HOURS), low=0.0, high=1e9, step=1000.0, group="operations",
-              help="default: Llama 3's 419 unexpected interruptions in 54 days on 16,384 GPUs"),
-        Field(name="restart_minutes", label="Restart after a failure, minutes", kind="float", default=10.0,
-              low=0.0, high=1440.0, step=1.0, group="operations", help="detect, reschedule, re-initialise"),
-        Field(name="storage_gbps", label="Storage bandwidth, GB/s", kind="float", default=20.0, low=0.001,
-              high=100000.0, step=1.0, group="operations", help="aggregate, for checkpoints and training data"),
-        Field(name="keep_last", label="Checkpoints kept", kind="int", default=3, low=1, high=1000,
-              group="operations"),
-        Field(name="epochs", label="Epochs over the dataset", kind="float", default=1.0, low=0.01, high=1000.0,
-              step=1.0, group="operations"),
-        Field(name="packing_efficiency", label="Packing efficiency", kind="float", default=1.0, low=0.01, high=1.0,
-              step=0.05, group="operations", help="share of sequence positions holding real tokens"),
-        Field(name="tp", label="Tensor parallel (0: search)", kind="int", default=0, low=0, high=1024,
-              group="layout"),
-        Field(name="pp", label="Pipeline stages (0: search)", kind="int", default=0, low=0, high=1024,
-              group="layout"),
-        Field(name="vpp", label="Virtual stages per rank (0: search)", kind="int", default=0, low=0, high=128,
-              group="layout", help="interleaving; needs pp > 1"),
-        Field(name="micro_batch", label="Micro-batch (0: search)", kind="int", default=0, low=0, high=1024,
-              group="layout"),
-        Field(name="global_batch", label="Global batch, sequences (0: about 4M tokens)", kind="int", default=0,
-              low=0, high=10_000_000, group="layout"),
-        Field(name="zero", label="ZeRO stage", kind="choice", default=AUTO, choices=(AUTO, "0", "1", "2", "3"),
-              group="layout"),
-        Field(name="recompute", label="Activation recompute", kind="choice", default=AUTO,
-              choices=(AUTO, *RECOMPUTE), group="layout"),
-        Field(name="sequence_parallel", label="Sequence parallel", kind="choice", default=AUTO,
-              choices=(AUTO, "on", "off"), group="layout"),
-        Field(name="schedule", label="Pipeline schedule", kind="choice", default=AUTO, choices=(AUTO, *SCHEDULES),
-              group="layout"),
+        *(f for f in job if f.group != "layout"),
+        *(f for f in job if f.group == "layout"),
+        *(_pin_field(d) for d in PIN_DIMS if d.name != "dp"),  # dp follows from GPUs / (tp x pp)
         Field(name="sort", label="Rank layouts by", kind="choice", default="time", choices=OBJECTIVES,
               group="layout"),
     )
@@ -137,8 +135,9 @@ def defaults() -> dict[str, object]:
     return {f.name: f.default for f in fields()}
 
 
-LAYOUT_PINS = ("tp", "pp", "vpp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
-               "schedule")
+# The layout fields of the sidebar: the global batch (a job option) and every pinnable dimension
+# but dp, which follows from GPUs / (tp x pp).
+LAYOUT_PINS = ("global_batch", *(d.name for d in PIN_DIMS if d.name != "dp"))
 
 
 def coerce(f: Field, text: object) -> object:
@@ -197,79 +196,101 @@ def query_from_state(state: Mapping[str, object]) -> dict[str, str]:
     return {f.name: _text(state[f.name]) for f in fields() if f.name in state and state[f.name] != f.default}
 
 
-def _count(billions: float) -> str:
-    """33.0 -> '33B', 6.7 -> '6.7B', 1000 -> '1T' (the CLI's count syntax)."""
+def _count(value: float) -> str:
+    """33e9 -> '33B', 6.7e9 -> '6.7B', 1e12 -> '1T' (the CLI's count syntax)."""
+    billions = value / 1e9
     if billions >= 1000 and (billions / 1000) == round(billions / 1000, 6):
         return f"{billions / 1000:.10g}T"
     return f"{billions:.10g}B"
 
 
-def argv_from_state(state: Mapping[str, object]) -> list[str]:
-    """The `planner estimate` flags for a state: the model, the hardware, and what differs from the defaults."""
+def _declared(f: Field, value: object) -> object:
+    """A widget's value as the declared option or dimension holds it; None: its default (or searched)."""
+    if f.name in DIMS:
+        d = DIMS[f.name]
+        if value in (AUTO, 0):
+            return None
+        return {"on": True, "off": False}[value] if d.type is bool else int(value) if d.type is int else value
+    if value == f.default:
+        return None
+    if f.name in ZERO_MEANS and value == 0:
+        return ZERO_MEANS[f.name]
+    if f.kind in ("int", "float") and value == 0 and not f.optional:
+        return None
+    return value * SCALES.get(f.name, 1.0) if isinstance(value, (int, float)) and f.name in SCALES else value
+
+
+def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
+    """The explorer's state as the mapping of declared names that ``build_inputs`` reads (the CLI's
+    parsed flags are the same mapping): the model source chosen, the rest by name."""
     s = {**defaults(), **state}
-    argv: list[str] = []
+    out: dict[str, object] = {"gpu": s["gpu"], "gpus": int(s["gpus"]), "sort": s["sort"]}
     if s["model"] == "preset":
-        argv += ["--preset", str(s["preset"])]
+        out["preset"] = s["preset"]
     elif s["model"] == "params":
-        argv += ["--params", _count(float(s["params"]))]
+        out["params"] = float(s["params"]) * 1e9
     else:
-        argv += ["--arch", str(s["arch"]), "--layers", str(s["layers"]), "--hidden", str(s["hidden"]),
-                 "--heads", str(s["heads"])]
-        if s["kv_heads"]:
-            argv += ["--kv-heads", str(s["kv_heads"])]
-        if s["ffn_hidden"]:
-            argv += ["--ffn-hidden", str(s["ffn_hidden"])]
-        argv += ["--vocab", str(s["vocab"]), "--seq-len", str(s["seq_len"])]
-    argv += ["--gpu", str(s["gpu"]), "--gpus", str(s["gpus"])]
-    if s["tokens"]:
-        argv += ["--tokens", _count(float(s["tokens"]))]
-    if s["global_batch"]:
-        argv += ["--global-batch", str(s["global_batch"])]
-    for name, flag in (("precision", "--precision"), ("attention", "--attention")):
-        if s[name] != field_map()[name].default:
-            argv += [flag, str(s[name])]
-    if not s["overlap"]:
-        argv.append("--no-overlap")
-    if s["price"] is not None:
-        argv += ["--price-per-gpu-hour", f"{float(s['price']):.10g}"]
-    if s["pue"] != field_map()["pue"].default:
-        argv += ["--pue", f"{float(s['pue']):.10g}"]
-    if s["mode"] != "pretrain":
-        argv += ["--mode", str(s["mode"])]
-    if s["mode"] == "lora":
-        argv += ["--lora-r", str(s["lora_r"]), "--lora-alpha", f"{float(s['lora_alpha']):.10g}",
-                 "--lora-targets", str(s["lora_targets"])]
-    if s["mtbf_gpu_hours"] != field_map()["mtbf_gpu_hours"].default:
-        argv += ["--mtbf-gpu-hours", "inf" if not s["mtbf_gpu_hours"] else f"{float(s['mtbf_gpu_hours']):.10g}"]
-    for name in ("restart_minutes", "storage_gbps", "keep_last", "epochs", "packing_efficiency"):
-        if s[name] != field_map()[name].default:
-            value = s[name]
-            argv += [f"--{name.replace('_', '-')}", f"{value:.10g}" if isinstance(value, float) else str(value)]
-    for name in ("tp", "pp", "vpp", "micro_batch"):
-        if s[name]:
-            argv += [f"--{name.replace('_', '-')}", str(s[name])]
-    for name in ("zero", "recompute", "schedule"):
-        if s[name] != AUTO:
-            argv += [f"--{name}", str(s[name])]
-    if s["sequence_parallel"] != AUTO:
-        argv.append("--sequence-parallel" if s["sequence_parallel"] == "on" else "--no-sequence-parallel")
-    if s["sort"] != "time":
-        argv += ["--sort", str(s["sort"])]
+        out.update({k: s[k] for k in ("arch", "layers", "hidden", "heads", "vocab", "seq_len")})
+        out.update({k: s[k] for k in ("kv_heads", "ffn_hidden") if s[k]})
+    for f in fields():
+        if f.group not in ("model", "shape", "hardware") and f.name != "sort":
+            value = _declared(f, s[f.name])
+            if value is not None:
+                out[f.name] = value
+    return out
+
+
+def _flag_text(value: object) -> str:
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.10g}"
+    return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
+    """The `planner estimate` flags for a mapping of declared names (each flag from its declaration)."""
+    argv: list[str] = []
+    if "preset" in m:
+        argv += ["--preset", str(m["preset"])]
+    elif "params" in m:
+        argv += ["--params", _count(float(m["params"]))]
+    else:
+        argv += [x for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
+                 if k in m for x in ("--" + k.replace("_", "-"), str(m[k]))]
+    argv += ["--gpu", str(m["gpu"]), "--gpus", str(m["gpus"])]
+    for o in (*JOB_OPTIONS, *OPS_OPTIONS):
+        if o.name in m and m[o.name] != o.default:
+            value = m[o.name]
+            argv += ([o.cli_flag] if o.base_type == "bool" else
+                     [o.cli_flag, _count(value) if o.count else _flag_text(value)])
+    for d in PIN_DIMS:
+        value = m.get(d.name)
+        if value is not None:
+            argv += ([d.flag if value else "--no-" + d.flag[2:]] if d.type is bool else [d.flag, str(value)])
+    if m.get("sort", "time") != "time":
+        argv += ["--sort", str(m["sort"])]
     return argv
 
 
-def comparison_argv(state: Mapping[str, object]) -> list[str]:
-    """The flags that the cross-hardware views depend on: the model and the job, with no layout pins,
-    no GPU choice and no price (each profile is costed at its own rate)."""
-    s = {**defaults(), **state}
-    free = {name: defaults()[name] for name in (*LAYOUT_PINS, "price", "sort") if name != "global_batch"}
-    return argv_from_state({**s, **free, "gpu": DEFAULT_GPU, "gpus": 1})
+def argv_from_state(state: Mapping[str, object]) -> list[str]:
+    """The `planner estimate` flags for a state."""
+    return argv_from_mapping(mapping_from_state(state))
 
 
-def sweep_argv(state: Mapping[str, object]) -> list[str]:
-    """``comparison_argv`` without the token count either: the sweep keeps tokens/s, which does not
-    depend on it, and days follow from the tokens."""
-    return comparison_argv({**state, "tokens": 0.0})
+def comparison_mapping(state: Mapping[str, object]) -> dict[str, object]:
+    """What the cross-hardware views depend on: the model and the job, with no layout pins, no GPU
+    choice and no price (each profile is costed at its own rate)."""
+    m = mapping_from_state(state)
+    for name in (*(d.name for d in PIN_DIMS), "price_usd_per_gpu_hour", "sort", "gpu", "gpus"):
+        m.pop(name, None)
+    return m
+
+
+def sweep_mapping(state: Mapping[str, object]) -> dict[str, object]:
+    """``comparison_mapping`` without the token count either: the sweep keeps tokens/s, which does
+    not depend on it, and days follow from the tokens."""
+    m = comparison_mapping(state)
+    m.pop("tokens", None)
+    return m
 
 
 def estimate_command(state: Mapping[str, object]) -> str:
@@ -279,17 +300,15 @@ def estimate_command(state: Mapping[str, object]) -> str:
 
 def pins_from_layout(layout: Mapping[str, object]) -> dict[str, object]:
     """Widget values that pin every field of a layout (its JSON form), e.g. to start from the best one."""
-    return {"tp": int(layout["tp"]), "pp": int(layout["pp"]), "vpp": int(layout["vpp"]),
-            "micro_batch": int(layout["micro_batch"]), "global_batch": int(layout["global_batch"]),
-            "zero": str(layout["zero_stage"]), "recompute": str(layout["recompute"]),
-            "sequence_parallel": "on" if layout["sequence_parallel"] else "off", "schedule": str(layout["schedule"])}
+    return dict(pin_value(name, layout[name]) for name in LAYOUT_PINS)
 
 
-def pin_value(planner_field: str, value: object) -> tuple[str, object]:
-    """A planner layout field and value (as PlannerError and Pins name them) as the sidebar field and
-    its widget value: zero_stage 3 -> ('zero', '3'), sequence_parallel True -> ('sequence_parallel', 'on')."""
-    if planner_field == "zero_stage":
-        return "zero", str(value)
-    if planner_field == "sequence_parallel":
-        return planner_field, "on" if value else "off"
-    return planner_field, value
+def pin_value(name: str, value: object) -> tuple[str, object]:
+    """A layout field and value (as PlannerError and Pins name them) as the sidebar's field and its
+    widget value: zero_stage 3 -> ('zero_stage', '3'), sequence_parallel True -> ('sequence_parallel', 'on')."""
+    d = DIMS.get(name)
+    if d is not None and d.type is bool:
+        return name, "on" if value else "off"
+    if d is not None and d.choices:
+        return name, str(value)
+    return name, int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value

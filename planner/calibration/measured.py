@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibration.published import PublishedRun, load_published
-from planner.core.layout import Job, Layout
+from planner.core.layout import LAYOUT_DIMS, Job, Layout
 from planner.core.model import ModelSpec
 from planner.core.step_parts import measured_parts
 from planner.errors import PlannerError
 
 MODEL_KEYS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
               "tied_embeddings", "dropout")
-LAYOUT_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
-               "sequence_parallel", "schedule")
+LAYOUT_KEYS = tuple(d.name for d in LAYOUT_DIMS)  # every layout dimension, as the run record names it
+_JOB = Job()  # the declared defaults (LoRA r, alpha, targets) for records that predate them
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,8 +55,8 @@ def from_record(rec: dict, source: str) -> Measurement:
     lora = rec.get("config", {}).get("lora") or {}
     job = Job(precision=rec["precision"], attention=rec["attention"], global_batch=layout.global_batch,
               mode=mode if mode in ("pretrain", "full-finetune", "lora") else "pretrain",
-              lora_r=int(lora.get("r", 8)), lora_alpha=float(lora.get("alpha", 16)),
-              lora_targets=tuple(lora.get("targets", ("q_proj", "v_proj"))), kernels="eager")
+              lora_r=int(lora.get("r", _JOB.lora_r)), lora_alpha=float(lora.get("alpha", _JOB.lora_alpha)),
+              lora_targets=tuple(lora.get("targets", _JOB.lora_targets)), kernels="eager")
     hw = rec["hardware"]
     profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
     mem = rec["memory"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 # The troubleshooting thresholds a record's flags use are the planner's own (planner.core.checks).
 from planner.core.checks import BUBBLE_LIMIT, COMM_SHARE_LIMIT, DATA_WAIT_LIMIT, MEMORY_HEADROOM  # noqa: F401
+from planner.core.layout import LAYOUT_DIMS
 
 SCHEMA_VERSION = 1
 RECORD_JSON = "record.json"
@@ -29,8 +30,8 @@ SCHEMA: dict[str, object] = {
     "model": {"name": STR, "arch": STR, "layers": INT, "hidden": INT, "heads": INT, "kv_heads": INT,
               "ffn_hidden": INT, "vocab": INT, "seq_len": INT, "tied_embeddings": BOOL, "params": INT,
               "dropout": NUM},
-    "layout": {"dp": INT, "tp": INT, "pp": INT, "vpp": INT, "micro_batch": INT, "global_batch": INT,
-               "zero_stage": INT, "recompute": STR, "sequence_parallel": BOOL, "schedule": STR, "grad_accum": INT},
+    # Every layout dimension by its declared name and type (planner.core.layout.LAYOUT_DIMS), and grad_accum.
+    "layout": {**{d.name: {int: INT, str: STR, bool: BOOL}[d.type] for d in LAYOUT_DIMS}, "grad_accum": INT},
     "precision": STR, "attention": STR,
     "hardware": {"device_kind": STR, "device_name": STR, "device_count": INT, "nodes": INT, "hostnames": LIST,
                  "cpu_cores": INT, "device_memory_bytes": INT + OPT},

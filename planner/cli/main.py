@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from planner.schema import check_flags
+
+        check_flags(vars(args))  # every number in its documented range (planner/schema.py)
         if getattr(args, "func", None) is not None:
             return args.func(args)
         return COMMANDS[args.command](args)
@@ -107,10 +110,7 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     x = inputs_from_args(a)
     p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
     if a.format == "json":
-        out = p.best.to_json()
-        out["model_note"] = x.model_note
-        out["nearest_fit"] = p.nearest_fit.to_json() if p.nearest_fit else None
-        print(json.dumps(out, indent=2))
+        print(json.dumps(p.to_json(x.model_note), indent=2, allow_nan=False))
     elif a.format == "csv":
         _print_csv([CSV_COLUMNS, csv_row(p.best)])
     else:
@@ -133,7 +133,7 @@ def cmd_search(a: argparse.Namespace) -> int:
     rows = [estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit)]
     if a.format == "json":
         print(json.dumps({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds,
-                          "results": [e.to_json() for e in rows]}, indent=2))
+                          "results": [e.to_json() for e in rows]}, indent=2, allow_nan=False))
     elif a.format == "csv":
         _print_csv([CSV_COLUMNS, *(csv_row(e) for e in rows)])
     else:
@@ -150,7 +150,8 @@ def cmd_presets(a: argparse.Namespace) -> int:
     if a.format == "json":
         print(json.dumps({n: {"params": s.params, "arch": s.arch, "layers": s.layers, "hidden": s.hidden,
                               "heads": s.heads, "kv_heads": s.kv_heads, "ffn_hidden": s.ffn_hidden, "vocab": s.vocab,
-                              "seq_len": s.seq_len, "source": preset_source(n)} for n, s in table.items()}, indent=2))
+                              "seq_len": s.seq_len, "source": preset_source(n)} for n, s in table.items()},
+                         indent=2, allow_nan=False))
         return 0
     rows = [("name", "params", "arch", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq")]
     rows += [(n, f"{s.params / 1e9:.2f}B", s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab,
@@ -169,7 +170,8 @@ def cmd_profiles(a: argparse.Namespace) -> int:
                                    "peak_flops": p.gpu.peak_flops, "gpus_per_node": p.network.gpus_per_node,
                                    "intra_node_bytes_per_s": p.network.intra_bytes_per_s,
                                    "inter_node_bytes_per_s": p.network.inter_bytes_per_s,
-                                   "calibrated": p.calibrated, "path": p.path} for p in profiles}, indent=2))
+                                   "calibrated": p.calibrated, "path": p.path} for p in profiles}, indent=2,
+                         allow_nan=False))
         return 0
     rows = [("name", "GPU", "mem GiB", "HBM GB/s", "bf16 TF", "fp16 TF", "fp8 TF", "TDP W", "GPUs/node",
              "intra GB/s", "inter GB/s/GPU", "calibrated")]

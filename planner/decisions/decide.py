@@ -29,7 +29,7 @@ from planner.hardware import HardwareProfile
 from planner.units import GIB
 
 DEFAULT_MAX_GPUS = 16384
-FALLBACK_PRECISION = "fp16"  # when bf16 is the default and the GPU has none (V100)
+FALLBACK_PRECISIONS = ("bf16", "fp16")  # when the GPU lacks the precision asked for (V100: fp16 only)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,19 +79,25 @@ def wall_cost_usd(e: Estimate) -> float:
     return e.train.cost_usd * wall_seconds(e) / e.train.seconds
 
 
+def precision_for(hw: HardwareProfile, wanted: str, given: bool = False) -> str:
+    """The precision a profile runs the job in: the one asked for where the GPU has it (or when it
+    was given explicitly: then it fails where unsupported), else the first of FALLBACK_PRECISIONS
+    the GPU has (a V100 trains in fp16 with loss scaling)."""
+    if given or hw.gpu.supports(wanted):
+        return wanted
+    return next((p for p in FALLBACK_PRECISIONS if hw.gpu.supports(p)), wanted)
+
+
 def options_for(profiles: list[HardwareProfile], job: Job, precision_given: bool,
                 ops: list[Operations] | None = None) -> tuple[Option, ...]:
-    """Each profile with its job (and operations, one per profile). Without an explicit
-    --precision, a GPU lacking the default (bf16) runs fp16, and the note says so; an explicit
-    precision is kept and fails where unsupported."""
+    """Each profile with its job (and operations, one per profile), in the precision
+    ``precision_for`` gives it; the note says when that is not the one asked for."""
     out = []
     for i, hw in enumerate(profiles):
         o = ops[i] if ops else Operations()
-        if not precision_given and not hw.gpu.supports(job.precision):
-            out.append(Option(hardware=hw, job=job.replace(precision=FALLBACK_PRECISION), ops=o,
-                              note=f"{FALLBACK_PRECISION}: {hw.name} has no {job.precision}"))
-        else:
-            out.append(Option(hardware=hw, job=job, ops=o))
+        p = precision_for(hw, job.precision, precision_given)
+        note = f"{p}: {hw.name} has no {job.precision}" if p != job.precision else ""
+        out.append(Option(hardware=hw, job=job.replace(precision=p) if note else job, ops=o, note=note))
     return tuple(out)
 
 
@@ -106,7 +112,10 @@ def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), obje
         return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
     ev = result.evaluation
     if result.feasible:
-        best = estimate_at(ev, 0, model, hw, option.job, option.ops)
+        try:
+            best = estimate_at(ev, 0, model, hw, option.job, option.ops)
+        except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
+            return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
         return Probe(gpu=hw.name, gpus=gpus, best=best, capacity_bytes=cap)
     need = float(ev.memory.total.min())
     return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, min_bytes=need,
@@ -125,11 +134,12 @@ class Comparison:
 
 
 def compare(model: ModelSpec, options: tuple[Option, ...], gpu_counts: tuple[int, ...], pins: Pins = Pins(),
-            objective: str = "time") -> Comparison:
-    """The best layout of every (option, GPU count). Raises when nothing fits anywhere."""
+            objective: str = "time", strict: bool = True) -> Comparison:
+    """The best layout of every (option, GPU count). Raises when nothing fits anywhere (``strict``;
+    else the rows say why each has no layout)."""
     counts = sorted(set(gpu_counts))
     rows = tuple(probe(model, o, n, pins, objective) for o in options for n in counts)
-    if not any(r.fits for r in rows):
+    if strict and not any(r.fits for r in rows):
         raise _fits_nowhere(model, rows)
     return Comparison(model=model, options=options, rows=rows)
 

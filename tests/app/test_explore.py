@@ -1,5 +1,5 @@
-"""The explorer's pure parts, without a browser: state <-> URL <-> CLI flags, the plan equal to
-`planner estimate`, the nearest valid values of an impossible pin, the bubble curve, the
+"""The explorer's pure parts, without a browser: state <-> URL <-> the mapping of declared names
+<-> CLI flags, the plan equal to `planner estimate`, the nearest valid values of an impossible pin, the bubble curve, the
 cross-hardware sweep, run records (bad ones named and skipped) and `planner app`."""
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ def cli_estimate(argv: list[str]) -> dict:
 
 STATES = [
     {},
-    {"model": "preset", "preset": "llama-7b", "gpus": 16, "tokens": 1000.0, "price": 1.25, "pue": 1.1},
+    {"model": "preset", "preset": "llama-7b", "gpus": 16, "tokens": 1000.0, "price_usd_per_gpu_hour": 1.25,
+     "pue": 1.1},
     {"model": "shape", "arch": "gpt", "layers": 24, "hidden": 2048, "heads": 16, "seq_len": 2048, "vocab": 50257,
-     "gpus": 8, "gpu": "v100-32g", "precision": "fp16", "attention": "standard", "overlap": False},
-    {"params": 70.0, "gpus": 256, "pp": 4, "vpp": 2, "micro_batch": 1, "zero": "1", "recompute": "selective",
+     "gpus": 8, "gpu": "v100-32g", "precision": "fp16", "attention": "standard", "overlap_grad_reduce": False},
+    {"params": 70.0, "gpus": 256, "pp": 4, "vpp": 2, "micro_batch": 1, "zero_stage": "3", "recompute": "selective",
      "sequence_parallel": "on", "attention": "standard", "sort": "cost"},
     {"params": 13.0, "gpus": 64, "gpu": "h100-80g", "global_batch": 1024, "tp": 2, "schedule": "1f1b"},
 ]
@@ -47,32 +48,40 @@ def test_state_is_the_cli_plan_and_survives_the_url(changes):
     again, notes = explore_state.state_from_query(query)
     assert again == state and notes == []
     argv = explore_state.argv_from_state(state)
-    view = explore.compute(argv)
+    view = explore.compute(explore_state.mapping_from_state(state))  # the mapping, not the flags
     assert isinstance(view, explore.View)
-    assert view.to_json() == cli_estimate(argv)
+    assert view.to_json() == cli_estimate(argv)  # the flags, parsed by the CLI
     assert explore_state.estimate_command(state).split()[2:] == argv
 
 
 def test_link_values_out_of_bounds_are_named_and_replaced_by_defaults():
-    state, notes = explore_state.state_from_query({"gpus": "0", "tp": "2.5", "gpu": "tpu-v9", "overlap": "maybe",
-                                                   "price": "", "unrelated": "x"})
+    keys = ("gpus", "tp", "gpu", "overlap_grad_reduce")
+    state, notes = explore_state.state_from_query({"gpus": "0", "tp": "2.5", "gpu": "tpu-v9",
+                                                   "overlap_grad_reduce": "maybe", "price_usd_per_gpu_hour": "",
+                                                   "unrelated": "x"})
     defaults = explore_state.defaults()
-    assert [state[k] for k in ("gpus", "tp", "gpu", "overlap")] == [defaults[k] for k in ("gpus", "tp", "gpu",
-                                                                                          "overlap")]
-    assert state["price"] is None and len(notes) == 4
+    assert [state[k] for k in keys] == [defaults[k] for k in keys]
+    assert state["price_usd_per_gpu_hour"] is None and len(notes) == 4
     assert any("gpus='0'" in n and "1 to 65536" in n for n in notes)
     assert any("tp='2.5'" in n and "whole number" in n for n in notes)
+
+
+def mapping(argv: list[str]) -> dict:
+    """The mapping of declared names that `planner estimate` parses these flags into."""
+    from planner.cli.main import build_parser
+
+    return vars(build_parser().parse_args(["estimate", *argv]))
 
 
 @pytest.mark.parametrize("pins, field, valid", [
     (["--tp", "3"], "tp", (2, 4)),  # llama-33b: 52 heads
     (["--pp", "3"], "pp", (2, 4)),  # divisors of 128
     (["--pp", "4", "--vpp", "7"], "vpp", (5, 15)),  # 60 layers: pp*vpp must divide it
-    (["--global-batch", "1001", "--micro-batch", "2"], "global_batch", (1000, 1002)),
+    (["--global-batch", "1001", "--micro-batch", "2"], "global_batch", (1000, 1002)),  # 1001 = 7 x 11 x 13
 ])
 def test_impossible_pins_name_the_constraint_and_the_nearest_valid_values(pins, field, valid):
     argv = ["--params", "33B", "--gpus", "128", *pins]
-    problem = explore.compute(argv)
+    problem = explore.compute(mapping(argv))
     assert isinstance(problem, explore.Problem)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -83,11 +92,11 @@ def test_impossible_pins_name_the_constraint_and_the_nearest_valid_values(pins, 
     for value in valid:  # each suggestion does make a plan
         flag = "--" + field.replace("_", "-")
         fixed = [*argv[: argv.index(flag)], flag, str(value), *argv[argv.index(flag) + 2:]]
-        assert isinstance(explore.compute(fixed), explore.View), fixed
+        assert isinstance(explore.compute(mapping(fixed)), explore.View), fixed
 
 
 def test_a_pinned_layout_that_does_not_fit_offers_the_nearest_that_does():
-    view = explore.compute(["--params", "33B", "--gpus", "32", "--tp", "1", "--pp", "1", "--zero", "0"])
+    view = explore.compute(mapping(["--params", "33B", "--gpus", "32", "--tp", "1", "--pp", "1", "--zero", "0"]))
     assert isinstance(view, explore.View) and not view.best.fits
     assert view.nearest_fit is not None and view.nearest_fit.fits
     changed = explore.changed_fields(view.best.to_json()["layout"], view.nearest_fit.to_json()["layout"])
@@ -120,12 +129,12 @@ def test_bubble_curve_is_the_pipeline_formula():
 
 
 def test_hardware_views_match_a_search_per_profile():
-    argv = explore_state.comparison_argv({**explore_state.defaults(), "params": 7.0})
-    rows = {r.profile: r for r in explore.compare_hardware(argv, 16, ["a100-80g", "v100-32g"])}
+    values = explore_state.comparison_mapping({**explore_state.defaults(), "params": 7.0})
+    rows = {r.profile: r for r in explore.compare_hardware(values, 16, ["a100-80g", "v100-32g"])}
     a100 = cli_estimate(["--params", "7B", "--gpus", "16", "--gpu", "a100-80g"])
     assert rows["a100-80g"].days == pytest.approx(a100["train"]["days"])
     assert rows["v100-32g"].precision == "fp16"  # no bf16 on a V100
-    points = explore.sweep(explore_state.sweep_argv({**explore_state.defaults(), "params": 7.0}), (16, 32),
+    points = explore.sweep(explore_state.sweep_mapping({**explore_state.defaults(), "params": 7.0}), (16, 32),
                            ["a100-80g"])
     days = explore.sweep_rows(points, a100["train"]["tokens"], "bf16")
     assert days[0] == {"profile": "a100-80g", "GPUs": 16, "days": pytest.approx(a100["train"]["days"])}
