@@ -11,6 +11,7 @@ Three inputs, as in the planner: what to train (``model``: a planner ``ModelSpec
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ TOKEN_DTYPES = ("uint16", "uint32")
 # A tiny shape that trains in seconds on a CPU (the default when no model is given).
 DEBUG_MODEL = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64}
 SEED_MAX = 2**32 - 1
+MAX_WORKERS = 64  # loader processes per rank
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name != "name")
 
 
@@ -152,6 +154,8 @@ def _typed(where: str, value: object, kind: str) -> object:
     if base == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value
     if base == "float" and number:
+        if not math.isfinite(value):  # inf passes "> 0" checks and would train NaNs (a rank's traceback)
+            raise ConfigError(f"{where}={value!r}: a finite number")
         return float(value)
     if base == "bool" and isinstance(value, bool):
         return value
@@ -315,7 +319,7 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
     # Data, checkpoint, profile.
     d = config.data
     _require(d.dtype in TOKEN_DTYPES, f"data.dtype={d.dtype!r}: one of {', '.join(TOKEN_DTYPES)}")
-    _require(d.workers >= 0, f"data.workers={d.workers}: zero or more")
+    _require(0 <= d.workers <= MAX_WORKERS, f"data.workers={d.workers}: from 0 to {MAX_WORKERS}")
     _require(d.prefetch_samples is None or d.prefetch_samples >= 1,
              f"data.prefetch_samples={d.prefetch_samples}: at least 1")
     if d.path is not None:

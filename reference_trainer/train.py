@@ -184,7 +184,7 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
     state["board"] = board
     tokens_per_step = lay.global_batch * config.spec.seq_len
     warm = config.profile.warmup_steps
-    traced = set(range(start + warm, start + warm + config.profile.trace_steps))
+    traced = range(start + warm, start + warm + config.profile.trace_steps)  # a range: any size costs nothing
     rows, analyses, status, message, save_s = [], [], "completed", None, 0.0
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for i in range(start, tr.steps):

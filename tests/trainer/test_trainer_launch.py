@@ -68,3 +68,15 @@ def test_planner_run_refuses_a_run_folder_held_by_a_live_run(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "in use by a live run" in proc.stderr
     assert "run held" not in proc.stdout  # torchrun never started
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--lr", "inf"], "training.lr=inf: a finite number"),
+    (["--peak-tflops", "inf"], "profile.peak_tflops=inf: a finite number"),
+    (["--workers", "100000"], "data.workers=100000: from 0 to 64"),
+])
+def test_planner_run_values_ranks_would_die_on_are_refused(argv, needle, tmp_path):
+    proc = subprocess.run(["planner", "run", *argv, "--runs-dir", str(tmp_path), "--dry-run"], capture_output=True,
+                          text=True, env=trainer_env(), timeout=60, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {needle}", proc.stderr
+
