@@ -270,3 +270,13 @@ def get_profile(name: str) -> HardwareProfile:
         raise PlannerError("gpu", name, f"unknown GPU profile; {hint + ' ' if hint else ''}"
                                         "`planner profiles` lists them")
     return load_profile_file(index[key])
+
+
+def profile_limits_markdown() -> str:
+    """The README's table of profile keys and their ranges (a test keeps the two equal)."""
+    from planner.schema import limits_markdown
+
+    spec = {**TOP_KEYS, **{f"[gpu] {k}": v for k, v in GPU_KEYS.items()},
+            **{f"[node] {k}": v for k, v in NODE_KEYS.items()},
+            **{f"[efficiency] {k}": v for k, v in EFFICIENCY_KEYS.items()}}
+    return limits_markdown(spec)

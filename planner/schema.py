@@ -81,7 +81,7 @@ class Key:
 def _fmt(x: float | None) -> str:
     if x is None:
         return ""
-    if float(x).is_integer() and abs(x) < 1e7:
+    if float(x).is_integer() and abs(x) < 1e10:
         return f"{int(x):,}"
     return f"{x:g}"
 
@@ -227,3 +227,15 @@ def check_flags(values: Mapping[str, Any]) -> None:
         elif isinstance(value, int) and abs(value) > 2**53:
             raise PlannerError(flag, value, f"an integer of at most {2**53:,}")
 
+
+
+def limits_markdown(spec: Mapping[str, Key]) -> str:
+    """A markdown table of ``spec``'s numeric keys and their ranges (keys sharing a range share a
+    row): the README's "Limits" tables are this output, and a test keeps them equal."""
+    rows: dict[str, list[str]] = {}
+    for name, key in spec.items():
+        if key.kind in (int, float):
+            rows.setdefault(key.allowed(), []).append(f"`{name}`")
+    lines = ["| keys | allowed |", "| --- | --- |"]
+    lines += [f"| {', '.join(names)} | {allowed} |" for allowed, names in rows.items()]
+    return "\n".join(lines)

@@ -268,3 +268,17 @@ def test_exit_codes_in_a_subprocess(tmp_path):
     assert r.returncode == 0 and strict_json(r.stdout)
     r = cli("estimate", "--preset", "gpt3-175b", "--gpus", "8", "--tp", "1", "--pp", "1", "--format", "json")
     assert r.returncode == 3 and strict_json(r.stdout)  # does not fit: still finite, strict JSON
+
+
+def test_the_readme_lists_every_range():
+    """README's Limits tables are planner/schema.py's; regenerate them with
+    ``python -c "from planner.schema import FLAGS, limits_markdown; print(limits_markdown(FLAGS))"`` and
+    ``python -c "from planner.hardware import profile_limits_markdown; print(profile_limits_markdown())"``."""
+    from pathlib import Path
+
+    from planner.hardware import profile_limits_markdown
+    from planner.schema import FLAGS, limits_markdown
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert limits_markdown(FLAGS) in readme
+    assert profile_limits_markdown() in readme
