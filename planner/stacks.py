@@ -46,6 +46,7 @@ class Stack:
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
+    tp_saves_gathered_inputs: bool  # sequence parallel keeps the gathered (whole) matmul inputs (DTensor)
     gather_layers: float  # layers of unsharded 16-bit weights held at once under ZeRO-3 (current + prefetch)
     reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
@@ -89,6 +90,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "gather_layers": ("gather_layers", "float", (0.0, 64.0)),
+    "tp_saves_gathered_inputs": ("tp_saves_gathered_inputs", "bool", None),
     "reshard_in_pipeline": ("reshard_in_pipeline", "bool", None),
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe")),
@@ -129,11 +131,10 @@ def _value(where: str, key: str, value: object, kind: str, allowed: object) -> o
 
 
 def load_stack_file(path: str | Path) -> Stack:
+    from planner.hardware import read_toml
+
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PlannerError("stack", str(path), f"not a readable TOML stack file ({exc})") from None
+    data = read_toml(path, "stack")
     for key in data:
         if key not in _TOP:
             raise PlannerError(f"stack {path}", key, f"unknown key; allowed: {', '.join(_TOP)}")

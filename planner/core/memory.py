@@ -89,10 +89,13 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     targets = set(job.lora_targets) if job.lora else None
     trains = lambda *names: targets is None or bool(targets.intersection(names))  # noqa: E731
     eager = sw.eager and model.gated_mlp
+    # The inputs of the column-parallel matmuls (QKV, MLP-in), kept for their weight gradients.
+    # Under sequence parallel Megatron keeps its sequence shard and gathers it again in backward
+    # (Korthikanti et al. 2022, Sec. 4.2.2); DTensor's autograd keeps the gathered input whole.
+    gathered = e * h * trains("q_proj", "k_proj", "v_proj") + e * h * trains("gate_proj", "up_proj")
     # Replicated over TP ranks unless sequence parallel.
     replicated = (2 * e * h  # the two norms' inputs
-                  + e * h * trains("q_proj", "k_proj", "v_proj")  # QKV input
-                  + e * h * trains("gate_proj", "up_proj")  # MLP input
+                  + (0 if sw.stack.tp_saves_gathered_inputs else gathered)
                   + 2 * h * drop  # two dropout masks
                   + (2 * e * h * (targets is None) if eager else 0))  # RMSNorm outputs, for its weight
     # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.
@@ -105,6 +108,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         scores = np.full(len(c), 4.0 * a)
     tp = c.tp.astype(float)
     per_token = np.where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
+    if sw.stack.tp_saves_gathered_inputs:
+        per_token = per_token + gathered
     if sw.stack.selective == "op":  # input and the second matmul's output (replicated), the rest split
         kept_split = (h + hkv + f if model.gated_mlp else h + 2 * hkv + f) + h  # + attention output
         op = np.where(c.sequence_parallel, 2 * e * h / tp, 2 * e * h) + (e * kept_split + 4.0 * a) / tp

@@ -245,6 +245,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory) * slow
 
     overhead_mb = layers_pace * overhead_layer
+    # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (hardware.Efficiency.step_jitter).
+    gpus = (c.dp * c.tp * c.pp).astype(float)
+    busy_s = m * (compute_mb + tp_mb + pp_mb) + bubble + dp + optimizer
+    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(gpus))
     st = StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
-                  bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s)
+                  bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s + stragglers)
     return st
