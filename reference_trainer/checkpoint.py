@@ -81,7 +81,8 @@ class _MetadataUnpickler(pickle.Unpickler):
                       ("pathlib", "WindowsPath"), ("collections", "OrderedDict")})
 
     def find_class(self, module: str, name: str):
-        found = super().find_class(module, name) if module.startswith(("torch", "pathlib", "collections")) else None
+        known = module in ("torch", "pathlib", "collections") or module.startswith("torch.")
+        found = super().find_class(module, name) if known else None  # (imports only what torch already has)
         if (module, name) in self.SAFE or isinstance(found, torch.dtype):
             return found
         if module.startswith(self.SAFE_MODULES) and isinstance(found, type) and (
