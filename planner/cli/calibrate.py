@@ -54,11 +54,12 @@ def cmd_probe(a: argparse.Namespace) -> int:
     from pathlib import Path
 
     from planner.calibration.probe import profile_toml, run_probe
-    from planner.files import write_atomic
+    from planner.files import check_target, write_atomic
     from planner.hardware import get_profile
 
     if a.nprocs < 1:
         raise PlannerError("nprocs", a.nprocs, "a positive integer")
+    check_target(a.out)  # before minutes of probing
     base = get_profile(a.base) if a.base else None
     try:
         import torch  # noqa: F401
@@ -90,9 +91,10 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         describe_fit,
     )
     from planner.calibration.measured import load_measurements
-    from planner.files import write_atomic
+    from planner.files import check_target, write_atomic
     from planner.hardware import get_profile
 
+    check_target(a.out)  # a folder or a device: refused before the fit
     base = get_profile(a.base)
     runs, skipped = load_measurements(a.runs, strict=a.strict)
     for line in skipped:
@@ -121,6 +123,10 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
     if not a.runs and not a.published:
         raise PlannerError("runs", "none", "give run folders/records, or --published FILE.csv")
+    if a.plot:
+        from planner.files import check_target
+
+        check_target(a.plot, "plot")  # before the work and the printed table
     runs, skipped = load_measurements(a.runs, strict=a.strict) if a.runs else ([], [])
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
@@ -131,7 +137,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     points = compare(runs, get_profile(a.gpu) if a.gpu else None)
     if a.format == "json":
         print(json.dumps({"points": [{k: getattr(p, k) for k in p.__slots__} for p in points],
-                          "summary": summary(points), "skipped": skipped}, indent=1))
+                          "summary": summary(points), "skipped": skipped}, indent=1, allow_nan=False))
     elif a.format == "csv":
         print("run,quantity,predicted,measured,error")
         for p in points:

@@ -11,6 +11,7 @@ import re
 
 from planner.cli import inputs
 from planner.errors import PlannerError
+from planner.schema import MAX_GPUS, MAX_USD
 from planner.units import parse_count
 
 # --- parsing ------------------------------------------------------------------------------
@@ -28,8 +29,8 @@ def parse_names(text: str, field: str) -> tuple[str, ...]:
 def parse_counts(text: str, field: str) -> tuple[int, ...]:
     """'64,128,256' -> (64, 128, 256)."""
     items = [t.strip() for t in str(text).split(",")]
-    if not items or not all(re.fullmatch(r"[0-9]+", t) and int(t) > 0 for t in items):
-        raise PlannerError(field, text, "comma-separated positive integers, e.g. 64,128,256")
+    if not items or not all(re.fullmatch(r"[0-9]{1,7}", t) and 0 < int(t) <= MAX_GPUS for t in items):
+        raise PlannerError(field, text, f"comma-separated integers from 1 to {MAX_GPUS:,}, e.g. 64,128,256")
     return tuple(sorted(set(int(t) for t in items)))
 
 
@@ -37,9 +38,10 @@ def parse_money(text: str, field: str) -> float:
     """'2e6', '$2M', '500K', '1.5M USD' -> US dollars (the count syntax of units.parse_count)."""
     bare = re.sub(r"^\s*\$|\s*USD\s*$", "", str(text), flags=re.IGNORECASE)
     try:
-        return parse_count(bare, field)
+        return parse_count(bare, field, hi=MAX_USD)
     except PlannerError:
-        raise PlannerError(field, text, "US dollars greater than zero, e.g. 2e6, 2M, $500K") from None
+        raise PlannerError(field, text, f"US dollars greater than zero and at most {MAX_USD:g}, "
+                                        "e.g. 2e6, 2M, $500K") from None
 
 
 # --- parsers ------------------------------------------------------------------------------
@@ -98,7 +100,8 @@ def run_compare(a: argparse.Namespace) -> int:
     c = compare(model, options, counts, pins, a.sort)
     if a.plot:
         write_plot(c, a.plot)
-    print(json.dumps(compare_json(c, note), indent=2) if a.format == "json" else compare_text(c, note))
+    print(json.dumps(compare_json(c, note), indent=2, allow_nan=False) if a.format == "json"
+          else compare_text(c, note))
     return 0
 
 
@@ -112,7 +115,8 @@ def run_recommend(a: argparse.Namespace) -> int:
         raise PlannerError("max_gpus", a.max_gpus, "a positive integer")
     model, note, options, pins = _common(a)
     r = recommend(model, options, deadline, budget, a.max_gpus, pins)
-    print(json.dumps(recommend_json(r, note), indent=2) if a.format == "json" else recommend_text(r, note))
+    print(json.dumps(recommend_json(r, note), indent=2, allow_nan=False) if a.format == "json"
+          else recommend_text(r, note))
     return 0 if r.cheapest else 3
 
 
@@ -271,6 +275,9 @@ def _check_plot_path(path: str) -> None:
         raise PlannerError("plot", path, f"a file ending in .{', .'.join(PLOT_FORMATS)}")
     if not p.resolve().parent.is_dir():
         raise PlannerError("plot", path, "its folder does not exist")
+    from planner.files import check_target
+
+    check_target(p, "plot")  # a folder named x.png, or a device
 
 
 def write_plot(c, path: str) -> None:
