@@ -1,12 +1,12 @@
 """Properties over random valid inputs (hypothesis)."""
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.core.layout import Candidates, Job, Layout
 from planner.core.memory import activation_bytes_per_layer
 from planner.core.model import ModelSpec
+from planner.hardware import get_profile
 from tests.helpers import evaluate_one
 
 
@@ -70,8 +70,22 @@ def test_fractions_are_fractions(s):
     assert 0.0 <= float(ev.bubble_fraction[0]) < 1.0
     assert 0.0 <= float(ev.comm_fraction[0]) <= 1.0
     assert 0.0 < float(ev.mfu[0]) <= float(ev.hfu[0]) < 1.0
-    parts = ev.time
-    assert np.isclose(parts.step[0], sum(getattr(parts, f)[0] for f in parts.__slots__))
+
+
+@settings(max_examples=150, deadline=None)
+@given(setups())
+def test_no_step_beats_the_datasheet_peak(s):
+    """Independent floor: the matmuls of every non-embedding parameter cost 6 FLOP per token
+    (Kaplan et al. 2020, C_forward+backward = 6N), so model FLOPs per step are at least
+    6 (N - V h - s h) tokens and a step takes at least that over gpus x the datasheet peak."""
+    model, layout, job, gpu = s
+    ev = evaluate_one(model, layout, job, gpu)
+    tokens = layout.global_batch * model.seq_len
+    floor = 6 * (model.params - model.vocab * model.hidden - model.seq_len * model.hidden) * tokens
+    assert float(ev.model_flops_per_step[0]) >= floor * (1 - 1e-9)
+    peak = get_profile(gpu).gpu.peak_flops[job.precision]
+    assert float(ev.time.step[0]) * layout.gpus * peak >= floor * (1 - 1e-9)
+    assert all(float(getattr(ev.time, f)[0]) >= 0 for f in ev.time.__slots__)
 
 
 @settings(max_examples=100, deadline=None)

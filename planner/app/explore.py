@@ -289,8 +289,8 @@ def compare_hardware(values: Mapping[str, object], gpus: int,
     rows = []
     for probe, option in zip(c.rows, c.options):  # one count: one row per option, in order
         e = probe.best
-        base = dict(profile=probe.gpu, gpu=option.hardware.gpu.model, precision=option.job.precision,
-                    capacity_bytes=probe.capacity_bytes)
+        base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
+                "capacity_bytes": probe.capacity_bytes}
         if e is None:
             rows.append(HardwareRow(**base, fits=False, layout="", days=math.nan, gpu_hours=math.nan,
                                     cost_usd=math.nan, energy_kwh=math.nan, mfu=math.nan,

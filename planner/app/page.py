@@ -275,8 +275,8 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
 
 
 def export_tab(state: dict, view: explore.View) -> None:
-    from planner.export import render as export
     from planner.errors import PlannerError
+    from planner.export import render as export
     from planner.export.rules import FORMATS
 
     argv = explore_state.argv_from_state(state)

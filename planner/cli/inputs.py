@@ -13,8 +13,19 @@ import argparse
 
 from planner.core.layout import JOB_OPTIONS, PIN_DIMS, Job, Option
 from planner.core.model import ARCHS, ModelSpec
-from planner.core.options import (DEFAULT_GPU, DEFAULT_GPUS, OPS_OPTIONS, SHAPE_KEYS, Inputs, build_inputs,
-                                  hardware_from, job_from, model_from, ops_from, pins_from)
+from planner.core.options import (
+    DEFAULT_GPU,
+    DEFAULT_GPUS,
+    OPS_OPTIONS,
+    SHAPE_KEYS,
+    Inputs,
+    build_inputs,
+    hardware_from,
+    job_from,
+    model_from,
+    ops_from,
+    pins_from,
+)
 from planner.core.resilience import Operations
 from planner.core.search import Pins
 from planner.hardware import HardwareProfile

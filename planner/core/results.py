@@ -143,7 +143,7 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     """Row ``i`` of an evaluation as an Estimate."""
     c, mem, t = ev.candidates, ev.memory, ev.time
     layout = c.layout(i)
-    f = lambda x: float(x[i])  # noqa: E731
+    f = lambda x: float(x[i])
     memory = MemoryParts(weights_bytes=f(mem.weights), gradients_bytes=f(mem.gradients),
                          optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
                          other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,

@@ -43,7 +43,7 @@ def expected(j: dict) -> dict[str, str]:
     """The headline figures formatted here, by hand, from the CLI's JSON (not through the page's
     formatter): days and memory to 0.1, MFU to 0.1%, shares to whole percent."""
     m, tr = j["memory"], j["train"]
-    pct = lambda x: f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"  # noqa: E731
+    pct = lambda x: f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
     return {"days to train": f"{tr['days']:.1f}", "MFU": f"{100 * j['mfu']:.1f}%",
             "memory per GPU": f"{m['total_bytes'] / 2**30:.1f} / {m['capacity_bytes'] / 2**30:.0f} GiB",
             "bubble": pct(j["bubble_fraction"]), "communication": pct(j["comm_fraction"])}
