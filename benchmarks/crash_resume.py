@@ -22,6 +22,7 @@ steps.csv must equal the reference's bitwise (their repr). Prints the figures; e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -108,7 +109,8 @@ def kill(proc: subprocess.Popen, whole: bool) -> list[int]:
     """SIGKILL the whole job or the launcher alone; returns the job's processes alive 10 s later."""
     job = descendants(proc.pid)
     if whole:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the launcher may have exited on its own
+            os.killpg(proc.pid, signal.SIGKILL)
         for pid in job:
             try:
                 os.kill(pid, signal.SIGKILL)
