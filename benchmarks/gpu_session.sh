@@ -1,33 +1,95 @@
 #!/usr/bin/env bash
-# The one prepared script for a session that has a GPU (issues 3 and 4): everything in one go,
-# results under $OUT (the device tool brings $OUT back). Run from the repository root:
-#   OUT=/some/dir bash benchmarks/gpu_session.sh [BASE_PROFILE]      (default base: h200)
-# 1. probe the GPU against its datasheet profile; 2. issue 3's runs (a 760M GPT in bf16, 4
-# micro-batch/recompute settings, MFU); 3. issue 4's grid on one GPU (model size, sequence length,
-# micro-batch, recompute); 4. calibrate on the even runs, validate the odd ones (step time, and
-# peak memory against torch.cuda.max_memory_allocated), with a plot.
-set -euo pipefail
-BASE=${1:-h200}
-OUT=${OUT:?set OUT to a folder}
-GPU_DIR="$OUT/benchmarks/runs/$BASE"
-mkdir -p "$GPU_DIR" "$OUT/hardware_profiles/calibrated"
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
-log "nvidia-smi"; (nvidia-smi || true) >> "$OUT/session.log" 2>&1
-log "probe"; python -m planner probe --base "$BASE" --out "$GPU_DIR/probed.toml" --nprocs 1 2>&1 | tee -a "$OUT/session.log"
-log "issue 3 runs"; timeout 420 python benchmarks/trainer_gpu.py --steps 120 --gpu "$BASE" --out "$GPU_DIR/trainer" \
-  2>&1 | tee -a "$OUT/session.log" || log "trainer_gpu.py failed or timed out"
-log "issue 4 grid"; timeout 360 python -m planner profile --grid gpu --out "$GPU_DIR/grid" --gpu "$GPU_DIR/probed.toml" \
-  --steps 30 --timeout 120 2>&1 | tee -a "$OUT/session.log" || log "grid incomplete"
-EVEN=$(ls -d "$GPU_DIR"/grid/0[02468]-*/ 2>/dev/null || true)
-ODD=$(ls -d "$GPU_DIR"/grid/0[13579]-*/ 2>/dev/null || true)
-if [ -n "$EVEN" ] && [ -n "$ODD" ]; then
-  log "calibrate"; python -m planner calibrate $EVEN --base "$GPU_DIR/probed.toml" --name "$BASE-calibrated" \
-    --out "$OUT/hardware_profiles/calibrated/$BASE.toml" 2>&1 | tee -a "$OUT/session.log" || true
-  log "validate (probed)"; python -m planner validate $ODD --gpu "$GPU_DIR/probed.toml" 2>&1 | tee -a "$OUT/session.log" || true
-  if [ -f "$OUT/hardware_profiles/calibrated/$BASE.toml" ]; then
-    log "validate (calibrated)"; python -m planner validate $ODD --gpu "$OUT/hardware_profiles/calibrated/$BASE.toml" \
-      --plot "$GPU_DIR/validation.png" 2>&1 | tee -a "$OUT/session.log" || true
-  fi
+# The one prepared script for a short GPU slot (issue 13): all of it fits in 7 minutes of GPU time,
+# start-up, probe, runs, calibration and validation included, and every record and figure is
+# written under the output folder the moment it exists, so a slot cut short keeps what it measured.
+#
+#   bash benchmarks/gpu_session.sh [--out DIR] [--base PROFILE] [--dry-run]
+#
+# --out DIR     where everything goes (default: $OUT when set, else runs/gpu-session)
+# --base NAME   the datasheet profile of the GPU (default h200); the probe keeps its peaks
+# --dry-run     the same path on a CPU with a tiny model (under 2 minutes): for tests and rehearsal
+#
+# Steps, each under its own time limit, the whole under a 400 s budget (a step that would not fit
+# in what is left is skipped and said so in session.log):
+#  1. nvidia-smi -> nvidia-smi.txt
+#  2. probe (matmul curve, copy bandwidth, collectives) -> probed.toml
+#  3. 6 short runs of 350M and 760M GPT-3 shapes in bf16 across micro-batch and recompute
+#     (benchmarks/trainer_gpu.py) -> runs/<name>/{record.json,steps.csv,tensorboard/}, runs/summary.json
+#  4. with more than one GPU: one tp2 run and one pp2 run -> runs/tp2, runs/pp2
+#  5. planner calibrate on the single-GPU runs (leave-one-out error printed) -> calibrated.toml
+#  6. planner validate of every run, probed and calibrated profiles -> validate-*.txt / .json, .png
+# Afterwards copy the folder to benchmarks/runs/<gpu>/ and commit it.
+set -uo pipefail
+OUT_DIR=${OUT:-runs/gpu-session}
+BASE=h200
+DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT_DIR=$2; shift 2 ;;
+    --base) BASE=$2; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    *) echo "gpu_session.sh: unknown argument '$1' (allowed: --out DIR, --base PROFILE, --dry-run)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT_DIR/runs" || exit 2
+LOG="$OUT_DIR/session.log"
+START=$(date +%s)
+BUDGET_S=400  # of the 7 minutes: 20 s left for the machine's own start and the copy back
+log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+# step NAME LIMIT_S CMD...: run CMD with its output in session.log, under min(LIMIT_S, what is left).
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( START + BUDGET_S - $(date +%s) ))
+  if [ "$left" -lt 15 ]; then log "skip $name: only ${left}s of the budget left"; return 1; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  log "$name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" >> "$LOG" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && log "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+  return $rc
+}
+
+if [ "$DRY" = 1 ]; then
+  GPUS=2  # rehearse the multi-GPU step too, on 2 CPU processes
+  PROBE=(--device cpu --nprocs 2 --quick)
+  RUNS=(--tiny --steps 6)
+  MODEL=(--arch gpt --layers 2 --hidden 64 --heads 4 --vocab 512 --seq-len 64 --dropout 0 --precision fp32)
+  STEPS=6
+  FACTORS=matmul,layer_overhead_s
+else
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  PROBE=(--base "$BASE" --nprocs 1 --quick)
+  RUNS=(--steps 30 --gpu "$BASE")
+  MODEL=(--preset gpt3-350m --seq-len 2048 --dropout 0 --precision bf16 --gpu "$BASE")
+  STEPS=30
+  FACTORS=matmul,memory,layer_overhead_s
 fi
-find "$GPU_DIR" -name checkpoints -type d -prune -exec rm -rf {} + ; find "$GPU_DIR" -name '*.log' -size +2M -delete
-log "done"
+log "output: $OUT_DIR; dry run: $DRY; GPUs: $GPUS; base profile: $BASE"
+step nvidia-smi 10 bash -c "nvidia-smi > '$OUT_DIR/nvidia-smi.txt' 2>&1 || echo 'no nvidia-smi' > '$OUT_DIR/nvidia-smi.txt'"
+step probe 60 python -m planner probe --out "$OUT_DIR/probed.toml" "${PROBE[@]}"
+step runs 200 python benchmarks/trainer_gpu.py --out "$OUT_DIR/runs" "${RUNS[@]}"
+if [ "$GPUS" -gt 1 ]; then
+  for layout in "tp2:--tp 2 --sequence-parallel" "pp2:--pp 2"; do
+    name=${layout%%:*}
+    # shellcheck disable=SC2086
+    step "$name" 60 python -m reference_trainer.launch "${MODEL[@]}" ${layout#*:} --nproc-per-node 2 \
+      --micro-batch 4 --global-batch 16 --steps "$STEPS" --trace-steps 1 --profile-warmup-steps 2 \
+      --checkpoint-interval 0 --run-name "$name" --runs-dir "$OUT_DIR/runs"
+  done
+fi
+SINGLE=$(ls -d "$OUT_DIR"/runs/*/record.json 2>/dev/null | grep -v -e '/tp2/' -e '/pp2/' | xargs -r -n1 dirname)
+if [ -f "$OUT_DIR/probed.toml" ] && [ -n "$SINGLE" ]; then
+  # shellcheck disable=SC2086
+  step calibrate 60 python -m planner calibrate $SINGLE --base "$OUT_DIR/probed.toml" --out "$OUT_DIR/calibrated.toml" \
+    --factors "$FACTORS" --parts
+  for profile in probed calibrated; do
+    [ -f "$OUT_DIR/$profile.toml" ] || continue
+    step "validate ($profile)" 30 bash -c "python -m planner validate '$OUT_DIR/runs' --gpu '$OUT_DIR/$profile.toml' \
+      --plot '$OUT_DIR/validate-$profile.png' > '$OUT_DIR/validate-$profile.txt' && python -m planner validate \
+      '$OUT_DIR/runs' --gpu '$OUT_DIR/$profile.toml' --format json > '$OUT_DIR/validate-$profile.json'"
+  done
+else
+  log "no probe or no run record: calibration skipped"
+fi
+find "$OUT_DIR" -name checkpoints -type d -prune -exec rm -rf {} + 2>/dev/null
+log "done in $(( $(date +%s) - START ))s; records: $(ls "$OUT_DIR"/runs/*/record.json 2>/dev/null | wc -l)"
