@@ -111,8 +111,10 @@ def ops_from(values: Mapping[str, object], gpus_per_node: int) -> Operations:
         value = getattr(o, name)
         if value is not None and not value > 0:
             raise PlannerError(name, value, "greater than zero GB/s")
-    write = (o.storage_write_gbps or o.storage_gbps or _OPS.storage_write_bytes_per_s / 1e9) * 1e9
-    read = (o.storage_read_gbps or o.storage_gbps or _OPS.storage_read_bytes_per_s / 1e9) * 1e9
+    # A value given is used as given (0 is refused above), never replaced by the default.
+    both = o.storage_gbps if o.storage_gbps is not None else _OPS.storage_write_bytes_per_s / 1e9
+    write = (o.storage_write_gbps if o.storage_write_gbps is not None else both) * 1e9
+    read = (o.storage_read_gbps if o.storage_read_gbps is not None else both) * 1e9
     return Operations(mtbf_gpu_hours=mtbf, restart_s=o.restart_minutes * 60, storage_write_bytes_per_s=write,
                       storage_read_bytes_per_s=read, keep_last=o.keep_last,
                       checkpoint_interval_steps=o.checkpoint_interval, epochs=o.epochs, token_bytes=o.token_bytes)
@@ -148,7 +150,7 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
 
 def hardware_from(name: str, gpus_per_node: int | None) -> HardwareProfile:
     hw = get_profile(name)
-    return hw.with_gpus_per_node(gpus_per_node) if gpus_per_node else hw
+    return hw.with_gpus_per_node(gpus_per_node) if gpus_per_node is not None else hw
 
 
 def build_inputs(values: Mapping[str, object]) -> Inputs:
