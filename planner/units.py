@@ -74,8 +74,10 @@ def fmt_bytes(value: float) -> str:
 
 
 def fmt_seconds(value: float) -> str:
+    """3600 -> '1.0 h'; a million days or more in 3 significant digits ('1.16e+15 days')."""
     if value >= 86400:
-        return f"{value / 86400:.1f} days"
+        days = value / 86400
+        return f"{days:.1f} days" if days < 1e6 else f"{days:.3g} days"
     if value >= 3600:
         return f"{value / 3600:.1f} h"
     if value >= 60:
