@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.calibration.published import load_torchtitan, predict_torchtitan  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "data" / "torchtitan_performance.csv"
+DEFAULT_CSV = ROOT / "benchmarks" / "data" / "torchtitan_performance.csv"
 
 
 def main() -> int:

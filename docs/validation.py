@@ -1,7 +1,7 @@
 """Generate docs/validation.md: the planner's current error against measured runs.
 
 Run: python docs/validation.py [--out DIR] [--no-plots]
-Sources, all committed: the Megatron-LM 2021 measurements (benchmarks/data/), and the CPU runs of
+Sources, all committed: the Megatron-LM 2021 and torchtitan measurements (benchmarks/data/), and the CPU runs of
 the reference trainer with their probed and calibrated profiles (benchmarks/runs/cpu-2core/,
 hardware_profiles/calibrated/cpu-2core.toml). tests/test_validation_page.py regenerates the page
 and fails when the committed one is stale.
@@ -55,6 +55,50 @@ def summary_table(points: list[Point]) -> list[str]:
     return lines
 
 
+def torchtitan_section() -> list[str]:
+    """torchtitan's published rows (without context parallelism): tokens/s per GPU in sample and
+    leave-one-out (planner/calibration/torchtitan.py), memory where reported."""
+    from planner.calibration.published import load_torchtitan, predict_torchtitan
+    from planner.calibration.torchtitan import fit, leave_one_out, residuals
+
+    runs = load_torchtitan(DATA / "torchtitan_performance.csv")
+    x = fit(runs)
+    loo = leave_one_out(runs)
+    lines = [
+        "## torchtitan (FSDP2, TP, PP; A100, H100, H200; bf16 and fp8)",
+        "",
+        f"The {len(runs)} rows of torchtitan's published benchmarks without context parallelism "
+        "(`benchmarks/data/torchtitan_performance.csv`), with the `fsdp2` stack (`fsdp2-2024` for the December "
+        "2024 tables: the loss not compiled). Two factors are fitted to these rows "
+        "(`python benchmarks/fit_torchtitan.py`): the clock of the 500 W H100 relative to the H100 SXM "
+        f"({x[0]:.3f}) and the stack's per-block overhead ({x[1]:.0f} us); every row's error is also shown "
+        "with the factors fitted on the other rows (leave-one-out). Memory is torch's max reserved as "
+        "torchtitan logs it: the planner's total less the CUDA context and NCCL buffers.",
+        "",
+        "| row | measured tok/s/GPU | predicted | error | leave-one-out | measured GiB | predicted GiB | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    tok, mem = [], []
+    for r, e_in, e_loo in zip(runs, np.exp(residuals(x, runs)) - 1, loo):
+        p = predict_torchtitan(r)
+        tok.append(p.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1)
+        m = ""
+        if r.measured_memory_bytes:
+            mem.append(p.memory_bytes / r.measured_memory_bytes - 1)
+            m = f"{r.measured_memory_bytes / 2**30:.1f} | {p.memory_bytes / 2**30:.1f} | {_pct(mem[-1])}"
+        lines.append(f"| {r.label} | {r.measured_tokens_per_s_per_gpu:,.0f} | {p.tokens_per_s_per_gpu:,.0f} | "
+                     f"{_pct(tok[-1])} | {_pct(e_loo)} | {m or '- | - | -'} |")
+    t, lo, mm = np.abs(tok), np.abs(loo), np.abs(mem)
+    lines += [
+        "",
+        f"tokens/s per GPU: **{t.mean():.1%}** mean error, worst {t.max():.1%}; leave-one-out **{lo.mean():.1%}** "
+        f"mean, worst {lo.max():.1%}. Memory ({len(mm)} rows): **{mm.mean():.1%}** mean, worst {mm.max():.1%}; "
+        "every row is predicted to fit. The memory rows furthest off are the fp8 runs with TP 8 and PP 8 "
+        "(70B and 405B), where the planner is 13-18% low.",
+    ]
+    return lines
+
+
 def build(out: Path, plots: bool) -> str:
     table1 = published_measurements(str(DATA / "megatron2021_table1.csv"))
     p1 = compare(table1)
@@ -102,11 +146,15 @@ def build(out: Path, plots: bool) -> str:
         "",
         *step_table(ptd_m, p2),
         "",
-        "DeepSpeed ZeRO-3 without model parallelism, **not reproduced**: the model treats ZeRO-3 as "
-        "bandwidth-bound with its gathers overlapped (as FSDP runs today); DeepSpeed's 2021 ZeRO-3 ran at a "
-        "near-constant step time as the GPU count doubled at a fixed batch.",
+        "DeepSpeed ZeRO-3 without model parallelism, also out of sample, with the `deepspeed-zero` stack. "
+        "Its step time stayed nearly constant as the GPU count doubled at a fixed batch: each GPU moved the "
+        "whole model through its share of the node's NICs, as one flat ring over the data-parallel group "
+        "does (the stack's `hierarchical = false`), rather than NCCL's inside-the-node-first scheme that "
+        "FSDP gets today:",
         "",
         *step_table(zero_m, p3),
+        "",
+        *torchtitan_section(),
         "",
         "## Reference-trainer runs on a 2-core CPU",
         "",
@@ -138,10 +186,11 @@ def build(out: Path, plots: bool) -> str:
         "",
         "## What is not validated yet",
         "",
-        "No GPU other than the A100 has a measured run, and no GPU run with flash attention, bf16, fp8 or "
-        "FSDP/ZeRO-3 has been measured: those predictions use factors from public figures. `planner "
-        "profile` and `planner calibrate` on the hardware at hand close that gap; the GPU script "
-        "`benchmarks/trainer_gpu.py` is prepared for the next session that has a GPU.",
+        "The project has no GPU run of its own yet: GPU figures rest on the published rows above "
+        "(Megatron-LM on A100; torchtitan's FSDP2, TP and PP on A100, H100 and H200) and on datasheets. "
+        "Megatron-Core, DeepSpeed and every GPU without a published row use factors from public figures. "
+        "`planner profile` and `planner calibrate` on the hardware at hand close that gap; the GPU script "
+        "`benchmarks/gpu_session.sh` is prepared for the next session that has a GPU.",
     ]
     lines += ["", "![Megatron-LM](validation-megatron.png)", "", "![CPU runs](validation-cpu.png)"]
     if plots:

@@ -46,6 +46,7 @@ class Stack:
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
+    hierarchical: bool  # ZeRO-3 collectives inside the node first, then across (NCCL); else one flat ring
     tp_saves_gathered_inputs: bool  # sequence parallel keeps the gathered (whole) matmul inputs (DTensor)
     gather_layers: float  # layers of unsharded 16-bit weights held at once under ZeRO-3 (current + prefetch)
     reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
@@ -91,6 +92,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "gather_layers": ("gather_layers", "float", (0.0, 64.0)),
     "tp_saves_gathered_inputs": ("tp_saves_gathered_inputs", "bool", None),
+    "hierarchical": ("hierarchical", "bool", None),
     "reshard_in_pipeline": ("reshard_in_pipeline", "bool", None),
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe")),

@@ -74,3 +74,17 @@ def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.
     across = bytes_ / tpf / links.inter_bw + links.inter_lat + _ring(bytes_, tp, links.intra_bw, links.intra_lat, 1.0)
     inside = bytes_ / links.intra_bw + links.intra_lat
     return np.where(inter, across, inside)
+
+
+def flat_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray,
+                    passes: float) -> np.ndarray:
+    """The same collective as one flat ring over all ``size`` ranks: when the group spans nodes,
+    every step crosses the network at each GPU's NIC share (no intra-node stage first). DeepSpeed's
+    ZeRO-3 collectives ran this way in 2021 (Narayanan et al. 2021, Table 2: step time constant as
+    the GPU count doubled at a fixed batch, i.e. each GPU moving the whole model at its NIC rate)."""
+    size = np.asarray(size)
+    spans = size * np.maximum(stride, 1) > links.gpus_per_node
+    across = _ring(bytes_, size, links.inter_bw, links.inter_lat, passes)
+    inside = _ring(bytes_, size, links.intra_bw, links.intra_lat, passes)
+    return np.where(spans, across, inside)
+

@@ -220,7 +220,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
     ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0) * busy
     rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0) * busy
-    ag = comm.group_collective(links, param_bytes, c.dp, c.tp, 1.0) * busy  # ZeRO-3: gather the weights
+    # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
+    # flat ring over the data-parallel group (the stack's ``hierarchical``).
+    zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
+    ag = zcoll(links, param_bytes, c.dp, c.tp, 1.0) * busy  # ZeRO-3: gather the weights
+    rs3 = zcoll(links, grad_bytes, c.dp, c.tp, 1.0) * busy
     ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0) * busy  # ZeRO-1/2: updated weights
     bwd_mb = layers_pace * lt.backward * slow
     hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
@@ -230,9 +234,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # the current block's compute. The first gather and the last reduce-scatter of a pass have
     # nothing to hide behind: one block's worth. A stack that keeps a pipeline stage's weights
     # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
-    edge = (ag + rs) / np.maximum(layers_pace, 1)
-    per_mb = np.maximum(0.0, 2 * ag + rs - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
-    once = np.maximum(0.0, ag + rs - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
+    edge = (ag + rs3) / np.maximum(layers_pace, 1)
+    per_mb = np.maximum(0.0, 2 * ag + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
+    once = np.maximum(0.0, ag + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
     zero3 = np.where((p > 1) & (not sw.stack.reshard_in_pipeline), once, m * per_mb)
     zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     dp = np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
