@@ -68,7 +68,7 @@ def flags(words: list[str]) -> dict[str, str | bool]:
 
 def estimate_layout(capsys, *argv) -> dict:
     """The layout `planner estimate` picks for the same flags (the contract export must encode)."""
-    code, out, _ = run(capsys, "estimate", *argv, "--format", "json")
+    code, out, _ = run(capsys, "estimate", *argv, "--stack", "reference", "--format", "json")  # torchrun's stack
     assert code == 0
     return json.loads(out)
 
@@ -191,9 +191,9 @@ def test_k8s_manifest(capsys):
 
 
 def test_export_takes_the_best_layout_the_format_can_express(capsys):
-    out, err = export(capsys, "megatron", "--params", "33B", "--gpus", "128")
+    out, err = export(capsys, "megatron", "--params", "33B", "--gpus", "128", "--stack", "fsdp2")
     f = flags([w for words in bash_arrays(out).values() for w in words])
-    assert "note: the fastest layout" in err and "zero_stage=3" in err  # the overall best is ZeRO-3
+    assert "note: the fastest layout" in err and "zero_stage=3" in err  # fsdp2's best is ZeRO-3
     assert "--tensor-model-parallel-size" in f and "--global-batch-size" in f
 
 
@@ -246,3 +246,14 @@ def test_yaml_writer_quotes_what_yaml_1_1_would_misread():
     doc = {"a": "1f1b", "b": "on", "c": "no", "d": 6e-05, "e": "null", "f": "x\ny\n", "g": [{"h": 1, "i": [2]}]}
     assert yaml.safe_load(dump(doc)) == doc
     assert "d: 6.0e-05" in dump(doc)
+
+
+def test_each_format_plans_for_the_stack_it_runs(capsys):
+    """Without --stack, a format's plan is made for the stack it runs (the reference trainer for
+    torchrun, Megatron-Core for megatron), which both run the ZeRO-1 pinned here."""
+    from planner.export.rules import FORMAT_STACKS
+
+    for fmt in ("torchrun", "megatron"):
+        out, _ = export(capsys, fmt, *PINNED)
+        assert "ZeRO-1" in out
+    assert FORMAT_STACKS["torchrun"] == "reference" and FORMAT_STACKS["megatron"] == "megatron-core"

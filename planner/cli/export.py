@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--run-name", help="run and job name (default: <model>-<gpus>x<gpu>)")
     p.add_argument("--image", default="reference-trainer:latest", help="k8s: container image with this repository")
     p.add_argument("--config-path", default="run.yaml", help="torchrun/slurm: where the script writes the run config")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, stack=None)  # None: the stack the format runs (FORMAT_STACKS)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -35,6 +35,10 @@ def run(a: argparse.Namespace) -> int:
 
     if a.steps is not None and a.steps < 1:
         raise PlannerError("steps", a.steps, "a positive integer")
+    if a.stack is None:
+        from planner.export.rules import FORMAT_STACKS
+
+        a.stack = FORMAT_STACKS[a.format]
     x = inputs.inputs_from_args(a)
     result = search(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort)
     if not result.feasible:

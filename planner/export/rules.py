@@ -12,6 +12,9 @@ from planner.errors import PlannerError
 
 FORMATS = ("torchrun", "megatron", "deepspeed", "slurm", "k8s")
 TRAINER_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # reference_trainer/config.py: no fp8 path
+# The software stack each format runs (stacks/*.toml): the plan is made for it unless --stack is given.
+FORMAT_STACKS = {"torchrun": "reference", "slurm": "reference", "k8s": "reference", "megatron": "megatron-core",
+                 "deepspeed": "deepspeed-zero"}
 
 
 def node_split(gpus: int, gpus_per_node: int) -> tuple[int, int]:
