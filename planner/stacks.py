@@ -41,6 +41,7 @@ class Stack:
     # Overlap (fractions)
     dp_overlap: float  # of the last micro-batch's backward that hides the DP gradient reduction
     zero3_overlap: float  # of compute that hides ZeRO-3 / FSDP parameter gathers and gradient reduce-scatters
+    param_gather_overlap: float  # of the next forward that hides ZeRO-1/2's all-gather of updated weights
     tp_overlap: float  # of tensor-parallel communication hidden behind GEMMs
     tp_overlap_async: float  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
     # Sharding
@@ -87,6 +88,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "dp_overlap": ("dp_overlap", "float", (0.0, 1.0)),
     "zero3_overlap": ("zero3_overlap", "float", (0.0, 1.0)),
     "tp_overlap": ("tp_overlap", "float", (0.0, 1.0)),
+    "param_gather_overlap": ("param_gather_overlap", "float", (0.0, 1.0)),
     "tp_overlap_async": ("tp_overlap_async", "float", (0.0, 1.0)),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),

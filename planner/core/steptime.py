@@ -238,6 +238,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     per_mb = np.maximum(0.0, 2 * ag + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
     once = np.maximum(0.0, ag + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
     zero3 = np.where((p > 1) & (not sw.stack.reshard_in_pipeline), once, m * per_mb)
+    # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
+    # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
+    ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
     zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     dp = np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
                    [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
