@@ -196,9 +196,14 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Normal(0, 0.02) weights; residual projections scaled by 1/sqrt(2 * layers) (GPT-2);
-        zero biases; unit norm weights. Each tensor from its own generator keyed by its name."""
+        zero biases; unit norm weights. Each tensor from its own generator keyed by its name
+        (wrappers' prefixes removed), drawn whole on the host and then cut to this rank's shard
+        when the parameter is a DTensor: a model initialised on the meta device, parallelised
+        and then materialised holds the same values as one initialised eagerly, for any layout.
+        Also refills the RoPE buffers (``to_empty`` leaves them uninitialised)."""
         residual_std = INIT_STD / math.sqrt(2 * self.spec.layers)
         for name, p in self.named_parameters():
+            name = name.replace(WRAPPER_PREFIX, "")
             key = "embed.tok.weight" if name == "head.weight" and self.spec.tied_embeddings else name
             gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{key}".encode()))
             leaf = name.rsplit(".", 2)
@@ -208,7 +213,28 @@ class GPT(nn.Module):
                 p.zero_()
             else:
                 std = residual_std if leaf[-2] in ("wo", "fc2", "down") else INIT_STD
-                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+                _assign(p, torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+        for module in self.modules():
+            if isinstance(module, Attention) and module.rope:
+                cos, sin = rope_tables(self.spec.seq_len, module.head_dim)
+                module.rope_cos.copy_(cos)
+                module.rope_sin.copy_(sin)
+
+
+WRAPPER_PREFIX = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper
+
+
+def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Write the whole tensor ``full`` (host, fp32) into ``p``: a plain tensor takes it all; a
+    DTensor (tensor parallel, FSDP2) takes this rank's shard of it, cut locally without
+    communication (``src_data_rank=None``: every rank holds the same ``full``)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(p, DTensor):
+        shard = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+        p.to_local().copy_(shard.to_local())
+    else:
+        p.copy_(full)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

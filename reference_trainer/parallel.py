@@ -1,4 +1,5 @@
-"""Parallelism, applied from outside the model in torchtitan's order:
+"""Parallelism, applied from outside the model in torchtitan's order, on the meta device (shapes
+only; each rank then allocates and initialises its own shard, see ``materialize``):
 
   1. split into pipeline stages with the planner's ``stage_layer_ranges`` (each rank builds only
      its own stages: ``GPT(layer_ids=...)``),
@@ -54,16 +55,19 @@ def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
                             mesh_dim_names=("pp", "dp", "shard", "tp"))
 
 
-def build_stages(spec: ModelSpec, layout: Layout, pp_rank: int, *, seed: int,
-                 attention: str) -> tuple[list[GPT], list[int]]:
-    """The GPT stage modules of pipeline rank ``pp_rank``, initialised on the CPU in fp32."""
+def build_stages(spec: ModelSpec, layout: Layout, pp_rank: int, *, seed: int, attention: str,
+                 meta: bool = False) -> tuple[list[GPT], list[int]]:
+    """The GPT stage modules of pipeline rank ``pp_rank``: initialised on the CPU in fp32, or
+    (``meta``) shapes only, on the meta device, for ``materialize`` after parallelising."""
     num_stages = layout.pp * layout.vpp
     modules, ids = [], []
     for chunk, (start, end) in enumerate(stage_layer_ranges(spec.layers, layout.pp, layout.vpp)[pp_rank]):
         stage = chunk * layout.pp + pp_rank  # virtual stage k runs on rank k % pp
-        module = GPT(spec, layer_ids=range(start, end), first=stage == 0, last=stage == num_stages - 1,
-                     attention=attention)
-        module.init_weights(seed)
+        with torch.device("meta" if meta else "cpu"):
+            module = GPT(spec, layer_ids=range(start, end), first=stage == 0, last=stage == num_stages - 1,
+                         attention=attention)
+        if not meta:
+            module.init_weights(seed)
         modules.append(module)
         ids.append(stage)
     return modules, ids
@@ -205,22 +209,47 @@ def build_schedule(modules: list[nn.Module], stage_ids: list[int], num_stages: i
     return cls(stages[0], n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
 
 
+def materialize(module: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate a meta-initialised (and possibly sharded) module on ``device`` and fill in its
+    values: each rank allocates only its shard (torchtitan's order: meta, parallelise, then
+    ``to_empty`` and init)."""
+    module.to_empty(device=device)
+    gpt = unwrap(module)
+    tied = gpt.embed is not None and gpt.head is not None and gpt.spec.tied_embeddings
+    if tied and gpt.head.weight is not gpt.embed.tok.weight:  # to_empty gave each module its own tensor
+        gpt.head.weight = gpt.embed.tok.weight
+    gpt.init_weights(seed)
+
+
 def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch.device, *, seed: int,
-                attention: str, compute_dtype: torch.dtype | None, lora=None) -> Parts:
-    """``lora``: a LoraConfig to freeze the model and add adapters (before TP and DP), or None."""
+                attention: str, compute_dtype: torch.dtype | None, lora=None, meta: bool | None = None) -> Parts:
+    """``lora``: a LoraConfig to freeze the model and add adapters (before TP and DP), or None.
+
+    ``meta`` (default: on, except with LoRA, whose adapters draw from the global RNG as they are
+    built): build on the meta device, apply TP, recompute and FSDP2 to shapes, then allocate and
+    initialise each rank's shard only, so a layout that fits per the planner also starts. The
+    values equal eager initialisation's for the same seed (``GPT.init_weights``). DDP (ZeRO 0
+    without TP) needs real parameters to broadcast: materialised just before it wraps."""
+    meta = lora is None if meta is None else meta and lora is None
     pp_rank = mesh.get_local_rank("pp")
-    modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention)
+    modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention, meta=meta)
     wrapped = []
     for module in modules:
         if lora is not None:
             from reference_trainer.lora import apply_lora
 
             apply_lora(module, spec, lora.r, lora.alpha, lora.targets)
-        module.to(device)
+        if not meta:
+            module.to(device)
         if layout.tp > 1:
             apply_tp(module, mesh["tp"], layout.sequence_parallel)
         apply_recompute(module, layout.recompute)
+        ddp = layout.zero_stage == 0 and layout.tp == 1
+        if meta and ddp:
+            materialize(module, device, seed)
         wrapped.append(apply_dp(module, mesh, layout.zero_stage, layout.tp, compute_dtype))
+        if meta and not ddp:
+            materialize(wrapped[-1], device, seed)
     group = tied_embedding_group(mesh, layout) if spec.tied_embeddings else None
     return Parts(modules=wrapped, stage_ids=ids, num_stages=layout.pp * layout.vpp, mesh=mesh, tied_group=group)
 
