@@ -155,3 +155,17 @@ def test_fp8_mfu_against_the_bf16_peak_stays_below_one_for_every_preset():
         best = search(model, hw, Job(precision="fp8", stack="fsdp2", compile=True), gpus).evaluation
         assert best.fits[0], name
         assert 0.2 < best.mfu[0] < 1, name
+
+
+def test_megatron_core_balances_the_head_in_the_pipeline_split():
+    """80 layers on 8 stages with a head worth 2.4 layers: the balanced load is 82.4 / 8 = 10.3
+    layers, so the last stage takes 10.3 - 2.4 = 7.9 -> 8 layers and the other 7 share 72
+    (10 or 11 each); without balancing every stage holds 10."""
+    from planner.core.pipeline import head_layers, stage_layers_arrays
+
+    first, fullest, last = stage_layers_arrays(80, np.array([8]), 2.4)
+    assert (int(first[0]), int(fullest[0]), int(last[0])) == (10, 11, 8)
+    model = get_preset("llama3-70b")  # head 128256 x 8192; a layer's matmuls 4h^2/... from the shape
+    layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672
+    assert head_layers(model, software(Job(stack="megatron-core"))) == pytest.approx(128256 * 8192 / layer)
+    assert head_layers(model, software(Job(stack="megatron-2021"))) == 0.0

@@ -16,7 +16,7 @@ import numpy as np
 from planner.core.finetune import lora_params_per_layer
 from planner.core.layout import Candidates, Job
 from planner.core.model import ModelSpec
-from planner.core.pipeline import in_flight, stage_layers_arrays
+from planner.core.pipeline import head_layers, in_flight, stage_layers_arrays
 from planner.hardware import HardwareProfile
 from planner.stacks import Software, software
 
@@ -135,7 +135,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # One layer's full activations for the micro-batch being recomputed (the working set).
     no_rc = activation_bytes_per_layer(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
     working = np.where((c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")), no_rc, 0.0)
-    first, fullest, last = stage_layers_arrays(model.layers, pp)
+    first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
     tokens = c.micro_batch * model.seq_len
     stages = []

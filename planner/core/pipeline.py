@@ -42,13 +42,38 @@ def stage_layer_ranges(layers: int, pp: int, vpp: int = 1) -> list[list[tuple[in
     return ranges
 
 
-def stage_layers_arrays(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def head_layers(model, sw) -> float:
+    """The output head and loss in units of one layer's work (their weight FLOPs over a layer's),
+    when the stack (``sw``: planner.stacks.Software) balances them in the pipeline split; else 0."""
+    if not sw.stack.balance_pipeline:
+        return 0.0
+    layer = (model.matmul_params_per_token - model.vocab * model.hidden) / model.layers
+    return model.vocab * model.hidden / layer
+
+
+def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised ``stage_layer_counts`` for three stages that bound the peak and the pace:
-    the first stage, the fullest stage (stage 1 when there is a remainder) and the last stage."""
+    the first stage, the fullest stage (stage 1 when there is a remainder) and the last stage.
+
+    ``head_layers`` > 0: the split balances the last stage's output head and loss, worth that
+    many layers of work, by giving the last stage fewer layers (Megatron-Core's
+    --account-for-loss-in-pipeline-split / --decoder-last-pipeline-num-layers); the others share
+    the rest evenly."""
     base, extra = np.divmod(layers, pp)
     first = np.where(pp == 1, layers, base)
     fullest = base + (extra > 0)
     last = np.where(pp == 1, layers, base + (extra >= pp - 1) * (extra > 0))
+    if head_layers > 0:
+        ppf = np.maximum(pp, 1).astype(float)
+        balanced_last = np.clip(np.rint((layers + head_layers) / ppf - head_layers), 1,
+                                np.maximum(layers - (pp - 1), 1))
+        rest = layers - balanced_last
+        even = -(-rest // np.maximum(pp - 1, 1))  # ceil: the fullest of the other stages
+        use = pp > 1
+        last = np.where(use, balanced_last, last).astype(np.int64)
+        fullest = np.where(use, np.maximum(even, last), fullest).astype(np.int64)
+        first = np.where(use, rest // np.maximum(pp - 1, 1), first).astype(np.int64)
     return first, fullest, last
 
 

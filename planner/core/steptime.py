@@ -19,7 +19,7 @@ from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_g
 from planner.core.layout import Candidates, Job
 from planner.core.memory import ACT_BYTES, GRAD_BYTES
 from planner.core.model import ModelSpec
-from planner.core.pipeline import stage_layers_arrays
+from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
 from planner.stacks import Software, software
 
@@ -193,7 +193,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
         slow = np.where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
         busy = np.maximum(1.0, share)
     head_time = head_time * slow
-    first, fullest, last = stage_layers_arrays(model.layers, c.pp)
+    first, fullest, last = stage_layers_arrays(model.layers, c.pp, head_layers(model, sw))
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
     overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
     per_layer = (lt.forward + lt.backward + lt.recompute) * slow + overhead_layer
