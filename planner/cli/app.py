@@ -30,15 +30,33 @@ def add_parser(sub) -> None:
 
 
 def streamlit_command(args: argparse.Namespace, app: Path) -> list[str]:
+    """Always headless: a non-headless Streamlit asks for an e-mail address on its first run and
+    waits at the prompt (or exits 255 without a terminal). ``open_browser`` opens the page instead."""
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
-            "--server.address", args.address, "--server.headless", "true" if headless(args) else "false",
+            "--server.address", args.address, "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
 
 
 def headless(args: argparse.Namespace) -> bool:
-    """Streamlit asks for an e-mail address on its first run when not headless, and exits 255
-    without a terminal to ask on: serve headless unless a person is at a terminal."""
+    """No browser is opened with --headless or when no person is at a terminal."""
     return args.headless or not (sys.stdin.isatty() and sys.stdout.isatty())
+
+
+def open_browser(url: str, timeout_s: float = 60.0) -> None:
+    """Open ``url`` in a browser once the server answers its health check (or give up quietly)."""
+    import time
+    import urllib.request
+    import webbrowser
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    webbrowser.open(url)
+                    return
+        except OSError:
+            time.sleep(0.3)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_INPUT
     cmd = streamlit_command(args, app)
+    url = f"http://{'localhost' if args.address in ('0.0.0.0', '::') else args.address}:{args.port}"
+    print(f"planner app: serving the explorer at {url}", file=sys.stderr)
     if os.name == "posix":  # become the server: a signal to `planner app` reaches streamlit itself
+        if not headless(args) and os.fork() == 0:  # a person at a terminal: open the page when it is up
+            open_browser(url)
+            os._exit(0)
         os.execv(cmd[0], cmd)
     try:
         return subprocess.call(cmd)
