@@ -169,3 +169,14 @@ def test_megatron_core_balances_the_head_in_the_pipeline_split():
     layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672
     assert head_layers(model, software(Job(stack="megatron-core"))) == pytest.approx(128256 * 8192 / layer)
     assert head_layers(model, software(Job(stack="megatron-2021"))) == 0.0
+
+
+def test_planner_stacks_lists_every_stack_with_its_factors(capsys):
+    import json
+
+    assert cli_main(["stacks", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert set(listed) == set(stack_names())
+    assert listed["megatron-2021"]["dp_overlap"] == 0.0 and listed["fsdp2"]["zero_stages"] == [0, 3]
+    assert cli_main(["stacks"]) == 0
+    assert "fsdp2 (default)" in capsys.readouterr().out

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     _formats(p)
     p = sub.add_parser("profiles", help="list the hardware profiles")
     _formats(p)
+    p = sub.add_parser("stacks", help="list the software stacks (--stack): kernels, overlaps, sharding, fp8")
+    _formats(p)
     sub.add_parser("run", help="train with the reference trainer under torchrun (see `planner run --help`)",
                    add_help=False)
     import importlib
@@ -187,6 +189,26 @@ def cmd_profiles(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stacks(a: argparse.Namespace) -> int:
+    import dataclasses
+
+    from planner.stacks import DEFAULT_STACK, get_stack, stack_names
+
+    stacks = [get_stack(n) for n in stack_names()]
+    if a.format == "json":
+        print(json.dumps({s.name: dataclasses.asdict(s) for s in stacks}, indent=2, allow_nan=False))
+        return 0
+    rows = [("name", "element-wise", "attention", "ZeRO", "DP overlap", "ZeRO-3 overlap", "TP overlap (async)",
+             "interleaved", "compile", "fp8", "description")]
+    for s in stacks:
+        rows.append((s.name + (" (default)" if s.name == DEFAULT_STACK else ""), s.elementwise, s.attention_kernel,
+                     ",".join(map(str, s.zero_stages)), f"{s.dp_overlap:g}", f"{s.zero3_overlap:g}",
+                     f"{s.tp_overlap:g} ({s.tp_overlap_async:g})", "yes" if s.interleaved else "no",
+                     "yes" if s.compiles else "no", s.fp8_recipe, s.description))
+    _print_rows(rows, a.format)
+    return 0
+
+
 def _model_flag(a: argparse.Namespace) -> str:
     return f"--params {a.params}" if a.params else f"--preset {a.preset}" if a.preset else "shape flags"
 
@@ -206,7 +228,8 @@ def _print_csv(rows) -> None:
     csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
 
 
-COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "presets": cmd_presets, "profiles": cmd_profiles}
+COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "presets": cmd_presets, "profiles": cmd_profiles,
+            "stacks": cmd_stacks}
 
 
 if __name__ == "__main__":
