@@ -32,36 +32,38 @@ def _formats(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json", "csv"), default="text")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _plan_args(p: argparse.ArgumentParser, top: int, top_help: str) -> None:
     from planner.cli import inputs
+    from planner.core.search import OBJECTIVES
+
+    inputs.add_plan_args(p)
+    _formats(p)
+    p.add_argument("--sort", choices=OBJECTIVES, default="time", help="ranking objective")
+    p.add_argument("--top", type=int, default=top, help=top_help)
+
+
+def _estimate_args(p: argparse.ArgumentParser) -> None:
+    _plan_args(p, 5, "runners-up to show")
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    _plan_args(p, 20, "rows to print (0: all fitting)")
+    p.add_argument("--all", action="store_true", help="include layouts that do not fit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand from the registries: ``SUBCOMMANDS`` (here) and ``EXTENSIONS`` (their modules)."""
+    import importlib
 
     parser = _Parser(prog="planner", description="Plan LLM training: layout, memory, step time, days and cost.")
     parser.add_argument("--version", action="version", version="planner 0.1.0")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("estimate", help="the best layout (fields you pin are kept) and its full report")
-    inputs.add_plan_args(p)
-    _formats(p)
-    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time", help="ranking objective")
-    p.add_argument("--top", type=int, default=5, help="runners-up to show")
-
-    p = sub.add_parser("search", help="every valid layout, ranked")
-    inputs.add_plan_args(p)
-    _formats(p)
-    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time")
-    p.add_argument("--top", type=int, default=20, help="rows to print (0: all fitting)")
-    p.add_argument("--all", action="store_true", help="include layouts that do not fit")
-
-    p = sub.add_parser("presets", help="list the model presets")
-    _formats(p)
-    p = sub.add_parser("profiles", help="list the hardware profiles")
-    _formats(p)
-    p = sub.add_parser("stacks", help="list the software stacks (--stack): kernels, overlaps, sharding, fp8")
-    _formats(p)
+    for name, (help_text, add_args, func) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        add_args(p)
+        p.set_defaults(func=func)
     sub.add_parser("run", help="train with the reference trainer under torchrun (see `planner run --help`)",
                    add_help=False)
-    import importlib
-
     for name in EXTENSIONS:
         importlib.import_module(name).add_parser(sub)
     return parser
@@ -94,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         from planner.schema import check_flags
 
         check_flags(vars(args))  # every number in its documented range (planner/schema.py)
-        if getattr(args, "func", None) is not None:
-            return args.func(args)
-        return COMMANDS[args.command](args)
+        return args.func(args)
     except PlannerError as exc:
         print(f"planner {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -228,8 +228,14 @@ def _print_csv(rows) -> None:
     csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
 
 
-COMMANDS = {"estimate": cmd_estimate, "search": cmd_search, "presets": cmd_presets, "profiles": cmd_profiles,
-            "stacks": cmd_stacks}
+# Subcommands defined here: name -> (help, flags, what runs it and returns the exit code).
+SUBCOMMANDS = {
+    "estimate": ("the best layout (fields you pin are kept) and its full report", _estimate_args, cmd_estimate),
+    "search": ("every valid layout, ranked", _search_args, cmd_search),
+    "presets": ("list the model presets", _formats, cmd_presets),
+    "profiles": ("list the hardware profiles", _formats, cmd_profiles),
+    "stacks": ("list the software stacks (--stack): kernels, overlaps, sharding, fp8", _formats, cmd_stacks),
+}
 
 
 if __name__ == "__main__":
