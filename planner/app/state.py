@@ -20,12 +20,13 @@ from planner.core.layout import DIMS, JOB_OPTIONS, PIN_DIMS, Dim, Option
 from planner.core.model import ARCHS
 from planner.core.options import DEFAULT_GPU, OPS_OPTIONS
 from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
+from planner.core.search import OBJECTIVES
 
 AUTO = "auto"  # a layout field left to the search
 MODEL_SOURCES = ("params", "preset", "shape")
 LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
-OBJECTIVES = ("time", "cost", "memory")
+
 SCALES = {"tokens": 1e9}  # the explorer shows tokens in billions
 BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour",)  # empty, not 0: 0 is a price
 # Options whose default is computed (None in the declaration): the value the explorer shows, and

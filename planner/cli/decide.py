@@ -10,6 +10,7 @@ import json
 import re
 
 from planner.cli import inputs
+from planner.core.search import OBJECTIVES
 from planner.errors import PlannerError
 from planner.schema import MAX_GPUS, MAX_USD
 from planner.units import parse_count
@@ -57,7 +58,7 @@ def add_parser(sub) -> None:
     inputs.add_layout_args(p)
     p.set_defaults(precision=None, func=run_compare)  # None: bf16, or fp16 where a GPU has no bf16
     p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--sort", choices=("time", "cost", "memory"), default="time", help="ranking within each row")
+    p.add_argument("--sort", choices=OBJECTIVES, default="time", help="ranking within each row")
     p.add_argument("--plot", metavar="PATH", help="write days-to-train vs GPUs per profile (PNG, SVG or PDF)")
 
     p = sub.add_parser("recommend", help="the fewest GPUs per profile that meet a deadline (and budget)")
