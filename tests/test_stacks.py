@@ -180,3 +180,15 @@ def test_planner_stacks_lists_every_stack_with_its_factors(capsys):
     assert listed["megatron-2021"]["dp_overlap"] == 0.0 and listed["fsdp2"]["zero_stages"] == [0, 3]
     assert cli_main(["stacks"]) == 0
     assert "fsdp2 (default)" in capsys.readouterr().out
+
+
+def test_a_v100_trains_in_fp16_with_standard_attention_and_says_so(capsys):
+    import json
+
+    code = cli_main(["estimate", "--params", "7B", "--gpus", "8", "--gpu", "v100-32g", "--format", "json"])
+    assert code in (0, 3)
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"]["precision"] == "fp16" and out["layout"]["attention"] == "standard"
+    assert "no bf16" in out["model_note"] and "FlashAttention needs an Ampere" in out["model_note"]
+    assert cli_main(["estimate", "--params", "7B", "--gpu", "a100-80g", "--precision", "fp8"]) == 2
+    assert "fp8" in capsys.readouterr().err

@@ -153,6 +153,26 @@ def hardware_from(name: str, gpus_per_node: int | None) -> HardwareProfile:
     return hw.with_gpus_per_node(gpus_per_node) if gpus_per_node is not None else hw
 
 
+def fit_job_to_gpu(job: Job, hw: HardwareProfile, values: Mapping[str, object]) -> tuple[Job, str]:
+    """A job the GPU can run when the user left precision and attention at their defaults: a GPU
+    without bf16 (V100) trains in fp16 with loss scaling, and without FlashAttention (it needs
+    Ampere or newer, the same generations that have bf16: Dao 2023) in standard attention. Said
+    in the note; another unsupported precision (fp8 on an A100) still fails in the search."""
+    notes = []
+    defaults = {o.name: o.default for o in JOB_OPTIONS}
+    if not hw.gpu.supports(job.precision) and values.get("precision") in (None, defaults["precision"]):
+        for fallback in ("fp16", "fp32"):
+            if hw.gpu.supports(fallback):
+                notes.append(f"{fallback} (the {hw.name} has no {job.precision}; --precision to choose)")
+                job = job.replace(precision=fallback)
+                break
+    if (job.attention == "flash" and not hw.gpu.supports("bf16")
+            and values.get("attention") in (None, defaults["attention"])):
+        notes.append(f"standard attention (FlashAttention needs an Ampere or newer GPU; the {hw.name} is older)")
+        job = job.replace(attention="standard")
+    return job, "; ".join(notes)
+
+
 def build_inputs(values: Mapping[str, object]) -> Inputs:
     """(model, hardware, job, pins, operations) from one mapping; raises PlannerError naming the field."""
     from planner.core.finetune import trainable_params
@@ -163,7 +183,9 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise PlannerError("gpus", gpus, "a positive integer")
     hw = hardware_from(str(values.get("gpu") or DEFAULT_GPU), values.get("gpus_per_node"))
-    job = job_from(values)
+    job, job_note = fit_job_to_gpu(job_from(values), hw, values)
+    if job_note:
+        note = f"{note}; {hw.name}: {job_note}" if note else f"{hw.name}: {job_note}"
     trainable_params(model, job)  # validates LoRA targets and rank against this model
     return Inputs(model=model, model_note=note, hardware=hw, gpus=gpus, job=job, pins=pins_from(values),
                   ops=ops_from(values, hw.network.gpus_per_node))
