@@ -1,4 +1,9 @@
-"""The seed article's troubleshooting table as checks on an estimate, each with its likely fix."""
+"""Troubleshooting checks on an estimate, each with its likely fix.
+
+The thresholds are practitioners' rules of thumb, not measurements: the planning brief's
+troubleshooting table (quoted and checked against the planner in docs/seed-check.md, claims 4 and
+the troubleshooting row). The bubble fraction they judge is Narayanan et al. 2021, Sec. 2.2.
+"""
 
 from __future__ import annotations
 
