@@ -35,7 +35,7 @@ CASE_SECONDS = 20  # a case slower than this is a hang
 HOSTILE = ["0", "-1", "-8", "1e30", "99999999999999999999", "1e-320", "1e400", "nan", "NaN", "inf", "-inf",
            "Infinity", "1e308", "0.001", "-0", "0x10", "abc", "", " ", "1,5", "1e", "1.5", "2.5e3", "1e400B",
            "1e30T", "3B", "1_000", "١٢", "\x00", "--", "1e-9", "4294967297", "-99999999999999999999",
-           "10**6", "1000001", "65537", "1e16", "1e15"]
+           "10**6", "1000001", "65537", "1e16", "1e15", "9" * 400, "9" * 5000]
 SANE = {"int": ["1", "2", "4", "8", "16", "64", "3"], "float": ["0.5", "1", "1.2", "2", "10", "100", "1e4"],
         "count": ["125M", "1.3B", "7B", "1T", "300B", "2e9"], "gpus": ["8", "16", "64", "8,16", "1"]}
 # Inside the documented ranges (planner/schema.py), at their edges: must give finite answers.
@@ -82,7 +82,9 @@ PROFILE_KEYS = {"gpu": {"memory_gib": 80, "hbm_gb_per_s": 2039, "tdp_w": 400, "b
                 "efficiency": {"matmul": 0.7, "memory": 0.8, "intra_node_bw": 0.85, "cuda_context_gib": 0.75,
                                "fragmentation": 0.05, "step_overhead_s": 0.0}}
 TOML_VALUES = ["0", "-8", "1e30", "1e-320", "nan", "inf", "-inf", '"lots"', "true", "[1, 2]", "{a = 1}",
-               "99999999999999999999", "0.5", "2", "1e308", '"80"', "-0.0", "1.5"]
+               "99999999999999999999", "0.5", "2", "1e308", '"80"', "-0.0", "1.5",
+               # inside the schema's ranges, at their edges (planner/hardware.py): finite answers
+               "0.001", "1e-4", "0.01", "1024", "1e6", "100000", "1e8", "1", "9" * 400]
 
 
 def profile_text(pick: Callable[[Sequence], object]) -> str | bytes:

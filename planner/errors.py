@@ -13,7 +13,10 @@ class PlannerError(ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={value!r}: {allowed}")
+        shown = repr(value)
+        if len(shown) > 80:  # a 400-digit number or a binary blob stays one readable line
+            shown = f"{shown[:60]}...({len(shown)} characters)"
+        super().__init__(f"{field}={shown}: {allowed}")
 
 
 def require(condition: bool, field: str, value: object, allowed: str) -> None:

@@ -118,8 +118,8 @@ def check_number(value: Any, key: Key, field: str) -> float | int:
             if not value.is_integer():
                 raise PlannerError(field, value, key.allowed())
             value = int(value)
-    if math.isinf(value) or (key.zero_ok and value == 0):
-        return value
+    if (isinstance(value, float) and math.isinf(value)) or (key.zero_ok and value == 0):
+        return value  # (an int is never infinite; a huge one fails the range check below)
     lo_bad = key.lo is not None and (value <= key.lo if key.lo_open else value < key.lo)
     hi_bad = key.hi is not None and (value >= key.hi if key.hi_open else value > key.hi)
     if lo_bad or hi_bad:

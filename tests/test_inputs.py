@@ -287,3 +287,13 @@ def test_the_readme_lists_every_range():
             **{f"[efficiency] {k}": v for k, v in EFFICIENCY_KEYS.items() if v.kind in (int, float)}}
     for name, key in keys.items():
         assert any(f"`{name}`" in r and r.endswith(f"| {key.allowed()} |") for r in rows), name
+
+
+def test_a_huge_integer_is_refused_in_one_short_line(tmp_path):
+    # TOML integers have no size limit: 10**400 does not convert to a float (OverflowError before)
+    path = tmp_path / "big.toml"
+    path.write_text(GOOD.replace("memory_gib = 80", "memory_gib = " + "9" * 400))
+    with pytest.raises(PlannerError) as exc:
+        load_profile_file(path)
+    text = str(exc.value)
+    assert "memory_gib=" in text and "(400 characters)" in text and len(text) < 400
