@@ -107,7 +107,19 @@ def test_bubble_shrinks_with_more_micro_batches(two_sweep):
     assert one["layout"]["grad_accum"] == 1 and eight["layout"]["grad_accum"] == 8
     assert one["bubble_fraction_ideal"] == 1.0 and eight["bubble_fraction_ideal"] == 0.125
     assert one["bubble_fraction"] > eight["bubble_fraction"] > 0
+    # One micro-batch over two stages idles half the time (ideal 1/2 of the step): the flag fires.
+    assert "bubble_fraction" in {f["check"] for f in one["flags"]}
     assert [s["pp_rank"] for s in one["per_stage"]] == [0, 1]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_waits_are_booked_as_tp_communication(two_sweep):
+    runs, proc = two_sweep
+    assert proc.returncode == 0, explain(proc)
+    tp, dp = load_record(runs / "llama-tp2")["breakdown_s"], load_record(runs / "gpt-dp2")["breakdown_s"]
+    # tp2: DTensor's all-reduces are waited for inside other ops; those waits are exposed TP time.
+    assert 0 < tp["comm_exposed_tp"] <= tp["comm_exposed"]
+    assert dp["comm_exposed_tp"] == 0.0  # DDP's reductions are not functional collectives
 
 
 @pytest.mark.slow
