@@ -21,7 +21,11 @@ def test_every_enumerated_layout_is_valid_and_fitting_ones_come_first():
     assert np.all(c.dp * c.tp * c.pp == 128)
     assert np.all(c.global_batch % (c.dp * c.micro_batch) == 0)
     assert np.all(model.heads % c.tp == 0)
-    assert np.all(model.layers % (c.pp * c.vpp) == 0)[()] or np.all(c.vpp[model.layers % (c.pp * c.vpp) != 0] == 1)
+    # fsdp2 splits layers unevenly across virtual stages: each needs one; an even-splitting stack
+    # interleaves only where the layers divide pp * vpp.
+    assert np.all(c.pp * c.vpp <= model.layers)
+    even = search(model, A100, Job(stack="reference"), 128).evaluation.candidates
+    assert np.all((even.vpp == 1) | (model.layers % (even.pp * even.vpp) == 0))
     fits = ev.fits
     assert r.feasible == fits.sum() and np.all(fits[: r.feasible]) and not np.any(fits[r.feasible:])
     t = ev.train_seconds[: r.feasible]
@@ -30,7 +34,7 @@ def test_every_enumerated_layout_is_valid_and_fitting_ones_come_first():
 
 def test_pins_are_kept():
     model = get_preset("llama-13b")
-    p = plan(model, A100, Job(), 64, Pins(tp=4, pp=2, zero_stage=1, recompute="full"))
+    p = plan(model, A100, Job(stack="megatron-core"), 64, Pins(tp=4, pp=2, zero_stage=1, recompute="full"))
     lay = p.best.layout
     assert (lay.tp, lay.pp, lay.zero_stage, lay.recompute, lay.dp) == (4, 2, 1, "full", 8)
     for e in p.runners_up:
@@ -57,12 +61,18 @@ def test_pinned_layout_that_does_not_fit_reports_the_nearest_that_does():
     (Pins(tp=3), 128, "tp"),  # 3 does not divide 52 heads
     (Pins(dp=4, tp=2, pp=2), 32, "dp*tp*pp"),
     (Pins(pp=7), 128, "pp"),  # 7 does not divide 128
-    (Pins(pp=4, vpp=4), 128, "vpp"),  # 60 layers not divisible by 16
+    (Pins(pp=4, vpp=4), 128, "vpp"),  # 60 layers not divisible by 16 (the reference trainer splits evenly)
 ])
 def test_invalid_pins_name_the_constraint(pins, gpus, field):
     with pytest.raises(PlannerError) as err:
-        search(get_preset("llama-33b"), A100, Job(), gpus, pins)
+        search(get_preset("llama-33b"), A100, Job(stack="reference"), gpus, pins)
     assert err.value.field == field
+
+
+def test_uneven_interleaving_where_the_stack_splits_unevenly():
+    """torchtitan places pipeline split points at any layer: 60 layers in 16 virtual stages run."""
+    r = search(get_preset("llama-33b"), A100, Job(stack="fsdp2"), 128, Pins(pp=4, vpp=4))
+    assert r.evaluated > 0 and np.all(r.evaluation.candidates.vpp == 4)
 
 
 def test_global_batch_not_divisible_by_dp_times_micro_batch():

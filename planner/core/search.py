@@ -60,7 +60,7 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small.tolist()) | set((n // small).tolist()))
 
 
-def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None) -> None:
+def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None, uneven: bool = False) -> None:
     """Pinned values that can never be valid get one clear error each (each value's own rule was
     checked when the Pins were made)."""
     require(isinstance(gpus, (int, np.integer)) and 1 <= gpus <= MAX_GPUS, "gpus", gpus,
@@ -81,16 +81,26 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
                 f"must equal gpus: dp={pins.dp} tp={pins.tp} pp={pins.pp} gpus={gpus}")
     if pins.vpp is not None and pins.vpp > 1 and pins.pp is not None:
         require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
-        require(model.layers % (pins.pp * pins.vpp) == 0, "vpp", pins.vpp,
-                f"layers={model.layers} must divide by pp*vpp={pins.pp * pins.vpp}")
+        if uneven:  # the stack splits layers unevenly across virtual stages: each needs one
+            require(pins.pp * pins.vpp <= model.layers, "vpp", pins.vpp,
+                    f"pp*vpp={pins.pp * pins.vpp} virtual stages need at least as many layers ({model.layers})")
+        else:
+            require(model.layers % (pins.pp * pins.vpp) == 0, "vpp", pins.vpp,
+                    f"layers={model.layers} must divide by pp*vpp={pins.pp * pins.vpp} (this stack splits evenly)")
     if global_batch is not None and pins.dp is not None and pins.micro_batch is not None:
         require(global_batch % (pins.dp * pins.micro_batch) == 0, "global_batch", global_batch,
                 f"must be divisible by dp*micro_batch={pins.dp * pins.micro_batch}")
 
 
-def _mesh(model: ModelSpec, gpus: int, pins: Pins) -> list[tuple[int, int, int, int]]:
+UNEVEN_VPP = (2, 3, 4)  # interleaving degrees tried when the layers do not divide pp*vpp
+
+
+def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False) -> list[tuple[int, int, int, int]]:
     """Every (dp, tp, pp, vpp) whose product dp*tp*pp is the GPU count, tp dividing the heads,
-    vpp dividing the layers per stage, and the pinned ones kept."""
+    vpp dividing the layers per stage, and the pinned ones kept. ``uneven``: the stack splits
+    layers unevenly across virtual stages too (torchtitan's split points, Megatron-Core's
+    first/last-stage layer counts), so a few interleaving degrees are tried when layers do not
+    divide pp*vpp (Llama 3 405B: 126 layers)."""
     out = []
     for tp in _divisors(gpus):
         if model.heads % tp or model.kv_heads % tp or (pins.tp is not None and tp != pins.tp):
@@ -103,6 +113,9 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins) -> list[tuple[int, int, int, 
                 continue
             vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
                           if pp > 1 else [])
+            if uneven and pp > 1:
+                tried = set(UNEVEN_VPP) | ({pins.vpp} if pins.vpp else set())
+                vpps += [v for v in sorted(tried) if v > 1 and pp * v <= model.layers and v not in vpps]
             out += [(dp, tp, pp, vpp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
     return out
 
@@ -122,9 +135,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     the free search plus the pinned values, unchecked, so that the layouts of these pins, and of
     any of them freed, are a selection of one table (``matches``)."""
     if not widen:
-        _check_pins(model, gpus, pins, job.global_batch)
+        _check_pins(model, gpus, pins, job.global_batch, get_stack(job.stack).uneven_interleave)
         check_stack_pins(get_stack(job.stack), pins)
-    mesh = _mesh(model, gpus, Pins() if widen else pins)
+    mesh = _mesh(model, gpus, Pins() if widen else pins, get_stack(job.stack).uneven_interleave)
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing "
                                     f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
