@@ -115,6 +115,25 @@ def profile_text(pick: Callable[[Sequence], object]) -> str | bytes:
 
 
 # The columns planner/calibration/published.py reads (Megatron-LM 2021 Table 1, first row).
+_STACK = Path(__file__).resolve().parent.parent / "stacks" / "fsdp2.toml"
+STACK_VALUES = ['"eager"', '"fused"', "[0, 3]", "[]", '["1f1b"]', "[5]", '""']
+
+
+def stack_text(pick: Callable[[Sequence], object]) -> str | bytes:
+    """A shipped software-stack file (stacks/fsdp2.toml) with a few values broken, keys dropped
+    or unknown keys added; or a binary file."""
+    if pick([False, False, False, False, True]):
+        return bytes(range(256))
+    lines = _STACK.read_text().splitlines()
+    for _ in range(int(pick([1, 1, 2, 3]))):
+        i = int(pick([j for j, line in enumerate(lines) if " = " in line and not line.startswith("#")]))
+        key = lines[i].split(" = ")[0]
+        action = pick(["value", "value", "value", "drop", "unknown"])
+        value = pick(TOML_VALUES + STACK_VALUES)
+        lines[i] = "" if action == "drop" else f"{key}_x = 1" if action == "unknown" else f"{key} = {value}"
+    return "\n".join(lines) + "\n"
+
+
 CSV_COLUMNS = ("params_billion,attention_heads,hidden_size,num_layers,tensor_parallel,pipeline_parallel,num_gpus,"
                "global_batch_size_seqs,seq_len,vocab_size,micro_batch_size,virtual_pipeline_stages,"
                "achieved_tflops_per_gpu")
@@ -155,6 +174,10 @@ def make_case(pick: Callable[[Sequence], object]) -> Case:
         files["gpu.toml"] = profile_text(pick)
         flag = "--base" if command == "calibrate" else "--gpu"
         argv += [flag, "{dir}/gpu.toml"]
+    if command in ("estimate", "search", "export", "compare", "recommend") and _STACK.is_file() \
+            and pick([True, False, False, False]):
+        files["stack.toml"] = stack_text(pick)
+        argv += ["--stack", "{dir}/stack.toml"]
     if command == "calibrate":
         argv += ["{dir}", "--out", str(pick(["{dir}/out.toml", "{dir}"]))]
         if "--base" not in argv:
