@@ -83,13 +83,8 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     """One flag per pinnable layout dimension (``PIN_DIMS``); not given: searched."""
     g = p.add_argument_group("layout (fields not given are searched)")
     for d in PIN_DIMS:
-        flags = (d.flag, *d.flag_aliases)
-        if d.type is bool:
-            g.add_argument(*flags, dest=d.name, action=argparse.BooleanOptionalAction, default=None, help=d.help)
-        elif d.type is str:
-            g.add_argument(*flags, dest=d.name, choices=d.choices, help=d.help)
-        else:
-            g.add_argument(*flags, dest=d.name, type=int, help=d.help)
+        flags, kwargs = d.argparse_spec()
+        g.add_argument(*flags, **kwargs)
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:

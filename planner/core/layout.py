@@ -7,6 +7,7 @@ a DP group is strided by tp, and pipeline neighbours are tp*dp ranks apart.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ import numpy as np
 
 from planner.core.model import ModelSpec
 from planner.errors import require
-from planner.schema import MAX_TOKENS
 from planner.hardware import PRECISIONS
+from planner.schema import MAX_TOKENS
 
 RECOMPUTE = ("none", "selective", "full")
 MODES = ("pretrain", "full-finetune", "lora")
@@ -62,6 +63,17 @@ class Dim:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def argparse_spec(self) -> tuple[tuple[str, ...], dict]:
+        """The flag's option strings and ``add_argument`` keywords: destination the name, default None
+        (not given). The CLI's layout flags and the trainer's launcher both build theirs from it."""
+        flags = (self.flag, *self.flag_aliases)
+        if self.type is bool:
+            return flags, {"dest": self.name, "action": argparse.BooleanOptionalAction, "default": None,
+                           "help": self.help}
+        if self.type is str:
+            return flags, {"dest": self.name, "choices": self.choices, "help": self.help}
+        return flags, {"dest": self.name, "type": int, "help": self.help}
 
     def check(self, value: object) -> None:
         """The dimension's own rule (rules across dimensions live in the search)."""

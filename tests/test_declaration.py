@@ -1,0 +1,81 @@
+"""Each layout dimension and job option is declared once; everything that names them is derived.
+
+So a new dimension (context parallel, say) shows up everywhere by being declared: these tests list
+every place a dimension's name must appear and fail where one is missing or spelled differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.app import state as explore_state
+from planner.calibration.record import SCHEMA
+from planner.cli.main import build_parser
+from planner.core.layout import JOB_OPTIONS, LAYOUT_DIMS, PIN_DIMS, Candidates, Job, Layout
+from planner.core.options import OPS_OPTIONS, build_inputs
+from planner.core.presets import get_preset
+from planner.core.report import CSV_COLUMNS
+from planner.core.search import Pins, enumerate_layouts
+
+NAMES = [d.name for d in LAYOUT_DIMS]
+
+
+def estimate_args(argv: list[str]) -> dict:
+    return vars(build_parser().parse_args(["estimate", "--params", "7B", *argv]))
+
+
+def test_every_dimension_is_a_layout_field_a_column_a_json_key_a_csv_column_and_a_record_key():
+    assert NAMES == [f.name for f in dataclasses.fields(Layout)]
+    assert set(NAMES) == set(Candidates.__slots__)
+    lay = Layout(dp=2, global_batch=8)
+    assert list(lay.to_json()) == [*NAMES, "grad_accum"]
+    assert set(NAMES) <= set(CSV_COLUMNS)
+    assert set(SCHEMA["layout"]) == {*NAMES, "grad_accum"}
+    assert [f.name for f in dataclasses.fields(Pins)] == [d.name for d in PIN_DIMS]
+    assert set(NAMES) - {d.name for d in PIN_DIMS} == {"global_batch"}  # a job option (--global-batch)
+
+
+def test_every_pinnable_dimension_is_a_flag_an_explorer_field_and_a_url_key():
+    dests = estimate_args([])
+    fields = explore_state.field_map()
+    for d in PIN_DIMS:
+        assert d.name in dests and dests[d.name] is None  # not given: searched
+        if d.name != "dp":  # dp follows from GPUs / (tp x pp) in the explorer
+            assert d.name in fields and d.name in explore_state.LAYOUT_PINS
+            query = explore_state.query_from_state({**explore_state.defaults(),
+                                                    **dict([explore_state.pin_value(d.name, d.choices[-1]
+                                                                                    if d.choices else 2)])})
+            assert list(query) == [d.name]
+
+
+@pytest.mark.parametrize("argv, pins", [
+    (["--tp", "2", "--pp", "2", "--vpp", "2", "--micro-batch", "1"], {"tp": 2, "pp": 2, "vpp": 2, "micro_batch": 1}),
+    (["--zero-stage", "3", "--recompute", "full"], {"zero_stage": 3, "recompute": "full"}),
+    (["--zero", "1", "--no-sequence-parallel", "--schedule", "gpipe"],
+     {"zero_stage": 1, "sequence_parallel": False, "schedule": "gpipe"}),
+])
+def test_flags_pin_the_same_fields_as_the_explorer(argv, pins):
+    from_flags = build_inputs(estimate_args(argv)).pins
+    state = {**explore_state.defaults(), **dict(explore_state.pin_value(k, v) for k, v in pins.items())}
+    from_page = build_inputs(explore_state.mapping_from_state(state)).pins
+    assert from_flags.pinned() == pins == from_page.pinned()
+
+
+def test_every_job_and_operations_option_is_a_flag_with_its_declared_default():
+    dests = estimate_args([])
+    for o in (*JOB_OPTIONS, *OPS_OPTIONS):
+        given = dests[o.name]
+        assert given == (",".join(o.default) if isinstance(o.default, tuple) else o.default), o.name
+    assert build_inputs(dests).job == Job()  # no flag: the declared defaults, nothing else
+
+
+def test_a_pinned_value_is_the_only_value_of_its_column():
+    model = get_preset("llama-7b")
+    for d in PIN_DIMS:
+        if d.searched is None:
+            continue
+        value = d.choices[-1] if d.choices else 2
+        c, _ = enumerate_layouts(model, 16, Job(attention="standard"), Pins(**{d.name: value}))
+        assert len(c) and {d.decode(v) for v in set(getattr(c, d.name).tolist())} == {value}, d.name
