@@ -179,7 +179,7 @@ def make_case(pick: Callable[[Sequence], object]) -> Case:
         files["stack.toml"] = stack_text(pick)
         argv += ["--stack", "{dir}/stack.toml"]
     if command == "calibrate":
-        argv += ["{dir}", "--out", str(pick(["{dir}/out.toml", "{dir}"]))]
+        argv += [str(pick(["{dir}", "{dir}/no-runs"])), "--out", str(pick(["{dir}/out.toml", "{dir}"]))]
         if "--base" not in argv:
             argv += ["--base", "a100-80g"]
     if command == "validate":

@@ -97,11 +97,14 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     check_target(a.out)  # a folder or a device: refused before the fit
     base = get_profile(a.base)
     runs, skipped = load_measurements(a.runs, strict=a.strict)
-    for line in skipped:
-        print(f"skipped {line}", file=sys.stderr)
     factors = (tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors
                else default_factors(runs, base))
-    check_factors(factors, len(runs))
+    try:
+        check_factors(factors, len(runs))
+    except PlannerError as exc:  # one line: the first skipped record says why there are too few
+        raise _with_skipped(exc, skipped) from None
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
     fit = calibrate(runs, base, factors, parts=a.parts)
     print(describe_fit(fit, runs))
     if not fit.converged:
@@ -112,6 +115,14 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     write_atomic(a.out, calibrated_profile_toml(base, fit, runs, name))
     print(f"wrote {a.out} (profile {name}; use --gpu {a.out})")
     return 0
+
+
+def _with_skipped(exc: PlannerError, skipped: list[str]) -> PlannerError:
+    """The error, with how many records were skipped and the first reason: still one line."""
+    if not skipped:
+        return exc
+    more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+    return PlannerError(exc.field, exc.value, f"{exc.allowed} (skipped {skipped[0]}{more})")
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
@@ -128,12 +139,12 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
         check_target(a.plot, "plot")  # before the work and the printed table
     runs, skipped = load_measurements(a.runs, strict=a.strict) if a.runs else ([], [])
-    for line in skipped:
-        print(f"skipped {line}", file=sys.stderr)
     if a.published:
         runs += published_measurements(a.published)
     if not runs:
-        raise PlannerError("runs", len(a.runs), "no usable run record")
+        raise _with_skipped(PlannerError("runs", len(a.runs), "no usable run record"), skipped)
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
     points = compare(runs, get_profile(a.gpu) if a.gpu else None)
     if a.format == "json":
         print(json.dumps({"points": [{k: getattr(p, k) for k in p.__slots__} for p in points],
