@@ -64,10 +64,11 @@ def plan_from_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, 
     rows = np.flatnonzero(matches(c, pins))
     if rows.size == 0 or pins.pinned():
         # The pins' own checks, and the reason when no layout has them (enumeration only, no evaluation).
-        _, why = enumerate_layouts(model, gpus, job, pins)
-        if rows.size == 0:
+        pinned, why = enumerate_layouts(model, gpus, job, pins)
+        if rows.size == 0 and len(pinned) == 0:
             raise PlannerError("layout", pins.pinned() or "search", why)
-    result = select(table, rows)
+    # Should the widened table lack a layout the pins allow, the pins' own search decides.
+    result = select(table, rows) if rows.size else search(model, hw, job, gpus, pins, table.objective)
     ev = result.evaluation
     best = estimate_at(ev, 0, model, hw, job, ops)
     count = min(len(ev.candidates), top + 1) if best.fits else 1

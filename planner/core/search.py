@@ -95,12 +95,14 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
 UNEVEN_VPP = (2, 3, 4)  # interleaving degrees tried when the layers do not divide pp*vpp
 
 
-def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False) -> list[tuple[int, int, int, int]]:
+def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
+          extra_vpp: int | None = None) -> list[tuple[int, int, int, int]]:
     """Every (dp, tp, pp, vpp) whose product dp*tp*pp is the GPU count, tp dividing the heads,
     vpp dividing the layers per stage, and the pinned ones kept. ``uneven``: the stack splits
     layers unevenly across virtual stages too (torchtitan's split points, Megatron-Core's
     first/last-stage layer counts), so a few interleaving degrees are tried when layers do not
-    divide pp*vpp (Llama 3 405B: 126 layers)."""
+    divide pp*vpp (Llama 3 405B: 126 layers). ``extra_vpp``: a pinned degree tried as well, unpinned
+    (the widened table of ``enumerate_layouts``)."""
     out = []
     for tp in _divisors(gpus):
         if model.heads % tp or model.kv_heads % tp or (pins.tp is not None and tp != pins.tp):
@@ -114,7 +116,7 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False) -> list
             vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
                           if pp > 1 else [])
             if uneven and pp > 1:
-                tried = set(UNEVEN_VPP) | ({pins.vpp} if pins.vpp else set())
+                tried = set(UNEVEN_VPP) | {v for v in (pins.vpp, extra_vpp) if v}
                 vpps += [v for v in sorted(tried) if v > 1 and pp * v <= model.layers and v not in vpps]
             out += [(dp, tp, pp, vpp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
     return out
@@ -137,7 +139,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     if not widen:
         _check_pins(model, gpus, pins, job.global_batch, get_stack(job.stack).uneven_interleave)
         check_stack_pins(get_stack(job.stack), pins)
-    mesh = _mesh(model, gpus, Pins() if widen else pins, get_stack(job.stack).uneven_interleave)
+    uneven = get_stack(job.stack).uneven_interleave
+    mesh = _mesh(model, gpus, Pins(), uneven, pins.vpp) if widen else _mesh(model, gpus, pins, uneven)
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing "
                                     f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "

@@ -76,7 +76,7 @@ def mapping(argv: list[str]) -> dict:
 @pytest.mark.parametrize("pins, field, valid", [
     (["--tp", "3"], "tp", (2, 4)),  # llama-33b: 52 heads
     (["--pp", "3"], "pp", (2, 4)),  # divisors of 128
-    (["--pp", "4", "--vpp", "7"], "vpp", (5, 15)),  # 60 layers: pp*vpp must divide it
+    (["--pp", "4", "--vpp", "7", "--stack", "megatron-2021"], "vpp", (5, 15)),  # even split: pp*vpp divides 60
     (["--global-batch", "1001", "--micro-batch", "2"], "global_batch", (1000, 1002)),  # 1001 = 7 x 11 x 13
 ])
 def test_impossible_pins_name_the_constraint_and_the_nearest_valid_values(pins, field, valid):
