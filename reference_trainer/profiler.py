@@ -286,7 +286,7 @@ def predicted(config, device_name: str, world: int) -> tuple[dict[str, float] | 
     try:
         hw = get_profile(name)
         job = Job(precision=tr.precision, attention=config.attention, global_batch=lay.global_batch, mode=tr.mode,
-                  kernels="eager", **({"lora_r": lora.r, "lora_alpha": lora.alpha, "lora_targets": lora.targets}
+                  stack="reference", **({"lora_r": lora.r, "lora_alpha": lora.alpha, "lora_targets": lora.targets}
                                       if lora is not None else {}))
         ev = evaluate(config.spec, hw, job, Candidates.from_layouts([lay]), world)
     except (PlannerError, ValueError, KeyError) as exc:

@@ -48,7 +48,7 @@ class Measurement:
 
 def from_record(rec: dict, source: str) -> Measurement:
     """A validated run record (planner.calibration.record.load_record) as a Measurement. The
-    reference trainer runs plain PyTorch ops (no fused kernels): ``kernels="eager"``."""
+    reference trainer runs plain PyTorch ops (no fused kernels): the ``reference`` stack."""
     model = ModelSpec(**{k: rec["model"][k] for k in MODEL_KEYS if k in rec["model"]})
     layout = Layout(**{k: rec["layout"][k] for k in LAYOUT_KEYS})
     mode = rec.get("config", {}).get("training", {}).get("mode", "pretrain")
@@ -56,7 +56,7 @@ def from_record(rec: dict, source: str) -> Measurement:
     job = Job(precision=rec["precision"], attention=rec["attention"], global_batch=layout.global_batch,
               mode=mode if mode in ("pretrain", "full-finetune", "lora") else "pretrain",
               lora_r=int(lora.get("r", _JOB.lora_r)), lora_alpha=float(lora.get("alpha", _JOB.lora_alpha)),
-              lora_targets=tuple(lora.get("targets", _JOB.lora_targets)), kernels="eager")
+              lora_targets=tuple(lora.get("targets", _JOB.lora_targets)), stack="reference")
     hw = rec["hardware"]
     profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
     mem = rec["memory"]
