@@ -79,3 +79,26 @@ def test_a_pinned_value_is_the_only_value_of_its_column():
         value = d.choices[-1] if d.choices else 2
         c, _ = enumerate_layouts(model, 16, Job(attention="standard"), Pins(**{d.name: value}))
         assert len(c) and {d.decode(v) for v in set(getattr(c, d.name).tolist())} == {value}, d.name
+
+
+@pytest.mark.parametrize("name, gpus, pins, job", [
+    ("llama-33b", 128, {}, {}), ("llama-33b", 128, {"tp": 2}, {}), ("llama-7b", 8, {"recompute": "selective"}, {}),
+    ("llama-13b", 32, {"zero_stage": 3, "micro_batch": 2}, {"attention": "standard"}),
+    ("llama-65b", 64, {"pp": 4, "vpp": 2}, {}), ("llama-7b", 16, {"sequence_parallel": True}, {"mode": "lora"}),
+    ("llama-33b", 32, {"tp": 1, "pp": 1, "zero_stage": 0}, {}),
+    ("llama-65b", 256, {"pp": 4, "schedule": "gpipe"}, {"global_batch": 1024}),
+])
+def test_the_plan_selected_from_one_table_is_the_pinned_search(name, gpus, pins, job):
+    """plan() evaluates one widened table and selects the pinned rows: the same layouts, in the same
+    rank order, with the same figures as searching the pins alone."""
+    import numpy as np
+
+    from planner.core.plan import plan
+    from planner.core.search import search
+    from planner.hardware import get_profile
+
+    model, hw, job, pins = get_preset(name), get_profile("a100-80g"), Job(**job), Pins(**pins)
+    alone, p = search(model, hw, job, gpus, pins), plan(model, hw, job, gpus, pins)
+    assert (alone.evaluated, alone.feasible) == (p.result.evaluated, p.result.feasible)
+    assert np.array_equal(alone.evaluation.step_s, p.result.evaluation.step_s)
+    assert alone.evaluation.candidates.layout(0) == p.best.layout
