@@ -34,6 +34,7 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # searched when the micro-batch is fre
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
 # Fine-tuning batches are far smaller (Llama 2 SFT: 64 sequences of 4096): about 256K tokens.
 FINETUNE_BATCH_TOKENS = 2**18
+MIN_TOKENS_PER_GPU = 1024  # below this per GPU per step, the default batch grows (up to 4x the target)
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
 
 
@@ -277,10 +278,14 @@ class Job:
     def lora(self) -> bool:
         return self.mode == "lora"
 
-    @property
-    def batch_tokens_target(self) -> int:
-        """The default global batch in tokens when ``global_batch`` is not given."""
-        return TARGET_BATCH_TOKENS if self.mode == "pretrain" else FINETUNE_BATCH_TOKENS
+    def batch_tokens_target(self, gpus: int = 1) -> int:
+        """The default global batch in tokens when ``global_batch`` is not given: about 4M tokens;
+        on clusters so large that 4M would leave each GPU under 1,024 tokens, 1,024 per GPU, up to
+        16M (Llama 3 405B went 4M -> 8M -> 16M tokens as it scaled to 16,384 GPUs: Dubey et al.
+        2024, Sec. 3.4.1)."""
+        if self.mode != "pretrain":
+            return FINETUNE_BATCH_TOKENS
+        return int(min(4 * TARGET_BATCH_TOKENS, max(TARGET_BATCH_TOKENS, MIN_TOKENS_PER_GPU * gpus)))
 
     def train_tokens(self, model: ModelSpec) -> float:
         if self.tokens is not None:

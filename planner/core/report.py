@@ -57,7 +57,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     tokens_note = ("--tokens" if job.tokens is not None else
                    f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"
                    if job.mode == "pretrain" else "default for fine-tuning, an assumption; --tokens to set")
-    batch_note = (f"default: about {fmt_count(job.batch_tokens_target)} tokens" if job.global_batch is None
+    batch_note = (f"default: about {fmt_count(job.batch_tokens_target(e.gpus))} tokens" if job.global_batch is None
                   else "--global-batch")
     lines = [
         f"model    {e.model.describe()}",

@@ -157,10 +157,11 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         gb = np.full_like(dp, job.global_batch)
         keep = gb % (dp * mb) == 0
     else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
-        gb = default_global_batch(model, dp * mb, job.batch_tokens_target)
+        target = job.batch_tokens_target(gpus)
+        gb = default_global_batch(model, dp * mb, target)
         # Only when no layout keeps the batch near the target does data parallelism alone set it
         # (405B on 16,384 GPUs must not pick DP 16384 and a 134M-token batch).
-        near = gb * model.seq_len <= 1.5 * job.batch_tokens_target
+        near = gb * model.seq_len <= 1.5 * target
         keep = near if near.any() else (gb == dp * mb) & (mb == 1)
     c = Candidates(**cols, global_batch=gb)
     keep &= ~(c.sequence_parallel & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
