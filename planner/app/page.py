@@ -20,6 +20,7 @@ from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
 
 TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
+LANGUAGES = {"deepspeed": "json", "k8s": "yaml"}  # export formats that are not shell scripts
 
 
 @st.cache_data(show_spinner=False, max_entries=512)
@@ -293,16 +294,16 @@ def export_tab(state: dict, view: explore.View) -> None:
     st.code(shlex.join(["planner", "export", "--format", fmt, *argv, *(["--steps", str(steps)] if steps else [])]),
             language="bash", wrap_lines=True)
     try:
-        text = export.render(fmt, view.best, opts)
+        out = explore.export_plan(explore_state.mapping_from_state(state), fmt, opts)
     except PlannerError as exc:
-        st.warning(f"{fmt} cannot express the layout shown: {exc}. `planner export` (above) writes the best "
-                   "layout it can express instead.")
+        st.warning(f"No {fmt} export: {exc}")
     else:
+        st.caption(f"Planned for the {out.stack} stack, the one {fmt} runs" + (f"; {out.note}" if out.note else ""))
         if fmt == "torchrun":
             st.caption("or through the planner's launcher:")
-            st.code(export.planner_run_line(view.best, export.train_steps(view.best, opts)), language="bash",
+            st.code(export.planner_run_line(out.chosen, export.train_steps(out.chosen, opts)), language="bash",
                     wrap_lines=True)
-        st.code(text, language={"deepspeed": "json", "k8s": "yaml"}.get(fmt, "bash"))
+        st.code(out.text, language=LANGUAGES.get(fmt, "bash"))
     st.subheader("JSON (`planner estimate --format json`)")
     text = json.dumps(view.to_json(), indent=2)
     st.download_button("Download JSON", text, file_name="plan.json", mime="application/json")
