@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
-from planner.schema import MAX_PARAMS
+from planner.schema import FLAGS, MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
 
@@ -37,6 +37,8 @@ class ModelSpec:
         for field in ("layers", "hidden", "heads", "vocab", "seq_len"):
             value = getattr(self, field)
             require(isinstance(value, int) and value > 0, field, value, "a positive integer")
+            if field != "layers":  # depth is bounded by the parameter count below (no loop runs over it)
+                require(value <= FLAGS[field].hi, field, value, FLAGS[field].allowed())
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
