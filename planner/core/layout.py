@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ class Dim:
     # device mesh (dp, tp, pp, vpp), enumerated together so that their product is the GPU count.
     searched: Callable[["Job"], tuple] | None = None
     flag_aliases: tuple[str, ...] = ()  # older spellings of the flag, still accepted
+    gpu_factor: bool = False  # a degree of the device mesh: the GPU count is the product of these
     name: str = ""
     type: type = int
 
@@ -121,9 +123,10 @@ def _searched_recompute(job: "Job") -> tuple:
 class Layout:
     """One parallel layout. Each field is a dimension, declared here once (see ``Dim``)."""
 
-    dp: int = _dim(help="data-parallel replicas (dp*tp*pp = GPUs)", label="Data parallel")
-    tp: int = _dim(1, help="tensor-parallel ranks (divides heads and kv_heads)", label="Tensor parallel")
-    pp: int = _dim(1, help="pipeline stages", label="Pipeline stages")
+    dp: int = _dim(help="data-parallel replicas (dp*tp*pp = GPUs)", label="Data parallel", gpu_factor=True)
+    tp: int = _dim(1, help="tensor-parallel ranks (divides heads and kv_heads)", label="Tensor parallel",
+                   gpu_factor=True)
+    pp: int = _dim(1, help="pipeline stages", label="Pipeline stages", gpu_factor=True)
     vpp: int = _dim(1, help="virtual stages per pipeline rank (interleaved 1F1B; needs pp > 1)",
                     label="Virtual stages per rank", high=128)
     micro_batch: int = _dim(1, help="sequences per micro-batch", label="Micro-batch",
@@ -146,7 +149,7 @@ class Layout:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return math.prod(getattr(self, d.name) for d in LAYOUT_DIMS if d.gpu_factor)
 
     @property
     def grad_accum(self) -> int:
@@ -166,6 +169,7 @@ LAYOUT_DIMS: tuple[Dim, ...] = tuple(dataclasses.replace(f.metadata["dim"], name
                                      for f in dataclasses.fields(Layout))
 PIN_DIMS: tuple[Dim, ...] = tuple(d for d in LAYOUT_DIMS if d.pinnable)  # the fields a user may fix
 DIMS: dict[str, Dim] = {d.name: d for d in LAYOUT_DIMS}
+GPU_FACTORS: tuple[str, ...] = tuple(d.name for d in LAYOUT_DIMS if d.gpu_factor)  # ("dp", "tp", "pp")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.core.evaluate import Evaluation, evaluate
-from planner.core.layout import DIMS, LAYOUT_DIMS, PIN_DIMS, SCHEDULES, Candidates, Job, default_global_batch
+from planner.core.layout import (
+    DIMS,
+    GPU_FACTORS,
+    LAYOUT_DIMS,
+    PIN_DIMS,
+    SCHEDULES,
+    Candidates,
+    Job,
+    default_global_batch,
+)
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import HardwareProfile
@@ -70,15 +79,16 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
         require(model.heads % pins.tp == 0 and model.kv_heads % pins.tp == 0, "tp", pins.tp,
                 f"must divide heads={model.heads} and kv_heads={model.kv_heads}; valid on {gpus} GPUs: "
                 f"{', '.join(map(str, valid_tp))}")
-    for name in ("dp", "tp", "pp"):
+    for name in GPU_FACTORS:
         value = getattr(pins, name)
         if value is not None:
             require(gpus % value == 0, name, value, f"must divide gpus={gpus}")
     if pins.pp is not None:
         require(pins.pp <= model.layers, "pp", pins.pp, f"at most layers={model.layers}")
-    if pins.dp is not None and pins.tp is not None and pins.pp is not None:
-        require(pins.dp * pins.tp * pins.pp == gpus, "dp*tp*pp", pins.dp * pins.tp * pins.pp,
-                f"must equal gpus: dp={pins.dp} tp={pins.tp} pp={pins.pp} gpus={gpus}")
+    degrees = {name: getattr(pins, name) for name in GPU_FACTORS}
+    if None not in degrees.values():
+        require(math.prod(degrees.values()) == gpus, "*".join(GPU_FACTORS), math.prod(degrees.values()),
+                "must equal gpus: " + " ".join(f"{k}={v}" for k, v in degrees.items()) + f" gpus={gpus}")
     if pins.vpp is not None and pins.vpp > 1 and pins.pp is not None:
         require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
         if uneven:  # the stack splits layers unevenly across virtual stages: each needs one
