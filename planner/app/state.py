@@ -34,6 +34,13 @@ BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour",)  # empty, not 0: 0 is a price
 SHOWN_DEFAULT = {"mtbf_gpu_hours": round(LLAMA3_MTBF_GPU_HOURS),
                  "storage_gbps": Operations().storage_write_bytes_per_s / 1e9}
 ZERO_MEANS = {"mtbf_gpu_hours": math.inf}  # 0 hours between failures: no failures
+NAMED = ("stack",)  # options whose values are names of data files: the explorer offers the built-in ones
+
+
+def _names(option: str) -> list[str]:
+    from planner.stacks import stack_names
+
+    return {"stack": stack_names}[option]()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,8 +65,9 @@ class Field:
 
 def _option_field(o: Option) -> Field:
     """An explorer field from a declared job or operations option."""
-    if o.choices:
-        return Field(name=o.name, label=o.label, kind="choice", default=o.default, choices=o.choices, help=o.help,
+    choices = o.choices or (tuple(_names(o.name)) if o.name in NAMED else ())
+    if choices:
+        return Field(name=o.name, label=o.label, kind="choice", default=o.default, choices=choices, help=o.help,
                      group=o.group)
     if o.base_type == "bool":
         return Field(name=o.name, label=o.label, kind="bool", default=o.default, help=o.help, group=o.group)

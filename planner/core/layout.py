@@ -252,7 +252,8 @@ class Job:
     # The software stack (a name in stacks/ or a stack file): its kernels, overlaps, sharding
     # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
     stack: str = _opt("fsdp2", help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
-                                    "reference, or a stack file (default fsdp2; `planner stacks` lists them)")
+                                    "reference, or a stack file (default fsdp2; `planner stacks` lists them)",
+                      label="Software stack")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
     async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "
                                       "(torchtitan async TP, TE --tp-comm-overlap)", label="Async TP")

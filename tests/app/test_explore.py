@@ -37,6 +37,7 @@ STATES = [
     {"params": 70.0, "gpus": 256, "pp": 4, "vpp": 2, "micro_batch": 1, "zero_stage": "3", "recompute": "selective",
      "sequence_parallel": "on", "attention": "standard", "sort": "cost"},
     {"params": 13.0, "gpus": 64, "gpu": "h100-80g", "global_batch": 1024, "tp": 2, "schedule": "1f1b"},
+    {"params": 13.0, "gpus": 32, "stack": "megatron-core", "zero_stage": "1", "kernels": "eager", "compile": True},
 ]
 
 
