@@ -169,6 +169,56 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     return _LayerTimes(fwd, bwd, recompute, calls * collective, calls)
 
 
+def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(slow, busy) for a CPU host whose cores its processes share (threads per process = cores /
+    processes, as the trainer's launcher sets them): compute runs ``slow`` times slower, fixed
+    single-threaded costs ``busy`` times (time-sliced). GPUs: (1, 1)."""
+    if not hw.network.compute_slots:
+        return 1.0, 1.0
+    e = hw.efficiency
+    on_node = np.minimum(c.dp * c.tp * c.pp, hw.network.gpus_per_node)
+    share = on_node / hw.network.compute_slots  # processes per core
+    threads = 1.0 / np.minimum(share, 1.0)  # cores per process, when it has more than one
+    slow = np.where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
+    return slow, np.maximum(1.0, share)
+
+
+def _data_parallel(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
+                   links: comm.Links, trained: np.ndarray, shard: np.ndarray, fwd_mb: np.ndarray,
+                   bwd_mb: np.ndarray, layers_pace: np.ndarray, busy) -> np.ndarray:
+    """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
+    gathers of weights, minus what the stack hides behind compute."""
+    e, act, m = hw.efficiency, ACT_BYTES[job.precision], c.m.astype(float)
+    # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
+    # never wider than the precision keeps them.
+    grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
+    param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
+    ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0) * busy
+    rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0) * busy
+    # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
+    # flat ring over the data-parallel group (the stack's ``hierarchical``).
+    zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
+    ag3 = zcoll(links, param_bytes, c.dp, c.tp, 1.0) * busy
+    rs3 = zcoll(links, grad_bytes, c.dp, c.tp, 1.0) * busy
+    hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
+    # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
+    # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
+    # the current block's compute. The first gather and the last reduce-scatter of a pass have
+    # nothing to hide behind: one block's worth. A stack that keeps a pipeline stage's weights
+    # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
+    edge = (ag3 + rs3) / np.maximum(layers_pace, 1)
+    each = np.maximum(0.0, 2 * ag3 + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
+    once = np.maximum(0.0, ag3 + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
+    zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
+    # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
+    # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
+    ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0) * busy
+    ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
+    zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
+    return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
+                     [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
+
+
 def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software | None = None) -> StepTime:
     """The step's breakdown: seconds per optimizer step on the critical path, by part. ``hw``
     carries the stack's software factors already (planner.stacks.effective)."""
@@ -177,22 +227,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     links = comm.Links.of(hw)
     lt = layer_times(model, hw, job, c, links, sw)
     act = ACT_BYTES[job.precision]
-    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, reference_peak(hw, job.precision), act)
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
+    slow, busy = _host_sharing(hw, c)
+    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, reference_peak(hw, job.precision), act)
     loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len * model.vocab / c.tp / hbm
-    head_time = (2 if job.lora else 3) * head + loss  # forward + backward of the head, and the loss
-
-    # A CPU host's cores are shared by its processes (threads per process = cores / processes,
-    # as the trainer's launcher sets them): each computes at cores/processes of one core's speed.
-    # Fixed (framework) overheads run on one thread: threads do not shorten them, sharing a core does.
-    slow = busy = 1.0
-    if hw.network.compute_slots:
-        on_node = np.minimum(c.dp * c.tp * c.pp, hw.network.gpus_per_node)
-        share = on_node / hw.network.compute_slots  # processes per core
-        threads = 1.0 / np.minimum(share, 1.0)  # cores per process, when it has more than one
-        slow = np.where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
-        busy = np.maximum(1.0, share)
-    head_time = head_time * slow
+    head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
     first, fullest, last = stage_layers_arrays(model.layers, c.pp, head_layers(model, sw))
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
     overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
@@ -207,55 +246,24 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     p, v = c.pp, c.vpp.astype(float)
     p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len * model.hidden, c.tp, c.dp) * busy
     pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
-    per_mb = compute_mb + tp_mb + pp_mb
-    bubble = (p - 1) / v * per_mb
+    bubble = (p - 1) / v * (compute_mb + tp_mb + pp_mb)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     params = np.maximum(fullest * model.layer_params, first * model.layer_params + model.embedding_params)
     shard = params / c.tp
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
-    # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
-    # never wider than the precision keeps them.
-    grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
-    param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
-    ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0) * busy
-    rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0) * busy
-    # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
-    # flat ring over the data-parallel group (the stack's ``hierarchical``).
-    zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
-    ag = zcoll(links, param_bytes, c.dp, c.tp, 1.0) * busy  # ZeRO-3: gather the weights
-    rs3 = zcoll(links, grad_bytes, c.dp, c.tp, 1.0) * busy
-    ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0) * busy  # ZeRO-1/2: updated weights
-    bwd_mb = layers_pace * lt.backward * slow
-    hidden = e.dp_overlap * bwd_mb if job.overlap_grad_reduce else np.zeros_like(bwd_mb)
-    fwd_mb = layers_pace * lt.forward * slow
-    # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
-    # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
-    # the current block's compute. The first gather and the last reduce-scatter of a pass have
-    # nothing to hide behind: one block's worth. A stack that keeps a pipeline stage's weights
-    # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
-    edge = (ag + rs3) / np.maximum(layers_pace, 1)
-    per_mb = np.maximum(0.0, 2 * ag + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
-    once = np.maximum(0.0, ag + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
-    zero3 = np.where((p > 1) & (not sw.stack.reshard_in_pipeline), once, m * per_mb)
-    # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
-    # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
-    ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
-    zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
-    dp = np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
-                   [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
+    dp = _data_parallel(model, hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
+                        layers_pace * lt.backward * slow, layers_pace, busy)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
     held = trained / np.where(c.zero_stage >= 1, c.dp, 1)
-    optimizer = held * optim_bytes_per_param / (hw.gpu.hbm_bytes_per_s * e.memory) * slow
+    optimizer = held * optim_bytes_per_param / hbm * slow
 
     overhead_mb = layers_pace * overhead_layer
-    # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (hardware.Efficiency.step_jitter).
-    gpus = (c.dp * c.tp * c.pp).astype(float)
+    # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
     busy_s = m * (compute_mb + tp_mb + pp_mb) + bubble + dp + optimizer
-    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(gpus))
-    st = StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
-                  bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s + stragglers)
-    return st
+    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log((c.dp * c.tp * c.pp).astype(float)))
+    return StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
+                    bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s + stragglers)
