@@ -44,10 +44,10 @@ def compute_times(field: str, values: list, repeats: int) -> float:
     """Median seconds of explore.compute for each value (no cache: the function itself)."""
     times = []
     for value in values:
-        argv = explore_state.argv_from_state({**explore_state.defaults(), field: value})
+        values_ = explore_state.mapping_from_state({**explore_state.defaults(), field: value})
         for _ in range(repeats):
             start = time.perf_counter()
-            explore.compute(argv)
+            explore.compute(values_)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -80,25 +80,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    explore.compute(explore_state.argv_from_state(explore_state.defaults()))  # imports, profile files
+    explore.compute(explore_state.mapping_from_state(explore_state.defaults()))  # imports, profile files
     print("what-if explorer, one interaction, milliseconds (median); default 33B on 128 x a100-80g")
     print(f"{'interaction':42s} {'compute':>8s} {'page, new':>10s} {'page, seen':>10s}")
     for label, field, values in INTERACTIONS:
         c = compute_times(field, values, args.repeats)
         new, seen = page_times(field, values)
         print(f"{label:42s} {ms(c):>8s} {ms(new):>10s} {ms(seen):>10s}")
-    print("\nHardware tab (every profile; the sweep: 7 profiles x 10 GPU counts)")
+    print("\nHardware tab (every profile; the sweep: every profile x 10 GPU counts)")
     state = explore_state.defaults()
     start = time.perf_counter()
-    explore.compare_hardware(explore_state.comparison_argv(state), 256)
+    explore.compare_hardware(explore_state.comparison_mapping(state), 256)
     compare = time.perf_counter() - start
     start = time.perf_counter()
-    explore.sweep(explore_state.sweep_argv({**state, "params": 13.0}))
+    explore.sweep(explore_state.sweep_mapping({**state, "params": 13.0}))
     sweep = time.perf_counter() - start
     new_gpus, seen_gpus = page_times("gpus", [256, 512, 64], tab="Hardware")
     new_model, seen_model = page_times("params", [13.0, 70.0], tab="Hardware")
-    print(f"{'compare 7 profiles at one GPU count':42s} {ms(compare):>8s}")
-    print(f"{'days-vs-GPUs sweep (70 searches)':42s} {ms(sweep):>8s}")
+    print(f"{'compare every profile at one GPU count':42s} {ms(compare):>8s}")
+    print(f"{'days-vs-GPUs sweep':42s} {ms(sweep):>8s}")
     print(f"{'GPUs changed, Hardware tab open':42s} {'':>8s} {ms(new_gpus):>10s} {ms(seen_gpus):>10s}")
     print(f"{'model changed, Hardware tab open':42s} {'':>8s} {ms(new_model):>10s} {ms(seen_model):>10s}")
 
