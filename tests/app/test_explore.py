@@ -1,6 +1,6 @@
 """The explorer's pure parts, without a browser: state <-> URL <-> the mapping of declared names
-<-> CLI flags, the plan equal to `planner estimate`, the nearest valid values of an impossible pin, the bubble curve, the
-cross-hardware sweep, run records (bad ones named and skipped) and `planner app`."""
+<-> CLI flags, the plan equal to `planner estimate`, the nearest valid values of an impossible pin,
+the bubble curve, the cross-hardware sweep, run records (bad ones named and skipped) and `planner app`."""
 
 from __future__ import annotations
 
