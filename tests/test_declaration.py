@@ -102,3 +102,12 @@ def test_the_plan_selected_from_one_table_is_the_pinned_search(name, gpus, pins,
     assert (alone.evaluated, alone.feasible) == (p.result.evaluated, p.result.feasible)
     assert np.array_equal(alone.evaluation.step_s, p.result.evaluation.step_s)
     assert alone.evaluation.candidates.layout(0) == p.best.layout
+
+
+def test_candidates_survive_pickling():
+    """Candidates travel through st.cache_data and process pools by value."""
+    import pickle
+
+    c = Candidates.from_layouts([Layout(dp=2, global_batch=8), Layout(dp=1, tp=2, global_batch=8, recompute="full")])
+    again = pickle.loads(pickle.dumps(c))
+    assert [again.layout(i) for i in range(2)] == [c.layout(i) for i in range(2)]

@@ -323,6 +323,9 @@ class Candidates:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Candidates are immutable")
 
+    def __reduce__(self):  # pickled by its columns (st.cache_data, multiprocessing)
+        return _candidates, (self.columns(),)
+
     def __len__(self) -> int:
         return int(self.dp.shape[0])
 
@@ -347,6 +350,10 @@ class Candidates:
     @classmethod
     def empty(cls) -> "Candidates":
         return cls.from_layouts([])
+
+
+def _candidates(columns: dict[str, np.ndarray]) -> Candidates:
+    return Candidates(**columns)
 
 
 def default_global_batch(model: ModelSpec, dp_mb: np.ndarray | int,
