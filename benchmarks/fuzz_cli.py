@@ -115,12 +115,12 @@ def profile_text(pick: Callable[[Sequence], object]) -> str | bytes:
 
 
 # The columns planner/calibration/published.py reads (Megatron-LM 2021 Table 1, first row).
-_STACK = Path(__file__).resolve().parent.parent / "stacks" / "fsdp2.toml"
+_STACK = Path(__file__).resolve().parent.parent / "software_stacks" / "fsdp2.toml"
 STACK_VALUES = ['"eager"', '"fused"', "[0, 3]", "[]", '["1f1b"]', "[5]", '""']
 
 
 def stack_text(pick: Callable[[Sequence], object]) -> str | bytes:
-    """A shipped software-stack file (stacks/fsdp2.toml) with a few values broken, keys dropped
+    """A shipped software-stack file (software_stacks/fsdp2.toml) with a few values broken, keys dropped
     or unknown keys added; or a binary file."""
     if pick([False, False, False, False, True]):
         return bytes(range(256))

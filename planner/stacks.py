@@ -1,7 +1,7 @@
 """How the job runs in software: the stack (Megatron-LM, Megatron-Core + Transformer Engine,
 torchtitan's FSDP2, DeepSpeed ZeRO, this project's reference trainer).
 
-The same GPU runs 1.5-2x apart under different software. A stack file (``stacks/*.toml``) names
+The same GPU runs 1.5-2x apart under different software. A stack file (``software_stacks/*.toml``) names
 what kernels it runs, what overlaps with what, how it shards and gathers, its overheads and its
 fp8 recipe, each cited. Hardware factors (peak rates, GEMM and attention efficiency, bandwidths)
 stay in the hardware profile; a stack's factors set the software ones, unless a calibrated
@@ -43,7 +43,8 @@ class Stack:
     zero3_overlap: float  # of compute that hides ZeRO-3 / FSDP parameter gathers and gradient reduce-scatters
     param_gather_overlap: float  # of the next forward that hides ZeRO-1/2's all-gather of updated weights
     tp_overlap: float  # of tensor-parallel communication hidden behind GEMMs
-    tp_overlap_async: float  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
+    tp_overlap_async: float
+    cp_overlap: float  # of the attention time that hides context parallel's K/V exchange (ring: 1; all-gather: 0)  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
@@ -92,6 +93,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "tp_overlap": ("tp_overlap", "float", (0.0, 1.0)),
     "param_gather_overlap": ("param_gather_overlap", "float", (0.0, 1.0)),
     "tp_overlap_async": ("tp_overlap_async", "float", (0.0, 1.0)),
+    "cp_overlap": ("cp_overlap", "float", (0.0, 1.0)),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "gather_layers": ("gather_layers", "float", (0.0, 64.0)),
@@ -169,11 +171,11 @@ def load_stack_file(path: str | Path) -> Stack:
 
 
 def _stack_dir() -> Path:
-    root = Path(__file__).resolve().parent.parent / "stacks"
+    root = Path(__file__).resolve().parent.parent / "software_stacks"
     if not root.is_dir():  # installed without the source tree: the package copy
-        import stacks
+        import software_stacks
 
-        root = Path(stacks.__file__).resolve().parent
+        root = Path(software_stacks.__file__).resolve().parent
     return root
 
 

@@ -18,7 +18,7 @@ from planner.hardware import get_profile
 from planner.stacks import effective, get_stack, load_stack_file, software, stack_names
 from tests.helpers import evaluate_one
 
-STACKS = Path(__file__).resolve().parent.parent / "stacks"
+STACKS = Path(__file__).resolve().parent.parent / "software_stacks"
 
 
 def test_every_stack_file_loads_and_names_its_source():

@@ -12,7 +12,7 @@ from planner.errors import PlannerError
 
 FORMATS = ("torchrun", "megatron", "deepspeed", "slurm", "k8s")
 TRAINER_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # reference_trainer/config.py: no fp8 path
-# The software stack each format runs (stacks/*.toml): the plan is made for it unless --stack is given.
+# The software stack each format runs (software_stacks/*.toml): the plan is made for it unless --stack is given.
 FORMAT_STACKS = {"torchrun": "reference", "slurm": "reference", "k8s": "reference", "megatron": "megatron-core",
                  "deepspeed": "deepspeed-zero"}
 
