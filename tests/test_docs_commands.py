@@ -1,0 +1,116 @@
+"""Every shell command the docs show runs as written (issue 11: "the first hour of a new user").
+
+The commands are extracted from the fenced blocks of README.md, reference_trainer/README.md and
+docs/*.md: every line of a ``bash``/``sh`` block, and every ``$ ``-prefixed line of a transcript
+block. The fast planner subcommands run exactly as written; the slow or machine-changing ones are
+listed below with the reason, and run with ``--help`` (or ``--dry-run`` for the trainer's
+launcher) so that a renamed flag or subcommand still fails here.
+
+The expected exit code is 0, or the one the transcript shows: a transcript whose next line is
+``planner <sub>: <message>`` (not a ``note:``) documents a refusal, exit 2; ``$ echo $?`` and the
+code on the line after it, later in the same transcript, documents another.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "reference_trainer/README.md", *sorted(str(p.relative_to(ROOT))
+                                                               for p in (ROOT / "docs").glob("*.md")))
+
+# Not run at all: what they do is not the planner's, or changes this machine or the repository.
+SKIP_PREFIXES = (
+    "pip ",  # installs: the environment is already installed (tests/app/test_browser.py checks a fresh one)
+    "torchrun ",  # the trainer under torchrun: minutes on 2 cores; tests/trainer covers it
+    "python -m reference_trainer",  # the same, one process
+    "python -m pytest",  # this very test suite
+    "python docs/",  # regenerates committed pages (tests/test_seed_check.py checks them)
+    "head ", "grep ", "cat ",  # inspect a file an earlier line wrote
+    "echo $?",  # shows the previous command's exit code (checked with that command)
+)
+# Run with --help only: slow (probe, profile grid), serving (app) or reading what an earlier,
+# slow line of the same block wrote (a calibrated profile, a run grid).
+HELP_ONLY_SUBCOMMANDS = ("probe", "profile", "calibrate", "app")
+HELP_ONLY_WHEN = ("my-gpu.toml", "runs/grid", "base.yaml")
+# `planner run` (the trainer's launcher) is checked with --dry-run: the config is built and
+# validated (layout, batch, schedule) without starting torchrun.
+DRY_RUN_SUBCOMMANDS = ("run",)
+
+
+def _blocks(text: str):
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        yield m.group(1), m.group(2).splitlines()
+
+
+def doc_commands() -> list[tuple[str, str, int]]:
+    """(where, command, expected exit code) for every command line of the docs."""
+    out = []
+    for doc in DOCS:
+        for lang, lines in _blocks((ROOT / doc).read_text()):
+            for i, line in enumerate(lines):
+                if lang in ("bash", "sh", "shell"):
+                    cmd = line.strip()
+                elif line.startswith("$ "):
+                    cmd = line[2:].strip()
+                else:
+                    continue
+                if not cmd or cmd.startswith("#"):
+                    continue
+                nxt = lines[i + 1] if i + 1 < len(lines) else ""
+                refused = (lang == "" and re.match(r"planner \w+: ", nxt) and ": note:" not in nxt)
+                code = 2 if refused else 0
+                for j in range(i + 1, len(lines) - 1):
+                    if lines[j].startswith("$ echo $?"):
+                        code = int(lines[j + 1])
+                        break
+                    if lines[j].startswith("$ "):
+                        break
+                out.append((f"{doc}: {cmd[:60]}", cmd, code))
+    return out
+
+
+COMMANDS = doc_commands()
+
+
+def _argv(cmd: str, tmp_path: Path) -> list[str] | None:
+    """The command as argv to run (None: skipped), with the comment and output redirection cut."""
+    for part in cmd.split("&&"):
+        if part.strip().startswith("planner "):
+            cmd = part.strip()  # `pip install . && planner estimate ...`: the planner part
+    if cmd.startswith(SKIP_PREFIXES):
+        return None
+    words = shlex.split(cmd, comments=True)
+    if "..." in words:
+        return None  # a placeholder ("planner run ... --dry-run"): shows a flag, not a command
+    if ">" in words:
+        words = words[:words.index(">")]
+    assert words[0] == "planner", f"a command the test does not know how to run: {cmd!r}"
+    if words[1] in HELP_ONLY_SUBCOMMANDS or any(w in cmd for w in HELP_ONLY_WHEN):
+        return [*words[:2], "--help"]
+    if words[1] in DRY_RUN_SUBCOMMANDS:
+        return [*words, "--dry-run", "--runs-dir", str(tmp_path / "runs")]
+    return words
+
+
+def test_the_docs_show_commands():
+    subs = {c.split()[1] for _, c, _ in COMMANDS if c.startswith("planner ")}
+    assert {"estimate", "compare", "recommend", "export", "run", "app"} <= subs
+
+
+@pytest.mark.parametrize("where,cmd,code", COMMANDS, ids=[w for w, _, _ in COMMANDS])
+def test_doc_command_runs_as_written(where, cmd, code, tmp_path):
+    argv = _argv(cmd, tmp_path)
+    if argv is None:
+        pytest.skip("not run here (see SKIP_PREFIXES)")
+    r = subprocess.run([sys.executable, "-m", "planner", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    expected = 0 if "--help" in argv else code
+    assert r.returncode == expected, f"{where}\n$ {' '.join(argv)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert "Traceback" not in r.stderr
