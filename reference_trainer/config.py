@@ -17,13 +17,23 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.core.layout import Layout
+from planner.core.layout import ATTENTION, GPU_FACTORS, JOB_OPTIONS, LAYOUT_DIMS, MODES, Layout
 from planner.core.model import ModelSpec
 from planner.core.pipeline import stage_layer_ranges
+from planner.core.resilience import Operations
 from planner.errors import PlannerError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-ATTENTION = ("flash", "standard")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # what the trainer runs (no fp8: no Transformer Engine here)
+# The planner's declared defaults (planner.core.layout.Job, planner.core.resilience.Operations):
+# the trainer's LoRA, mode, attention and checkpoint defaults are these, never a second copy.
+JOB_DEFAULTS = {o.name: o.default for o in JOB_OPTIONS}
+OPS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Operations)}
+# The layout dimensions this trainer runs (reference_trainer/parallel.py, step.py). Any other
+# dimension declared in planner.core.layout (context parallel, ...) is accepted in a config and as
+# a flag, and refused unless it keeps its default: a new dimension needs no trainer edit to parse.
+TRAINER_DIMS = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
+                "sequence_parallel", "schedule")
+LAYOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
 TOKEN_DTYPES = ("uint16", "uint32")
 # A tiny shape that trains in seconds on a CPU (the default when no model is given).
 DEBUG_MODEL = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64}
@@ -40,8 +50,8 @@ class ConfigError(ValueError):
 class TrainingConfig:
     steps: int = 20
     precision: str = "fp32"
-    lr: float = 6e-5  # the seed article's AdamW defaults
-    betas: tuple[float, float] = (0.9, 0.999)
+    lr: float = 6e-5  # GPT-3 175B's peak rate (Brown et al. 2020, Table 2.1)
+    betas: tuple[float, float] = (0.9, 0.999)  # betas and eps: torch.optim.AdamW's defaults
     eps: float = 1e-8
     weight_decay: float = 0.01  # applied to matrices and embeddings, not to biases or norms
     warmup_steps: int = 2  # linear warm-up, then cosine decay to min_lr_ratio * lr
@@ -50,16 +60,17 @@ class TrainingConfig:
     max_nonfinite_steps: int = 10  # this many non-finite steps in a row stop the run with a diagnosis
     init_loss_scale: float = 2.0**16  # fp16 only: the dynamic loss scaler's start and growth interval
     loss_scale_growth_interval: int = 2000
-    mode: str = "pretrain"  # pretrain | full-finetune (train everything) | lora (frozen model + adapters)
+    mode: str = JOB_DEFAULTS["mode"]  # pretrain | full-finetune (train everything) | lora (frozen model + adapters)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoraConfig:
-    """Used when training.mode is lora; the seed article's config: r=8, alpha=16, q_proj, v_proj."""
+    """Used when training.mode is lora. Defaults: the planner's Job options (r=8, alpha=16 on q_proj
+    and v_proj, as in Hu et al. 2021, Sec. 7.1, and PEFT's examples)."""
 
-    r: int = 8
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    r: int = JOB_DEFAULTS["lora_r"]
+    alpha: float = JOB_DEFAULTS["lora_alpha"]
+    targets: tuple[str, ...] = JOB_DEFAULTS["lora_targets"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,7 +86,7 @@ class DataConfig:
 class CheckpointConfig:
     dir: str | None = None  # None: runs/<run_name>/checkpoints
     interval: int = 0  # steps between saves; 0: never (a final save happens when interval > 0)
-    keep_last: int = 3
+    keep_last: int = OPS_DEFAULTS["keep_last"]
     auto_resume: bool = True
 
 
@@ -95,7 +106,7 @@ class RunConfig:
     runs_dir: str = "runs"
     seed: int = 1234
     spec: ModelSpec  # its dropout is the model's (ModelSpec: 0.1 for gpt, 0 for llama by default)
-    attention: str = "flash"
+    attention: str = JOB_DEFAULTS["attention"]
     layout: Layout
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -106,7 +117,7 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        return self.layout.dp * self.layout.tp * self.layout.pp
+        return self.layout.gpus  # the product of the mesh degrees (dp*tp*pp...)
 
     @property
     def run_dir(self) -> Path:
@@ -221,7 +232,8 @@ def build_config(data: dict, *, default_name: str = "run") -> RunConfig:
         config = RunConfig(run_name=_typed("run_name", data.get("run_name") or default_name, "str"), spec=spec,
                            layout=layout, runs_dir=_typed("runs_dir", data.get("runs_dir", "runs"), "str"),
                            seed=_typed("seed", data.get("seed", 1234), "int"),
-                           attention=_typed("model.attention", model.get("attention", "flash"), "str"),
+                           attention=_typed("model.attention", model.get("attention", JOB_DEFAULTS["attention"]),
+                                            "str"),
                            log_every=_typed("log_every", data.get("log_every", 1), "int"), **sections)
     except PlannerError as exc:
         raise ConfigError(str(exc)) from None
@@ -263,12 +275,25 @@ def _require(ok: bool, message: str) -> None:
 
 def validate(config: RunConfig, world_size: int | None = None) -> None:
     """Every check that needs no process group. ``world_size``: the launched one, if known."""
-    spec, lay, tr = config.spec, config.layout, config.training
+    _check_run(config)
+    _check_training(config)
+    _check_layout(config)
+    _check_data(config)
+    _check_checkpoint_and_profile(config)
+    if world_size is not None:
+        _check_world(config, world_size)
+
+
+def _check_run(config: RunConfig) -> None:
     _require(re.fullmatch(r"[A-Za-z0-9._-]+", config.run_name) is not None,
              f"run_name={config.run_name!r}: letters, digits, '.', '_' and '-' only")
     # numpy's generators take seeds >= 0; torch.manual_seed(seed + per-rank offsets) stays below 2**64.
     _require(0 <= config.seed <= SEED_MAX, f"seed={config.seed}: an integer from 0 to {SEED_MAX}")
     _require(config.attention in ATTENTION, f"model.attention={config.attention!r}: one of {', '.join(ATTENTION)}")
+
+
+def _check_training(config: RunConfig) -> None:
+    tr = config.training
     _require(tr.precision in PRECISIONS, f"training.precision={tr.precision!r}: one of {', '.join(PRECISIONS)}")
     _require(tr.steps >= 1, f"training.steps={tr.steps}: a positive integer")
     _require(0 <= tr.warmup_steps <= tr.steps,
@@ -276,20 +301,32 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
     _require(tr.lr > 0 and tr.eps > 0 and tr.weight_decay >= 0 and tr.grad_clip >= 0,
              "training: lr and eps must be > 0, weight_decay and grad_clip >= 0")
     _require(tr.max_nonfinite_steps >= 1, f"training.max_nonfinite_steps={tr.max_nonfinite_steps}: at least 1")
-    _require(tr.mode in ("pretrain", "full-finetune", "lora"),
-             f"training.mode={tr.mode!r}: one of pretrain, full-finetune, lora")
+    _require(tr.mode in MODES, f"training.mode={tr.mode!r}: one of {', '.join(MODES)}")
     if tr.mode == "lora":
-        from planner.core.finetune import trainable_params
-        from planner.core.layout import Job
+        _check_lora(config)
 
-        try:
-            trainable_params(spec, Job(mode="lora", lora_r=config.lora.r, lora_alpha=config.lora.alpha,
-                                       lora_targets=config.lora.targets))
-        except PlannerError as exc:
-            raise ConfigError(f"lora.{exc}") from None
-        _require(config.layout.tp == 1, f"layout.tp={config.layout.tp}: LoRA runs with tp = 1 here "
-                                        "(the adapters are not tensor-parallel)")
-    # Layout: what Layout itself does not check (the planner's rules, DESIGN.md).
+
+def _check_lora(config: RunConfig) -> None:
+    from planner.core.finetune import trainable_params
+    from planner.core.layout import Job
+
+    try:
+        trainable_params(config.spec, Job(mode="lora", lora_r=config.lora.r, lora_alpha=config.lora.alpha,
+                                          lora_targets=config.lora.targets))
+    except PlannerError as exc:
+        raise ConfigError(f"lora.{exc}") from None
+    _require(config.layout.tp == 1, f"layout.tp={config.layout.tp}: LoRA runs with tp = 1 here "
+                                    "(the adapters are not tensor-parallel)")
+
+
+def _check_layout(config: RunConfig) -> None:
+    """What Layout itself does not check: the rules across dimensions and the model that the
+    planner's search applies (planner.core.search), and the dimensions this trainer runs."""
+    spec, lay = config.spec, config.layout
+    for d in LAYOUT_DIMS:
+        value, default = getattr(lay, d.name), LAYOUT_DEFAULTS[d.name]
+        _require(d.name in TRAINER_DIMS or value == default,
+                 f"layout.{d.name}={value}: the reference trainer does not run this dimension; leave it at {default}")
     dp_mb = lay.dp * lay.micro_batch
     _require(lay.global_batch % dp_mb == 0,
              f"layout.global_batch={lay.global_batch}: must be divisible by "
@@ -306,7 +343,11 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
         stage_layer_ranges(spec.layers, lay.pp, lay.vpp)
     except PlannerError as exc:
         raise ConfigError(f"layout.{exc}") from None
-    m = config.micro_batches
+    _check_schedule(config)
+
+
+def _check_schedule(config: RunConfig) -> None:
+    lay, m = config.layout, config.micro_batches
     if lay.vpp > 1:
         _require(lay.pp > 1 and lay.schedule == "1f1b",
                  f"layout.vpp={lay.vpp}: interleaving needs pp > 1 and schedule 1f1b")
@@ -316,7 +357,9 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
     elif lay.pp > 1 and lay.schedule == "1f1b":
         _require(m >= lay.pp, f"layout: 1F1B needs micro-batches per step m={m} >= pp={lay.pp} "
                               f"(global_batch / (dp*micro_batch)); use schedule gpipe or a larger global_batch")
-    # Data, checkpoint, profile.
+
+
+def _check_data(config: RunConfig) -> None:
     d = config.data
     _require(d.dtype in TOKEN_DTYPES, f"data.dtype={d.dtype!r}: one of {', '.join(TOKEN_DTYPES)}")
     _require(0 <= d.workers <= MAX_WORKERS, f"data.workers={d.workers}: from 0 to {MAX_WORKERS}")
@@ -326,8 +369,12 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
         path = Path(d.path)
         _require(path.is_file(), f"data.path={d.path!r}: no such file")
         itemsize = 2 if d.dtype == "uint16" else 4
-        _require(path.stat().st_size // itemsize > spec.seq_len,
-                 f"data.path={d.path!r}: fewer than seq_len+1={spec.seq_len + 1} tokens of {d.dtype}")
+        seq_len = config.spec.seq_len
+        _require(path.stat().st_size // itemsize > seq_len,
+                 f"data.path={d.path!r}: fewer than seq_len+1={seq_len + 1} tokens of {d.dtype}")
+
+
+def _check_checkpoint_and_profile(config: RunConfig) -> None:
     c = config.checkpoint
     _require(c.interval >= 0, f"checkpoint.interval={c.interval}: zero (never) or a positive number of steps")
     _require(c.keep_last >= 1, f"checkpoint.keep_last={c.keep_last}: at least 1")
@@ -343,10 +390,15 @@ def validate(config: RunConfig, world_size: int | None = None) -> None:
         except PlannerError as exc:
             raise ConfigError(f"profile.hardware_profile: {exc}") from None
     _require(config.log_every >= 1, f"log_every={config.log_every}: a positive integer")
-    if world_size is not None:
-        _require(world_size == config.world_size,
-                 f"world size {world_size} != dp*tp*pp: dp={lay.dp} tp={lay.tp} pp={lay.pp} "
-                 f"needs {config.world_size} processes")
+
+
+def _check_world(config: RunConfig, world_size: int) -> None:
+    """The launched world is the product of the mesh degrees the trainer runs (the others are 1)."""
+    lay = config.layout
+    degrees = [name for name in GPU_FACTORS if name in TRAINER_DIMS]
+    _require(world_size == config.world_size,
+             f"world size {world_size} != {'*'.join(degrees)}: "
+             f"{' '.join(f'{name}={getattr(lay, name)}' for name in degrees)} needs {config.world_size} processes")
 
 
 def launched_world_size() -> int | None:

@@ -19,22 +19,21 @@ import sys
 import time
 from pathlib import Path
 
+from planner.core.layout import ATTENTION, JOB_OPTIONS, LAYOUT_DIMS, MODES
 from reference_trainer import faults
-from reference_trainer.config import ConfigError, build_config, config_to_dict, validate
+from reference_trainer.config import PRECISIONS, ConfigError, build_config, config_to_dict, validate
 
 PARENT_ENV = "PLANNER_RUN_PARENT_PID"  # set by `planner run`: this launcher dies with it
 
-# flag -> (section, key) of the run config; section None: top level.
+# flag -> (section, key) of the run config; section None: top level. The layout's flags are
+# derived from its declaration (planner.core.layout.LAYOUT_DIMS), one per dimension.
 FLAGS = {
     "preset": ("model", "preset"), "params": ("model", "params"), "arch": ("model", "arch"),
     "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
     "kv_heads": ("model", "kv_heads"), "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"),
     "seq_len": ("model", "seq_len"), "tied_embeddings": ("model", "tied_embeddings"),
     "dropout": ("model", "dropout"), "attention": ("model", "attention"),
-    "dp": ("layout", "dp"), "tp": ("layout", "tp"), "pp": ("layout", "pp"), "vpp": ("layout", "vpp"),
-    "micro_batch": ("layout", "micro_batch"), "global_batch": ("layout", "global_batch"),
-    "zero": ("layout", "zero_stage"), "recompute": ("layout", "recompute"),
-    "sequence_parallel": ("layout", "sequence_parallel"), "schedule": ("layout", "schedule"),
+    **{d.name: ("layout", d.name) for d in LAYOUT_DIMS},
     "steps": ("training", "steps"), "precision": ("training", "precision"), "lr": ("training", "lr"),
     "warmup_steps": ("training", "warmup_steps"), "grad_clip": ("training", "grad_clip"),
     "data": ("data", "path"), "data_dtype": ("data", "dtype"), "workers": ("data", "workers"),
@@ -47,6 +46,9 @@ FLAGS = {
     "seed": (None, "seed"), "run_name": (None, "run_name"), "runs_dir": (None, "runs_dir"),
     "log_every": (None, "log_every"),
 }
+
+
+_JOB = {o.name: o for o in JOB_OPTIONS}  # the planner's job options: the trainer's flags share their help
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,25 +76,22 @@ def parser() -> argparse.ArgumentParser:
         m.add_argument(f"--{name}", type=int)
     m.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None)
     m.add_argument("--dropout", type=float)
-    m.add_argument("--attention", choices=("flash", "standard"))
-    lay = p.add_argument_group("layout")
-    for name in ("dp", "tp", "pp", "vpp", "micro-batch", "global-batch"):
-        lay.add_argument(f"--{name}", type=int)
-    lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
-    lay.add_argument("--recompute", choices=("none", "selective", "full"))
-    lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
-    lay.add_argument("--schedule", choices=("1f1b", "gpipe"))
+    m.add_argument("--attention", choices=ATTENTION, help=_JOB["attention"].help)
+    lay = p.add_argument_group("layout (one flag per dimension of planner.core.layout.Layout)")
+    for d in LAYOUT_DIMS:
+        flags, kwargs = d.argparse_spec()
+        lay.add_argument(*flags, **kwargs)
     tr = p.add_argument_group("training")
     tr.add_argument("--steps", type=int)
-    tr.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"))
+    tr.add_argument("--precision", choices=PRECISIONS)
     tr.add_argument("--lr", type=float)
     tr.add_argument("--warmup-steps", type=int, help="learning-rate warm-up steps")
     tr.add_argument("--grad-clip", type=float)
     tr.add_argument("--seed", type=int)
-    tr.add_argument("--mode", choices=("pretrain", "full-finetune", "lora"))
-    tr.add_argument("--lora-r", type=int, help="LoRA rank (default 8)")
-    tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 16)")
-    tr.add_argument("--lora-targets", help="comma-separated, e.g. q_proj,v_proj (default)")
+    tr.add_argument("--mode", choices=MODES, help=_JOB["mode"].help)
+    tr.add_argument("--lora-r", type=int, help=_JOB["lora_r"].help)
+    tr.add_argument("--lora-alpha", type=float, help=_JOB["lora_alpha"].help)
+    tr.add_argument("--lora-targets", help=_JOB["lora_targets"].help)
     d = p.add_argument_group("data and checkpoints")
     d.add_argument("--data", help="token file (flat uint16/uint32); default: the seeded synthetic stream")
     d.add_argument("--data-dtype", choices=("uint16", "uint32"))
@@ -111,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--log-every", type=int)
     ln = p.add_argument_group("launch (multi-node: torchrun's c10d rendezvous)")
     ln.add_argument("--nnodes", type=int, default=1)
-    ln.add_argument("--nproc-per-node", type=int, help="default: dp*tp*pp / nnodes")
+    ln.add_argument("--nproc-per-node", type=int, help="default: the layout's GPUs (dp*tp*pp...) / nnodes")
     ln.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (needed when --nnodes > 1)")
     ln.add_argument("--rdzv-id", help="a job id shared by all nodes (default: the run name)")
     ln.add_argument("--dry-run", action="store_true", help="check and print the config and command; run nothing")

@@ -1,4 +1,4 @@
-"""Fuzz the command line (issue 12): random flag values (huge, tiny, negative, zero, nan, inf,
+"""Fuzz the command line: random flag values (huge, tiny, negative, zero, nan, inf,
 garbage text) and random hardware profile files and published CSVs, for every subcommand.
 
 Each case must end in exit 0/3 with finite output (strict JSON where JSON is asked for), or exit 2

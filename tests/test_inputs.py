@@ -1,4 +1,4 @@
-"""Input safety (issue 12): every number that enters is finite and in its documented range, hardware
+"""Input safety: every number that enters is finite and in its documented range, hardware
 profile files are checked by a schema, and every output is finite.
 
 Each case of the issue's list is here; expected values are worked by hand in the comments.

@@ -41,7 +41,7 @@ GRIDS: dict[str, list[tuple[str, int, int, int, int, int, str]]] = {
     ],
 }
 GRIDS["cpu-ci"] = GRIDS["cpu"][:10]
-# One GPU (issue 4's GPU grid): model size, sequence length, micro-batch and recompute, in bf16.
+# One GPU: a grid over model size, sequence length, micro-batch and recompute, in bf16.
 GPU_MODELS = {
     "gpt3-125m-s1k": ["--preset", "gpt3-125m", "--seq-len", "1024", "--dropout", "0"],
     "gpt3-350m-s2k": ["--preset", "gpt3-350m", "--seq-len", "2048", "--dropout", "0"],

@@ -32,11 +32,13 @@ class Operations:
     restart_s: float = 600.0  # detect, reschedule, re-initialise (before the checkpoint load); an assumption
     storage_write_bytes_per_s: float = 20e9  # aggregate, to the checkpoint file system; an assumption
     storage_read_bytes_per_s: float = 20e9  # aggregate, for checkpoint loads and the training data
-    keep_last: int = 3  # the seed's checkpoint.keep_last
+    keep_last: int = 3  # checkpoints kept: the newest and two to fall back on if it is bad (an assumption)
     checkpoint_interval_steps: int | None = None  # None: the Young/Daly optimum
     epochs: float = 1.0  # passes over the dataset
     token_bytes: int | None = None  # None: 2 (uint16) when the vocabulary fits, else 4 (uint32)
-    prefetch_factor: int = 4  # the seed: prefetch = batch_size x 4 samples
+    # samples in flight per loader worker = micro-batch x 4 (an assumption, twice torch.utils.data.DataLoader's
+    # default prefetch_factor of 2 batches)
+    prefetch_factor: int = 4
 
     def __post_init__(self) -> None:
         # The ranges of planner/schema.py FLAGS, in base units: every product below stays finite.

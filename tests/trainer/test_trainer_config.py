@@ -69,7 +69,7 @@ def test_trainer_rejects_a_mismatched_world_before_starting(tmp_path):
     path.write_text(yaml.safe_dump({**BASE, "runs_dir": str(tmp_path / "runs")}))
     env = trainer_env({"WORLD_SIZE": "3", "RANK": "0"})  # no MASTER_ADDR: a process group could not start
     proc = subprocess.run([sys.executable, "-m", "reference_trainer", "--config", str(path)], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: world size 3 != dp*tp*pp: dp=2 tp=1 pp=1 needs 2 processes"]
@@ -80,7 +80,7 @@ def test_trainer_rejects_an_unknown_key(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({**BASE, "checkpoint": {"interval": 2, "every": 3}}))
     proc = subprocess.run([sys.executable, "-m", "reference_trainer", "--config", str(path)], env=trainer_env(),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: checkpoint.every: unknown key; allowed: dir, interval, keep_last, auto_resume"]
@@ -122,3 +122,40 @@ def test_launcher_dry_run_builds_the_torchrun_command(capsys, tmp_path):
     config = yaml.safe_load(out[:out.rindex("\n", 0, len(out.rstrip()))])
     assert config["layout"]["zero_stage"] == 1 and config["layout"]["recompute"] == "selective"
     assert config["training"]["steps"] == 3 and config["model"]["layers"] == 4
+
+
+def test_every_layout_dimension_is_a_launcher_flag():
+    """The launcher's layout flags come from the planner's declaration (planner.core.layout):
+    each dimension's flag lands in the config's layout section under the dimension's name."""
+    from planner.core.layout import LAYOUT_DIMS
+
+    p = launch.parser()
+    for d in LAYOUT_DIMS:
+        flags, _ = d.argparse_spec()
+        if d.type is bool:
+            argv, expected = [flags[0]], True
+        elif d.type is str:
+            argv, expected = [flags[0], d.choices[-1]], d.choices[-1]
+        else:
+            argv, expected = [flags[0], "2"], 2
+        assert launch.config_dict(p.parse_args(argv))["layout"] == {d.name: expected}, d.name
+
+
+def test_a_dimension_the_trainer_does_not_run_is_refused_unless_at_its_default():
+    from planner.core.layout import LAYOUT_DIMS
+    from reference_trainer.config import TRAINER_DIMS
+
+    others = [d for d in LAYOUT_DIMS if d.name not in TRAINER_DIMS and d.type is int]
+    if not others:
+        pytest.skip("every declared dimension is one the trainer runs")
+    name = others[0].name
+    build_config(with_("layout", **{name: 1}))
+    with pytest.raises(ConfigError, match=rf"layout\.{name}=2: the reference trainer does not run this dimension"):
+        build_config(with_("layout", **{name: 2}))
+
+
+def test_trainer_defaults_are_the_planners_declared_job_options():
+    """LoRA r=8, alpha=16 on q_proj,v_proj (Hu et al. 2021, Sec. 7.1); three checkpoints kept."""
+    config = build_config(BASE)
+    assert (config.lora.r, config.lora.alpha, config.lora.targets) == (8, 16.0, ("q_proj", "v_proj"))
+    assert config.training.mode == "pretrain" and config.attention == "flash" and config.checkpoint.keep_last == 3
