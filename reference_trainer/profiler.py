@@ -30,6 +30,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from planner.core.step_parts import STEPTIME_FIELDS
+
 STEP_MARK = "rt:step"
 FWD_BWD_MARK = "rt:fwd_bwd"
 P2P_GLOO = ("gloo:send", "gloo:recv")
@@ -330,7 +332,7 @@ class Board:
                             - analysis["bubble_s"], "breakdown_s/comm_exposed": analysis["comm_exposed_s"],
                             "breakdown_s/comm_exposed_tp": tp, "breakdown_s/bubble": analysis["bubble_s"],
                             "breakdown_s/comm_total": analysis["comm_total_s"]})
-        for part in ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "other"):
+        for part in STEPTIME_FIELDS:
             if f"{part}_s" in pred:
                 scalars[f"breakdown_s/{part}_predicted"] = pred[f"{part}_s"]
         for tag, value in scalars.items():

@@ -26,7 +26,7 @@ def test_estimate_json_contract(capsys):
                                 "recompute", "sequence_parallel", "precision"}
     assert set(d["memory"]) >= {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
                                 "other_bytes", "total_bytes", "capacity_bytes", "fits"}
-    assert set(d["time"]) == {"step_s", "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+    assert set(d["time"]) == {"step_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                               "optimizer_s", "other_s"}
     assert set(d["train"]) >= {"tokens", "seconds", "days", "gpu_hours", "energy_kwh", "cost_usd"}
     for key in ("bubble_fraction", "comm_fraction", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"):
@@ -37,7 +37,7 @@ def test_estimate_json_contract(capsys):
     h, f, layers, vocab = 6656, 17920, 60, 32000
     params = layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * vocab * h + h
     assert params == 32_528_943_616 and d["model"]["params"] == params  # "32.5B" in the paper
-    assert d["layout"]["dp"] * d["layout"]["tp"] * d["layout"]["pp"] == 128
+    assert d["layout"]["dp"] * d["layout"]["tp"] * d["layout"]["pp"] * d["layout"]["cp"] == 128
     assert d["train"]["tokens"] == pytest.approx(20 * params)  # Chinchilla default
     # MFU from outside: model FLOPs are 6 per non-embedding parameter per token (Kaplan et al. 2020)
     # plus attention scores and the logits, a few percent at s=2048, over 128 x A100 bf16 312 TFLOP/s

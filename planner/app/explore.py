@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.report import TIME_PARTS  # one list of the step's parts and their labels
 from planner.errors import PlannerError
 from planner.units import GIB, fmt_count
 
@@ -229,8 +230,6 @@ def changed_fields(a: dict, b: dict) -> list[str]:
 
 MEMORY_PARTS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"), ("optimizer_bytes", "optimizer"),
                 ("activations_bytes", "activations"), ("other_bytes", "other"))
-TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("pp_comm_s", "PP comm"),
-              ("dp_comm_s", "DP comm"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"), ("other_s", "other"))
 
 
 def memory_rows(j: dict) -> list[dict]:

@@ -167,7 +167,7 @@ def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
     micro = local if pp == 1 else local // pp
     if pp > 1 and micro * pp != local:
         raise PlannerError("published", where, f"local_batch={local} does not split into pp={pp} micro-batches")
-    layout = Layout(dp=dp * cp, tp=tp, pp=pp, vpp=vpp, micro_batch=micro, global_batch=gbatch * cp,
+    layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=micro, global_batch=gbatch,
                     zero_stage=3, recompute=TORCHTITAN_RECOMPUTE[ac], sequence_parallel=tp > 1)
     # torchtitan's December 2024 benchmarks ran torch.compile per block with the loss eager; the
     # 2025 ones compile the loss as well (the fsdp2 stack of today).

@@ -8,13 +8,14 @@ validator sees it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 # The troubleshooting thresholds a record's flags use are the planner's own (planner.core.checks).
 from planner.core.checks import BUBBLE_LIMIT, COMM_SHARE_LIMIT, DATA_WAIT_LIMIT, MEMORY_HEADROOM  # noqa: F401
-from planner.core.layout import LAYOUT_DIMS
+from planner.core.layout import LAYOUT_DIMS, Layout
 
 SCHEMA_VERSION = 1
 RECORD_JSON = "record.json"
@@ -88,8 +89,18 @@ def _check(data: object, schema: dict, where: str) -> None:
             raise ValueError(f"run record: field '{name}' has type {type(value).__name__}, expected {base}")
 
 
+# The layout dimensions schema version 1 was written with; a dimension declared since (context
+# parallel) takes its declared default in an older record (cp = 1: the run did not use it).
+V1_LAYOUT = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
+             "sequence_parallel", "schedule")
+ADDED_LAYOUT = {f.name: f.default for f in dataclasses.fields(Layout) if f.name not in V1_LAYOUT}
+
+
 def validate_record(data: dict) -> dict:
     """Raise ValueError naming the first missing or bad field; return ``data``."""
+    if isinstance(data, dict) and isinstance(data.get("layout"), dict):
+        for name, default in ADDED_LAYOUT.items():
+            data["layout"].setdefault(name, default)
     _check(data, SCHEMA, "")
     _check(data, {k: v for k, v in OPTIONAL.items() if k in data}, "")
     if data["schema_version"] != SCHEMA_VERSION:

@@ -43,10 +43,11 @@ class Gemm:
         return np.minimum(np.minimum(self.m, self.n), self.k)
 
 
-def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> list[Gemm]:
+def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> list[Gemm]:
     """The weight GEMMs of one transformer layer, per GPU with tensor parallel ``tp``
-    (Megatron's column/row split: QKV and MLP-in by output columns, proj and MLP-out by rows)."""
-    tokens = micro_batch * model.seq_len
+    (Megatron's column/row split: QKV and MLP-in by output columns, proj and MLP-out by rows);
+    context parallel ``cp`` gives each GPU 1/cp of the sequence's tokens."""
+    tokens = micro_batch * model.seq_len / cp
     h, f = model.hidden, model.ffn_hidden
     mlp_in = (2 if model.gated_mlp else 1) * f
     return [
@@ -58,15 +59,17 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> li
 
 
 def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
-                         causal: bool = True) -> np.ndarray:
+                         causal: bool = True, cp: np.ndarray | int = 1) -> np.ndarray:
     """QK^T and AV forward FLOPs per layer per micro-batch per GPU: 2 * 2*b*s*s*h / tp over the
-    full square, half of it causal. GQA does not change them (each query head still sees its keys)."""
-    return (0.5 if causal else 1.0) * 4.0 * micro_batch * model.seq_len**2 * model.hidden / tp
+    full square, half of it causal. GQA does not change them (each query head still sees its keys).
+    Context parallel splits them evenly over ``cp`` GPUs (load-balanced causal chunks: each rank
+    holds chunks i and 2cp-1-i, so every rank does the same share of the triangle)."""
+    return (0.5 if causal else 1.0) * 4.0 * micro_batch * model.seq_len**2 * model.hidden / tp / cp
 
 
-def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> Gemm:
-    """The output head, vocabulary split across tensor-parallel ranks."""
-    return Gemm(micro_batch * model.seq_len, model.vocab / tp, model.hidden)
+def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:
+    """The output head, vocabulary split across tensor-parallel ranks, tokens across context-parallel ones."""
+    return Gemm(micro_batch * model.seq_len / cp, model.vocab / tp, model.hidden)
 
 
 def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:

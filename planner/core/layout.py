@@ -123,10 +123,13 @@ def _searched_recompute(job: "Job") -> tuple:
 class Layout:
     """One parallel layout. Each field is a dimension, declared here once (see ``Dim``)."""
 
-    dp: int = _dim(help="data-parallel replicas (dp*tp*pp = GPUs)", label="Data parallel", gpu_factor=True)
+    dp: int = _dim(help="data-parallel replicas (dp*tp*pp*cp = GPUs)", label="Data parallel", gpu_factor=True)
     tp: int = _dim(1, help="tensor-parallel ranks (divides heads and kv_heads)", label="Tensor parallel",
                    gpu_factor=True)
     pp: int = _dim(1, help="pipeline stages", label="Pipeline stages", gpu_factor=True)
+    cp: int = _dim(1, help="context-parallel ranks: each sequence split across cp GPUs in 2*cp load-balanced "
+                           "causal chunks, K/V exchanged per layer (seq_len divisible by 2*cp)",
+                   label="Context parallel", gpu_factor=True, high=256)
     vpp: int = _dim(1, help="virtual stages per pipeline rank (interleaved 1F1B; needs pp > 1)",
                     label="Virtual stages per rank", high=128)
     micro_batch: int = _dim(1, help="sequences per micro-batch", label="Micro-batch",
@@ -169,7 +172,7 @@ LAYOUT_DIMS: tuple[Dim, ...] = tuple(dataclasses.replace(f.metadata["dim"], name
                                      for f in dataclasses.fields(Layout))
 PIN_DIMS: tuple[Dim, ...] = tuple(d for d in LAYOUT_DIMS if d.pinnable)  # the fields a user may fix
 DIMS: dict[str, Dim] = {d.name: d for d in LAYOUT_DIMS}
-GPU_FACTORS: tuple[str, ...] = tuple(d.name for d in LAYOUT_DIMS if d.gpu_factor)  # ("dp", "tp", "pp")
+GPU_FACTORS: tuple[str, ...] = tuple(d.name for d in LAYOUT_DIMS if d.gpu_factor)  # ("dp", "tp", "pp", "cp")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -336,6 +339,17 @@ class Candidates:
     def m(self) -> np.ndarray:
         """Micro-batches per pipeline per step."""
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return math.prod(getattr(self, name) for name in GPU_FACTORS)
+
+    @property
+    def shard_group(self) -> np.ndarray:
+        """Ranks that hold the same weights: the data-parallel replicas and the context-parallel
+        ranks (they split sequences, not weights). Gradients are reduced, and ZeRO shards, over
+        them (torchtitan's FSDP mesh dp_shard x cp; Megatron-Core's data-parallel-with-CP group)."""
+        return self.dp * self.cp
 
     def take(self, index: np.ndarray) -> "Candidates":
         return Candidates(**{name: column[index] for name, column in self.columns().items()})

@@ -116,7 +116,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         per_token = np.where(rc == 1, op, per_token)
     full = np.where(c.sequence_parallel, e * h / tp, e * h)
     per_token = np.where(rc == 2, full, per_token)
-    return per_token * c.micro_batch * s
+    return per_token * c.micro_batch * s / c.cp  # context parallel: each GPU keeps 1/cp of the tokens
 
 
 def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
@@ -129,7 +129,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     ``outside_allocator``) and what it does (ZeRO-3 gather buffers, fragmentation)."""
     sw = sw or software(job)
     eff = hw.efficiency
-    tp, dp, pp = c.tp.astype(float), c.dp.astype(float), c.pp
+    tp, dp, pp = c.tp.astype(float), c.shard_group.astype(float), c.pp  # ZeRO shards over dp x cp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     act_layer = activation_bytes_per_layer(model, c, job, sw=sw)
     # One layer's full activations for the micro-batch being recomputed (the working set).
@@ -137,7 +137,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     working = np.where((c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")), no_rc, 0.0)
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
-    tokens = c.micro_batch * model.seq_len
+    tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
         is_first, is_last = index == 0, index == pp - 1
@@ -180,7 +180,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
 def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:
     """Memory torch's caching allocator does not count (max_memory_reserved leaves it out): the
     CUDA context with its library workspaces, and NCCL's buffers when any group has > 1 rank."""
-    distributed = (c.dp * c.tp * c.pp) > 1
+    distributed = c.gpus > 1
     return hw.efficiency.cuda_context_bytes + np.where(distributed, hw.efficiency.comm_buffer_bytes, 0.0)
 
 

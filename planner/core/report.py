@@ -13,7 +13,7 @@ BAR_WIDTH = 50
 BAR_PARTS = (("weights_bytes", "W", "weights"), ("gradients_bytes", "G", "grads"),
              ("optimizer_bytes", "O", "optimizer"), ("activations_bytes", "A", "activations"),
              ("other_bytes", "x", "other"))
-TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("pp_comm_s", "PP comm"),
+TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("cp_comm_s", "CP comm"), ("pp_comm_s", "PP comm"),
               ("dp_comm_s", "DP comm"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"), ("other_s", "other"))
 
 
@@ -21,7 +21,8 @@ def layout_line(e: Estimate) -> str:
     lay = e.layout
     vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 else ""
     sched = " GPipe" if lay.schedule == "gpipe" else ""
-    return (f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{vpp}{sched} | micro-batch {lay.micro_batch} x "
+    cp = f" x cp {lay.cp}" if lay.cp > 1 else ""
+    return (f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{vpp}{sched}{cp} | micro-batch {lay.micro_batch} x "
             f"{lay.grad_accum} accum = global {lay.global_batch} seqs | ZeRO-{lay.zero_stage} | "
             f"recompute {lay.recompute} | SP {'on' if lay.sequence_parallel else 'off'}")
 
@@ -132,7 +133,7 @@ def operations_lines(e: Estimate) -> list[str]:
     return [""] + out if out else []
 
 
-TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "mb", "accum", "zero", "recompute", "sp", "mem GiB", "step s",
+TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "cp", "mb", "accum", "zero", "recompute", "sp", "mem GiB", "step s",
                 "MFU", "bubble", "comm", "days")
 
 
@@ -140,7 +141,7 @@ def table_rows(estimates: list[Estimate]) -> list[tuple]:
     rows = []
     for i, e in enumerate(estimates, 1):
         lay = e.layout
-        rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.micro_batch, lay.grad_accum, lay.zero_stage,
+        rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.micro_batch, lay.grad_accum, lay.zero_stage,
                      lay.recompute, "on" if lay.sequence_parallel else "off", f"{e.memory.total_bytes / GIB:.1f}",
                      f"{e.time.step_s:.3g}", f"{e.mfu:.1%}", _pct(e.bubble_fraction), _pct(e.comm_fraction),
                      f"{e.train.days:.1f}"))
@@ -156,7 +157,7 @@ def table(estimates: list[Estimate], indent: str = "") -> str:
 # The layout's columns are its dimensions, by their declared names (planner.core.layout.LAYOUT_DIMS).
 CSV_COLUMNS = ("model", "params", "gpu", "gpus", *(d.name for d in LAYOUT_DIMS), "grad_accum", "precision",
                "fits", "total_bytes",
-               "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+               "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                "optimizer_s", "other_s", "bubble_fraction", "comm_fraction", "tokens_per_s", "mfu", "hfu",
                "train_days", "gpu_hours", "energy_kwh", "cost_usd")
 

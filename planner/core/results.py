@@ -11,6 +11,7 @@ from planner.core.finetune import trainable_params
 from planner.core.layout import Job, Layout
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
+from planner.core.step_parts import STEPTIME_FIELDS
 from planner.hardware import HardwareProfile
 
 
@@ -45,6 +46,7 @@ class TimeParts:
     step_s: float
     compute_s: float
     tp_comm_s: float
+    cp_comm_s: float
     pp_comm_s: float
     dp_comm_s: float
     bubble_s: float
@@ -143,13 +145,12 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     """Row ``i`` of an evaluation as an Estimate."""
     c, mem, t = ev.candidates, ev.memory, ev.time
     layout = c.layout(i)
-    f = lambda x: float(x[i])
+    f = lambda x: float(x[i])  # noqa: E731
     memory = MemoryParts(weights_bytes=f(mem.weights), gradients_bytes=f(mem.gradients),
                          optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
                          other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
                          fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]))
-    time = TimeParts(step_s=f(t.step), compute_s=f(t.compute), tp_comm_s=f(t.tp_comm), pp_comm_s=f(t.pp_comm),
-                     dp_comm_s=f(t.dp_comm), bubble_s=f(t.bubble), optimizer_s=f(t.optimizer), other_s=f(t.other))
+    time = TimeParts(step_s=f(t.step), **{f"{name}_s": f(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = f(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),
                         energy_kwh=f(ev.energy_kwh), cost_usd=f(ev.cost_usd),

@@ -1,6 +1,6 @@
 """Search = enumerate, evaluate, filter, rank. A single estimate is a search of one.
 
-Every (dp, tp, pp, vpp, micro_batch, zero, recompute, sequence_parallel) valid for the model and
+Every (dp, tp, pp, vpp, cp, micro_batch, zero, recompute, sequence_parallel) valid for the model and
 the GPU count is built as numpy columns, evaluated in one vectorised pass, the layouts that do
 not fit are dropped and the rest ranked by the objective.
 """
@@ -85,10 +85,21 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
             require(gpus % value == 0, name, value, f"must divide gpus={gpus}")
     if pins.pp is not None:
         require(pins.pp <= model.layers, "pp", pins.pp, f"at most layers={model.layers}")
+    if pins.cp is not None and pins.cp > 1:
+        require(model.seq_len % (2 * pins.cp) == 0, "cp", pins.cp,
+                f"seq_len={model.seq_len} must divide into 2*cp={2 * pins.cp} load-balanced chunks")
     degrees = {name: getattr(pins, name) for name in GPU_FACTORS}
     if None not in degrees.values():
         require(math.prod(degrees.values()) == gpus, "*".join(GPU_FACTORS), math.prod(degrees.values()),
                 "must equal gpus: " + " ".join(f"{k}={v}" for k, v in degrees.items()) + f" gpus={gpus}")
+    others = {k: v for k, v in degrees.items() if k != "cp"}
+    if degrees["cp"] is None and None not in others.values():  # context parallel would take the rest
+        product = math.prod(others.values())
+        rest = gpus // product if gpus % product == 0 else 0
+        require(rest in cp_degrees(model, rest, None) if rest else False, "*".join(others), product,
+                f"must equal gpus={gpus} (" + " ".join(f"{k}={v}" for k, v in others.items())
+                + (f"; context parallel {rest} does not split seq_len={model.seq_len} into chunks of at least "
+                   f"{CP_MIN_TOKENS} tokens" if rest > 1 else "") + ")")
     if pins.vpp is not None and pins.vpp > 1 and pins.pp is not None:
         require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
         if uneven:  # the stack splits layers unevenly across virtual stages: each needs one
@@ -105,9 +116,23 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
 UNEVEN_VPP = (2, 3, 4)  # interleaving degrees tried when the layers do not divide pp*vpp
 
 
+CP_MAX = 32  # context-parallel degrees searched up to this (pinned: any)
+CP_MIN_TOKENS = 4096  # searched only while each rank keeps at least this many tokens of a sequence
+
+
+def cp_degrees(model: ModelSpec, n: int, pinned: int | None) -> list[int]:
+    """Context-parallel degrees dividing ``n`` GPUs: a sequence splits into 2*cp load-balanced
+    causal chunks (torchtitan, Megatron-Core), so seq_len must divide by 2*cp; searched only for
+    long sequences (each rank keeping at least CP_MIN_TOKENS), any pinned degree tried."""
+    if pinned is not None:
+        return [pinned] if n % pinned == 0 and (pinned == 1 or model.seq_len % (2 * pinned) == 0) else []
+    return [c for c in _divisors(n) if c == 1 or (c <= CP_MAX and model.seq_len % (2 * c) == 0
+                                                  and model.seq_len // c >= CP_MIN_TOKENS)]
+
+
 def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
-          extra_vpp: int | None = None) -> list[tuple[int, int, int, int]]:
-    """Every (dp, tp, pp, vpp) whose product dp*tp*pp is the GPU count, tp dividing the heads,
+          extra_vpp: int | None = None) -> list[tuple[int, int, int, int, int]]:
+    """Every (dp, tp, pp, vpp, cp) whose product dp*tp*pp*cp is the GPU count, tp dividing the heads,
     vpp dividing the layers per stage, and the pinned ones kept. ``uneven``: the stack splits
     layers unevenly across virtual stages too (torchtitan's split points, Megatron-Core's
     first/last-stage layer counts), so a few interleaving degrees are tried when layers do not
@@ -120,15 +145,16 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
         for pp in _divisors(gpus // tp):
             if pp > model.layers or (pins.pp is not None and pp != pins.pp):
                 continue
-            dp = gpus // (tp * pp)
-            if pins.dp is not None and dp != pins.dp:
-                continue
             vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
                           if pp > 1 else [])
             if uneven and pp > 1:
                 tried = set(UNEVEN_VPP) | {v for v in (pins.vpp, extra_vpp) if v}
                 vpps += [v for v in sorted(tried) if v > 1 and pp * v <= model.layers and v not in vpps]
-            out += [(dp, tp, pp, vpp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
+            for cp in cp_degrees(model, gpus // (tp * pp), pins.cp):
+                dp = gpus // (tp * pp * cp)
+                if pins.dp is not None and dp != pins.dp:
+                    continue
+                out += [(dp, tp, pp, vpp, cp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
     return out
 
 
@@ -152,7 +178,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     uneven = get_stack(job.stack).uneven_interleave
     mesh = _mesh(model, gpus, Pins(), uneven, pins.vpp) if widen else _mesh(model, gpus, pins, uneven)
     if not mesh:
-        return Candidates.empty(), (f"no (dp, tp, pp, vpp) multiplies to gpus={gpus} with tp dividing "
+        return Candidates.empty(), (f"no (dp, tp, pp, vpp, cp) multiplies to gpus={gpus} with tp dividing "
                                     f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
                                     f"({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
@@ -160,8 +186,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     codes = [d.encode(_values(d, job, getattr(pins, d.name), widen)) for d in free]
     grid = [g.reshape(-1) for g in np.meshgrid(np.arange(len(mesh)), *(np.arange(len(c)) for c in codes),
                                                indexing="ij")]
-    dp, tp, pp, vpp = np.array(mesh, dtype=np.int64)[grid[0]].T
-    cols = {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, **{d.name: c[g] for d, c, g in zip(free, codes, grid[1:])}}
+    dp, tp, pp, vpp, cp = np.array(mesh, dtype=np.int64)[grid[0]].T
+    cols = {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp,
+            **{d.name: c[g] for d, c, g in zip(free, codes, grid[1:])}}
     mb = cols["micro_batch"]
     if job.global_batch is not None:
         gb = np.full_like(dp, job.global_batch)
@@ -218,7 +245,7 @@ def batch_units(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> s
     dp*micro_batch, times pp when interleaved (m divisible by pp)."""
     mbs = _values(DIMS["micro_batch"], job, pins.micro_batch, widen=False)
     gpipe = pins.schedule == "gpipe"  # GPipe is not interleaved here
-    return {dp * mb * (pp if vpp > 1 else 1) for dp, _, pp, vpp in _mesh(model, gpus, pins) for mb in mbs
+    return {dp * mb * (pp if vpp > 1 else 1) for dp, _, pp, vpp, _ in _mesh(model, gpus, pins) for mb in mbs
             if not (gpipe and vpp > 1)}
 
 

@@ -33,6 +33,7 @@ class StepTime:
 
     compute: np.ndarray
     tp_comm: np.ndarray
+    cp_comm: np.ndarray
     pp_comm: np.ndarray
     dp_comm: np.ndarray
     bubble: np.ndarray
@@ -41,7 +42,8 @@ class StepTime:
 
     @property
     def step(self) -> np.ndarray:
-        return self.compute + self.tp_comm + self.pp_comm + self.dp_comm + self.bubble + self.optimizer + self.other
+        return (self.compute + self.tp_comm + self.cp_comm + self.pp_comm + self.dp_comm + self.bubble
+                + self.optimizer + self.other)
 
 
 def linear_peak(hw: HardwareProfile, precision: str) -> float:
@@ -94,7 +96,7 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software) 
         split = 2 * f
     softmax = (2 + 2.5 * drop) * a * s if sw.attention == "standard" else 0.0
     tp = c.tp.astype(float)
-    tokens = c.micro_batch * s
+    tokens = c.micro_batch * s / c.cp  # this GPU's tokens: context parallel splits the sequence
     layer = e * tokens * (np.where(c.sequence_parallel, replicated / tp, replicated) + split / tp)
     return layer, e * tokens * softmax / tp
 
@@ -116,6 +118,7 @@ class _LayerTimes:
     recompute: np.ndarray
     tp_comm: np.ndarray  # exposed link time, forward + backward + recompute
     tp_calls: np.ndarray  # TP collectives per layer per micro-batch on the critical path
+    cp_comm: np.ndarray  # exposed context-parallel K/V exchange, forward + backward + recompute
 
 
 def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
@@ -130,11 +133,11 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     e = hw.efficiency
     half_peak = reference_peak(hw, job.precision)
     if sw.attention == "standard":
-        flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False)
+        flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
         fwd = flops / (half_peak * gemm_efficiency(hw, np.asarray(float(model.head_dim))))
         return fwd, 2 * fwd
     kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
-    fwd = attention_core_flops(model, c.micro_batch, c.tp) / (half_peak * kernel)
+    fwd = attention_core_flops(model, c.micro_batch, c.tp, cp=c.cp) / (half_peak * kernel)
     return fwd, FLASH_BACKWARD_RATIO * fwd
 
 
@@ -144,17 +147,18 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     act = ACT_BYTES[job.precision]
     peak = linear_peak(hw, job.precision)
     fp8 = sw.fp8 and hw.gpu.supports("fp8")
-    gemms = sum(gemm_time(g, hw, peak, 1 if fp8 else act, fp8) for g in layer_gemms(model, c.micro_batch, c.tp))
+    gemms = sum(gemm_time(g, hw, peak, 1 if fp8 else act, fp8)
+                for g in layer_gemms(model, c.micro_batch, c.tp, c.cp))
+    tokens = c.micro_batch * model.seq_len / c.cp  # this GPU's tokens per micro-batch
     attn_fwd, attn_bwd = attention_times(model, hw, job, c, sw)
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
     ew_layer, ew_softmax = _elementwise_bytes(model, c, job, sw)
     # fp8: amax, scaling and casts of each GEMM's operands, memory-bound, forward and backward.
-    cast = sw.fp8_cast_bytes * c.micro_batch * model.seq_len * fp8_cast_elements(model) / c.tp / hbm if fp8 else 0.0
+    cast = sw.fp8_cast_bytes * tokens * fp8_cast_elements(model) / c.tp / hbm if fp8 else 0.0
     # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
     # GEMMs run at the matmul roof (they are < 1% of the FLOPs at the ranks people use).
     weight_grads = 0 if job.lora else 1
-    adapter = (lora_params_per_layer(model, job) * 2.0 * c.micro_batch * model.seq_len / c.tp / (peak * e.matmul)
-               if job.lora else 0.0)
+    adapter = (lora_params_per_layer(model, job) * 2.0 * tokens / c.tp / (peak * e.matmul) if job.lora else 0.0)
     fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm + 0.4 * cast
     bwd = (1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm + 0.6 * cast
     if sw.stack.selective == "op":  # every second matmul and all element-wise work again
@@ -164,9 +168,29 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
-    collective = comm.tp_collective(links, act * c.micro_batch * model.seq_len * model.hidden, c.tp)
+    collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
     calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
-    return _LayerTimes(fwd, bwd, recompute, calls * collective, calls)
+    return _LayerTimes(fwd, bwd, recompute, calls * collective, calls,
+                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd))
+
+
+def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, sw: Software,
+                              attn_fwd: np.ndarray, attn_bwd: np.ndarray) -> np.ndarray:
+    """Exposed time of context parallel's K/V exchange per layer per micro-batch.
+
+    Each rank holds 1/cp of the sequence and needs every earlier token's keys and values: it
+    receives the other ranks' K and V (2 * s * h_kv values per sequence, split by TP) in the
+    forward, and in the backward receives them again and returns their gradients (twice the
+    bytes), over the cp ranks (stride tp: inside a node while tp*cp fits). Ring attention passes the
+    chunks while it computes (Liu et al. 2023; Megatron-Core and Transformer Engine): the stack's
+    ``cp_overlap`` of the attention time hides them; torchtitan's default all-gathers them first
+    (cp_overlap 0). A full recompute exchanges again."""
+    act = ACT_BYTES[job.precision]
+    kv = 2 * act * c.micro_batch * model.seq_len * model.kv_hidden / c.tp
+    gather = comm.group_collective(links, kv, c.cp, c.tp, 1.0)
+    fwd = np.maximum(0.0, gather - sw.stack.cp_overlap * attn_fwd)
+    bwd = np.maximum(0.0, 2 * gather - sw.stack.cp_overlap * attn_bwd)
+    return np.where(c.cp > 1, fwd + bwd + np.where(c.recompute == 2, fwd, 0.0), 0.0)
 
 
 def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | float, np.ndarray | float]:
@@ -176,7 +200,7 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
     if not hw.network.compute_slots:
         return 1.0, 1.0
     e = hw.efficiency
-    on_node = np.minimum(c.dp * c.tp * c.pp, hw.network.gpus_per_node)
+    on_node = np.minimum(c.gpus, hw.network.gpus_per_node)
     share = on_node / hw.network.compute_slots  # processes per core
     threads = 1.0 / np.minimum(share, 1.0)  # cores per process, when it has more than one
     slow = np.where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
@@ -193,13 +217,14 @@ def _data_parallel(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidate
     # never wider than the precision keeps them.
     grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
     param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
-    ar = comm.group_collective(links, grad_bytes, c.dp, c.tp, 2.0) * busy
-    rs = comm.group_collective(links, grad_bytes, c.dp, c.tp, 1.0) * busy
+    group = c.shard_group  # data-parallel x context-parallel ranks, tp apart
+    ar = comm.group_collective(links, grad_bytes, group, c.tp, 2.0) * busy
+    rs = comm.group_collective(links, grad_bytes, group, c.tp, 1.0) * busy
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
-    ag3 = zcoll(links, param_bytes, c.dp, c.tp, 1.0) * busy
-    rs3 = zcoll(links, grad_bytes, c.dp, c.tp, 1.0) * busy
+    ag3 = zcoll(links, param_bytes, group, c.tp, 1.0) * busy
+    rs3 = zcoll(links, grad_bytes, group, c.tp, 1.0) * busy
     hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
@@ -212,7 +237,7 @@ def _data_parallel(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidate
     zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
-    ag_step = comm.group_collective(links, trained * act, c.dp, c.tp, 1.0) * busy
+    ag_step = comm.group_collective(links, trained * act, group, c.tp, 1.0) * busy
     ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
     zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
@@ -229,8 +254,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     act = ACT_BYTES[job.precision]
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
     slow, busy = _host_sharing(hw, c)
-    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp), hw, reference_peak(hw, job.precision), act)
-    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len * model.vocab / c.tp / hbm
+    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp, c.cp), hw, reference_peak(hw, job.precision), act)
+    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len / c.cp * model.vocab / c.tp / hbm
     head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
     first, fullest, last = stage_layers_arrays(model.layers, c.pp, head_layers(model, sw))
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
@@ -242,11 +267,12 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     tp_mb = layers_pace * (lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s) * busy
+    cp_mb = layers_pace * lt.cp_comm * busy
     m = c.m.astype(float)
     p, v = c.pp, c.vpp.astype(float)
-    p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len * model.hidden, c.tp, c.dp) * busy
+    p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len / c.cp * model.hidden, c.tp, c.shard_group) * busy
     pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
-    bubble = (p - 1) / v * (compute_mb + tp_mb + pp_mb)
+    bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + pp_mb)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     params = np.maximum(fullest * model.layer_params, first * model.layer_params + model.embedding_params)
@@ -258,12 +284,13 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
-    held = trained / np.where(c.zero_stage >= 1, c.dp, 1)
+    held = trained / np.where(c.zero_stage >= 1, c.shard_group, 1)
     optimizer = held * optim_bytes_per_param / hbm * slow
 
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
-    busy_s = m * (compute_mb + tp_mb + pp_mb) + bubble + dp + optimizer
-    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log((c.dp * c.tp * c.pp).astype(float)))
-    return StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, pp_comm=m * pp_mb, dp_comm=dp,
+    busy_s = m * (compute_mb + tp_mb + cp_mb + pp_mb) + bubble + dp + optimizer
+    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(c.gpus.astype(float)))
+    return StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, cp_comm=m * cp_mb, pp_comm=m * pp_mb,
+                    dp_comm=dp,
                     bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s + stragglers)
