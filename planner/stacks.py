@@ -43,8 +43,8 @@ class Stack:
     zero3_overlap: float  # of compute that hides ZeRO-3 / FSDP parameter gathers and gradient reduce-scatters
     param_gather_overlap: float  # of the next forward that hides ZeRO-1/2's all-gather of updated weights
     tp_overlap: float  # of tensor-parallel communication hidden behind GEMMs
-    tp_overlap_async: float
-    cp_overlap: float  # of the attention time that hides context parallel's K/V exchange (ring: 1; all-gather: 0)  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
+    tp_overlap_async: float  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
+    cp_overlap: float  # of the attention time that hides context parallel's K/V exchange (ring: 1; all-gather: 0)
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs

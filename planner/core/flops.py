@@ -121,5 +121,5 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
 def megatron_eq3_flops(model: ModelSpec, batch_seqs: float) -> float:
     """FLOPs per iteration with full recompute, Narayanan et al. 2021 eq. 3:
     96*B*s*l*h^2 * (1 + s/(6h) + V/(16*l*h)). For GPT shapes with ffn = 4h and MHA."""
-    b, s, l, h, v = batch_seqs, model.seq_len, model.layers, model.hidden, model.vocab
-    return 96.0 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+    b, s, n, h, v = batch_seqs, model.seq_len, model.layers, model.hidden, model.vocab
+    return 96.0 * b * s * n * h**2 * (1 + s / (6 * h) + v / (16 * n * h))
