@@ -8,6 +8,7 @@ not fit are dropped and the rest ranked by the objective.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -62,11 +63,12 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _divisors(n: int) -> list[int]:
-    """Divisors of n in one numpy pass (n <= MAX_GPUS: at most 1,000 candidates)."""
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Divisors of n in one numpy pass (n <= MAX_GPUS: at most 1,000 candidates), remembered."""
     d = np.arange(1, math.isqrt(n) + 1, dtype=np.int64)
     small = d[n % d == 0]
-    return sorted(set(small.tolist()) | set((n // small).tolist()))
+    return tuple(sorted(set(small.tolist()) | set((n // small).tolist())))
 
 
 def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None, uneven: bool = False) -> None:
