@@ -37,6 +37,7 @@ class Stack:
     attention_kernel: str
     logit_bytes: float  # bytes per logit element held at the loss's peak (per token x vocab / tp)
     logit_bytes_compiled: float  # the same when torch.compile fuses the loss
+    logit_bytes_tp: float  # the same with the vocabulary split across TP ranks (loss parallel)
     selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
     # Overlap (fractions)
     dp_overlap: float  # of the last micro-batch's backward that hides the DP gradient reduction
@@ -87,6 +88,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "attention": ("attention_kernel", "str", ATTENTION_KERNELS),
     "logit_bytes": ("logit_bytes", "float", (2.0, 32.0)),
     "logit_bytes_compiled": ("logit_bytes_compiled", "float", (2.0, 32.0)),
+    "logit_bytes_tp": ("logit_bytes_tp", "float", (2.0, 32.0)),
     "selective": ("selective", "str", SELECTIVE),
     "dp_overlap": ("dp_overlap", "float", (0.0, 1.0)),
     "zero3_overlap": ("zero3_overlap", "float", (0.0, 1.0)),
@@ -234,6 +236,7 @@ class Software:
     fp8: bool  # linear layers' GEMMs in fp8 (attention and element-wise work stay in 16-bit)
     fp8_cast_bytes: float
     logit_bytes: float
+    logit_bytes_tp: float
 
     @property
     def eager(self) -> bool:
@@ -254,4 +257,4 @@ def software(job) -> Software:
                                               f"that has one: {', '.join(with_fp8)}")
     return Software(stack=stack, elementwise=elementwise, attention=attention, fp8=fp8,
                     fp8_cast_bytes=stack.cast_bytes_for(job.compile) if fp8 else 0.0,
-                    logit_bytes=stack.logit_bytes_for(job.compile))
+                    logit_bytes=stack.logit_bytes_for(job.compile), logit_bytes_tp=stack.logit_bytes_tp)

@@ -161,7 +161,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
                 / np.where(c.sequence_parallel, tp, 1))
         acts = acts + np.where(is_first, mask, 0.0)
         # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
-        logits = sw.logit_bytes * tokens * model.vocab / tp
+        logits = np.where(tp > 1, sw.logit_bytes_tp, sw.logit_bytes) * tokens * model.vocab / tp
         acts = acts + np.where(is_last, logits, 0.0)
         # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in
         # 16-bit). Under pipelining a stack that does not reshard between micro-batches (FSDP2 in
