@@ -202,6 +202,12 @@ FLAGS: dict[str, Key] = {
     "nprocs": Key(int, 1, 1024),
     "port": Key(int, 1, 65535),
     "timeout": Key(float, 0, 1e7, lo_open=True, unit="seconds"),
+    # hardware overrides (planner.core.options.HW_OVERRIDES): the profile files' ranges, in the flags' units
+    "gpu_tflops": Key(float, 1e-4, 1e6, unit="TFLOP/s dense"),
+    "gpu_memory_gib": Key(float, 1e-3, 1e5, unit="GiB"),
+    "hbm_gbps": Key(float, 1e-2, 1e6, unit="GB/s"),
+    "intra_node_gbps": Key(float, 1e-3, 1e6, unit="GB/s per GPU per direction"),
+    "inter_node_gbps": Key(float, 1e-3, 1e6, unit="GB/s per GPU per direction"),
 }
 # Flags written as counts ('33B', '1T'), parsed by units.parse_count: their upper bounds.
 COUNT_FLAGS: dict[str, tuple[float, float]] = {"params": (1e3, MAX_PARAMS), "tokens": (1, MAX_TOKENS)}

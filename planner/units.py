@@ -64,6 +64,14 @@ def fmt_count(value: float) -> str:
     return f"{value:.3g}"
 
 
+def fmt_params(value: float) -> str:
+    """A parameter count to two decimals in its own scale: '32.53B', '124.44M', '9.47K', '512'."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{suffix}"
+    return f"{value:.0f}"
+
+
 def fmt_bytes(value: float) -> str:
     """Storage and transfer sizes in decimal units (KB, MB, GB, TB), as disks and links are sold.
     GPU memory is written in GiB where it is shown."""

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,74 @@ def test_cli_import_path_is_light():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- issue 11: model input from a Hugging Face config.json, hardware overrides -------------------
+DATA = Path(__file__).parent / "data"
+
+
+def _llama_params(layers, h, heads, kv_heads, ffn, vocab):
+    """By hand: untied embeddings and head (2*V*h), per layer q,o (h*h each), k,v (h*kv*hd each),
+    SwiGLU (3*h*ffn), two RMSNorms (2h); a final RMSNorm (h)."""
+    kv = kv_heads * (h // heads)
+    return layers * (2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h) + 2 * vocab * h + h
+
+
+@pytest.mark.parametrize("file,preset,published", [
+    ("Llama-2-7b-hf.config.json", "llama2-7b", 6_738_415_616),
+    ("Meta-Llama-3-8B.config.json", "llama3-8b", 8_030_261_248),
+    ("Mistral-7B-v0.1.config.json", None, 7_241_732_096),
+])
+def test_hf_config_equals_the_preset_and_the_published_count(capsys, file, preset, published):
+    assert main(["estimate", "--hf-config", str(DATA / file), "--gpus", "64", "--format", "json"]) in (0, 3)
+    got = json.loads(capsys.readouterr().out)["model"]["params"]
+    if preset:
+        main(["estimate", "--preset", preset, "--gpus", "64", "--format", "json"])
+        assert got == json.loads(capsys.readouterr().out)["model"]["params"]
+    assert got == published
+    if file.startswith("Mistral"):
+        assert published == _llama_params(32, 4096, 32, 8, 14336, 32000)
+
+
+def test_hf_config_gpt2_is_the_124m_model(capsys):
+    main(["estimate", "--hf-config", str(DATA / "gpt2.config.json"), "--format", "json"])
+    d = json.loads(capsys.readouterr().out)["model"]
+    # GPT-2 small by hand: wte 50257*768 + wpe 1024*768 + 12 layers of (qkv, proj, fc, proj with
+    # biases, two LayerNorms) + final LayerNorm = 124,439,808 (the published "124M")
+    h, v, s = 768, 50257, 1024
+    layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 4 * h
+    assert d["params"] == v * h + s * h + 12 * layer + 2 * h == 124_439_808
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"not json", "config.json (UTF-8 JSON)"),
+    (b"[1, 2]", "a JSON object"),
+    (b'{"model_type": "t5"}', "model_type"),
+    (b'{"model_type": "llama", "hidden_size": 64}', "num_hidden_layers"),
+    (b'{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,'
+     b' "vocab_size": 100, "num_local_experts": 8}', "mixture-of-experts"),
+    (b'{"model_type": "llama", "num_hidden_layers": -2, "hidden_size": 64, "num_attention_heads": 4,'
+     b' "vocab_size": 100}', "positive integer"),
+])
+def test_a_bad_hf_config_is_one_line(tmp_path, capsys, content, needle):
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    assert main(["estimate", "--hf-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1 and err.startswith("planner estimate: hf_config")
+
+
+def test_hardware_overrides_reach_the_model_and_the_report(capsys):
+    base = ["estimate", "--preset", "llama2-7b", "--gpus", "16", "--tp", "1", "--pp", "1", "--dp", "16",
+            "--micro-batch", "1", "--zero", "3", "--recompute", "full", "--format", "json"]
+    main(base)
+    a = json.loads(capsys.readouterr().out)
+    main([*base, "--gpu-memory-gib", "40", "--gpu-tflops", "624", "--hbm-gbps", "4000"])
+    b = json.loads(capsys.readouterr().out)
+    assert a["memory"]["capacity_bytes"] == 80 * 2**30 and b["memory"]["capacity_bytes"] == 40 * 2**30
+    # twice the A100's 312 TFLOP/s bf16 peak: compute time halves (same efficiency factors)
+    assert b["time"]["compute_s"] == pytest.approx(a["time"]["compute_s"] / 2, rel=0.02)
+    main([*base[:-2], "--gpu-memory-gib", "40"])
+    assert "overridden: 40 GiB" in capsys.readouterr().out
+    assert main([*base, "--inter-node-gbps", "0"]) == 2
+    assert "inter_node_gbps=0.0" in capsys.readouterr().err

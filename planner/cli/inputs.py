@@ -16,6 +16,7 @@ from planner.core.model import ARCHS, ModelSpec
 from planner.core.options import (
     DEFAULT_GPU,
     DEFAULT_GPUS,
+    HW_OVERRIDES,
     OPS_OPTIONS,
     SHAPE_KEYS,
     Inputs,
@@ -38,6 +39,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (one of --preset, --params, or a shape; shape flags override)")
     g.add_argument("--preset", help="a model preset (`planner presets` lists them)")
     g.add_argument("--params", help="parameter count, e.g. 33B, 1T: the nearest preset or a LLaMA-style shape")
+    g.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (llama, mistral, qwen2, gpt2)")
     g.add_argument("--arch", choices=ARCHS, help="gpt (LayerNorm, GELU, learned positions, tied) or llama")
     for key in SHAPE_KEYS[1:]:
         g.add_argument("--" + key.replace("_", "-"), type=int)
@@ -52,6 +54,9 @@ def add_hardware_args(p: argparse.ArgumentParser, many: bool = False) -> None:
         g.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU profile name or file (default {DEFAULT_GPU})")
         g.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help=f"number of GPUs (default {DEFAULT_GPUS})")
     g.add_argument("--gpus-per-node", type=int, help="override the profile's GPUs per node")
+    if not many:  # custom hardware without editing a file: any profile's figures, overridden
+        for name, what in HW_OVERRIDES.items():
+            g.add_argument("--" + name.replace("_", "-"), type=float, help=f"override: {what}")
 
 
 def add_option(g, o: Option) -> None:
@@ -99,7 +104,7 @@ def model_from_args(a: argparse.Namespace) -> tuple[ModelSpec, str]:
 
 
 def hardware_from_args(name: str, gpus_per_node: int | None) -> HardwareProfile:
-    return hardware_from(name, gpus_per_node)
+    return hardware_from(name, gpus_per_node)[0]
 
 
 def job_from_args(a: argparse.Namespace) -> Job:

@@ -147,6 +147,7 @@ def cmd_search(a: argparse.Namespace) -> int:
 
 def cmd_presets(a: argparse.Namespace) -> int:
     from planner.core.presets import preset_source, presets
+    from planner.units import fmt_params
 
     table = presets()
     if a.format == "json":
@@ -156,7 +157,7 @@ def cmd_presets(a: argparse.Namespace) -> int:
                          indent=2, allow_nan=False))
         return 0
     rows = [("name", "params", "arch", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq")]
-    rows += [(n, f"{s.params / 1e9:.2f}B", s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab,
+    rows += [(n, fmt_params(s.params), s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab,
               s.seq_len) for n, s in table.items()]
     _print_rows(rows, a.format)
     return 0
@@ -210,6 +211,8 @@ def cmd_stacks(a: argparse.Namespace) -> int:
 
 
 def _model_flag(a: argparse.Namespace) -> str:
+    if getattr(a, "hf_config", None):
+        return f"--hf-config {a.hf_config}"
     return f"--params {a.params}" if a.params else f"--preset {a.preset}" if a.preset else "shape flags"
 
 

@@ -137,7 +137,9 @@ class ModelSpec:
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
-        return (f"{self.name} ({self.arch}, {self.params / 1e9:.2f}B params: {self.layers} layers, "
+        from planner.units import fmt_params
+
+        return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params: {self.layers} layers, "
                 f"hidden {self.hidden}, {self.heads} heads{kv}, ffn {self.ffn_hidden}, "
                 f"vocab {self.vocab}, seq {self.seq_len})")
 

@@ -121,13 +121,17 @@ def ops_from(values: Mapping[str, object], gpus_per_node: int) -> Operations:
 
 
 def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
-    """A preset, a parameter count (nearest preset or a LLaMA-style shape) or a shape; shape keys
-    given with a preset or a count override its shape."""
-    preset, params = values.get("preset"), values.get("params")
+    """A preset, a parameter count (nearest preset or a LLaMA-style shape), a Hugging Face
+    config.json (``hf_config``: a path, or the file's bytes from the explorer's upload) or a shape;
+    shape keys given with a preset, a count or a config override its shape."""
+    preset, params, hf = values.get("preset"), values.get("params"), values.get("hf_config")
     shape = {k: values[k] for k in SHAPE_KEYS if values.get(k) is not None}
-    if preset and params:
-        raise PlannerError("params", params, "give --preset or --params, not both")
-    if preset:
+    given = [name for name, v in (("preset", preset), ("params", params), ("hf_config", hf)) if v]
+    if len(given) > 1:
+        raise PlannerError(given[1], values[given[1]], f"give one of --preset, --params, --hf-config, not {given[0]} too")
+    if hf:
+        spec, note = model_from_hf_config(hf)
+    elif preset:
         spec, note = get_preset(str(preset)), f"preset {preset}"
     elif params:
         spec, note = resolve_params(parse_count(params, "params") if isinstance(params, str) else float(params))
@@ -136,7 +140,8 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
             raise PlannerError("arch", shape["arch"], f"one of {', '.join(ARCHS)}")
         return ModelSpec(name="custom", **shape), "shape from flags"
     else:
-        raise PlannerError("model", "none", "give --preset NAME, --params 33B, or --layers, --hidden and --heads")
+        raise PlannerError("model", "none",
+                           "give --preset NAME, --params 33B, --hf-config config.json, or --layers, --hidden and --heads")
     if shape:
         if "arch" in shape and shape["arch"] != spec.arch:
             shape.setdefault("ffn_hidden", None)
@@ -148,9 +153,102 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     return spec, note
 
 
-def hardware_from(name: str, gpus_per_node: int | None) -> HardwareProfile:
+# Hugging Face config.json keys -> ModelSpec fields (transformers' LlamaConfig, MistralConfig,
+# Qwen2Config share the first names; GPT2Config uses the n_* names).
+_HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size", "n_embd"),
+            "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads",),
+            "ffn_hidden": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",),
+            "seq_len": ("max_position_embeddings", "n_positions")}
+_HF_LLAMA = ("llama", "mistral", "qwen2")  # RMSNorm, SwiGLU, RoPE, untied unless the file says so
+_HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
+_HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def model_from_hf_config(source: object) -> tuple[ModelSpec, str]:
+    """A ModelSpec from a Hugging Face ``config.json`` (a path, or its bytes); one PlannerError
+    line for a file that is not one (unreadable, not JSON, an unknown ``model_type``, a key missing)."""
+    import json
+    from pathlib import Path
+
+    where = "hf_config"
+    try:
+        raw = source if isinstance(source, (bytes, bytearray)) else Path(str(source)).read_bytes()
+        cfg = json.loads(raw)
+    except OSError as exc:
+        raise PlannerError(where, source, f"a readable config.json ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise PlannerError(where, _short(source), "a Hugging Face config.json (UTF-8 JSON)") from None
+    if not isinstance(cfg, dict):
+        raise PlannerError(where, _short(source), "a JSON object (a Hugging Face config.json)")
+    kind = cfg.get("model_type")
+    if kind not in _HF_LLAMA + _HF_GPT:
+        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(_HF_LLAMA + _HF_GPT)} (dense decoders)")
+    moe = [k for k in _HF_MOE if cfg.get(k)]
+    if moe:
+        raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], "a dense model (mixture-of-experts is not modelled yet)")
+    shape: dict = {}
+    for field, keys in _HF_KEYS.items():
+        value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+        if value is None and field in ("layers", "hidden", "heads", "vocab"):
+            raise PlannerError(f"{where} {keys[0]}", "missing", "required: an integer")
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"{where} {keys[0]}", value, "a positive integer")
+            shape[field] = value
+    arch = "gpt" if kind in _HF_GPT else "llama"
+    tied = cfg.get("tie_word_embeddings", arch == "gpt")
+    path = Path(str(source)) if not isinstance(source, (bytes, bytearray)) else Path("hf/config.json")
+    name = path.parent.name if path.name == "config.json" else path.name.removesuffix(".json").removesuffix(".config")
+    spec = ModelSpec(name=str(cfg.get("_name_or_path") or name or "hf"), arch=arch, tied_embeddings=bool(tied), **shape)
+    note = f"Hugging Face config ({kind})"
+    if kind == "qwen2":
+        note += "; q/k/v biases not counted (llama-style shape)"
+    return spec, note
+
+
+def _short(source: object) -> str:
+    return "<uploaded bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
+
+
+# Hardware overrides on any profile: flag -> (what it replaces, unit). Ranges in planner/schema.py FLAGS.
+HW_OVERRIDES = {"gpu_tflops": "dense TFLOP/s at the training precision (other precisions scaled alike)",
+                "gpu_memory_gib": "GPU memory, GiB", "hbm_gbps": "HBM bandwidth, GB/s",
+                "intra_node_gbps": "inside a node, GB/s per GPU per direction (NVLink/PCIe)",
+                "inter_node_gbps": "between nodes, GB/s per GPU per direction (NICs / GPUs per node)"}
+
+
+def hardware_from(name: str, gpus_per_node: int | None, overrides: Mapping[str, object] | None = None,
+                  precision: str = "bf16") -> tuple[HardwareProfile, str]:
+    """The named profile with ``gpus_per_node`` and the ``HW_OVERRIDES`` given (None: the
+    profile's own); returns it and a note naming what was overridden ('' if nothing)."""
+    from planner.schema import FLAGS, check_number
+    from planner.units import GB, GIB, TERA
+
     hw = get_profile(name)
-    return hw.with_gpus_per_node(gpus_per_node) if gpus_per_node is not None else hw
+    if gpus_per_node is not None:
+        hw = hw.with_gpus_per_node(gpus_per_node)
+    given = {k: (overrides or {}).get(k) for k in HW_OVERRIDES}
+    given = {k: float(check_number(v, FLAGS[k], k)) for k, v in given.items() if v is not None}
+    gpu, net = hw.gpu, hw.network
+    if "gpu_tflops" in given:
+        old = gpu.peak_flops.get(precision, 0.0)
+        peak = given["gpu_tflops"] * TERA
+        scaled = {p: v * peak / old for p, v in gpu.peak_flops.items()} if old > 0 else gpu.peak_flops
+        gpu = dataclasses.replace(gpu, peak_flops={**scaled, precision: peak})
+    if "gpu_memory_gib" in given:
+        gpu = dataclasses.replace(gpu, memory_bytes=given["gpu_memory_gib"] * GIB)
+    if "hbm_gbps" in given:
+        gpu = dataclasses.replace(gpu, hbm_bytes_per_s=given["hbm_gbps"] * GB)
+    if "intra_node_gbps" in given:
+        net = dataclasses.replace(net, intra_bytes_per_s=given["intra_node_gbps"] * GB)
+    if "inter_node_gbps" in given:
+        net = dataclasses.replace(net, inter_bytes_per_s=given["inter_node_gbps"] * GB)
+    if not given:
+        return hw, ""
+    units = {"gpu_tflops": f" TFLOP/s {precision}", "gpu_memory_gib": " GiB", "hbm_gbps": " GB/s HBM",
+             "intra_node_gbps": " GB/s intra-node", "inter_node_gbps": " GB/s inter-node per GPU"}
+    note = "overridden: " + ", ".join(f"{v:,.4g}{units[k]}" for k, v in given.items())
+    return dataclasses.replace(hw, gpu=gpu, network=net, description=f"{note}; {hw.description}"), note
 
 
 def fit_job_to_gpu(job: Job, hw: HardwareProfile, values: Mapping[str, object]) -> tuple[Job, str]:
@@ -182,10 +280,13 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
     gpus = DEFAULT_GPUS if gpus is None else gpus
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise PlannerError("gpus", gpus, "a positive integer")
-    hw = hardware_from(str(values.get("gpu") or DEFAULT_GPU), values.get("gpus_per_node"))
+    gpu = str(values.get("gpu") or DEFAULT_GPU)
+    hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
     job, job_note = fit_job_to_gpu(job_from(values), hw, values)
-    if job_note:
-        note = f"{note}; {hw.name}: {job_note}" if note else f"{hw.name}: {job_note}"
+    hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)
+    for extra in (job_note, hw_note):
+        if extra:
+            note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"
     trainable_params(model, job)  # validates LoRA targets and rank against this model
     return Inputs(model=model, model_note=note, hardware=hw, gpus=gpus, job=job, pins=pins_from(values),
                   ops=ops_from(values, hw.network.gpus_per_node))
