@@ -81,11 +81,20 @@ def fmt_bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
+YEAR_S = 365.25 * 86400  # a Julian year
+
+
 def fmt_seconds(value: float) -> str:
-    """3600 -> '1.0 h'; a million days or more in 3 significant digits ('1.16e+15 days')."""
+    """A duration as a person reads it: '850 ms', '42.0 s', '12 min', '5.3 h' under a day, '65.3
+    days' under a year, '1.4 years' and '35,847 years' above, thousands separated. Not finite: 'never'."""
+    if not math.isfinite(value):
+        return "never"
+    if value >= YEAR_S:
+        years = value / YEAR_S
+        return f"{years:.1f} years" if years < 100 else f"{years:,.0f} years"
     if value >= 86400:
         days = value / 86400
-        return f"{days:.1f} days" if days < 1e6 else f"{days:.3g} days"
+        return f"{days:.1f} days" if days < 100 else f"{days:,.0f} days"
     if value >= 3600:
         return f"{value / 3600:.1f} h"
     if value >= 60:
@@ -93,3 +102,8 @@ def fmt_seconds(value: float) -> str:
     if value >= 1:
         return f"{value:.1f} s"
     return f"{value * 1e3:.1f} ms"
+
+
+def fmt_days(days: float) -> str:
+    """Days (as the planner's results hold them) in human units: fmt_seconds(days x 86400)."""
+    return fmt_seconds(days * 86400)

@@ -117,7 +117,12 @@ def test_recommend_json_and_missed_deadline(capsys):
     code, out, _ = run(capsys, "recommend", "--params", "33B", "--deadline", "60d", "--budget", "2e6",
                        "--format", "json")
     d = json.loads(out)
-    assert code == 0 and d["cheapest"] in {"a100-80g", "a6000", "v100-32g"}
+    # the default list: every datacenter GPU profile, not the workstation cards (a6000, l40s)
+    from planner.hardware import gpu_profile_names
+
+    considered = {a["gpu"] for a in d["answers"]}
+    assert considered == set(gpu_profile_names()) - {"a6000", "l40s"} and {"h100-80g", "h200"} <= considered
+    assert code == 0 and d["cheapest"] in considered
     pick = next(a for a in d["answers"] if a["gpu"] == d["cheapest"])["pick"]
     assert pick["wall_days"] <= 60 and pick["wall_cost_usd"] <= 2e6
 

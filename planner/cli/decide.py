@@ -45,6 +45,32 @@ def parse_money(text: str, field: str) -> float:
                                         "e.g. 2e6, 2M, $500K") from None
 
 
+# Workstation-class profiles (GDDR memory, PCIe only, no NVLink): left out of the default lists of
+# compare and recommend (name them, or --gpu all, to include them).
+WORKSTATION_PROFILES = ("a6000", "l40s")
+
+
+def default_profiles() -> str:
+    """Every datacenter GPU profile (no CPU hosts, no workstation-class cards), comma-separated."""
+    from planner.hardware import gpu_profile_names
+
+    return ",".join(n for n in gpu_profile_names() if n not in WORKSTATION_PROFILES)
+
+
+def profiles_flag(text: str | None) -> str:
+    """--gpu as given; absent: the datacenter profiles; 'all': every GPU profile."""
+    from planner.hardware import gpu_profile_names
+
+    if text is None:
+        return default_profiles()
+    return ",".join(gpu_profile_names()) if text.strip() == "all" else text
+
+
+_GPU_HELP = ("profiles (names or files), comma-separated; 'all': every GPU profile (default: every datacenter "
+             "profile, i.e. all of `planner profiles` but the CPU hosts and the workstation cards "
+             + ", ".join(WORKSTATION_PROFILES) + ")")
+
+
 # --- parsers ------------------------------------------------------------------------------
 
 
@@ -54,6 +80,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="best layout per GPU profile and count: days, GPU-hours, cost, energy, MFU")
     inputs.add_model_args(p)
     inputs.add_hardware_args(p, many=True)
+    p.set_defaults(gpu=None)
+    for action in p._actions:
+        if action.dest == "gpu":
+            action.help = _GPU_HELP
     inputs.add_job_args(p)
     inputs.add_layout_args(p)
     p.set_defaults(precision=None, func=run_compare)  # None: bf16, or fp16 where a GPU has no bf16
@@ -64,7 +94,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("recommend", help="the fewest GPUs per profile that meet a deadline (and budget)")
     inputs.add_model_args(p)
     g = p.add_argument_group("hardware")
-    g.add_argument("--gpu", default="a100-80g,a6000,v100-32g", help="profiles to consider, comma-separated")
+    g.add_argument("--gpu", help=_GPU_HELP)
     g.add_argument("--gpus-per-node", type=int, help="override the profiles' GPUs per node")
     g.add_argument("--max-gpus", type=int, default=DEFAULT_MAX_GPUS,
                    help=f"largest GPU count to consider (default {DEFAULT_MAX_GPUS})")
@@ -84,7 +114,7 @@ def _common(a: argparse.Namespace):
     model, note = inputs.model_from_args(a)
     precision_given = a.precision is not None
     a.precision = a.precision or "bf16"
-    profiles = [inputs.hardware_from_args(n, a.gpus_per_node) for n in parse_names(a.gpu, "gpu")]
+    profiles = [inputs.hardware_from_args(n, a.gpus_per_node) for n in parse_names(profiles_flag(a.gpu), "gpu")]
     job = inputs.job_from_args(a)
     trainable_params(model, job)  # validates LoRA targets and rank against this model
     ops = [inputs.ops_from_args(a, hw.network.gpus_per_node) for hw in profiles]
@@ -161,25 +191,25 @@ def _price(o) -> float:
 
 def probe_cells(p) -> tuple:
     from planner.decisions.decide import headroom
-    from planner.units import GIB, fmt_count
+    from planner.units import GIB, fmt_count, fmt_days
 
     if not p.fits:
         return (p.gpu, p.gpus, "-", "(no layout: see below)", "", "", "", "", "", "", "", "")
     e = p.best
     t = e.train
-    return (p.gpu, p.gpus, e.job.precision, compact_layout(e), f"{t.days:.1f}", f"{p.days:.1f}",
+    return (p.gpu, p.gpus, e.job.precision, compact_layout(e), fmt_days(t.days), fmt_days(p.days),
             fmt_count(t.gpu_hours), f"${fmt_count(t.cost_usd)}", f"{t.energy_kwh / 1e3:,.1f}", f"{e.mfu:.1%}",
             f"{e.memory.total_bytes / GIB:.1f}/{e.memory.capacity_bytes / GIB:.0f}", f"{headroom(e):.0%}")
 
 
-PROBE_HEADER = ("gpu", "GPUs", "prec", "best layout", "days", "wall", "GPU-h", "cost", "MWh", "MFU", "GiB", "free")
+PROBE_HEADER = ("gpu", "GPUs", "prec", "best layout", "time", "wall", "GPU-h", "cost", "MWh", "MFU", "GiB", "free")
 
 
 def compare_text(c, note: str) -> str:
     lines = _header(c.model, note, c.options) + [""]
     lines.append(_table([PROBE_HEADER, *(probe_cells(p) for p in c.rows)]))
     lines += [f"{p.gpus} x {p.gpu}: {p.why}" for p in c.rows if not p.fits]
-    lines += ["", "days: ideal time to train; wall: expected days with failures and checkpoints; GPU-h, cost, MWh "
+    lines += ["", "time: ideal time to train; wall: expected time with failures and checkpoints; GPU-h, cost, MWh "
                   "(GPU energy x PUE): of the ideal time;",
               "GiB: peak memory per GPU / capacity; free: memory headroom; "
               "layout: dp tp pp(xvpp) micro-batch ZeRO-stage [recompute] [sp]"]
@@ -187,18 +217,18 @@ def compare_text(c, note: str) -> str:
 
 
 def recommend_text(r, note: str) -> str:
-    from planner.units import fmt_count
+    from planner.units import fmt_count, fmt_days
 
     budget = f", budget ${fmt_count(r.budget_usd)}" if r.budget_usd is not None else ""
     lines = _header(r.model, note, [a.option for a in r.answers])
     lines += [f"ask    train within {r.deadline_s / 86400:g} days{budget} (wall-clock, with expected failures "
               f"and checkpoints); GPU counts up to {r.max_gpus}", ""]
-    rows = [("profile", "fits from", "meets the ask with", "layout", "wall days", "cost", "MFU")]
+    rows = [("profile", "fits from", "meets the ask with", "layout", "wall-clock", "cost", "MFU")]
     for a in r.answers:
         fit = f"{a.min_fit.gpus} GPUs" if a.min_fit else "never"
         if a.pick:
             e = a.pick.best
-            rows.append((a.name, fit, f"{a.pick.gpus} GPUs", compact_layout(e), f"{a.pick.days:.1f}",
+            rows.append((a.name, fit, f"{a.pick.gpus} GPUs", compact_layout(e), fmt_days(a.pick.days),
                          f"${fmt_count(a.pick.cost_usd)}", f"{e.mfu:.1%}"))
         else:
             rows.append((a.name, fit, "-", "", "", "", ""))
@@ -207,8 +237,8 @@ def recommend_text(r, note: str) -> str:
     best, fit = r.cheapest, r.min_fit
     if best:
         e = best.pick.best
-        lines.append(f"cheapest: {best.pick.gpus} x {best.name} ({best.pick.days:.1f} days wall-clock, "
-                     f"${fmt_count(best.pick.cost_usd)}; ideal {e.train.days:.1f} days, "
+        lines.append(f"cheapest: {best.pick.gpus:,} x {best.name} ({fmt_days(best.pick.days)} wall-clock, "
+                     f"${fmt_count(best.pick.cost_usd)}; ideal {fmt_days(e.train.days)}, "
                      f"{fmt_count(e.train.gpu_hours)} GPU-hours)")
     else:
         lines.append("no option meets the ask")

@@ -36,7 +36,7 @@ _NUMBERS = {"int": int, "float": float}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model (one of --preset, --params, or a shape; shape flags override)")
+    g = p.add_argument_group("model (one of --preset, --params, --hf-config, or a shape; shape flags override)")
     g.add_argument("--preset", help="a model preset (`planner presets` lists them)")
     g.add_argument("--params", help="parameter count, e.g. 33B, 1T: the nearest preset or a LLaMA-style shape")
     g.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (llama, mistral, qwen2, gpt2)")

@@ -66,7 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     for name in EXTENSIONS:
         importlib.import_module(name).add_parser(sub)
+    for p in sub.choices.values():
+        _show_defaults(p)
     return parser
+
+
+def _show_defaults(p: argparse.ArgumentParser) -> None:
+    """Every flag's default in its --help line, unless the help already says it (or there is none)."""
+    for action in p._actions:
+        d = action.default
+        if d in (None, False, argparse.SUPPRESS) or isinstance(action, argparse._HelpAction) or d == ():
+            continue
+        text = action.help or ""
+        if "default" in text.lower() or text == argparse.SUPPRESS:
+            continue
+        shown = ",".join(map(str, d)) if isinstance(d, (tuple, list)) else str(d).replace("%", "%%")
+        action.help = f"{text} (default: {shown})".strip()
 
 
 def run_trainer(argv: list[str]) -> int:

@@ -2,7 +2,7 @@
 
 ``plan`` evaluates one table (every layout of the free search plus the pinned values) and selects
 from it the layouts with the user's pins; when those do not fit, it also finds the nearest layout
-that does (fewest pinned fields changed, then fastest).
+that does (fewest pinned fields changed, then fastest) and two alternatives changing other fields.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class Plan:
     runners_up: tuple[Estimate, ...]
     result: SearchResult
     nearest_fit: Estimate | None = None  # when ``best`` does not fit
+    alternatives: tuple[Estimate, ...] = ()  # two more fitting layouts that change other pinned fields
     pinned: tuple[str, ...] = ()
 
     @property
@@ -34,12 +35,14 @@ class Plan:
 
     def to_json(self, model_note: str = "") -> dict:
         """`planner estimate --format json`: the best estimate, how the model was chosen, the nearest fit."""
-        return plan_json(self.best, model_note, self.nearest_fit)
+        return plan_json(self.best, model_note, self.nearest_fit, self.alternatives)
 
 
-def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None) -> dict:
+def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None,
+              alternatives: tuple[Estimate, ...] = ()) -> dict:
     return {**best.to_json(), "model_note": model_note,
-            "nearest_fit": nearest_fit.to_json() if nearest_fit is not None else None}
+            "nearest_fit": nearest_fit.to_json() if nearest_fit is not None else None,
+            "nearest_fit_alternatives": [a.to_json() for a in alternatives]}
 
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -71,31 +74,57 @@ def plan_from_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, 
     result = select(table, rows) if rows.size else search(model, hw, job, gpus, pins, table.objective)
     ev = result.evaluation
     best = estimate_at(ev, 0, model, hw, job, ops)
-    count = min(len(ev.candidates), top + 1) if best.fits else 1
-    runners = tuple(estimate_at(ev, i, model, hw, job, ops) for i in range(1, count) if bool(ev.fits[i]))
-    nearest = None if best.fits else nearest_in_table(table, model, hw, job, pins, ops)
-    return Plan(best=best, runners_up=runners, result=result, nearest_fit=nearest, pinned=tuple(pins.pinned()))
+    runners = tuple(estimate_at(ev, int(i), model, hw, job, ops)
+                    for i in _runner_rows(ev, pins, top)) if best.fits else ()
+    near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
+    return Plan(best=best, runners_up=runners, result=result, nearest_fit=near[0] if near else None,
+                alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()))
+
+
+def _runner_rows(ev, pins: Pins, top: int) -> list[int]:
+    """The next ``top`` fitting rows after the best, leaving out ZeRO stages above 0 with nothing
+    to shard over (one data-parallel rank: the same layout as ZeRO-0, listed again) unless pinned."""
+    c = ev.candidates
+    ranks = c.dp * getattr(c, "cp", 1)
+    useless = (c.zero_stage > 0) & (ranks == 1) if pins.pinned().get("zero_stage") is None else np.zeros(len(c), bool)
+    rows = np.flatnonzero(ev.fits & ~useless)
+    return [int(i) for i in rows[rows > 0][:top]]
 
 
 def nearest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins,
                     objective: str, ops: Operations = Operations()) -> Estimate | None:
     """The nearest fitting layout to these pins (see ``nearest_in_table``), from a fresh table."""
     table = evaluate_table(model, hw, job, gpus, pins, objective)
-    return nearest_in_table(table, model, hw, job, pins, ops)
+    near = nearest_in_table(table, model, hw, job, pins, ops)
+    return near[0] if near else None
 
 
 def nearest_in_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, job: Job, pins: Pins,
-                     ops: Operations = Operations()) -> Estimate | None:
-    """The fitting layout of the free search that changes the fewest pinned fields (then the best
-    by the objective)."""
+                     ops: Operations = Operations(), count: int = 1) -> tuple[Estimate, ...]:
+    """Fitting layouts of the free search near the pins: first the best by the objective (the
+    fastest, by default) among those that change the fewest pinned fields, then the best of each
+    other set of changed fields, fewest changes first: ``count`` of them, each changing a
+    different set of pinned fields (full recompute, or ZeRO-3, or two more GPUs per stage...)."""
     ev = table.evaluation
     c = ev.candidates
     fits = np.flatnonzero(ev.fits & searched_by_default(c, job))
     if fits.size == 0:
-        return None
-    changed = np.zeros(len(c), dtype=int)
-    for name, value in pins.pinned().items():
-        changed += getattr(c, name) != DIMS[name].encode([value])[0]
-    # The table is in rank order, so the first fitting row with the fewest changes wins.
-    i = fits[np.argmin(changed[fits])]
-    return estimate_at(ev, int(i), model, hw, job, ops)
+        return ()
+    names = list(pins.pinned())
+    differs = np.zeros((len(fits), len(names)), dtype=bool)
+    for k, (name, value) in enumerate(pins.pinned().items()):
+        differs[:, k] = getattr(c, name)[fits] != DIMS[name].encode([value])[0]
+    changed = differs.sum(axis=1)
+    # The table is in rank order: stable-sorting by the number of changes keeps the objective's
+    # order within each count, so the first row of each changed-field set is that set's best.
+    order = np.argsort(changed, kind="stable")
+    picked: list[int] = []
+    seen: set[bytes] = set()
+    for j in order:
+        key = differs[j].tobytes()
+        if key not in seen:
+            seen.add(key)
+            picked.append(int(fits[j]))
+            if len(picked) == count:
+                break
+    return tuple(estimate_at(ev, i, model, hw, job, ops) for i in picked)

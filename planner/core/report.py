@@ -7,7 +7,7 @@ from pathlib import Path
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan
 from planner.core.results import Estimate
-from planner.units import GIB, fmt_bytes, fmt_count, fmt_seconds
+from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
 BAR_WIDTH = 50
 BAR_PARTS = (("weights_bytes", "W", "weights"), ("gradients_bytes", "G", "grads"),
@@ -53,7 +53,7 @@ def stack_line(e: Estimate) -> str:
 def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     e = p.best
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
-    nodes = -(-e.gpus // hw.network.gpus_per_node)
+    nodes = nodes_text(e.gpus, hw.network.gpus_per_node)
     job = e.job
     tokens_note = ("--tokens" if job.tokens is not None else
                    f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"
@@ -63,8 +63,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     lines = [
         f"model    {e.model.describe()}",
         *( [f"         {model_note}"] if model_note else []),
-        f"cluster  {e.gpus} x {hw.name} ({nodes} node{'s' if nodes > 1 else ''} x {hw.network.gpus_per_node}): "
-        f"{hw.description}",
+        f"cluster  {e.gpus:,} x {hw.name} ({nodes}): {hw.description}",
         f"job      {fmt_count(tr.tokens)} tokens ({tokens_note}); global batch {e.layout.global_batch} seqs = "
         f"{fmt_count(e.layout.global_batch * e.model.seq_len)} tokens ({batch_note}); {job.precision}, "
         f"{job.attention} attention",
@@ -81,6 +80,10 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
         *([ "         by stage: " + ", ".join(f"stage {sm.stage} {sm.total_bytes / GIB:.1f} GiB"
                                               for sm in e.stage_memory)] if e.layout.pp > 1 else []),
+    ]
+    if not m.fits:
+        return "\n".join(lines + does_not_fit_lines(p))
+    lines += [
         "",
         f"step     {t.step_s:.3g} s = " + " + ".join(
             f"{label} {getattr(t, key):.3g}" for key, label in TIME_PARTS if getattr(t, key) > 0.0005 * t.step_s),
@@ -89,21 +92,69 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{e.model_tflops_per_gpu:.0f} TFLOP/s per GPU | "
         f"{fmt_count(e.tokens_per_s)} tokens/s",
         "",
-        f"train    {tr.days:.1f} days | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
+        f"train    {fmt_days(tr.days)} | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
         f"(TDP x PUE {tr.pue}) | ${fmt_count(tr.cost_usd)} at ${tr.price_usd_per_gpu_hour:.2f}/GPU-hour",
     ]
     lines += operations_lines(e)
-    if p.nearest_fit is not None:
-        n = p.nearest_fit
-        lines += ["", f"nearest layout that fits: {layout_line(n)}",
-                  f"         {n.memory.total_bytes / GIB:.1f} GiB, step {n.time.step_s:.3g} s, {n.train.days:.1f} days"]
-    elif not m.fits:
-        lines += ["", f"no layout fits on {e.gpus} x {hw.name}: more GPUs, a larger GPU, or a smaller model"]
     if p.runners_up:
         lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ")]
     lines += ["", "warnings: " + ("none" if not e.warnings else "")]
     lines += [f"  - {w}" for w in e.warnings]
     return "\n".join(lines)
+
+
+def nodes_text(gpus: int, per_node: int) -> str:
+    """'16 nodes x 8'; '13 nodes x 8, the last with 4 GPUs' when the count is not a multiple."""
+    nodes, rest = -(-gpus // per_node), gpus % per_node
+    text = f"{nodes:,} node{'s' if nodes > 1 else ''} x {per_node}"
+    if rest and nodes > 1:
+        text += f", the last with {rest} GPU{'s' if rest > 1 else ''}"
+    elif rest:
+        text = f"1 node, {gpus} of its {per_node} GPUs"
+    return text
+
+
+def does_not_fit_lines(p: Plan) -> list[str]:
+    """The 'nothing fits' state: by how much, the nearest layouts that fit (fewest pinned fields
+    changed, fastest first) or, when none fits at all, what would make one fit."""
+    e = p.best
+    m = e.memory
+    over = m.total_bytes - m.capacity_bytes
+    lines = ["", f"DOES NOT FIT: {over / GIB:,.1f} GiB over the {m.capacity_bytes / GIB:.0f} GiB per GPU "
+                 "(step time and days are not shown for a layout that cannot run)"]
+    near = [n for n in (p.nearest_fit, *p.alternatives) if n is not None]
+    if near:
+        lines += ["", "nearest layouts that fit (fewest pinned fields changed, then fastest):"]
+        for i, n in enumerate(near, 1):
+            changed = [d for d in p.pinned if getattr(n.layout, d, None) != getattr(e.layout, d, None)]
+            what = ", ".join(f"{d} {getattr(e.layout, d)} -> {getattr(n.layout, d)}" for d in changed)
+            lines += [f"  {i}. change {what or 'nothing pinned'}",
+                      f"     {layout_line(n)}",
+                      f"     {n.memory.total_bytes / GIB:.1f} of {n.memory.capacity_bytes / GIB:.0f} GiB, "
+                      f"step {n.time.step_s:.3g} s, {fmt_days(n.train.days)}, MFU {n.mfu:.1%}"]
+    else:
+        lines += ["", f"no layout fits on {e.gpus:,} x {e.hardware.name}, even with ZeRO-3 and full recompute. "
+                      "What would make it fit:"] + [f"  - {h}" for h in fit_hints(e)]
+    return lines
+
+
+def fit_hints(e: Estimate) -> list[str]:
+    """Changes that would let some layout fit, each checked with a search: more GPUs (doubling),
+    a shorter sequence (halving), else a larger GPU or a smaller model."""
+    from planner.core.search import search
+
+    hints = []
+    for k in (2, 4, 8, 16, 32, 64):
+        if search(e.model, e.hardware, e.job, e.gpus * k).feasible:
+            hints.append(f"more GPUs: {e.gpus * k:,} ({k}x; --gpus) is the first doubling where a layout fits")
+            break
+    seq = e.model.seq_len
+    for k in (2, 4, 8):
+        if seq // k >= 128 and search(e.model.replace(seq_len=seq // k), e.hardware, e.job, e.gpus).feasible:
+            hints.append(f"a shorter sequence: --seq-len {seq // k} fits on these {e.gpus:,} GPUs")
+            break
+    hints.append("a GPU with more memory (--gpu; `planner profiles`), or a smaller model")
+    return hints
 
 
 def operations_lines(e: Estimate) -> list[str]:
@@ -121,8 +172,8 @@ def operations_lines(e: Estimate) -> list[str]:
                  f"{'Young/Daly optimum' if r.mtbf_job_hours != float('inf') else 'as set'})"
                  if c.interval_steps else "no failures assumed: checkpoint only as you need")
         mtbf = "no failures" if r.mtbf_job_hours == float("inf") else f"job MTBF {r.mtbf_job_hours:,.0f} h"
-        out += [f"expected {r.expected_seconds / 86400:.1f} days with failures and checkpoints "
-                f"(goodput {r.goodput:.1%}; ideal {r.ideal_seconds / 86400:.1f}): "
+        out += [f"expected {fmt_seconds(r.expected_seconds)} with failures and checkpoints "
+                f"(goodput {r.goodput:.1%}; ideal {fmt_seconds(r.ideal_seconds)}): "
                 f"{r.expected_interruptions:.1f} interruptions ({mtbf})",
                 f"         {every}; {fmt_bytes(c.bytes_total)} each ({fmt_bytes(c.bytes_per_gpu)} per GPU), "
                 f"{c.save_s:.1f} s to save, {c.load_s:.1f} s to load, {fmt_bytes(c.storage_bytes)} kept"]
@@ -134,7 +185,7 @@ def operations_lines(e: Estimate) -> list[str]:
 
 
 TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "cp", "mb", "accum", "zero", "recompute", "sp", "mem GiB", "step s",
-                "MFU", "bubble", "comm", "days")
+                "MFU", "bubble", "comm", "time")
 
 
 def table_rows(estimates: list[Estimate]) -> list[tuple]:
@@ -144,7 +195,7 @@ def table_rows(estimates: list[Estimate]) -> list[tuple]:
         rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.micro_batch, lay.grad_accum, lay.zero_stage,
                      lay.recompute, "on" if lay.sequence_parallel else "off", f"{e.memory.total_bytes / GIB:.1f}",
                      f"{e.time.step_s:.3g}", f"{e.mfu:.1%}", _pct(e.bubble_fraction), _pct(e.comm_fraction),
-                     f"{e.train.days:.1f}"))
+                     fmt_days(e.train.days)))
     return rows
 
 

@@ -26,7 +26,7 @@ from planner.core.results import Estimate, estimate_at
 from planner.core.search import Pins, search
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
-from planner.units import GIB
+from planner.units import GIB, fmt_days
 
 DEFAULT_MAX_GPUS = 16384
 FALLBACK_PRECISIONS = ("bf16", "fp16")  # when the GPU lacks the precision asked for (V100: fp16 only)
@@ -284,7 +284,7 @@ def _answer(model: ModelSpec, option: Option, deadline_s: float, budget_usd: flo
             pick = prober(prober.bisect(lo, hi, in_time))
     fastest = min((p for p in prober.seen.values() if p.fits), key=lambda p: p.days, default=None)
     if min_fit is not None and pick is None:
-        why = (f"misses the deadline: the fastest found is {fastest.days:.1f} days on {fastest.gpus} GPUs "
+        why = (f"misses the deadline: the fastest found is {fmt_days(fastest.days)} on {fastest.gpus:,} GPUs "
                f"(deadline {deadline_s / 86400:g} days; counts up to {max_gpus} tried, --max-gpus to raise)")
     if pick is not None and budget_usd is not None and pick.cost_usd > budget_usd:
         # Cost usually grows with the count; look further up the ladder in case a larger count
@@ -297,7 +297,7 @@ def _answer(model: ModelSpec, option: Option, deadline_s: float, budget_usd: flo
         else:
             cheapest = min((p for p in prober.seen.values() if in_time(p)), key=lambda p: p.cost_usd)
             why = (f"over budget: the cheapest run that meets the deadline costs ${cheapest.cost_usd:,.0f} "
-                   f"({cheapest.gpus} GPUs, {cheapest.days:.1f} days) > budget ${budget_usd:,.0f}")
+                   f"({cheapest.gpus:,} GPUs, {fmt_days(cheapest.days)}) > budget ${budget_usd:,.0f}")
             pick = None
     probes = tuple(prober.seen[n] for n in sorted(prober.seen))
     return Answer(option=option, min_fit=min_fit, pick=pick, fastest=fastest, why=why, probes=probes)

@@ -17,7 +17,7 @@ from planner.core.results import Estimate
 from planner.export.rules import node_split, problems
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
-from planner.units import GIB, fmt_count
+from planner.units import GIB, fmt_count, fmt_days
 
 MASTER_PORT = 29500
 # The seed's AdamW settings and checkpoint policy (also the reference trainer's defaults).
@@ -63,7 +63,7 @@ def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
     where = f" ({nodes} node{'s' if nodes > 1 else ''} x {per_node} GPUs)" if nodes else ""
     lines = [f"planner export --format {fmt}: {e.model.name} on {e.gpus} x {e.hardware.name}{where}",
              f"layout: {layout_line(e)}; {e.job.precision}, {e.job.attention} attention",
-             f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {e.train.days:.1f} days for "
+             f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {fmt_days(e.train.days)} for "
              f"{fmt_count(e.train.tokens)} tokens ({steps:,} steps); "
              f"{e.memory.total_bytes / GIB:.1f} of {e.memory.capacity_bytes / GIB:.0f} GiB per GPU"]
     return lines + ([note] if note else []) + [f"warning: {w}" for w in e.warnings]
@@ -277,7 +277,7 @@ def slurm_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     lines = ["#!/bin/bash", f"#SBATCH --job-name={shlex.quote(name)}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --gpus-per-node={per_node}", "#SBATCH --exclusive",
              *comment_lines(summary(e, "slurm", steps, note)),
-             f"# No --time: the run is predicted to take {e.train.days:.1f} days; set your partition's limit and",
+             f"# No --time: the run is predicted to take {fmt_days(e.train.days)}; set your partition's limit and",
              "# resubmit: the run config resumes from the last checkpoint (auto_resume).",
              "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"',
              _default("CONFIG", opts.config_path), *_heredoc("CONFIG", config, "PLANNER_RUN_CONFIG"),
