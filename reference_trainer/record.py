@@ -144,68 +144,60 @@ def _peak(config, env: dict) -> tuple[float | None, str | None]:
         None, f"hardware profile {hw.name} has no {precision} peak")
 
 
+BREAKDOWN_KEYS = ("compute", "comm_total", "comm_exposed", "comm_exposed_tp", "data_wait", "bubble", "optimizer",
+                  "other")
+
+
 def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dict], start_step: int,
                  warmup_steps: int, status: str, message: str | None, nvml_reason: str | None, env: dict,
                  fault: str | None) -> dict:
-    from planner import __version__ as planner_version
-    from planner.core.flops import model_flops_per_token
-
-    spec, lay = config.spec, config.layout
-    world = len(ranks)
     this_launch = [r for r in rows if r["step"] > start_step]
     measured = [r for r in this_launch[warmup_steps:] if not r["traced"]] or this_launch
     times = [r["step_s"] for r in measured]
     median = statistics.median(times)
-    tokens_per_step = lay.global_batch * spec.seq_len
-    tokens_per_s = tokens_per_step / median
-    flops_per_token = model_flops_per_token(spec)
-    achieved = flops_per_token * tokens_per_s / world
-    peak, peak_source = _peak(config, env)
-
     per_rank = [_rank_breakdown(r) for r in ranks]
-    keys = ("compute", "comm_total", "comm_exposed", "comm_exposed_tp", "data_wait", "bubble", "optimizer", "other")
-    breakdown = {k: _mean([b[k] for b in per_rank]) for k in keys}
-    for k in ("compute", "data_wait", "optimizer", "other"):
-        breakdown[k] = breakdown[k] or 0.0
+    breakdown = _breakdown(per_rank)
     traced_any = breakdown["comm_exposed"] is not None
-    breakdown["comm_hidden"] = (max(0.0, breakdown["comm_total"] - breakdown["comm_exposed"]) if traced_any else None)
-    step_mean = _mean([b["step"] for b in per_rank]) or median
-    share = lambda v: None if v is None else min(1.0, max(0.0, v / step_mean))  # noqa: E731
-    per_stage = []
-    for stage in range(lay.pp):
-        mine = [b for b, r in zip(per_rank, ranks) if r["pp_rank"] == stage]
-        bubble = _mean([b["bubble"] for b in mine])
-        per_stage.append({"pp_rank": stage, "bubble_s": bubble, "compute_s": _mean([b["compute"] for b in mine]),
-                          "bubble_fraction": share(bubble)})
-
-    memories = [r["memory"] for r in ranks]
-    memory = {"kind": memories[0]["kind"], "peak_allocated_bytes": max(m["peak_allocated_bytes"] for m in memories),
-              "peak_reserved_bytes": (max(m["peak_reserved_bytes"] for m in memories)
-                                      if memories[0]["peak_reserved_bytes"] is not None else None),
-              "capacity_bytes": memories[0]["capacity_bytes"],
-              "per_rank_peak_bytes": [m["peak_allocated_bytes"] for m in memories]}
-    nvml = None
-    summaries = [r["nvml"] for r in ranks if r["nvml"]]
-    if summaries:
-        energies = [s["energy_j"] for s in summaries if s["energy_j"] is not None]
-        nvml = {"per_rank": summaries, "gpu_util_mean_percent": _mean([s["gpu_util_mean_percent"] for s in summaries]),
-                "power_mean_w": _mean([s["power_mean_w"] for s in summaries]),
-                "memory_used_max_bytes": max((s["memory_used_max_bytes"] or 0) for s in summaries),
-                "energy_j_total": sum(energies) if energies else None}
-        nvml_reason = None
-    wall = max(r["wall_s"] for r in ranks)
-    cpu_s = sum(r["cpu_s"] for r in ranks)
-    losses = [r["loss"] for r in rows]
-    finite = [x for x in losses if x is not None and math.isfinite(x)]
-    nonfinite = len(losses) - len(finite)
-    scales = [r["loss_scale"] for r in rows if r["loss_scale"] is not None]
-    m = lay.grad_accum
+    nvml = _nvml_summary(ranks)
     rec = {
+        **_header(config, config_dict, status, message, env, ranks, fault),
+        "steps": {"total": config.training.steps, "completed": rows[-1]["step"] if rows else 0,
+                  "resumed_from": start_step, "warmup_excluded": warmup_steps,
+                  "traced": [r["step"] for r in this_launch if r["traced"]], "measured": len(measured),
+                  "skipped": [r["step"] for r in rows if r["skipped"]]},
+        "step_time_s": {"median": median, "p10": _quantile(times, 0.1), "p90": _quantile(times, 0.9),
+                        "mean": sum(times) / len(times)},
+        **_throughput(config, median, len(ranks), env),
+        "breakdown_s": breakdown,
+        "breakdown_source": ("timers on every measured step; communication and bubble from torch.profiler on the "
+                             "traced steps, as fractions of the forward-backward window; means over the measured "
+                             "steps and over ranks"
+                             if traced_any else "timers only (no traced step: communication and bubble unknown)"),
+        **_shares(config.layout, breakdown, per_rank, ranks, median),
+        "per_rank": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "tp_rank": r["tp_rank"],
+                      **{k: b[k] for k in ("step", *BREAKDOWN_KEYS)}} for r, b in zip(ranks, per_rank)],
+        "memory": _memory(ranks), "nvml": nvml, "nvml_reason": None if nvml else nvml_reason,
+        "cpu": _cpu(ranks, env),
+        "checkpoint_s": max(r["checkpoint_s"] for r in ranks),
+        "loss": _loss_summary(rows),
+        "files": {"steps_csv": STEPS_CSV},
+    }
+    rec["flags"] = _flags(rec)
+    return validate_record(rec)
+
+
+def _header(config, config_dict: dict, status: str, message: str | None, env: dict, ranks: list[dict],
+            fault: str | None) -> dict:
+    """What ran, where and with what software."""
+    from planner import __version__ as planner_version
+
+    world = len(ranks)
+    return {
         "schema_version": SCHEMA_VERSION, "run_name": config.run_name,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": status, "message": message,
         "model": {**{k: config_dict["model"][k] for k in SCHEMA["model"] if k in config_dict["model"]},
-                  "params": spec.params},
-        "layout": {**config_dict["layout"], "grad_accum": m},
+                  "params": config.spec.params},
+        "layout": {**config_dict["layout"], "grad_accum": config.layout.grad_accum},
         "precision": config.training.precision, "attention": config.attention,
         "hardware": {"device_kind": env["device_kind"], "device_name": env["device_name"], "device_count": world,
                      "nodes": max(1, world // max(1, env["local_world_size"])),
@@ -214,38 +206,93 @@ def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dic
         "software": {k: env.get(k) for k in ("python", "torch", "numpy", "platform", "backend", "cuda", "nccl")}
         | {"planner": planner_version, "git_commit": _git_commit()},
         "config": config_dict, "fault_injection": fault,
-        "steps": {"total": config.training.steps, "completed": rows[-1]["step"] if rows else 0,
-                  "resumed_from": start_step, "warmup_excluded": warmup_steps,
-                  "traced": [r["step"] for r in this_launch if r["traced"]], "measured": len(measured),
-                  "skipped": [r["step"] for r in rows if r["skipped"]]},
-        "step_time_s": {"median": median, "p10": _quantile(times, 0.1), "p90": _quantile(times, 0.9),
-                        "mean": sum(times) / len(times)},
-        "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s, "model_flops_per_token": flops_per_token,
-        "achieved_flops_per_device": achieved, "achieved_tflops_per_device": achieved / 1e12,
-        "peak_flops_per_device": peak, "peak_flops_source": peak_source, "mfu": achieved / peak if peak else None,
-        "breakdown_s": breakdown,
-        "breakdown_source": ("timers on every measured step; communication and bubble from torch.profiler on the "
-                             "traced steps, as fractions of the forward-backward window; means over the measured "
-                             "steps and over ranks"
-                             if traced_any else "timers only (no traced step: communication and bubble unknown)"),
-        "bubble_fraction": share(breakdown["bubble"]),
-        "bubble_fraction_ideal": (lay.pp - 1) / (lay.vpp * m) if lay.pp > 1 else 0.0,
-        "comm_share": share(breakdown["comm_exposed"]), "data_wait_share": share(breakdown["data_wait"]) or 0.0,
-        "per_stage": per_stage,
-        "per_rank": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "tp_rank": r["tp_rank"],
-                      **{k: b[k] for k in ("step", *keys)}} for r, b in zip(ranks, per_rank)],
-        "memory": memory, "nvml": nvml, "nvml_reason": nvml_reason,
-        "cpu": {"processes": world, "cores": env["cpu_cores"], "process_cpu_s": cpu_s, "wall_s": wall,
-                "utilization_cores": cpu_s / wall / max(1, world // max(1, env["local_world_size"]))},
-        "checkpoint_s": max(r["checkpoint_s"] for r in ranks),
-        "loss": {"first": losses[0] if losses and finite else None, "last": losses[-1] if losses else None,
-                 "min": min(finite) if finite else None, "nonfinite_steps": nonfinite, "any_nonfinite": nonfinite > 0,
-                 "final_loss_scale": scales[-1] if scales else None},
-        "files": {"steps_csv": STEPS_CSV},
     }
-    rec["loss"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec["loss"].items()}
-    rec["flags"] = _flags(rec)
-    return validate_record(rec)
+
+
+def _throughput(config, median_step_s: float, world: int, env: dict) -> dict:
+    """Tokens per second at the median step, the model FLOP/s each device achieved, and MFU."""
+    from planner.core.flops import model_flops_per_token
+
+    tokens_per_step = config.layout.global_batch * config.spec.seq_len
+    tokens_per_s = tokens_per_step / median_step_s
+    flops_per_token = model_flops_per_token(config.spec)
+    achieved = flops_per_token * tokens_per_s / world
+    peak, peak_source = _peak(config, env)
+    return {"tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s, "model_flops_per_token": flops_per_token,
+            "achieved_flops_per_device": achieved, "achieved_tflops_per_device": achieved / 1e12,
+            "peak_flops_per_device": peak, "peak_flops_source": peak_source,
+            "mfu": achieved / peak if peak else None}
+
+
+def _breakdown(per_rank: list[dict]) -> dict:
+    """The step's parts, means over ranks; communication and bubble None when no step was traced."""
+    breakdown = {k: _mean([b[k] for b in per_rank]) for k in BREAKDOWN_KEYS}
+    for k in ("compute", "data_wait", "optimizer", "other"):
+        breakdown[k] = breakdown[k] or 0.0
+    traced_any = breakdown["comm_exposed"] is not None
+    breakdown["comm_hidden"] = (max(0.0, breakdown["comm_total"] - breakdown["comm_exposed"]) if traced_any else None)
+    return breakdown
+
+
+def _shares(lay, breakdown: dict, per_rank: list[dict], ranks: list[dict], median_step_s: float) -> dict:
+    """Bubble, communication and data wait as shares of the mean step; the bubble per pipeline stage."""
+    step_mean = _mean([b["step"] for b in per_rank]) or median_step_s
+
+    def share(v: float | None) -> float | None:
+        return None if v is None else min(1.0, max(0.0, v / step_mean))
+
+    per_stage = []
+    for stage in range(lay.pp):
+        mine = [b for b, r in zip(per_rank, ranks) if r["pp_rank"] == stage]
+        bubble = _mean([b["bubble"] for b in mine])
+        per_stage.append({"pp_rank": stage, "bubble_s": bubble, "compute_s": _mean([b["compute"] for b in mine]),
+                          "bubble_fraction": share(bubble)})
+    return {"bubble_fraction": share(breakdown["bubble"]),
+            # (p-1)/(v*m) of the ideal step (Narayanan et al. 2021, Sec. 2.2.2)
+            "bubble_fraction_ideal": (lay.pp - 1) / (lay.vpp * lay.grad_accum) if lay.pp > 1 else 0.0,
+            "comm_share": share(breakdown["comm_exposed"]), "data_wait_share": share(breakdown["data_wait"]) or 0.0,
+            "per_stage": per_stage}
+
+
+def _memory(ranks: list[dict]) -> dict:
+    memories = [r["memory"] for r in ranks]
+    return {"kind": memories[0]["kind"], "peak_allocated_bytes": max(m["peak_allocated_bytes"] for m in memories),
+            "peak_reserved_bytes": (max(m["peak_reserved_bytes"] for m in memories)
+                                    if memories[0]["peak_reserved_bytes"] is not None else None),
+            "capacity_bytes": memories[0]["capacity_bytes"],
+            "per_rank_peak_bytes": [m["peak_allocated_bytes"] for m in memories]}
+
+
+def _nvml_summary(ranks: list[dict]) -> dict | None:
+    """The NVML samplers' figures over ranks; None where no rank sampled."""
+    summaries = [r["nvml"] for r in ranks if r["nvml"]]
+    if not summaries:
+        return None
+    energies = [s["energy_j"] for s in summaries if s["energy_j"] is not None]
+    return {"per_rank": summaries, "gpu_util_mean_percent": _mean([s["gpu_util_mean_percent"] for s in summaries]),
+            "power_mean_w": _mean([s["power_mean_w"] for s in summaries]),
+            "memory_used_max_bytes": max((s["memory_used_max_bytes"] or 0) for s in summaries),
+            "energy_j_total": sum(energies) if energies else None}
+
+
+def _cpu(ranks: list[dict], env: dict) -> dict:
+    world = len(ranks)
+    wall = max(r["wall_s"] for r in ranks)
+    cpu_s = sum(r["cpu_s"] for r in ranks)
+    return {"processes": world, "cores": env["cpu_cores"], "process_cpu_s": cpu_s, "wall_s": wall,
+            "utilization_cores": cpu_s / wall / max(1, world // max(1, env["local_world_size"]))}
+
+
+def _loss_summary(rows: list[dict]) -> dict:
+    """First, last and lowest loss, the non-finite steps, the last loss scale; non-finite values as None."""
+    losses = [r["loss"] for r in rows]
+    finite = [x for x in losses if x is not None and math.isfinite(x)]
+    nonfinite = len(losses) - len(finite)
+    scales = [r["loss_scale"] for r in rows if r["loss_scale"] is not None]
+    loss = {"first": losses[0] if losses and finite else None, "last": losses[-1] if losses else None,
+            "min": min(finite) if finite else None, "nonfinite_steps": nonfinite, "any_nonfinite": nonfinite > 0,
+            "final_loss_scale": scales[-1] if scales else None}
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in loss.items()}
 
 
 def _flags(rec: dict) -> list[dict]:

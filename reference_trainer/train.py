@@ -7,6 +7,7 @@ process) after the config has been validated without torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import socket
@@ -112,52 +113,45 @@ def run(configs: list[RunConfig]) -> int:
         dist.destroy_process_group()
 
 
+@dataclasses.dataclass(slots=True)
+class _Loop:
+    """What the step loop works with (built once per run by ``_train``), and what it measured."""
+
+    config: RunConfig
+    device: torch.device
+    log: Log
+    parts: object
+    stepper: Stepper
+    ckpt: Checkpointer
+    guard: NonFiniteGuard
+    batches: object
+    pin: bool
+    nvml: profiler.NvmlSampler
+    csv: record.StepCsv | None
+    board: object
+    rows: list = dataclasses.field(default_factory=list)
+    analyses: list = dataclasses.field(default_factory=list)
+    status: str = "completed"
+    message: str | None = None
+    save_s: float = 0.0
+
+
 def _train(config: RunConfig, device: torch.device, state: dict) -> int:
     # Benign here: the last stage's logits come out of tensor parallel's all-gather as a view,
     # and nothing modifies them in place (the loss reads them).
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
-    lay, tr = config.layout, config.training
+    tr = config.training
     faults.set_run(config.run_name)
     rank, world = dist.get_rank(), dist.get_world_size()
     log = Log(rank)
     wall0, cpu0 = time.perf_counter(), profiler.cpu_times()
-    mesh = build_mesh(lay, device.type)
-    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
-    torch.manual_seed(config.seed + 1_000_003 * pp_rank + 7919 * dp_rank)  # dropout: TP ranks share a stream
-    parts = parallelize(config.spec, lay, mesh, device, seed=config.seed, attention=config.attention,
-                        compute_dtype=compute_dtype(tr.precision), lora=config.lora if tr.mode == "lora" else None)
-    stepper = Stepper(parts, build_optimizers(parts.modules, tr), tr, lay, device)
-    state.update(parts=parts, stepper=stepper)
-    m = config.micro_batches
-    log(f"{config.spec.describe()}\nlayout dp={lay.dp} tp={lay.tp} pp={lay.pp} vpp={lay.vpp} micro_batch="
-        f"{lay.micro_batch} global_batch={lay.global_batch} (m={m}) zero={lay.zero_stage} recompute={lay.recompute} "
-        f"sp={lay.sequence_parallel} schedule={lay.schedule}; {tr.precision} on {world} x {device.type}")
-
-    run_dir = config.run_dir
-    lock = faults.RunLock(run_dir) if rank == 0 else None  # one live run per run folder
-    busy = [lock.acquire(log) if lock is not None else None]
-    dist.broadcast_object_list(busy, src=0)
-    if busy[0]:
-        raise ConfigError(busy[0])
-    state["lock"] = lock
-    layout_key = {k: v for k, v in config_to_dict(config)["layout"].items()}
-    ckpt = Checkpointer(config.checkpoint_dir, keep_last=config.checkpoint.keep_last, layout=layout_key,
-                        world_size=world)
+    mesh, parts, stepper = _build(config, device, state, log, world)
+    _lock_run(config, rank, log, state)
+    ckpt = Checkpointer(config.checkpoint_dir, keep_last=config.checkpoint.keep_last,
+                        layout=dict(config_to_dict(config)["layout"]), world_size=world)
     guard = NonFiniteGuard(tr.max_nonfinite_steps)
-    start = 0
-    if config.checkpoint.auto_resume:
-        found = ckpt.latest(log)
-        if found is not None:
-            start, path = found
-            extra = ckpt.load(path, parts.modules, stepper.optimizers)
-            torch.set_rng_state(extra["rng"])
-            if device.type == "cuda" and extra.get("cuda_rng") is not None:
-                torch.cuda.set_rng_state(extra["cuda_rng"], device)
-            if stepper.scaler is not None and extra.get("scaler"):
-                stepper.scaler.load_state_dict(extra["scaler"])
-            guard.run, guard.first = extra["guard"]
-            log(f"resumed from {path.name} (step {start})")
-    missing = [start >= tr.steps and rank == 0 and not (run_dir / record.RECORD_JSON).exists()]
+    start = _resume(config, ckpt, parts, stepper, guard, device, log) if config.checkpoint.auto_resume else 0
+    missing = [start >= tr.steps and rank == 0 and not (config.run_dir / record.RECORD_JSON).exists()]
     dist.broadcast_object_list(missing, src=0)
     rebuild = missing[0]
     if rebuild:  # killed between the final checkpoint and record.json: write the record now
@@ -166,94 +160,174 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
         log(f"run {config.run_name} already complete ({start}/{tr.steps} steps in its newest checkpoint); "
             "nothing to do")
         return 0
-    csv = record.StepCsv(run_dir / record.STEPS_CSV, keep_until=start) if rank == 0 else None
-
-    source = TokenSource(seed=config.seed, vocab=config.spec.vocab, seq_len=config.spec.seq_len,
-                         path=config.data.path, dtype=config.data.dtype)
-    pin = config.data.pin_memory if config.data.pin_memory is not None else device.type == "cuda"
-    batches = make_loader(source, start_step=start, global_batch=lay.global_batch, micro_batch=lay.micro_batch,
-                          micro_batches=m, dp_rank=dp_rank, workers=config.data.workers,
-                          prefetch_samples=config.prefetch_samples, pin_memory=pin)
+    csv = record.StepCsv(config.run_dir / record.STEPS_CSV, keep_until=start) if rank == 0 else None
+    batches, pin = _loader(config, device, start, mesh.get_local_rank("dp"))
     state["loader"] = batches
-
     nvml = profiler.NvmlSampler(device, config.profile.nvml_interval_s)
     nvml_reason = nvml.start()
     if nvml_reason:
         log(nvml_reason)
     board = _open_board(config, device, world, log) if rank == 0 and config.profile.tensorboard else None
     state["board"] = board
-    tokens_per_step = lay.global_batch * config.spec.seq_len
+    loop = _Loop(config=config, device=device, log=log, parts=parts, stepper=stepper, ckpt=ckpt, guard=guard,
+                 batches=batches, pin=pin, nvml=nvml, csv=csv, board=board)
+    _run_steps(loop, start)
+    nvml_summary = nvml.stop()
+    if board is not None:
+        board.close()
+    if rebuild:  # no step ran in this launch: the CSV's (rank 0's) timers, and a status that says so
+        loop.rows = csv.rows if csv is not None else []
+        loop.status, loop.message = "completed_rebuilt", (f"record rebuilt on a restart from {record.STEPS_CSV} "
+                                                          "(rank 0's timers; memory, traces and NVML not measured)")
+    mine = _rank_summary(loop.rows, loop.analyses, config.profile.warmup_steps, device, mesh, wall0, cpu0,
+                         nvml_summary, loop.save_s)
+    _write_record(loop, mine, start=0 if rebuild else start, nvml_reason=nvml_reason)
+    status = loop.status
+    del batches, loop
+    return EXIT_NONFINITE if status not in ("completed", "completed_rebuilt") else 0
+
+
+def _build(config: RunConfig, device: torch.device, state: dict, log: Log, world: int):
+    """The device mesh, this rank's model parts (parallelised from outside) and its stepper."""
+    lay, tr = config.layout, config.training
+    mesh = build_mesh(lay, device.type)
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    torch.manual_seed(config.seed + 1_000_003 * pp_rank + 7919 * dp_rank)  # dropout: TP ranks share a stream
+    parts = parallelize(config.spec, lay, mesh, device, seed=config.seed, attention=config.attention,
+                        compute_dtype=compute_dtype(tr.precision), lora=config.lora if tr.mode == "lora" else None)
+    stepper = Stepper(parts, build_optimizers(parts.modules, tr), tr, lay, device)
+    state.update(parts=parts, stepper=stepper)
+    log(f"{config.spec.describe()}\nlayout dp={lay.dp} tp={lay.tp} pp={lay.pp} vpp={lay.vpp} micro_batch="
+        f"{lay.micro_batch} global_batch={lay.global_batch} (m={config.micro_batches}) zero={lay.zero_stage} "
+        f"recompute={lay.recompute} sp={lay.sequence_parallel} schedule={lay.schedule}; {tr.precision} on "
+        f"{world} x {device.type}")
+    return mesh, parts, stepper
+
+
+def _lock_run(config: RunConfig, rank: int, log: Log, state: dict) -> None:
+    """One live run per run folder: rank 0 takes the lock, every rank learns whether it got it."""
+    lock = faults.RunLock(config.run_dir) if rank == 0 else None
+    busy = [lock.acquire(log) if lock is not None else None]
+    dist.broadcast_object_list(busy, src=0)
+    if busy[0]:
+        raise ConfigError(busy[0])
+    state["lock"] = lock
+
+
+def _resume(config: RunConfig, ckpt: Checkpointer, parts, stepper: Stepper, guard: NonFiniteGuard,
+            device: torch.device, log: Log) -> int:
+    """The step of the newest checkpoint, its weights, optimizer, RNG, scaler and guard restored; 0 without one."""
+    found = ckpt.latest(log)
+    if found is None:
+        return 0
+    start, path = found
+    extra = ckpt.load(path, parts.modules, stepper.optimizers)
+    torch.set_rng_state(extra["rng"])
+    if device.type == "cuda" and extra.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(extra["cuda_rng"], device)
+    if stepper.scaler is not None and extra.get("scaler"):
+        stepper.scaler.load_state_dict(extra["scaler"])
+    guard.run, guard.first = extra["guard"]
+    log(f"resumed from {path.name} (step {start})")
+    return start
+
+
+def _loader(config: RunConfig, device: torch.device, start: int, dp_rank: int):
+    """This data-parallel rank's batches from step ``start`` on, and whether they are pinned."""
+    lay = config.layout
+    source = TokenSource(seed=config.seed, vocab=config.spec.vocab, seq_len=config.spec.seq_len,
+                         path=config.data.path, dtype=config.data.dtype)
+    pin = config.data.pin_memory if config.data.pin_memory is not None else device.type == "cuda"
+    batches = make_loader(source, start_step=start, global_batch=lay.global_batch, micro_batch=lay.micro_batch,
+                          micro_batches=config.micro_batches, dp_rank=dp_rank, workers=config.data.workers,
+                          prefetch_samples=config.prefetch_samples, pin_memory=pin)
+    return batches, pin
+
+
+def _run_steps(loop: _Loop, start: int) -> None:
+    """Steps ``start`` .. steps: timed, some traced, logged, checkpointed; stops on the guard."""
+    config, log, tr = loop.config, loop.log, loop.config.training
     warm = config.profile.warmup_steps
     traced = range(start + warm, start + warm + config.profile.trace_steps)  # a range: any size costs nothing
-    rows, analyses, status, message, save_s = [], [], "completed", None, 0.0
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for i in range(start, tr.steps):
-        trace = profiler.tracer(device.type) if i in traced else contextlib.nullcontext()
-        with trace as prof:
-            with profiler.mark(profiler.STEP_MARK):
-                t0 = time.perf_counter()
-                micro = split(next(batches).to(device, non_blocking=pin), m)
-                t1 = time.perf_counter()
-                with profiler.mark(profiler.FWD_BWD_MARK):
-                    loss_sum = stepper.forward_backward(micro, i)
-                    sync()
-                t2 = time.perf_counter()
-                faults.maybe_kill("step", i + 1)
-                result = stepper.update(loss_sum, i)
-                sync()
-                t3 = time.perf_counter()
-        if prof is not None:
-            analyses.append(profiler.analyse(prof.events(), device.type))
-            dist.barrier()  # the analysis must not leak into other ranks' next step
+        row, result, analysis = _one_step(loop, i, i in traced)
         step = i + 1
-        row = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
-               "loss_scale": result.loss_scale, "skipped": int(result.skipped), "step_s": t3 - t0,
-               "data_wait_s": t1 - t0, "fwd_bwd_s": t2 - t1, "optimizer_s": t3 - t2,
-               "tokens_per_s": tokens_per_step / (t3 - t0), "traced": int(prof is not None), **nvml.latest()}
-        rows.append(row)
-        if csv is not None:
-            csv.write(row)
-        if board is not None:
-            board.write(row, analyses[-1] if prof is not None else None, nvml.latest_memory_bytes())
+        if analysis is not None:
+            loop.analyses.append(analysis)
+        loop.rows.append(row)
+        if loop.csv is not None:
+            loop.csv.write(row)
+        if loop.board is not None:
+            loop.board.write(row, analysis, loop.nvml.latest_memory_bytes())
         if result.skipped:
             log(f"step {step}: non-finite loss or gradients; step skipped"
                 + (f", loss scale now {result.loss_scale:g}" if result.loss_scale is not None else ""))
         if step % config.log_every == 0 or step == tr.steps:
             log.progress(step, tr.steps, result.loss, row["tokens_per_s"])
-        if guard.update(step, result.skipped):
-            status, message = "stopped_nonfinite", guard.diagnosis(tr.precision, result.loss_scale)
-            log(f"error: {message}")
+        if loop.guard.update(step, result.skipped):
+            loop.status, loop.message = "stopped_nonfinite", loop.guard.diagnosis(tr.precision, result.loss_scale)
+            log(f"error: {loop.message}")
             break
         interval = config.checkpoint.interval
         if interval and (step % interval == 0 or step == tr.steps):
-            extra = {"step": step, "rng": torch.get_rng_state(),
-                     "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                     "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
-                     "guard": (guard.run, guard.first)}
-            save_s += ckpt.save(step, parts.modules, stepper.optimizers, extra)
+            loop.save_s += _save_checkpoint(loop, step)
             log(f"checkpoint step {step} saved")
 
-    nvml_summary = nvml.stop()
-    if board is not None:
-        board.close()
-    if rebuild:  # no step ran in this launch: the CSV's (rank 0's) timers, and a status that says so
-        rows = csv.rows if csv is not None else []
-        status, message = "completed_rebuilt", (f"record rebuilt on a restart from {record.STEPS_CSV} (rank 0's "
-                                                "timers; memory, traces and NVML not measured)")
-    mine = _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml_summary, save_s)
+
+def _one_step(loop: _Loop, i: int, traced: bool):
+    """Step ``i`` timed in its parts (data wait, forward+backward, optimizer): its CSV row, the
+    stepper's result, and the profiler's analysis when traced (else None)."""
+    device, stepper, m = loop.device, loop.stepper, loop.config.micro_batches
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    trace = profiler.tracer(device.type) if traced else contextlib.nullcontext()
+    with trace as prof, profiler.mark(profiler.STEP_MARK):
+        t0 = time.perf_counter()
+        micro = split(next(loop.batches).to(device, non_blocking=loop.pin), m)
+        t1 = time.perf_counter()
+        with profiler.mark(profiler.FWD_BWD_MARK):
+            loss_sum = stepper.forward_backward(micro, i)
+            sync()
+        t2 = time.perf_counter()
+        faults.maybe_kill("step", i + 1)
+        result = stepper.update(loss_sum, i)
+        sync()
+        t3 = time.perf_counter()
+    analysis = None
+    if prof is not None:
+        analysis = profiler.analyse(prof.events(), device.type)
+        dist.barrier()  # the analysis must not leak into other ranks' next step
+    tokens_per_step = loop.config.layout.global_batch * loop.config.spec.seq_len
+    row = {"step": i + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+           "loss_scale": result.loss_scale, "skipped": int(result.skipped), "step_s": t3 - t0,
+           "data_wait_s": t1 - t0, "fwd_bwd_s": t2 - t1, "optimizer_s": t3 - t2,
+           "tokens_per_s": tokens_per_step / (t3 - t0), "traced": int(prof is not None), **loop.nvml.latest()}
+    return row, result, analysis
+
+
+def _save_checkpoint(loop: _Loop, step: int) -> float:
+    """A checkpoint of every rank's shard with the RNG, scaler and guard state; the seconds it took."""
+    device, stepper = loop.device, loop.stepper
+    extra = {"step": step, "rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+             "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
+             "guard": (loop.guard.run, loop.guard.first)}
+    return loop.ckpt.save(step, loop.parts.modules, stepper.optimizers, extra)
+
+
+def _write_record(loop: _Loop, mine: dict, *, start: int, nvml_reason: str | None) -> None:
+    """Every rank's summary gathered; rank 0 builds and writes the run record."""
+    config = loop.config
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
-                                  rows=csv.rows if csv else rows, start_step=0 if rebuild else start,
-                                  warmup_steps=warm,
-                                  status=status, message=message, nvml_reason=nvml_reason,
-                                  env=_environment(device), fault=faults.active())
-        path = record.write_record(run_dir, rec)
-        log(record.summary(rec))
-        log(f"run record: {path}")
-    del batches
-    return EXIT_NONFINITE if status not in ("completed", "completed_rebuilt") else 0
+    if dist.get_rank() != 0:
+        return
+    rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
+                              rows=loop.csv.rows if loop.csv else loop.rows, start_step=start,
+                              warmup_steps=config.profile.warmup_steps, status=loop.status, message=loop.message,
+                              nvml_reason=nvml_reason, env=_environment(loop.device), fault=faults.active())
+    path = record.write_record(config.run_dir, rec)
+    loop.log(record.summary(rec))
+    loop.log(f"run record: {path}")
 
 
 def _open_board(config: RunConfig, device: torch.device, world: int, log: Log):
@@ -274,7 +348,7 @@ def _open_board(config: RunConfig, device: torch.device, world: int, log: Log):
 def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s) -> dict:
     """This rank's figures for the record. Means, not medians: the parts of a step add up."""
     measured = [r for r in rows[warm:] if not r["traced"]] or rows
-    mean = lambda key: statistics.fmean(r[key] for r in measured) if measured else 0.0  # noqa: E731
+    mean = lambda key: statistics.fmean(r[key] for r in measured) if measured else 0.0
     return {"rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "dp_rank": mesh.get_local_rank("dp"),
             "tp_rank": mesh.get_local_rank("tp"), "hostname": socket.gethostname(),
             "step_s": mean("step_s"), "data_wait_s": mean("data_wait_s"), "fwd_bwd_s": mean("fwd_bwd_s"),
