@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.core.report import TIME_PARTS  # one list of the step's parts and their labels
 from planner.errors import PlannerError
-from planner.units import GIB, fmt_count
+from planner.units import GIB, fmt_count, fmt_days, fmt_seconds
 
 # GPU counts of the days-to-train sweep (powers of two; a cluster is bought in nodes of 8).
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -31,6 +31,7 @@ class View:
     best: object  # planner.core.results.Estimate
     layouts: tuple  # the best, then the fitting runners-up, in rank order
     nearest_fit: object | None
+    alternatives: tuple = ()  # two more fitting layouts near the pins (changing other fields)
     evaluated: int
     feasible: int
     search_seconds: float
@@ -42,7 +43,7 @@ class View:
         """Exactly what `planner estimate --format json` prints for the same flags."""
         from planner.core.plan import plan_json
 
-        return plan_json(self.best, self.model_note, self.nearest_fit)
+        return plan_json(self.best, self.model_note, self.nearest_fit, self.alternatives)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,7 +82,7 @@ def compute(values: Mapping[str, object], top: int = TOP_LAYOUTS) -> View | Prob
         return Problem(message=str(exc), field=exc.field, suggestions=pin_suggestions(table, x))
     r = p.result
     return View(best=p.best, layouts=(p.best, *p.runners_up) if p.best.fits else (p.best,),
-                nearest_fit=p.nearest_fit, evaluated=r.evaluated, feasible=r.feasible,
+                nearest_fit=p.nearest_fit, alternatives=p.alternatives, evaluated=r.evaluated, feasible=r.feasible,
                 search_seconds=r.search_seconds, objective=objective, model_note=x.model_note, pinned=p.pinned)
 
 
@@ -178,15 +179,17 @@ def headline(j: dict) -> tuple[Figure, ...]:
     so the page shows what the CLI says, formatted once, here."""
     m, tr = j["memory"], j["train"]
     return (
-        Figure(label="days to train", value=f"{tr['days']:.1f}", help="tokens / (tokens/s), no failures"),
+        Figure(label="time to train", value=fmt_days(tr["days"]),
+               help=f"tokens / (tokens/s), no failures: {tr['days']:,.2f} days"),
         Figure(label="GPU-hours", value=fmt_count(tr["gpu_hours"])),
         Figure(label="cost", value=f"${fmt_count(tr['cost_usd'])}",
                help=f"at ${tr['price_usd_per_gpu_hour']:.2f} per GPU-hour"),
         Figure(label="energy", value=f"{fmt_count(tr['energy_kwh'])} kWh", help=f"GPU power x time x PUE {tr['pue']}"),
         Figure(label="MFU", value=f"{j['mfu']:.1%}", help=f"HFU {j['hfu']:.1%}"),
         Figure(label="tokens/s", value=fmt_count(j["tokens_per_s"]), help="whole job"),
-        Figure(label="memory per GPU", value=f"{m['total_bytes'] / GIB:.1f} / {m['capacity_bytes'] / GIB:.0f} GiB",
-               help=f"peak on pipeline stage {m['peak_stage']}" + ("" if m["fits"] else "; DOES NOT FIT")),
+        Figure(label="memory per GPU", value=f"{m['total_bytes'] / GIB:.0f}/{m['capacity_bytes'] / GIB:.0f} GiB",
+               help=f"{m['total_bytes'] / GIB:.1f} of {m['capacity_bytes'] / GIB:.0f} GiB, peak on pipeline stage "
+                    f"{m['peak_stage']}" + ("" if m["fits"] else "; DOES NOT FIT")),
         Figure(label="bubble", value=_pct(j["bubble_fraction"]), help="pipeline idle share of the step"),
         Figure(label="communication", value=_pct(j["comm_fraction"]), help="exposed share of the step"),
         *operations_figures(j),
@@ -201,8 +204,9 @@ def operations_figures(j: dict) -> tuple[Figure, ...]:
         return ()
     every = f"{c['interval_steps']} steps" if c["interval_steps"] else "as needed"
     return (
-        Figure(label="days with failures", value=f"{r['expected_seconds'] / 86400:.1f}",
-               help=f"{r['expected_interruptions']:.1f} expected interruptions (Daly 2006)"),
+        Figure(label="time with failures", value=fmt_seconds(r["expected_seconds"]),
+               help=f"{r['expected_interruptions']:.1f} expected interruptions (Daly 2006); "
+                    f"{r['expected_seconds'] / 86400:,.2f} days"),
         Figure(label="goodput", value=f"{r['goodput']:.1%}", help="ideal / expected wall-clock time"),
         Figure(label="checkpoint every", value=every,
                help=f"Young/Daly optimum; {c['bytes_total'] / 1e9:.3g} GB each, {c['save_s']:.1f} s to save"),

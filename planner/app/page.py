@@ -58,12 +58,13 @@ def widget(f: explore_state.Field, where, disabled: bool = False) -> None:
         where.selectbox(f.label, f.choices, **common)
     elif f.kind == "bool":
         where.checkbox(f.label, **common)
+    # Numbers without min/max on the widget: a value out of range is named on the page
+    # (explore_state.out_of_range) instead of being silently replaced by the previous one.
     elif f.kind == "int":
-        where.number_input(f.label, min_value=int(f.low), max_value=int(f.high), step=int(f.step or 1), **common)
+        where.number_input(f.label, step=int(f.step or 1), **common)
     else:
-        extra = {"value": None, "placeholder": "profile's rate"} if f.optional else {}
-        where.number_input(f.label, min_value=float(f.low), max_value=float(f.high), step=float(f.step or 0.1),
-                           format="%g", **extra, **common)
+        extra = {"value": None, "placeholder": "profile's value"} if f.optional else {}
+        where.number_input(f.label, step=float(f.step or 0.1), format="%g", **extra, **common)
 
 
 def set_values(values: dict) -> None:
@@ -76,10 +77,12 @@ def sidebar() -> dict:
     sb = st.sidebar
     sb.header("Model")
     sb.radio(fields["model"].label, fields["model"].choices, key="model", horizontal=True,
-             format_func={"params": "parameters", "preset": "preset", "shape": "shape"}.get)
+             format_func={"params": "parameters", "preset": "preset", "shape": "shape", "hf": "HF config"}.get)
     source = st.session_state["model"]
     widget(fields["params"], sb, disabled=source != "params")
     widget(fields["preset"], sb, disabled=source != "preset")
+    upload = sb.file_uploader("Hugging Face config.json", type=["json"], key="hf_upload",
+                              disabled=source != "hf", help="`--hf-config`: llama, mistral, qwen2 or gpt2 keys")
     with sb.expander("Shape", expanded=source == "shape"):
         for f in explore_state.fields():
             if f.group == "shape":
@@ -87,6 +90,10 @@ def sidebar() -> dict:
     sb.header("Hardware")
     widget(fields["gpu"], sb)
     widget(fields["gpus"], sb)
+    with sb.expander("Custom hardware (overrides the profile)"):
+        for f in explore_state.fields():
+            if f.group == "hardware_custom":
+                widget(f, st)
     sb.header("Job")
     for f in explore_state.fields():
         if f.group == "job":
@@ -106,7 +113,10 @@ def sidebar() -> dict:
     widget(fields["sort"], sb)
     sb.button("Search every field (unpin all)", on_click=set_values,
               args=({n: explore_state.defaults()[n] for n in explore_state.LAYOUT_PINS},))
-    return {f.name: st.session_state[f.name] for f in explore_state.fields()}
+    values = {f.name: st.session_state[f.name] for f in explore_state.fields()}
+    if source == "hf" and upload is not None:
+        values["hf_config"] = upload.getvalue()
+    return values
 
 
 def show_problem(problem: explore.Problem) -> None:
@@ -127,28 +137,42 @@ def show_headline(view: explore.View, j: dict) -> None:
     pinned = f"; pinned: {', '.join(view.pinned)}" if view.pinned else ""
     st.caption(f"best of {view.feasible} fitting layouts out of {view.evaluated} evaluated in "
                f"{view.search_seconds * 1e3:.1f} ms (ranked by {view.objective}){pinned}")
-    figures = explore.headline(j)
-    for row in (figures[:5], figures[5:10], figures[10:]):
-        for col, fig in zip(st.columns(5), row):
-            col.metric(fig.label, fig.value, help=fig.help or None)
     if not view.best.fits:
-        st.error(f"Does not fit: {j['memory']['total_bytes'] / 2**30:.1f} GiB needed per GPU, "
-                 f"{j['memory']['capacity_bytes'] / 2**30:.0f} GiB available.")
-        if view.nearest_fit is not None:
-            n = view.nearest_fit.to_json()
-            st.info(f"Nearest layout that fits: {explore.layout_text(n['layout'])} "
-                    f"({', '.join(explore.changed_fields(j['layout'], n['layout'])) or 'same pins'}; "
-                    f"{n['train']['days']:.1f} days)")
-            st.button("Pin the nearest layout that fits", on_click=set_values,
-                      args=(explore_state.pins_from_layout(n["layout"]),))
-        elif view.feasible == 0:
-            st.info(f"No layout fits on {j['cluster']['gpus']} x {j['cluster']['gpu']}: more GPUs, a GPU with "
-                    "more memory, or a smaller model (the Hardware tab compares them).")
+        show_does_not_fit(view, j)
+        return
+    figures = explore.headline(j)
+    for row in (figures[:4], figures[4:8], figures[8:12], figures[12:]):
+        for col, fig in zip(st.columns(4), row):
+            col.metric(fig.label, fig.value, help=fig.help or None)
     for w in view.best.warnings:
         if not w.startswith("does not fit"):
             st.warning(w)
     st.button("Pin this layout (then change one field)", on_click=set_values,
               args=(explore_state.pins_from_layout(j["layout"]),))
+
+
+def show_does_not_fit(view: explore.View, j: dict) -> None:
+    """The 'nothing fits' state: no step time or days for a layout that cannot run; what would fit."""
+    from planner.core.report import fit_hints
+    from planner.units import fmt_days
+
+    m = j["memory"]
+    st.error(f"Does not fit: {m['total_bytes'] / 2**30:,.1f} GiB needed per GPU, {m['capacity_bytes'] / 2**30:.0f} "
+             "GiB available. Step time and days are not shown for a layout that cannot run.")
+    near = [n for n in (view.nearest_fit, *view.alternatives) if n is not None]
+    if near:
+        st.markdown("**Nearest layouts that fit** (fewest pinned fields changed, then fastest):")
+        for i, n in enumerate(near):
+            nj = n.to_json()
+            changed = ", ".join(explore.changed_fields(j["layout"], nj["layout"])) or "same pins"
+            left, right = st.columns([4, 1])
+            left.info(f"{changed}: {explore.layout_text(nj['layout'])} "
+                      f"({nj['memory']['total_bytes'] / 2**30:.1f} GiB, {fmt_days(nj['train']['days'])})")
+            right.button("Pin it", key=f"pin-near-{i}", on_click=set_values,
+                         args=(explore_state.pins_from_layout(nj["layout"]),))
+    else:
+        st.info(f"No layout fits on {j['cluster']['gpus']:,} x {j['cluster']['gpu']}, even with ZeRO-3 and full "
+                "recompute. What would make it fit:\n" + "\n".join(f"- {h}" for h in fit_hints(view.best)))
 
 
 def plan_tab(j: dict) -> None:
@@ -327,6 +351,16 @@ def page() -> None:
     for note in st.session_state.pop("_notes", []):
         st.info(note)
     query = explore_state.query_from_state(state)
+    bad = explore_state.out_of_range(state)
+    if bad:
+        st.query_params.from_dict(query)
+        for line in bad:
+            st.error(f"Out of range: {line}")
+        st.caption("No plan until every field is in range (the sidebar's help names each field's bounds).")
+        return
+    if state["model"] == "hf" and "hf_config" not in state:
+        st.info("Upload a Hugging Face config.json in the sidebar (Model from: HF config).")
+        return
     result = cached_compute(explore_state.mapping_from_state(state))
     if isinstance(result, explore.Problem):
         st.query_params.from_dict(query)

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 from planner.core.layout import DIMS, JOB_OPTIONS, PIN_DIMS, Dim, Option
 from planner.core.model import ARCHS
-from planner.core.options import DEFAULT_GPU, OPS_OPTIONS
+from planner.core.options import DEFAULT_GPU, HW_OVERRIDES, OPS_OPTIONS
 from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 from planner.core.search import OBJECTIVES
 
 AUTO = "auto"  # a layout field left to the search
-MODEL_SOURCES = ("params", "preset", "shape")
+MODEL_SOURCES = ("params", "preset", "shape", "hf")  # hf: an uploaded Hugging Face config.json
 LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
 
@@ -128,12 +128,26 @@ def fields() -> tuple[Field, ...]:
         Field(name="gpu", label="GPU profile", kind="choice", default=DEFAULT_GPU, choices=tuple(profile_names()),
               group="hardware", help="built-in and calibrated profiles (`planner profiles`)"),
         Field(name="gpus", label="GPUs", kind="int", default=128, low=1, high=65536, step=8, group="hardware"),
+        *_override_fields(),
         *(f for f in job if f.group != "layout"),
         *(f for f in job if f.group == "layout"),
         *(_pin_field(d) for d in PIN_DIMS if d.name != "dp"),  # dp follows from GPUs / (tp x pp)
         Field(name="sort", label="Rank layouts by", kind="choice", default="time", choices=OBJECTIVES,
               group="layout"),
     )
+
+
+def _override_fields() -> tuple[Field, ...]:
+    """The CLI's hardware overrides (--gpu-tflops ...): empty keeps the profile's value; bounds from
+    planner/schema.py FLAGS, so the explorer refuses what the CLI refuses."""
+    from planner.schema import FLAGS
+
+    labels = {"gpu_tflops": "Peak TFLOP/s (dense, training precision)", "gpu_memory_gib": "GPU memory, GiB",
+              "hbm_gbps": "HBM bandwidth, GB/s", "intra_node_gbps": "Intra-node GB/s per GPU",
+              "inter_node_gbps": "Inter-node GB/s per GPU"}
+    return tuple(Field(name=n, label=labels[n], kind="float", default=None, low=FLAGS[n].lo, high=FLAGS[n].hi,
+                       step=1.0, optional=True, help=f"`--{n.replace('_', '-')}`: {what}; empty: the profile's",
+                       group="hardware_custom") for n, what in HW_OVERRIDES.items())
 
 
 def field_map() -> dict[str, Field]:
@@ -234,7 +248,11 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
     parsed flags are the same mapping): the model source chosen, the rest by name."""
     s = {**defaults(), **state}
     out: dict[str, object] = {"gpu": s["gpu"], "gpus": int(s["gpus"]), "sort": s["sort"]}
-    if s["model"] == "preset":
+    out.update({n: float(s[n]) for n in HW_OVERRIDES if s.get(n) is not None})
+    if s["model"] == "hf":
+        if s.get("hf_config"):  # the uploaded file's bytes (not a field: not in the URL)
+            out["hf_config"] = s["hf_config"]
+    elif s["model"] == "preset":
         out["preset"] = s["preset"]
     elif s["model"] == "params":
         out["params"] = float(s["params"]) * 1e9
@@ -242,7 +260,7 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
         out.update({k: s[k] for k in ("arch", "layers", "hidden", "heads", "vocab", "seq_len")})
         out.update({k: s[k] for k in ("kv_heads", "ffn_hidden") if s[k]})
     for f in fields():
-        if f.group not in ("model", "shape", "hardware") and f.name != "sort":
+        if f.group not in ("model", "shape", "hardware", "hardware_custom") and f.name != "sort":
             value = _declared(f, s[f.name])
             if value is not None:
                 out[f.name] = value
@@ -258,7 +276,9 @@ def _flag_text(value: object) -> str:
 def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
     """The `planner estimate` flags for a mapping of declared names (each flag from its declaration)."""
     argv: list[str] = []
-    if "preset" in m:
+    if "hf_config" in m:
+        argv += ["--hf-config", "config.json"]
+    elif "preset" in m:
         argv += ["--preset", str(m["preset"])]
     elif "params" in m:
         argv += ["--params", _count(float(m["params"]))]
@@ -266,6 +286,7 @@ def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
         argv += [x for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
                  if k in m for x in ("--" + k.replace("_", "-"), str(m[k]))]
     argv += ["--gpu", str(m["gpu"]), "--gpus", str(m["gpus"])]
+    argv += [x for n in HW_OVERRIDES if m.get(n) is not None for x in ("--" + n.replace("_", "-"), f"{m[n]:.10g}")]
     for o in (*JOB_OPTIONS, *OPS_OPTIONS):
         if o.name in m and m[o.name] != o.default:
             value = m[o.name]
@@ -321,3 +342,18 @@ def pin_value(name: str, value: object) -> tuple[str, object]:
     if d is not None and d.choices:
         return name, str(value)
     return name, int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def out_of_range(state: Mapping[str, object]) -> list[str]:
+    """One message per widget value outside its field's bounds (the page's number inputs accept
+    any number, so that a value out of range is named instead of silently kept)."""
+    out = []
+    for f in fields():
+        value = state.get(f.name)
+        if f.kind not in ("int", "float") or value is None:
+            continue
+        try:
+            coerce(f, value)
+        except ValueError as exc:
+            out.append(f"{f.label}: {value:g} is out of range; allowed: {exc}")
+    return out

@@ -107,9 +107,31 @@ def test_a_pinned_layout_that_does_not_fit_offers_the_nearest_that_does():
 def test_headline_formats_the_json_contract():
     j = cli_estimate(["--params", "33B", "--gpus", "128"])
     figures = {f.label: f.value for f in explore.headline(j)}
-    assert figures["days to train"] == f"{j['train']['days']:.1f}"
+    assert figures["time to train"] == f"{j['train']['days']:.1f} days"  # 65 days: one decimal, under 100
     assert figures["MFU"] == f"{j['mfu']:.1%}"
-    assert figures["memory per GPU"].endswith("/ 80 GiB")
+    assert figures["memory per GPU"].endswith("/80 GiB") and len(figures["memory per GPU"]) <= 12  # not cut off
+
+
+def test_a_short_job_is_in_hours_and_a_long_one_in_years():
+    short = explore.headline(cli_estimate(["--params", "125M", "--gpus", "64", "--tokens", "1B"]))
+    long = explore.headline(cli_estimate(["--params", "70B", "--gpus", "8", "--tokens", "10T"]))
+    value = {f.label: f.value for f in short}["time to train"]
+    assert value.endswith((" min", " h")), value
+    value = {f.label: f.value for f in long}["time to train"]
+    assert value.endswith(" years"), value
+
+
+def test_nearest_fit_has_two_alternatives_changing_other_fields():
+    view = explore.compute(mapping(["--params", "70B", "--gpus", "128", "--tp", "4", "--pp", "4", "--zero", "1",
+                                    "--micro-batch", "4", "--recompute", "none", "--stack", "megatron-core"]))
+    assert isinstance(view, explore.View) and not view.best.fits
+    near = [view.nearest_fit, *view.alternatives]
+    assert len(near) == 3 and all(n.fits for n in near)
+    pins = ("tp", "pp", "zero_stage", "micro_batch", "recompute")
+    changed = [frozenset(p for p in pins if getattr(n.layout, p) != getattr(view.best.layout, p)) for n in near]
+    assert len(set(changed)) == 3  # each changes a different set of pinned fields
+    assert len(changed[0]) <= min(len(c) for c in changed)  # the first changes the fewest
+    assert view.to_json()["nearest_fit_alternatives"][0]["memory"]["fits"] is True
 
 
 def test_memory_and_time_rows_add_up():
