@@ -38,7 +38,7 @@ HOSTILE = ["0", "-1", "-8", "1e30", "99999999999999999999", "1e-320", "1e400", "
            "10**6", "1000001", "65537", "1e16", "1e15", "9" * 400, "9" * 5000]
 SANE = {"int": ["1", "2", "4", "8", "16", "64", "3"], "float": ["0.5", "1", "1.2", "2", "10", "100", "1e4"],
         "count": ["125M", "1.3B", "7B", "1T", "300B", "2e9"], "gpus": ["8", "16", "64", "8,16", "1"]}
-# Inside the documented ranges (planner/schema.py), at their edges: must give finite answers.
+# Inside the documented ranges (planner/core/limits.py FLAGS), at their edges: must give finite answers.
 EDGE = {"int": ["1", "3", "1024", "65536", "10000", "1000000", "16777216", "4194304", "262144"],
         "float": ["1e-6", "0.001", "1", "3", "1e5", "1e6", "1e12"],
         "count": ["1", "1000", "1e15", "1e16", "999999999999999"],

@@ -3,7 +3,8 @@
 A ``Key`` declares one value: its type, its range (documented here, shown in every error), the
 factor that converts the file's unit to SI base units, and whether it is required.
 ``check_table(table, spec, where)`` checks a parsed TOML table against a spec and returns the
-converted values; ``check_flags(values)`` checks parsed command-line flags against ``FLAGS``.
+converted values; ``check_flags(values, spec)`` checks parsed command-line flags against a spec
+(every flag's: ``planner.core.limits.FLAGS``, this module's ``FLAGS`` plus the declared options').
 Errors are one ``PlannerError`` line naming where (file and key, or flag), the value and what is
 allowed. Nothing here imports more than the standard library (CLI start-up stays fast).
 
@@ -166,34 +167,19 @@ def check_csv_row(row: Mapping[str, Any], spec: Mapping[str, Key], where: str) -
 
 
 # --- command-line flags -------------------------------------------------------------------
-# argparse dest -> range. A flag that is not listed still gets the generic check: a float must
-# be finite, an int must fit in int64's exact float range (|n| <= 2**53).
+# argparse dest -> range, for the flags that are no declared option: the declared job options,
+# operations options and layout dimensions carry their ranges in their declarations, and
+# planner.core.limits.FLAGS joins the two (this base module cannot see them). A flag in neither
+# still gets the generic check: a float must be finite, an int must fit in int64's exact float
+# range (|n| <= 2**53).
 
 FLAGS: dict[str, Key] = {
     "gpus": Key(int, 1, MAX_GPUS, help="GPUs"),
     "max_gpus": Key(int, 1, MAX_GPUS),
     "gpus_per_node": Key(int, 1, 1024),
-    "global_batch": Key(int, 1, 2**24, unit="sequences"),
-    "pue": Key(float, 1.0, 3.0),
-    "price_per_gpu_hour": Key(float, 0, 1e4, unit="USD"),
-    "price_usd_per_gpu_hour": Key(float, 0, 1e4, unit="USD"),
-    "lora_r": Key(int, 1, 2**16),
-    "lora_alpha": Key(float, 0, 1e6, lo_open=True),
-    "packing_efficiency": Key(float, 1e-3, 1),
-    "mtbf_gpu_hours": Key(float, 0, 1e12, lo_open=True, unit="hours", inf_ok=True),
-    "mtbf_node_hours": Key(float, 0, 1e12, lo_open=True, unit="hours", inf_ok=True),
-    "restart_minutes": Key(float, 0, 1e5, unit="minutes"),
-    "storage_gbps": Key(float, 1e-6, 1e6, unit="GB/s"),
-    "storage_write_gbps": Key(float, 1e-6, 1e6, unit="GB/s"),
-    "storage_read_gbps": Key(float, 1e-6, 1e6, unit="GB/s"),
-    "keep_last": Key(int, 1, 10**4),
+    # operations options declared without explorer bounds (planner.core.options.OpsOptions)
     "checkpoint_interval": Key(int, 1, 10**9, unit="steps"),
-    "epochs": Key(float, 1e-3, 1e6),
     "token_bytes": Key(int, 1, 8, unit="bytes"),
-    "dp": Key(int, 1, MAX_GPUS), "tp": Key(int, 1, MAX_GPUS), "pp": Key(int, 1, MAX_GPUS),
-    "vpp": Key(int, 1, 1024),
-    "micro_batch": Key(int, 1, 2**16, unit="sequences"),
-    "zero": Key(int, 0, 3), "zero_stage": Key(int, 0, 3),
     "layers": Key(int, 1, 10**4), "hidden": Key(int, 1, 2**18), "heads": Key(int, 1, 2**14),
     "kv_heads": Key(int, 1, 2**14), "ffn_hidden": Key(int, 1, 2**20), "vocab": Key(int, 1, 2**24),
     "seq_len": Key(int, 1, 2**22, unit="tokens"),
@@ -213,9 +199,10 @@ FLAGS: dict[str, Key] = {
 COUNT_FLAGS: dict[str, tuple[float, float]] = {"params": (1e3, MAX_PARAMS), "tokens": (1, MAX_TOKENS)}
 
 
-def check_flags(values: Mapping[str, Any]) -> None:
-    """Parsed command-line flags (``vars(args)``) against ``FLAGS``; raises on the first bad one,
-    naming the field as the rest of the planner does (the flag's destination: ``max_gpus``)."""
+def check_flags(values: Mapping[str, Any], spec: Mapping[str, Key] = FLAGS) -> None:
+    """Parsed command-line flags (``vars(args)``) against ``spec`` (every flag's range:
+    planner.core.limits.FLAGS); raises on the first bad one, naming the field as the rest of the
+    planner does (the flag's destination: ``max_gpus``)."""
     from planner.units import parse_count
 
     for dest, value in values.items():
@@ -224,10 +211,10 @@ def check_flags(values: Mapping[str, Any]) -> None:
             continue
         if dest in COUNT_FLAGS:
             parse_count(value, flag, lo=COUNT_FLAGS[dest][0], hi=COUNT_FLAGS[dest][1])
-        elif dest in FLAGS:
+        elif dest in spec:
             if isinstance(value, list):  # argparse hands over [] for `--flag=--`
-                raise PlannerError(flag, value, FLAGS[dest].allowed())
-            check_number(value, FLAGS[dest], flag)
+                raise PlannerError(flag, value, spec[dest].allowed())
+            check_number(value, spec[dest], flag)
         elif isinstance(value, float) and not math.isfinite(value):
             raise PlannerError(flag, value, "a finite number")
         elif isinstance(value, int) and abs(value) > 2**53:

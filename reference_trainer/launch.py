@@ -19,9 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-from planner.core.layout import ATTENTION, JOB_OPTIONS, LAYOUT_DIMS, MODES
+from planner.core.layout import ATTENTION, GPU_FACTORS, JOB_OPTIONS, LAYOUT_DIMS, MODES
 from reference_trainer import faults
-from reference_trainer.config import PRECISIONS, ConfigError, build_config, config_to_dict, validate
+from reference_trainer.config import (
+    PRECISIONS,
+    TRAINER_DIMS,
+    ConfigError,
+    build_config,
+    config_to_dict,
+    validate,
+)
 
 PARENT_ENV = "PLANNER_RUN_PARENT_PID"  # set by `planner run`: this launcher dies with it
 
@@ -153,7 +160,7 @@ def config_dict(args: argparse.Namespace) -> dict:
 
 def default_run_name(data: dict, spec_name: str) -> str:
     lay = data.get("layout") or {}
-    shape = "-".join(f"{k}{lay.get(k, 1)}" for k in ("dp", "tp", "pp"))
+    shape = "-".join(f"{k}{lay.get(k, 1)}" for k in GPU_FACTORS if k in TRAINER_DIMS)  # dp, tp, pp
     return f"{spec_name}-{shape}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

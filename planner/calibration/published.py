@@ -12,14 +12,15 @@ from pathlib import Path
 
 from planner.core.flops import megatron_eq3_flops
 from planner.core.layout import Job, Layout
+from planner.core.limits import FLAGS
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError
-from planner.schema import FLAGS, Key, check_csv_row
+from planner.schema import Key, check_csv_row
 
 REQUIRED = ("params_billion", "attention_heads", "hidden_size", "num_layers", "tensor_parallel",
             "pipeline_parallel", "num_gpus", "global_batch_size_seqs", "seq_len", "vocab_size",
             "micro_batch_size", "virtual_pipeline_stages", "achieved_tflops_per_gpu")
-# Each number of a row, checked before use (planner/schema.py; the model and layout then check
+# Each number of a row, checked before use (planner/core/limits.py; the model and layout then check
 # their own rules): integers in the flags' ranges, the achieved rate in (0, 1e6] TFLOP/s.
 ROW_SPEC = {"params_billion": Key(float, 0, 1e6, lo_open=True),
             **{k: FLAGS[f] for k, f in (("attention_heads", "heads"), ("hidden_size", "hidden"),

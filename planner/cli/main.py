@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        from planner.schema import check_flags
+        from planner.core.limits import check_flags
 
-        check_flags(vars(args))  # every number in its documented range (planner/schema.py)
+        check_flags(vars(args))  # every number in its documented range (planner/core/limits.py)
         return args.func(args)
     except PlannerError as exc:
         print(f"planner {args.command}: {exc}", file=sys.stderr)

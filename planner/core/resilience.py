@@ -41,7 +41,7 @@ class Operations:
     prefetch_factor: int = 4
 
     def __post_init__(self) -> None:
-        # The ranges of planner/schema.py FLAGS, in base units: every product below stays finite.
+        # The flags' ranges (planner/core/limits.py FLAGS), in base units: every product below stays finite.
         require(self.mtbf_gpu_hours > 0, "mtbf", self.mtbf_gpu_hours, "greater than zero hours (inf: no failures)")
         require(0 <= self.restart_s <= 1e5 * 60, "restart", self.restart_s, "from 0 to 6e6 seconds")
         for name in ("storage_write_bytes_per_s", "storage_read_bytes_per_s"):
