@@ -252,7 +252,7 @@ class Job:
     kernels: str = _opt("stack", help="element-wise kernels: stack (as the --stack runs them, default), fused "
                                       "(Megatron-LM, TE, compiled) or eager (plain PyTorch)",
                         label="Element-wise kernels", choices=KERNELS)
-    # The software stack (a name in stacks/ or a stack file): its kernels, overlaps, sharding
+    # The software stack (a name in software_stacks/ or a stack file): its kernels, overlaps, sharding
     # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
     stack: str = _opt("fsdp2", help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
                                     "reference, or a stack file (default fsdp2; `planner stacks` lists them)",

@@ -40,8 +40,8 @@ def test_a_real_record_validates(record, single_sweep):
     assert record["steps"]["measured"] == 3 and record["steps"]["warmup_excluded"] == 2
     assert record["step_time_s"]["p10"] <= record["step_time_s"]["median"] <= record["step_time_s"]["p90"]
     assert record["tokens_per_s"] == pytest.approx(8 * 64 / record["step_time_s"]["median"])
-    # planner/core/flops.py: 3 x (2 x matmul weights + 4 s h l) per token
-    assert record["model_flops_per_token"] == 3 * (2 * (4 * 49_152 + 512 * 64) + 4 * 64 * 64 * 4)
+    # planner/core/flops.py: 3 x (2 x matmul weights + causal attention 2 s h l) per token
+    assert record["model_flops_per_token"] == 3 * (2 * (4 * 49_152 + 512 * 64) + 2 * 64 * 64 * 4)
     assert record["loss"]["last"] < record["loss"]["first"] and record["loss"]["any_nonfinite"] is False
     header = (single_sweep[0] / "gpt-1" / "steps.csv").read_text().splitlines()[0]
     assert tuple(header.split(",")) == CSV_COLUMNS
