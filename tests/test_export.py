@@ -251,9 +251,43 @@ def test_yaml_writer_quotes_what_yaml_1_1_would_misread():
 def test_each_format_plans_for_the_stack_it_runs(capsys):
     """Without --stack, a format's plan is made for the stack it runs (the reference trainer for
     torchrun, Megatron-Core for megatron), which both run the ZeRO-1 pinned here."""
-    from planner.export.rules import FORMAT_STACKS
+    from planner.export.formats import FORMATS, formats, get_format
 
     for fmt in ("torchrun", "megatron"):
         out, _ = export(capsys, fmt, *PINNED)
         assert "ZeRO-1" in out
-    assert FORMAT_STACKS["torchrun"] == "reference" and FORMAT_STACKS["megatron"] == "megatron-core"
+    assert get_format("torchrun").stack == "reference" and get_format("megatron").stack == "megatron-core"
+    assert tuple(formats()) == FORMATS  # one registry: the CLI's choices, the explorer's list
+    assert {f.language for f in formats().values()} == {"bash", "json", "yaml"}
+
+
+def test_pretraining_exports_llama2_hyperparameters_fine_tuning_its_own(capsys):
+    """Touvron et al. 2023 (Llama 2), Sec. 2.2: AdamW beta2 0.95, eps 1e-5, weight decay 0.1, cosine
+    to 10%, 2000 warm-up steps; Table 1: peak lr 3.0e-4 at 7B. Fine-tuning keeps lr 6e-5, beta2 0.999."""
+    base = ["--params", "7B", "--gpus", "64", "--format", "deepspeed"]
+    out, _ = export(capsys, "deepspeed", *base[:-2])
+    cfg = json.loads(out)
+    assert cfg["optimizer"]["params"] == {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-5, "weight_decay": 0.1}
+    assert cfg["scheduler"]["params"]["warmup_num_steps"] == 2000 and cfg["scheduler"]["params"]["cos_min_ratio"] == 0.1
+    out, _ = export(capsys, "deepspeed", *base[:-2], "--mode", "full-finetune", "--tokens", "1B")
+    cfg = json.loads(out)
+    assert cfg["optimizer"]["params"] == {"lr": 6e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
+    out, _ = export(capsys, "megatron", "--params", "70B", "--gpus", "256")
+    assert "--lr 0.00015" in out and "--adam-beta2 0.95" in out and "--lr-warmup-iters 2000" in out  # 70B: 1.5e-4
+
+
+def test_an_export_above_95_percent_of_memory_is_refused_unless_forced(capsys):
+    # llama-33b, dp 32 x tp 2 x pp 2 x vpp 5, micro-batch 2, ZeRO-1: 99% of an A100's 80 GiB (megatron-core)
+    pins = ["--params", "33B", "--gpus", "128", "--tp", "2", "--pp", "2", "--vpp", "5", "--micro-batch", "2",
+            "--zero", "1", "--recompute", "none"]
+    code, out, err = run(capsys, "export", "--format", "megatron", *pins)
+    assert code == 3 and out == "" and len(err.strip().splitlines()) == 1
+    assert "at most 95% of the GPU's memory" in err and "--force" in err
+    code, out, err = run(capsys, "export", "--format", "megatron", *pins, "--force")
+    assert code == 0 and "--micro-batch-size 2" in out
+    used = re.search(r"([0-9.]+) of 80 GiB per GPU", out)
+    assert used and float(used.group(1)) / 80 > 0.95
+    # unpinned, the best layout under the limit is written, and the note says why it is not the fastest
+    code, out, err = run(capsys, "export", "--format", "megatron", "--params", "33B", "--gpus", "128")
+    used = re.search(r"([0-9.]+) of 80 GiB per GPU", out)
+    assert code == 0 and float(used.group(1)) / 80 <= 0.95

@@ -129,37 +129,12 @@ def _valid_global_batches(x, g: int) -> set[int]:
     return set(sorted(near, key=lambda v: abs(v - g))[:8])
 
 
-# --- the plan as a launch config -----------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Export:
-    text: str  # what `planner export` writes for the same flags
-    chosen: object  # the Estimate written: the best layout the format can express, on its stack
-    stack: str
-    note: str = ""  # why it is not the fastest layout, when it is not
+# --- the plan as a launch config: planner.export.plan.export_plan, shared with `planner export` ------
+def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = False):
+    """What `planner export --format fmt` writes for these inputs (planner/export/plan.py)."""
+    from planner.export.plan import export_plan as plan_export
 
-
-def export_plan(values: Mapping[str, object], fmt: str, opts) -> Export:
-    """What `planner export --format fmt` writes for these inputs: planned for the stack the format
-    runs (unless one is given), the best fitting layout it can express. Raises PlannerError."""
-    from planner.core.options import build_inputs
-    from planner.core.report import layout_line
-    from planner.core.search import search
-    from planner.export.render import render
-    from planner.export.rules import FORMAT_STACKS, choose, problems
-
-    stack = str(values.get("stack") or FORMAT_STACKS[fmt])
-    x = build_inputs({**values, "stack": stack})
-    result = search(x.model, x.hardware, x.job, x.gpus, x.pins, str(values.get("sort") or "time"))
-    if not result.feasible:
-        raise PlannerError("layout", x.pins.pinned() or "search", f"no layout fits on {x.gpus} x {x.hardware.name} "
-                                                                  f"on the {stack} stack")
-    chosen, best = choose(fmt, result, x.model, x.hardware, x.job, x.ops)
-    note = ""
-    if chosen is not best:
-        p = problems(fmt, best)[0]
-        note = (f"the fastest layout ({layout_line(best)}) cannot be written as {fmt}: {p.field}={p.value!r}; "
-                f"this one is {chosen.train.seconds / best.train.seconds - 1:.1%} slower")
-    return Export(text=render(fmt, chosen, opts, note), chosen=chosen, stack=stack, note=note)
+    return plan_export(values, fmt, opts, force=force)
 
 
 # --- figures for the page -----------------------------------------------------------------------

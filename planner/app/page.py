@@ -20,7 +20,6 @@ from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
 
 TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
-LANGUAGES = {"deepspeed": "json", "k8s": "yaml"}  # export formats that are not shell scripts
 
 
 @st.cache_data(show_spinner=False, max_entries=512)
@@ -302,7 +301,7 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
 def export_tab(state: dict, view: explore.View) -> None:
     from planner.errors import PlannerError
     from planner.export import render as export
-    from planner.export.rules import FORMATS
+    from planner.export.formats import FORMATS, get_format
 
     argv = explore_state.argv_from_state(state)
     st.subheader("This plan from the command line")
@@ -327,7 +326,7 @@ def export_tab(state: dict, view: explore.View) -> None:
             st.caption("or through the planner's launcher:")
             st.code(export.planner_run_line(out.chosen, export.train_steps(out.chosen, opts)), language="bash",
                     wrap_lines=True)
-        st.code(out.text, language=LANGUAGES.get(fmt, "bash"))
+        st.code(out.text, language=get_format(fmt).language)
     st.subheader("JSON (`planner estimate --format json`)")
     text = json.dumps(view.to_json(), indent=2)
     st.download_button("Download JSON", text, file_name="plan.json", mime="application/json")

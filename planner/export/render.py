@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from planner.core.report import layout_line
 from planner.core.results import Estimate
-from planner.export.rules import node_split, problems
+from planner.export.hyper import Hyper, hyperparameters
+from planner.export.rules import node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
 from planner.units import GIB, fmt_count, fmt_days
 
 MASTER_PORT = 29500
-# The seed's AdamW settings and checkpoint policy (also the reference trainer's defaults).
-ADAMW = {"lr": 6e-5, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+# AdamW settings by training mode, cited in planner/export/hyper.py; the checkpoint policy is the seed's.
 DEFAULT_CHECKPOINT_INTERVAL = 1000  # steps, when no failure model sets one (the seed's 1000steps)
 INITIAL_LOSS_SCALE_POWER = 16  # fp16 dynamic loss scaling starts at 2**16 (Megatron, DeepSpeed, torch)
 LOSS_SCALE_WINDOW = 1000  # steps without overflow before the scale grows (DeepSpeed, Megatron default)
@@ -58,6 +58,10 @@ def checkpoint_interval(e: Estimate) -> int:
     return c.interval_steps if c is not None and c.interval_steps else DEFAULT_CHECKPOINT_INTERVAL
 
 
+def hyper(e: Estimate, opts: ExportOptions) -> Hyper:
+    return hyperparameters(e.job.mode, e.model.params, train_steps(e, opts))
+
+
 def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
     nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node) if fmt != "deepspeed" else (0, 0)
     where = f" ({nodes} node{'s' if nodes > 1 else ''} x {per_node} GPUs)" if nodes else ""
@@ -66,6 +70,10 @@ def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
              f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {fmt_days(e.train.days)} for "
              f"{fmt_count(e.train.tokens)} tokens ({steps:,} steps); "
              f"{e.memory.total_bytes / GIB:.1f} of {e.memory.capacity_bytes / GIB:.0f} GiB per GPU"]
+    h = hyperparameters(e.job.mode, e.model.params, steps)
+    lines.append(f"optimizer: AdamW lr {h.lr:g} (cosine to {h.min_lr_ratio:g}x, {h.warmup_steps} warm-up steps), "
+                 f"betas {h.betas[0]:g}/{h.betas[1]:g}, eps {h.eps:g}, weight decay {h.weight_decay:g}, clip "
+                 f"{h.grad_clip:g}; {h.source}")
     return lines + ([note] if note else []) + [f"warning: {w}" for w in e.warnings]
 
 
@@ -74,8 +82,10 @@ def run_config(e: Estimate, opts: ExportOptions) -> dict:
     from planner.hardware import profile_names
 
     m, lay, prec = e.model, e.layout, e.job.precision
-    training: dict = {"steps": train_steps(e, opts), "precision": prec, "lr": ADAMW["lr"],
-                      "betas": list(ADAMW["betas"]), "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]}
+    h = hyper(e, opts)
+    training: dict = {"steps": train_steps(e, opts), "precision": prec, "lr": h.lr, "betas": list(h.betas),
+                      "eps": h.eps, "weight_decay": h.weight_decay, "warmup_steps": h.warmup_steps,
+                      "min_lr_ratio": h.min_lr_ratio, "grad_clip": h.grad_clip}
     if prec == "fp16":
         training |= {"init_loss_scale": float(2**INITIAL_LOSS_SCALE_POWER),
                      "loss_scale_growth_interval": LOSS_SCALE_WINDOW}
@@ -145,15 +155,6 @@ def _default(var: str, value: str) -> str:
 # --- the formats ----------------------------------------------------------------------------
 
 
-def render(fmt: str, e: Estimate, opts: ExportOptions = ExportOptions(), note: str = "") -> str:
-    """``e`` in format ``fmt``. Raises the first thing the format cannot express."""
-    bad = problems(fmt, e)
-    if bad:
-        raise bad[0]
-    return {"torchrun": torchrun_script, "megatron": megatron_script, "deepspeed": deepspeed_json,
-            "slurm": slurm_script, "k8s": k8s_manifest}[fmt](e, opts, note)
-
-
 def torchrun_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     steps = train_steps(e, opts)
     nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
@@ -187,6 +188,8 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
         parallel += ["--num-layers-per-virtual-pipeline-stage", m.layers // (lay.pp * lay.vpp)]
     if lay.sequence_parallel and lay.tp > 1:
         parallel.append("--sequence-parallel")
+    if getattr(lay, "cp", 1) > 1:  # Megatron-Core's context parallelism (ring attention over the cp group)
+        parallel += ["--context-parallel-size", str(lay.cp)]
     if lay.zero_stage == 1:
         parallel.append("--use-distributed-optimizer")
     if e.job.overlap_grad_reduce and lay.dp > 1:
@@ -198,9 +201,10 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     precision = {"fp32": [], "bf16": ["--bf16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                  "fp16": ["--fp16", "--initial-loss-scale", 2**INITIAL_LOSS_SCALE_POWER, "--min-loss-scale", 1,
                           "--loss-scale-window", LOSS_SCALE_WINDOW, "--hysteresis", 2]}[prec]
-    optimizer = ["--optimizer", "adam", "--lr", ADAMW["lr"], "--min-lr", ADAMW["lr"] / 10, "--lr-decay-style",
-                 "cosine", "--lr-warmup-fraction", 0.01, "--weight-decay", ADAMW["weight_decay"], "--adam-beta1",
-                 ADAMW["betas"][0], "--adam-beta2", ADAMW["betas"][1], "--adam-eps", ADAMW["eps"], "--clip-grad", 1.0]
+    h = hyperparameters(e.job.mode, e.model.params, steps)
+    optimizer = ["--optimizer", "adam", "--lr", h.lr, "--min-lr", h.lr * h.min_lr_ratio, "--lr-decay-style",
+                 "cosine", "--lr-warmup-iters", h.warmup_steps, "--weight-decay", h.weight_decay, "--adam-beta1",
+                 h.betas[0], "--adam-beta2", h.betas[1], "--adam-eps", h.eps, "--clip-grad", h.grad_clip]
     groups = {"MODEL_ARGS": model, "PARALLEL_ARGS": parallel, "BATCH_ARGS": batch, "MEMORY_ARGS": memory,
               "PRECISION_ARGS": precision, "OPTIMIZER_ARGS": optimizer}
     # Empty groups are left out: "${EMPTY[@]}" is an unbound-variable error under `set -u` in bash < 4.4.
@@ -235,9 +239,10 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def deepspeed_config(e: Estimate) -> dict:
+def deepspeed_config(e: Estimate, steps: int) -> dict:
     """A DeepSpeed config: train_batch_size = micro-batch x accumulation x data-parallel ranks."""
     lay, prec = e.layout, e.job.precision
+    h = hyperparameters(e.job.mode, e.model.params, steps)
     config: dict = {
         "train_batch_size": lay.global_batch,
         "train_micro_batch_size_per_gpu": lay.micro_batch,
@@ -246,9 +251,12 @@ def deepspeed_config(e: Estimate) -> dict:
                               "contiguous_gradients": True},
         "bf16": {"enabled": prec == "bf16"},
         "fp16": {"enabled": prec == "fp16"},
-        "optimizer": {"type": "AdamW", "params": {"lr": ADAMW["lr"], "betas": list(ADAMW["betas"]),
-                                                  "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]}},
-        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": h.lr, "betas": list(h.betas), "eps": h.eps,
+                                                  "weight_decay": h.weight_decay}},
+        # DeepSpeed's WarmupCosineLR: linear warm-up, cosine decay to cos_min_ratio x the peak
+        "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": steps, "warmup_num_steps":
+                                                           h.warmup_steps, "cos_min_ratio": h.min_lr_ratio}},
+        "gradient_clipping": h.grad_clip,
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
     }
@@ -263,7 +271,7 @@ def deepspeed_config(e: Estimate) -> dict:
 
 
 def deepspeed_json(e: Estimate, opts: ExportOptions, note: str = "") -> str:
-    return json.dumps(deepspeed_config(e), indent=2) + "\n"
+    return json.dumps(deepspeed_config(e, train_steps(e, opts)), indent=2) + "\n"
 
 
 def slurm_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
