@@ -181,3 +181,38 @@ def test_hardware_overrides_reach_the_model_and_the_report(capsys):
     assert "overridden: 40 GiB" in capsys.readouterr().out
     assert main([*base, "--inter-node-gbps", "0"]) == 2
     assert "inter_node_gbps=0.0" in capsys.readouterr().err
+
+
+# --- issue 11: pictures ---------------------------------------------------------------------------
+@pytest.mark.parametrize("pp,vpp,m,schedule", [(4, 1, 8, "1f1b"), (4, 1, 8, "gpipe"), (4, 2, 8, "1f1b"),
+                                                (8, 2, 16, "1f1b"), (2, 5, 20, "1f1b"), (4, 1, 1, "gpipe")])
+def test_the_drawn_schedule_has_the_papers_bubble(pp, vpp, m, schedule):
+    """The timeline is a simulation of each rank's order, not the formula; its idle share must equal
+    the bubble of Narayanan et al. 2021, Sec. 2.2: (p-1)/(v*m + p-1) of the step (GPipe the same)."""
+    from planner.decisions.pictures import bubble_of, timeline_rows
+
+    rows = timeline_rows(pp, vpp, m, schedule)
+    assert len(rows) == 2 * pp * vpp * m  # every forward and backward of every micro-batch and chunk
+    assert bubble_of(rows, pp) == pytest.approx((pp - 1) / (vpp * m + pp - 1))
+    for r in range(pp):  # a rank never runs two things at once
+        lane = sorted((x["start"], x["end"]) for x in rows if x["rank"] == r)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(lane, lane[1:]))
+
+
+def test_estimate_plot_writes_an_image_and_checks_the_path_first(tmp_path, capsys):
+    target = tmp_path / "plan.png"
+    assert main(["estimate", "--params", "7B", "--gpus", "16", "--pp", "2", "--plot", str(target)]) == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main(["estimate", "--params", "7B", "--plot", str(tmp_path / "plan.txt")]) == 2
+    assert main(["estimate", "--params", "7B", "--plot", str(tmp_path / "missing" / "p.svg")]) == 2
+    (tmp_path / "dir.svg").mkdir()
+    assert main(["estimate", "--params", "7B", "--plot", str(tmp_path / "dir.svg")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("planner estimate: plot=") for line in err)
+
+
+def test_matplotlib_is_not_imported_without_plot():
+    code = ("import sys; from planner.cli.main import main; main(['estimate', '--params', '7B']); "
+            "assert 'matplotlib' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 PART_COLOURS = {"weights": "#4c78a8", "gradients": "#72b7b2", "optimizer": "#54a24b", "activations": "#f58518",
                 "other": "#bab0ac"}
-TIME_COLOURS = {"compute": "#4c78a8", "TP comm": "#e45756", "PP comm": "#ff9da6", "DP comm": "#b279a2",
+TIME_COLOURS = {"compute": "#4c78a8", "TP comm": "#e45756", "CP comm": "#9d755d", "PP comm": "#ff9da6",
+                "DP comm": "#b279a2",
                 "bubble": "#f58518", "optimizer": "#54a24b", "other": "#bab0ac"}
 LEGEND_BOTTOM = {"orient": "bottom", "title": None, "columns": 4}
 
@@ -114,4 +115,62 @@ def live_steps(rows: Sequence[dict]) -> dict:
                               "tooltip": [{"field": "step", "type": "quantitative"},
                                           {"field": "value", "type": "quantitative", "format": ".4g"}]}},
         "resolve": {"scale": {"y": "independent"}},
+    }
+
+
+def pipeline_timeline(rows: Sequence[dict]) -> dict:
+    """The pipeline schedule: one lane per rank, a bar per forward (light) or backward (dark) of a
+    micro-batch, labelled with its number; the gaps are the bubble (planner.decisions.pictures)."""
+    values = [{**r, "label": str(r["micro_batch"]), "rank_name": f"rank {r['rank']}"} for r in rows]
+    ranks = sorted({r["rank"] for r in rows})
+    y = {"field": "rank_name", "type": "nominal", "title": None, "sort": [f"rank {r}" for r in ranks]}
+    x = {"field": "start", "type": "quantitative", "title": "time (one full forward of a micro-batch = 1)"}
+    return {
+        "height": {"step": 28},
+        "data": {"values": values},
+        "layer": [
+            {"mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
+             "encoding": {"y": y, "x": x, "x2": {"field": "end"},
+                          "color": {"field": "kind", "type": "nominal", "title": None, "legend": LEGEND_BOTTOM,
+                                    "scale": {"domain": ["forward", "backward"], "range": ["#9ecae9", "#4c78a8"]}},
+                          "tooltip": [{"field": "rank_name", "title": "rank"}, {"field": "kind"},
+                                      {"field": "micro_batch", "title": "micro-batch"}, {"field": "chunk"},
+                                      {"field": "start", "format": ".2f"}, {"field": "end", "format": ".2f"}]}},
+            {"mark": {"type": "text", "fontSize": 9, "dx": 2, "align": "left", "color": "black"},
+             "encoding": {"y": y, "x": x, "text": {"field": "label"}}},
+        ],
+    }
+
+
+def memory_vs_micro_batch(rows: Sequence[dict]) -> dict:
+    """Peak memory per GPU against the micro-batch size, the chosen one ringed, the capacity a red line."""
+    capacity = rows[0]["capacity_GiB"] if rows else 0.0
+    x = {"field": "micro_batch", "type": "quantitative", "title": "micro-batch (sequences)",
+         "scale": {"type": "log", "base": 2}}
+    return {
+        "layer": [
+            {"data": {"values": list(rows)}, "mark": {"type": "line", "point": True},
+             "encoding": {"x": x, "y": {"field": "GiB", "type": "quantitative", "title": "GiB per GPU (peak)"},
+                          "tooltip": [{"field": "micro_batch"}, {"field": "GiB", "format": ".1f"}]}},
+            {"data": {"values": [r for r in rows if r["chosen"]]},
+             "mark": {"type": "point", "size": 200, "color": "black", "filled": False},
+             "encoding": {"x": x, "y": {"field": "GiB", "type": "quantitative"}}},
+            {"data": {"values": [{"capacity": capacity}]},
+             "mark": {"type": "rule", "color": "red", "strokeDash": [4, 3], "size": 2},
+             "encoding": {"y": {"field": "capacity", "type": "quantitative"}}},
+        ],
+    }
+
+
+def breakdown_vs_gpus(rows: Sequence[dict]) -> dict:
+    """Step-time parts stacked, one bar per GPU count (the best layout at each count)."""
+    order = {p: i for i, p in enumerate(TIME_COLOURS)}
+    return {
+        "data": {"values": [{**r, "order": order.get(r["part"], 99)} for r in rows]},
+        "mark": "bar",
+        "encoding": {"x": {"field": "GPUs", "type": "ordinal", "title": "GPUs"},
+                     "y": {"field": "seconds", "type": "quantitative", "title": "seconds per step", "stack": "zero"},
+                     "color": _colour("part", TIME_COLOURS), "order": {"field": "order", "type": "quantitative"},
+                     "tooltip": [{"field": "GPUs"}, {"field": "part"},
+                                 {"field": "seconds", "type": "quantitative", "format": ".3g"}]},
     }

@@ -37,6 +37,11 @@ def cached_sweep(values: dict) -> tuple[explore.SweepPoint, ...]:
     return explore.sweep(values)
 
 
+@st.cache_data(show_spinner="Drawing the pictures...", max_entries=128)
+def cached_pictures(values: dict) -> tuple[list, list]:
+    return explore.pictures(values)
+
+
 def init_state() -> None:
     """On a session's first run, the inputs come from the URL (bad values named, defaults used)."""
     if "_started" in st.session_state:
@@ -174,7 +179,7 @@ def show_does_not_fit(view: explore.View, j: dict) -> None:
                 "recompute. What would make it fit:\n" + "\n".join(f"- {h}" for h in fit_hints(view.best)))
 
 
-def plan_tab(j: dict) -> None:
+def plan_tab(j: dict, values: dict | None = None) -> None:
     from planner.app import charts
 
     left, right = st.columns(2)
@@ -191,6 +196,30 @@ def plan_tab(j: dict) -> None:
         st.caption(f"{j['time']['step_s']:.3g} s per step; exposed communication and bubble are the parts "
                    "not hidden behind compute.")
     lay = j["layout"]
+    from planner.decisions.pictures import MAX_DRAWN_MICRO_BATCHES, timeline_rows
+
+    sched = "GPipe" if lay["schedule"] == "gpipe" else "interleaved 1F1B" if lay["vpp"] > 1 else "1F1B"
+    st.subheader(f"Pipeline schedule ({sched}, pp {lay['pp']}, vpp {lay['vpp']}, m {lay['grad_accum']})")
+    st.vega_lite_chart(spec=charts.pipeline_timeline(timeline_rows(lay["pp"], lay["vpp"], lay["grad_accum"],
+                                                                   lay["schedule"])), width="stretch",
+                       key="timeline")
+    drawn = min(lay["grad_accum"], MAX_DRAWN_MICRO_BATCHES)
+    st.caption("One lane per pipeline rank; light: forward, dark: backward (twice as long), numbered by "
+               "micro-batch; the gaps are the bubble." + (f" Drawn with the first {drawn} of {lay['grad_accum']} "
+                                                          "micro-batches." if drawn < lay["grad_accum"] else ""))
+    if values is not None:
+        mem_rows, time_rows = cached_pictures(values)
+        left, right = st.columns(2)
+        with left:
+            st.subheader("Memory vs micro-batch")
+            st.vega_lite_chart(spec=charts.memory_vs_micro_batch(mem_rows), width="stretch")
+            st.caption("Peak memory per GPU of this layout with each micro-batch size; ringed: the plan's; "
+                       "red: the capacity.")
+        with right:
+            st.subheader("Step time vs GPUs")
+            st.vega_lite_chart(spec=charts.breakdown_vs_gpus(time_rows), width="stretch")
+            st.caption("The best layout's step parts at a quarter, half, the same, twice and four times the GPUs "
+                       "(same global batch).")
     st.subheader(f"Bubble vs micro-batches (pp {lay['pp']}, vpp {lay['vpp']})")
     if lay["pp"] == 1:
         st.caption("pp = 1: no pipeline, no bubble. Pin pp to see its curve.")
@@ -370,7 +399,7 @@ def page() -> None:
     tabs = st.tabs(TABS, key="_tabs", on_change="rerun", default=st.session_state["_first_tab"])
     current = next((name for name, t in zip(TABS, tabs) if t.open), TABS[0])
     st.query_params.from_dict({**query, **({"tab": current} if current != TABS[0] else {})})
-    draw = {"Plan": lambda: plan_tab(j), "Layouts": lambda: layouts_tab(view),
+    draw = {"Plan": lambda: plan_tab(j, explore_state.mapping_from_state(state)), "Layouts": lambda: layouts_tab(view),
             "Hardware": lambda: hardware_tab(state, j), "Runs": lambda: runs_tab(state),
             "Export": lambda: export_tab(state, view)}
     for name, tab in zip(TABS, tabs):

@@ -44,6 +44,8 @@ def _plan_args(p: argparse.ArgumentParser, top: int, top_help: str) -> None:
 
 def _estimate_args(p: argparse.ArgumentParser) -> None:
     _plan_args(p, 5, "runners-up to show")
+    p.add_argument("--plot", metavar="FILE", help="also write the pictures (pipeline schedule, memory vs "
+                                                  "micro-batch, step time vs GPUs) as .png, .svg or .pdf")
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
@@ -124,8 +126,16 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     from planner.core.plan import plan
     from planner.core.report import CSV_COLUMNS, csv_row, estimate_report
 
+    if a.plot:
+        from planner.cli.decide import _check_plot_path
+
+        _check_plot_path(a.plot)  # before the work: a bad path fails in one line, nothing computed
     x = inputs_from_args(a)
     p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
+    if a.plot:
+        from planner.cli.plots import write_estimate_plot
+
+        write_estimate_plot(x, p, a.plot)
     if a.format == "json":
         print(json.dumps(p.to_json(x.model_note), indent=2, allow_nan=False))
     elif a.format == "csv":

@@ -1,0 +1,126 @@
+"""The data behind the pictures (explorer charts and `planner estimate --plot`): a pipeline
+schedule timeline, memory against micro-batch size, and the step-time breakdown against GPU count.
+Pure functions returning rows; the explorer draws them with Vega-Lite (planner/app/charts.py), the
+CLI with matplotlib (planner/cli/plots.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+MAX_DRAWN_MICRO_BATCHES = 24  # a timeline of more micro-batches is drawn with this many (said in the caption)
+FORWARD, BACKWARD = 1.0, 2.0  # a backward pass costs twice a forward (Narayanan et al. 2021, Sec. 3)
+
+
+def _rank_order(schedule: str, pp: int, vpp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """The (kind, micro-batch, chunk) order one pipeline rank runs. GPipe: every forward, then every
+    backward (Huang et al. 2019). 1F1B: pp - rank - 1 warm-up forwards, then one forward one
+    backward, then the remaining backwards (Narayanan et al. 2021, Fig. 4 top). Interleaved: the
+    same with vpp model chunks per rank, micro-batches taken in groups of pp per chunk and
+    (pp - rank - 1) * 2 + (vpp - 1) * pp warm-up forwards (Narayanan et al. 2021, Fig. 4 bottom;
+    Megatron-LM schedules.py)."""
+    if schedule == "gpipe":
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in reversed(range(m))]
+    if vpp == 1:
+        fwd = [("F", i, 0) for i in range(m)]
+        bwd = [("B", i, 0) for i in range(m)]
+        warm = min(m, pp - rank - 1)
+    else:
+        groups = [range(g, min(g + pp, m)) for g in range(0, m, pp)]
+        fwd = [("F", i, c) for grp in groups for c in range(vpp) for i in grp]
+        bwd = [("B", i, c) for grp in groups for c in reversed(range(vpp)) for i in grp]
+        warm = min(len(fwd), (pp - rank - 1) * 2 + (vpp - 1) * pp)
+    order = fwd[:warm]
+    rest_f, rest_b = fwd[warm:], list(bwd)
+    while rest_f:
+        order.append(rest_f.pop(0))
+        order.append(rest_b.pop(0))
+    return order + rest_b
+
+
+def timeline_rows(pp: int, vpp: int, micro_batches: int, schedule: str = "1f1b") -> list[dict]:
+    """One row per forward or backward of a micro-batch on a rank: start and end in units of one
+    full-model forward per micro-batch split over the stages (a chunk's forward is 1/vpp of a
+    stage's), from a simulation that runs each rank's order as soon as its inputs exist. The idle
+    gaps between the rows are the bubble."""
+    m = min(micro_batches, MAX_DRAWN_MICRO_BATCHES)
+    chunks = pp * vpp
+    orders = [_rank_order(schedule, pp, vpp, m, r) for r in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> end time
+    free = [0.0] * pp
+    nxt = [0] * pp
+    rows: list[dict] = []
+    progress = True
+    while progress:
+        progress = False
+        for r in range(pp):
+            while nxt[r] < len(orders[r]):
+                kind, i, c = orders[r][nxt[r]]
+                vs = c * pp + r  # virtual stage: chunk c of rank r
+                if kind == "F":
+                    dep = done.get(("F", i, vs - 1)) if vs > 0 else 0.0
+                else:
+                    dep = done.get(("B", i, vs + 1)) if vs < chunks - 1 else done.get(("F", i, vs))
+                if dep is None:
+                    break
+                start = max(free[r], dep)
+                end = start + (FORWARD if kind == "F" else BACKWARD) / vpp
+                done[(kind, i, vs)] = end
+                free[r] = end
+                rows.append({"rank": r, "kind": "forward" if kind == "F" else "backward", "micro_batch": i,
+                             "chunk": c, "start": start, "end": end})
+                nxt[r] += 1
+                progress = True
+    return rows
+
+
+def bubble_of(rows: list[dict], pp: int) -> float:
+    """Idle share of the ranks' time in a timeline (what the picture shows as gaps)."""
+    span = max(r["end"] for r in rows)
+    busy = sum(r["end"] - r["start"] for r in rows)
+    return 1 - busy / (span * pp)
+
+
+def memory_vs_micro_batch(x, best, sizes=(1, 2, 4, 8, 16, 32)) -> list[dict]:
+    """Peak memory per GPU of the chosen layout with each micro-batch size (the rest pinned), and
+    the GPU's capacity: the micro-batches that divide the batch per replica."""
+    from planner.core.search import Pins, search
+
+    lay = best.layout
+    pins = {d: getattr(lay, d) for d in ("dp", "tp", "pp", "vpp", "zero_stage", "recompute", "sequence_parallel")}
+    if hasattr(lay, "cp"):
+        pins["cp"] = lay.cp
+    rows = []
+    for mb in sizes:
+        try:
+            r = search(x.model, x.hardware, x.job.replace(global_batch=lay.global_batch), x.gpus,
+                       dataclasses.replace(Pins(), **pins, micro_batch=mb), "time")
+        except Exception:  # noqa: BLE001 - a micro-batch the batch does not split into: left out
+            continue
+        if len(r.evaluation.candidates):
+            rows.append({"micro_batch": mb, "GiB": float(r.evaluation.memory.total[0]) / 2**30,
+                         "capacity_GiB": r.evaluation.capacity_bytes / 2**30,
+                         "chosen": mb == lay.micro_batch})
+    return rows
+
+
+def breakdown_vs_gpus(x, counts=None) -> list[dict]:
+    """The step-time parts of the best layout at GPU counts around the plan's (halving and doubling),
+    layout searched freely at each count; the global batch is the plan's."""
+    from planner.core.plan import plan
+    from planner.core.report import TIME_PARTS
+
+    g = x.gpus
+    counts = counts or sorted({max(1, g // 4), max(1, g // 2), g, g * 2, g * 4})
+    rows = []
+    for n in counts:
+        try:
+            p = plan(x.model, x.hardware, x.job, n, ops=x.ops, top=0)
+        except Exception:  # noqa: BLE001 - a count no layout splits into: left out
+            continue
+        if not p.fits:
+            continue
+        t = p.best.time
+        rows += [{"GPUs": n, "part": label, "seconds": getattr(t, key)} for key, label in TIME_PARTS
+                 if getattr(t, key, 0) > 0]
+    return rows
