@@ -43,6 +43,13 @@ class Network:
     # Devices of a node that can compute at the same time. GPUs: all of them (None). A CPU host
     # shares its cores among its processes (a probed CPU profile sets this to the core count).
     compute_slots: int | None = None
+    # The host, for offload (ZeRO-Offload, FSDP CPU offload): each GPU's PCIe link to it (per
+    # direction), the node's host memory and the bandwidth the CPU optimizer step reaches in it.
+    # Defaults (assumptions, stated in the profile listing): PCIe Gen4 x16 at 80% of its 32 GB/s;
+    # 512 GiB and 100 GB/s for the host.
+    pcie_bytes_per_s: float = 25e9
+    host_memory_bytes: float = 512 * GIB
+    host_memory_bytes_per_s: float = 100e9
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,6 +169,9 @@ NODE_KEYS = {
     "intra_node_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=5e-6),
     "inter_node_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=10e-6),
     "description": Key(str, default=""), "compute_slots": Key(int, 1, 4096, default=None),
+    "pcie_gb_per_s": Key(float, 0.1, 1e4, unit="GB/s per GPU per direction, achieved", scale=GB, default=25e9),
+    "host_memory_gib": Key(float, 1, 1e6, unit="GiB per node", scale=GIB, default=512 * GIB),
+    "host_memory_gb_per_s": Key(float, 1, 1e5, unit="GB/s per node", scale=GB, default=100e9),
 }
 # Physical ranges of the efficiency factors (the fit's bounds, planner/calibration/calibrate.py,
 # lie inside them). Defaults are the Efficiency dataclass's, filled in by efficiency_from_table.
@@ -213,7 +223,9 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
     network = Network(gpus_per_node=gpn, intra_bytes_per_s=n["intra_node_gb_per_s"],
                       inter_bytes_per_s=n["inter_node_gbit_per_s"] / gpn,
                       intra_latency_s=n["intra_node_latency_us"], inter_latency_s=n["inter_node_latency_us"],
-                      description=n["description"], compute_slots=n["compute_slots"])
+                      description=n["description"], compute_slots=n["compute_slots"],
+                      pcie_bytes_per_s=n["pcie_gb_per_s"], host_memory_bytes=n["host_memory_gib"],
+                      host_memory_bytes_per_s=n["host_memory_gb_per_s"])
     return HardwareProfile(name=name, description=top["description"], gpu=gpu, network=network,
                            efficiency=efficiency_from_table(top["efficiency"], f"{path} [efficiency]"),
                            price_usd_per_gpu_hour=top["price_usd_per_gpu_hour"], source=g["source"],

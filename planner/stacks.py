@@ -53,6 +53,7 @@ class Stack:
     tp_saves_gathered_inputs: bool  # sequence parallel keeps the gathered (whole) matmul inputs (DTensor)
     gather_layers: float  # layers of unsharded 16-bit weights held at once under ZeRO-3 (current + prefetch)
     reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
+    offload: tuple[str, ...]  # the CPU offload modes it runs (none always)
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
     # Pipeline
     schedules: tuple[str, ...]
@@ -103,6 +104,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "hierarchical": ("hierarchical", "bool", None),
     "reshard_in_pipeline": ("reshard_in_pipeline", "bool", None),
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
+    "offload": ("offload", "strs", ("none", "optimizer", "params")),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe")),
     "interleaved": ("interleaved", "bool", None),
     "balance_pipeline": ("balance_pipeline", "bool", None),

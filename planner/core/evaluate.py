@@ -36,11 +36,18 @@ class Evaluation:
     pue: float
     price_usd_per_gpu_hour: float
     packing_efficiency: float
+    host_capacity_bytes: float = float("inf")  # host memory of a node (offload)
+    gpus_per_node: int = 8
     stage_memory: tuple[Memory, ...] = ()  # first, fullest and last pipeline stage
 
     @property
     def fits(self) -> np.ndarray:
-        return self.memory.total <= self.capacity_bytes
+        """In GPU memory, and what is offloaded in the host memory of its node."""
+        return (self.memory.total <= self.capacity_bytes) & (self.host_bytes_per_node <= self.host_capacity_bytes)
+
+    @property
+    def host_bytes_per_node(self) -> np.ndarray:
+        return self.memory.host * np.minimum(self.candidates.gpus, self.gpus_per_node)
 
     @property
     def step_s(self) -> np.ndarray:
@@ -110,4 +117,5 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
         peak_flops=reference_peak(hw, job.precision),
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
-        packing_efficiency=job.packing_efficiency, stage_memory=stages)
+        packing_efficiency=job.packing_efficiency, host_capacity_bytes=hw.network.host_memory_bytes,
+        gpus_per_node=hw.network.gpus_per_node, stage_memory=stages)

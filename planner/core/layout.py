@@ -113,6 +113,15 @@ def _searched_zero(job: "Job") -> tuple:
     return (0, 3) if job.lora else (0, 1, 2, 3)
 
 
+OFFLOAD = ("none", "optimizer", "params")
+
+
+def _searched_offload(job: "Job") -> tuple:
+    # Offload trades step time for memory: searched for fine-tuning (one workstation GPU, a small
+    # node), where it is what makes a full fine-tune fit; pinned (--offload) for pretraining.
+    return ("none",) if job.mode == "pretrain" else OFFLOAD
+
+
 def _searched_recompute(job: "Job") -> tuple:
     # Selective recompute recomputes the attention core, which flash attention already does in
     # its backward: the two are the same layout then, so it is searched only with standard attention.
@@ -145,6 +154,10 @@ class Layout:
                                    choices=(False, True), searched=lambda job: (False, True))
     schedule: str = _dim("1f1b", help="pipeline schedule: 1f1b (interleaved when vpp > 1) or gpipe",
                          label="Pipeline schedule", choices=SCHEDULES, searched=lambda job: ("1f1b",))
+    offload: str = _dim("none", help="CPU offload: none, optimizer (AdamW states, fp32 master weights and "
+                                     "gradients in host memory, the step on the CPU: ZeRO-Offload) or params "
+                                     "(weights too, streamed in per layer: ZeRO-Infinity, FSDP CPU offload)",
+                        label="CPU offload", choices=OFFLOAD, searched=_searched_offload)
 
     def __post_init__(self) -> None:
         for d in LAYOUT_DIMS:

@@ -47,11 +47,12 @@ class Memory:
     other: np.ndarray
     stage: np.ndarray
     total: np.ndarray  # the sum of the five parts, computed once by ``Memory.of``
+    host: np.ndarray  # bytes this GPU keeps in host memory (CPU offload), beside the total
 
     @classmethod
-    def of(cls, weights, gradients, optimizer, activations, other, stage) -> "Memory":
+    def of(cls, weights, gradients, optimizer, activations, other, stage, host) -> "Memory":
         return cls(weights, gradients, optimizer, activations, other, stage,
-                   weights + gradients + optimizer + activations + other)
+                   weights + gradients + optimizer + activations + other, host)
 
 
 def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
@@ -141,11 +142,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
         is_first, is_last = index == 0, index == pp - 1
-        params = layers * model.layer_params
-        params = params + np.where(is_first, model.embedding_params, 0)
-        # The last stage holds the final norm and the head; a tied head is a copy there when pp > 1.
-        head = model.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
-        params = params + np.where(is_last, model.norm_params + head, 0)
+        params = stage_params(model, pp, layers, is_first, is_last)
         shard = params / tp
         # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
         # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
@@ -154,6 +151,15 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
                    / np.where(c.zero_stage >= 3, dp, 1))
         grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
         optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
+        # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
+        # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
+        # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
+        # leave only the gathered layers (``gather`` below) on the GPU.
+        offload_opt, offload_par = c.offload >= 1, c.offload == 2
+        host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
+        grads = np.where(offload_opt, grads * e / gb, grads)
+        optim = np.where(offload_opt, 0.0, optim)
+        weights = np.where(offload_par, 0.0, weights)
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
         acts = layers * act_layer * flight + working
         # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
@@ -170,11 +176,19 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         if not sw.stack.reshard_in_pipeline:
             gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
         other = outside_allocator(hw, c) + gather + eff.fragmentation * (acts + grads + gather)
-        stages.append(Memory.of(weights, grads, optim, acts, other, index))
+        stages.append(Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights)))
     peak = stages[0]
     for mem in stages[1:]:
         peak = _pick_larger(peak, mem)
     return peak, tuple(stages)
+
+
+def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first, is_last) -> np.ndarray:
+    """Parameters of a pipeline stage: its layers, the embedding on the first, the final norm and
+    the head on the last (a tied head is a copy there when pp > 1)."""
+    head = model.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
+    return (layers * model.layer_params + np.where(is_first, model.embedding_params, 0)
+            + np.where(is_last, model.norm_params + head, 0))
 
 
 def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:

@@ -22,9 +22,10 @@ def layout_line(e: Estimate) -> str:
     vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 else ""
     sched = " GPipe" if lay.schedule == "gpipe" else ""
     cp = f" x cp {lay.cp}" if lay.cp > 1 else ""
+    offload = f" | offload {lay.offload}" if lay.offload != "none" else ""
     return (f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{vpp}{sched}{cp} | micro-batch {lay.micro_batch} x "
             f"{lay.grad_accum} accum = global {lay.global_batch} seqs | ZeRO-{lay.zero_stage} | "
-            f"recompute {lay.recompute} | SP {'on' if lay.sequence_parallel else 'off'}")
+            f"recompute {lay.recompute} | SP {'on' if lay.sequence_parallel else 'off'}{offload}")
 
 
 def memory_bar(e: Estimate) -> str:
@@ -48,6 +49,18 @@ def stack_line(e: Estimate) -> str:
     default = " (default; --stack to choose)" if e.job.stack == "fsdp2" else ""
     where = Path(s["file"]).name if s["file"] else ""
     return f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
+
+
+def offload_line(e: Estimate) -> str:
+    """What CPU offload holds in host memory and what it costs in the step."""
+    net = e.hardware.network
+    on_node = min(e.gpus, net.gpus_per_node)
+    what = ("weights, optimizer states and gradients" if e.layout.offload == "params"
+            else "optimizer states and gradients")
+    return (f"         offload: {what} in host memory, {e.memory.host_bytes / GIB:.1f} GiB per GPU "
+            f"({e.memory.host_bytes * on_node / GIB:.0f} of {net.host_memory_bytes / GIB:.0f} GiB per node)\n"
+            f"         it costs the optimizer step on the CPU with its PCIe copies: {e.time.optimizer_s:.3g} s "
+            f"of the {e.time.step_s:.3g} s step")
 
 
 def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
@@ -80,6 +93,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
         *([ "         by stage: " + ", ".join(f"stage {sm.stage} {sm.total_bytes / GIB:.1f} GiB"
                                               for sm in e.stage_memory)] if e.layout.pp > 1 else []),
+        *([offload_line(e)] if e.layout.offload != "none" else []),
     ]
     if not m.fits:
         return "\n".join(lines + does_not_fit_lines(p))

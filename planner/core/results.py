@@ -26,6 +26,7 @@ class MemoryParts:
     capacity_bytes: float
     fits: bool
     peak_stage: int
+    host_bytes: float = 0.0  # offloaded to host memory, per GPU
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,7 +150,7 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     memory = MemoryParts(weights_bytes=f(mem.weights), gradients_bytes=f(mem.gradients),
                          optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
                          other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
-                         fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]))
+                         fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]), host_bytes=f(mem.host))
     time = TimeParts(step_s=f(t.step), **{f"{name}_s": f(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = f(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),

@@ -20,6 +20,7 @@ from planner.core.layout import (
     DIMS,
     GPU_FACTORS,
     LAYOUT_DIMS,
+    OFFLOAD,
     PIN_DIMS,
     SCHEDULES,
     Candidates,
@@ -219,6 +220,10 @@ def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
     interleaving only where it has an interleaved schedule (planner/stacks.py)."""
     schedules = [SCHEDULES.index(s) for s in stack.schedules]
     ok = np.isin(c.zero_stage, stack.zero_stages) & (np.isin(c.schedule, schedules) | (c.pp == 1))
+    # Offload: the modes the stack has; the optimizer's needs ZeRO >= 1 (DeepSpeed's ZeRO-Offload,
+    # Megatron's distributed optimizer), the parameters' ZeRO-3 (they are streamed in per layer).
+    ok &= np.isin(c.offload, [OFFLOAD.index(m) for m in stack.offload])
+    ok &= (c.offload == 0) | (c.zero_stage >= np.where(c.offload == 2, 3, 1))
     return ok & ((c.vpp == 1) | stack.interleaved)
 
 
@@ -237,6 +242,14 @@ def check_stack_pins(stack: Stack, pins: Pins) -> None:
         raise PlannerError("schedule", pins.schedule, f"the {stack.name} stack runs {', '.join(stack.schedules)}; "
                                                       f"stacks with {pins.schedule}: "
                                                       f"{who(lambda s: pins.schedule in s.schedules)}")
+    if pins.offload is not None and pins.offload not in stack.offload:
+        raise PlannerError("offload", pins.offload, f"the {stack.name} stack offloads {', '.join(stack.offload)}; "
+                                                    f"stacks with {pins.offload}: "
+                                                    f"{who(lambda s: pins.offload in s.offload)}")
+    if pins.offload in ("optimizer", "params") and pins.zero_stage is not None:
+        need = 3 if pins.offload == "params" else 1
+        require(pins.zero_stage >= need, "zero_stage", pins.zero_stage,
+                f"offload {pins.offload} needs ZeRO stage {need} or higher")
     if pins.vpp is not None and pins.vpp > 1 and not stack.interleaved:
         raise PlannerError("vpp", pins.vpp, f"the {stack.name} stack has no interleaved schedule; "
                                             f"stacks with one: {who(lambda s: s.interleaved)}")

@@ -17,7 +17,7 @@ from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
@@ -244,6 +244,33 @@ def _data_parallel(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidate
                      [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
 
 
+@dataclass(frozen=True, slots=True)
+class _Offload:
+    optimizer: np.ndarray  # the optimizer step on the host, with the copies it waits for
+    params: np.ndarray  # exposed streaming of offloaded weights to the GPU, per step
+
+
+def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray, weights: np.ndarray,
+                  optim_bytes_per_param: float, fwd_mb: np.ndarray, bwd_mb: np.ndarray) -> _Offload:
+    """CPU offload's time (Ren et al. 2021, ZeRO-Offload, Sec. 4; Rajbhandari et al. 2021,
+    ZeRO-Infinity): each GPU copies its 16-bit gradients to the host over PCIe during the backward
+    (hidden as the DP reduction is), the CPU runs AdamW over its ``held`` parameters at the host's
+    memory bandwidth, shared by the node's GPUs, and the updated 16-bit weights come back; none
+    of it overlaps the next step here (DeepSpeed's one-step-delayed update is not modelled).
+    Offloaded parameters stream in per layer for the forward and again for the backward, hidden
+    behind compute as ZeRO-3's gathers are."""
+    e, net, m = hw.efficiency, hw.network, c.m.astype(float)
+    act = ACT_BYTES[job.precision]
+    sharing = np.minimum(c.gpus, net.gpus_per_node)  # GPUs whose optimizer steps share the host
+    cpu_step = held * optim_bytes_per_param / (net.host_memory_bytes_per_s / sharing)
+    d2h = held * act / net.pcie_bytes_per_s
+    h2d = held * act / net.pcie_bytes_per_s
+    optimizer = cpu_step + h2d + np.maximum(0.0, d2h - e.dp_overlap * bwd_mb)
+    stream = 2 * weights * act / net.pcie_bytes_per_s
+    params = np.where(c.offload == 2, m * np.maximum(0.0, stream - e.zero3_overlap * (fwd_mb + bwd_mb)), 0.0)
+    return _Offload(optimizer=optimizer, params=params)
+
+
 def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software | None = None) -> StepTime:
     """The step's breakdown: seconds per optimizer step on the critical path, by part. ``hw``
     carries the stack's software factors already (planner.stacks.effective)."""
@@ -275,7 +302,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + pp_mb)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
-    params = np.maximum(fullest * model.layer_params, first * model.layer_params + model.embedding_params)
+    pp = c.pp
+    params = np.maximum(np.maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
+                                   stage_params(model, pp, first, True, pp == 1)),
+                        stage_params(model, pp, last, pp == 1, True))
     shard = params / c.tp
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
     dp = _data_parallel(model, hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
@@ -286,6 +316,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
     held = trained / np.where(c.zero_stage >= 1, c.shard_group, 1)
     optimizer = held * optim_bytes_per_param / hbm * slow
+    offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, c.shard_group, 1),
+                            optim_bytes_per_param, layers_pace * lt.forward * slow,
+                            layers_pace * lt.backward * slow)
+    optimizer = np.where(c.offload >= 1, offload.optimizer, optimizer)
+    dp = dp + offload.params
 
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).

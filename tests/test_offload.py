@@ -1,0 +1,58 @@
+"""CPU offload (ZeRO-Offload, ZeRO-Infinity, FSDP CPU offload), by hand."""
+
+import pytest
+
+from planner.cli.main import main as cli_main
+from planner.core.layout import Job, Layout
+from planner.core.presets import get_preset
+from planner.core.search import Pins, search
+from planner.errors import PlannerError
+from planner.hardware import get_profile
+from tests.helpers import evaluate_one
+
+LLAMA2_7B = get_preset("llama2-7b")
+P = 6_738_415_616  # parameters, equal to the released checkpoint
+
+
+def test_a_full_finetune_of_7b_on_one_a6000_fits_only_offloaded(capsys):
+    """bf16 AdamW needs 2 + 4 + 12 = 18 bytes per parameter: 121 GB for 7B, more than a 48 GB GPU;
+    with weights, gradients and optimizer states in host memory it fits."""
+    hw = get_profile("a6000")
+    job = Job(mode="full-finetune")
+    r = search(LLAMA2_7B, hw, job, 1)
+    best = r.evaluation
+    assert best.fits[0] and best.candidates.offload[0] == 2  # params (and so optimizer) offloaded
+    none = search(LLAMA2_7B, hw, job, 1, Pins(offload="none")).evaluation
+    assert not none.fits.any()
+    host = float(best.memory.host[0])
+    assert host == pytest.approx(P * (2 + 4 + 12), rel=1e-6)  # 16-bit weights, fp32 grads, master + AdamW
+    assert cli_main(["estimate", "--preset", "llama2-7b", "--mode", "full-finetune", "--gpus", "1",
+                     "--gpu", "a6000"]) == 0
+    out = capsys.readouterr().out
+    assert "offload params" in out and "in host memory" in out and "optimizer step on the CPU" in out
+
+
+def test_the_optimizer_step_on_the_host_by_hand():
+    """ZeRO-2 on 8 GPUs with the optimizer offloaded (DeepSpeed): each GPU's eighth of the AdamW
+    step at the host's bandwidth shared by 8 GPUs, plus the updated 16-bit weights back over PCIe
+    (the gradients' copy is hidden behind the backward)."""
+    lay = Layout(dp=8, micro_batch=1, global_batch=64, zero_stage=2, offload="optimizer")
+    ev = evaluate_one(LLAMA2_7B, lay, Job(stack="deepspeed-zero"))
+    held = P / 8
+    cpu = held * (4 + 24 + 2) / (300e9 / 8)  # fp32 grad, master/momentum/variance read+write, 16-bit weights
+    h2d = held * 2 / 25e9
+    assert float(ev.time.optimizer[0]) == pytest.approx(cpu + h2d, rel=1e-6)
+    assert float(ev.memory.optimizer[0]) == 0.0
+    assert float(ev.memory.gradients[0]) == pytest.approx(P * 2 / 8, rel=1e-6)  # 16-bit, sharded (ZeRO-2)
+
+
+def test_offload_is_what_the_stack_runs():
+    with pytest.raises(PlannerError) as err:
+        search(LLAMA2_7B, get_profile("a100-80g"), Job(stack="megatron-2021"), 8, Pins(offload="optimizer"))
+    assert err.value.field == "offload" and "deepspeed-zero" in str(err.value)
+    with pytest.raises(PlannerError) as err:
+        search(LLAMA2_7B, get_profile("a100-80g"), Job(stack="deepspeed-zero"), 8,
+               Pins(offload="params", zero_stage=2))
+    assert err.value.field == "zero_stage"
+    pretrain = search(LLAMA2_7B, get_profile("a100-80g"), Job(), 64).evaluation.candidates
+    assert (pretrain.offload == 0).all()  # searched for fine-tuning only; pin it to pretrain offloaded
