@@ -210,18 +210,32 @@ def operations_figures(j: dict) -> tuple[Figure, ...]:
     )
 
 
+def scenario_rows(a: dict, b: dict) -> list[dict]:
+    """Two estimates' JSON side by side: what each runs on, its layout, and the headline figures."""
+    def col(j: dict) -> dict:
+        figures = {f.label: f.value for f in headline(j)} if j["memory"]["fits"] else {}
+        return {"model": f"{j['model']['name']} ({fmt_count(j['model']['params'])})",
+                "hardware": f"{j['cluster']['gpus']} x {j['cluster']['gpu']}",
+                "layout": layout_text(j["layout"]),
+                **{k: figures.get(k, "does not fit") for k in ("time to train", "cost", "MFU", "memory per GPU")}}
+    ca, cb = col(a), col(b)
+    return [{"": k, "A": ca[k], "B (now)": cb[k]} for k in ca]
+
+
 def layout_text(lay: dict) -> str:
     """'dp 64 x tp 2 x pp 1 | mb 4 x 8 | ZeRO-3 | recompute none | SP on' from a layout's JSON."""
     vpp = f" (v{lay['vpp']})" if lay["vpp"] > 1 else ""
-    return (f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']}{vpp} | mb {lay['micro_batch']} x "
+    cp = f" x cp {lay['cp']}" if lay.get("cp", 1) > 1 else ""
+    return (f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']}{vpp}{cp} | mb {lay['micro_batch']} x "
             f"{lay['grad_accum']} = {lay['global_batch']} seqs | ZeRO-{lay['zero_stage']} | "
             f"recompute {lay['recompute']} | SP {'on' if lay['sequence_parallel'] else 'off'}")
 
 
 def changed_fields(a: dict, b: dict) -> list[str]:
     """Layout fields (JSON form) that differ between two layouts: 'tp 8 -> 4'."""
-    keys = ("dp", "tp", "pp", "vpp", "micro_batch", "zero_stage", "recompute", "sequence_parallel", "schedule")
-    return [f"{k} {a[k]} -> {b[k]}" for k in keys if a.get(k) != b.get(k)]
+    from planner.core.layout import PIN_DIMS  # every declared dimension (cp, offload... as they appear)
+
+    return [f"{d.name} {a.get(d.name)} -> {b.get(d.name)}" for d in PIN_DIMS if a.get(d.name) != b.get(d.name)]
 
 
 MEMORY_PARTS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"), ("optimizer_bytes", "optimizer"),

@@ -155,6 +155,22 @@ def show_headline(view: explore.View, j: dict) -> None:
               args=(explore_state.pins_from_layout(j["layout"]),))
 
 
+def show_scenarios(state: dict, j: dict) -> None:
+    """Two scenarios side by side: keep this one as A, change inputs, see A next to the current B."""
+    keep, clear = st.columns([1, 1])
+    keep.button("Keep as scenario A (then change inputs to compare)", key="keep_a", on_click=lambda: st.session_state
+                .update(_scenario_a={"query": explore_state.query_from_state(state), "json": j}))
+    a = st.session_state.get("_scenario_a")
+    if not a:
+        return
+    clear.button("Clear scenario A", key="clear_a", on_click=lambda: st.session_state.pop("_scenario_a", None))
+    st.subheader("Scenario A vs B (now)")
+    rows = explore.scenario_rows(a["json"], j)
+    st.dataframe(rows, hide_index=True, width="stretch")
+    changed = sorted(set(a["query"].items()) ^ set(explore_state.query_from_state(state).items()))
+    st.caption("B differs from A in: " + (", ".join(sorted({k for k, _ in changed})) or "nothing yet"))
+
+
 def show_does_not_fit(view: explore.View, j: dict) -> None:
     """The 'nothing fits' state: no step time or days for a layout that cannot run; what would fit."""
     from planner.core.report import fit_hints
@@ -232,9 +248,17 @@ def plan_tab(j: dict, values: dict | None = None) -> None:
 
 def layouts_tab(view: explore.View) -> None:
     st.subheader(f"Top {len(view.layouts)} layouts (ranked by {view.objective})")
-    st.caption("Click a column header to sort.")
+    st.caption("Click a row to pin its layout (then change one field); click a column header to sort.")
     number = st.column_config.NumberColumn
-    st.dataframe(explore.layout_rows(view.layouts), hide_index=True, width="stretch", column_config={
+    layouts = [e.to_json()["layout"] for e in view.layouts]
+
+    def pin_selected() -> None:  # a callback: widget values may be set here, before the widgets are drawn
+        rows = st.session_state["layouts_table"].selection.rows
+        if rows:
+            set_values(explore_state.pins_from_layout(layouts[rows[0]]))
+
+    st.dataframe(explore.layout_rows(view.layouts), hide_index=True, width="stretch", key="layouts_table",
+                 on_select=pin_selected, selection_mode="single-row", column_config={
         "memory GiB": number(format="%.1f"), "step s": number(format="%.3g"), "MFU %": number(format="%.1f"),
         "bubble %": number(format="%.1f"), "comm %": number(format="%.1f"), "days": number(format="%.1f"),
         "cost $": number(format="compact")})
@@ -396,6 +420,7 @@ def page() -> None:
         return
     view, j = result, result.to_json()
     show_headline(view, j)
+    show_scenarios(state, j)
     tabs = st.tabs(TABS, key="_tabs", on_change="rerun", default=st.session_state["_first_tab"])
     current = next((name for name, t in zip(TABS, tabs) if t.open), TABS[0])
     st.query_params.from_dict({**query, **({"tab": current} if current != TABS[0] else {})})

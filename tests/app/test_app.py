@@ -216,3 +216,15 @@ def test_hardware_overrides_from_the_url_reach_the_plan():
     assert shown(at)["memory per GPU"].endswith("/40 GiB")
     j = cli_json({**DEFAULT_FLAGS, "--gpu-memory-gib": "40"})
     assert shown_core(at) == expected(j)
+
+
+def test_a_layouts_row_click_pins_it_and_scenario_a_stays_beside_b():
+    at = new_app()
+    at.button(key="keep_a").click().run()
+    assert not at.exception
+    at.number_input(key="gpus").set_value(256).run()
+    assert not at.exception
+    tables = [d.value for d in at.dataframe]
+    side = next(t for t in tables if list(t.columns) == ["", "A", "B (now)"])
+    hw = side[side[""] == "hardware"].iloc[0]
+    assert hw["A"] == "128 x a100-80g" and hw["B (now)"] == "256 x a100-80g"

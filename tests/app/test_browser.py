@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -77,7 +78,7 @@ def expected_days(gpus: int) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli_main(["estimate", "--params", "33B", "--gpus", str(gpus), "--format", "json"]) == 0
-    return f"{json.loads(out.getvalue())['train']['days']:.1f}"  # formatted here, not by the page's code
+    return f"{json.loads(out.getvalue())['train']['days']:.1f} days"  # by hand (under 100 days: one decimal)
 
 
 def test_change_gpus_in_a_real_browser(server, tmp_path):
@@ -88,7 +89,7 @@ def test_change_gpus_in_a_real_browser(server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.goto(server)
-            days = (page.locator('[data-testid="stMetric"]').filter(has_text="days to train")
+            days = (page.locator('[data-testid="stMetric"]').filter(has_text="time to train")
                     .locator('[data-testid="stMetricValue"]'))
             sync_api.expect(days).to_have_text(before, timeout=30_000)
             gpus = page.get_by_label("GPUs", exact=True)
@@ -143,7 +144,7 @@ def test_planner_app_serves_the_explorer_after_a_plain_install(installed_venv, t
                 try:
                     page = browser.new_page()
                     page.goto(url)
-                    days = (page.locator('[data-testid="stMetric"]').filter(has_text="days to train")
+                    days = (page.locator('[data-testid="stMetric"]').filter(has_text="time to train")
                             .locator('[data-testid="stMetricValue"]'))
                     sync_api.expect(days).to_have_text(expected_days(128), timeout=60_000)
                 finally:
@@ -156,3 +157,59 @@ def test_planner_app_serves_the_explorer_after_a_plain_install(installed_venv, t
                 proc.kill()
                 proc.wait()
     assert "email" not in log_path.read_text().lower()
+
+
+# --- issue 11: the first hour of a new user, in a real browser ---------------------------------------
+def _metric(page, label: str):
+    return page.locator('[data-testid="stMetric"]').filter(has_text=label).locator('[data-testid="stMetricValue"]')
+
+
+@pytest.fixture
+def browser_page(server):
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(viewport={"width": 1500, "height": 1100}), server
+        finally:
+            browser.close()
+
+
+def test_v100_renders_a_plan_with_the_timeline(browser_page):
+    page, server = browser_page
+    page.goto(f"{server}/?gpu=v100-32g")
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    sync_api.expect(page.get_by_text("fp16 (the v100-32g has no bf16", exact=False)).to_be_visible()
+    # the pipeline schedule picture is drawn in the Plan tab: a chart whose lanes are the ranks
+    sync_api.expect(page.get_by_role("heading", name="Pipeline schedule", exact=False)).to_be_visible(timeout=30_000)
+    chart = page.get_by_role("img").filter(has_text=re.compile(r"rank 0.*forward\s*backward"))
+    sync_api.expect(chart).to_be_visible(timeout=30_000)
+
+
+def test_an_out_of_range_input_shows_a_message(browser_page):
+    page, server = browser_page
+    page.goto(server)
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    gpus = page.get_by_label("GPUs", exact=True)
+    gpus.fill("0")
+    gpus.press("Enter")
+    sync_api.expect(page.get_by_text("Out of range: GPUs: 0", exact=False)).to_be_visible(timeout=30_000)
+    sync_api.expect(_metric(page, "time to train")).to_have_count(0)  # no stale plan beside the message
+
+
+def test_a_layouts_row_click_pins_it_and_the_url_restores_it(browser_page):
+    page, server = browser_page
+    page.goto(server)
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    page.get_by_role("tab", name="Layouts").click()
+    grid = page.locator(".st-key-layouts_table [data-testid='stDataFrame']").first
+    sync_api.expect(grid).to_be_visible(timeout=30_000)
+    box = grid.bounding_box()
+    # the grid is a canvas: click the row-selection cell of the second row (header ~35 px, rows ~35 px)
+    page.mouse.click(box["x"] + 14, box["y"] + 35 + 35 + 17)
+    sync_api.expect(page).to_have_url(re.compile(r"zero_stage=\d"), timeout=30_000)
+    pinned = page.url
+    # the URL alone restores the pinned scenario in a new page
+    page.goto(pinned)
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    sync_api.expect(page.get_by_text("pinned:", exact=False)).to_be_visible()
+    assert page.url.split("?")[1].split("&tab=")[0] == pinned.split("?")[1].split("&tab=")[0]
