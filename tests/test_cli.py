@@ -216,3 +216,12 @@ def test_matplotlib_is_not_imported_without_plot():
     code = ("import sys; from planner.cli.main import main; main(['estimate', '--params', '7B']); "
             "assert 'matplotlib' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_validate_prints_whole_run_names():
+    from planner.calibration.validate import Point, table
+
+    long = "llama-7b-dp8-tp2-pp2-mb4-selective-20261130-201228"  # 50 characters: two runs differ at the end
+    text = table([Point(run=long, quantity="step_s", predicted=1.0, measured=1.25, error=-0.2),
+                  Point(run=long[:-1] + "9", quantity="step_s", predicted=1.0, measured=1.0, error=0.0)])
+    assert long in text and long[:-1] + "9" in text

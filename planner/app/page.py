@@ -290,12 +290,28 @@ def cached_validate_plot(points: tuple) -> bytes:
     return run_records.plot_png(points)
 
 
+def default_runs_folder() -> str:
+    """runs/ where runs were made, else the committed CPU runs (so the tab never starts empty)."""
+    from pathlib import Path
+
+    if Path("runs").is_dir():
+        return "runs"
+    committed = Path(run_records.__file__).resolve().parents[2] / "benchmarks" / "runs" / "cpu-2core"
+    if not committed.is_dir():
+        return "runs"
+    try:
+        return str(committed.relative_to(Path.cwd()))
+    except ValueError:
+        return str(committed)
+
+
 def runs_tab(state: dict) -> None:
     from planner.app import charts
     from planner.hardware import profile_names
 
-    folder = st.text_input("Runs folder", value="runs", max_chars=400, key="runs_dir",
-                           help="where the reference trainer writes <run>/record.json and <run>/steps.csv")
+    folder = st.text_input("Runs folder", value=default_runs_folder(), max_chars=400, key="runs_dir",
+                           help="where the reference trainer writes <run>/record.json and <run>/steps.csv "
+                                "(runs/ once you have made runs; until then the committed CPU runs)")
     uploads = st.file_uploader("Or upload run records (record.json)", type=["json"], accept_multiple_files=True,
                                key="uploads")
     refused = run_records.runs_folder_problem(folder)  # only under the configured roots
@@ -307,8 +323,9 @@ def runs_tab(state: dict) -> None:
     for line in found.skipped + uploaded.skipped:
         st.warning(f"skipped {line}")
     if not runs:
-        st.info(f"No completed run records in {folder}/ yet: the reference trainer writes them "
-                "(`planner run ...`, see the Export tab), or upload some.")
+        st.info(f"No completed run records in {folder}/ yet. Make one (about a minute on 2 CPU cores): "
+                "`planner run --layers 4 --hidden 64 --heads 4 --vocab 512 --seq-len 64 --steps 20` writes "
+                "runs/<name>/record.json; the committed ones are in benchmarks/runs/cpu-2core; or upload some.")
     else:
         predicted_vs_measured(runs, folder, profile_names())
     st.subheader("Live view")

@@ -102,11 +102,12 @@ def summary(points: list[Point]) -> dict[str, dict[str, float]]:
 
 
 def table(points: list[Point]) -> str:
-    rows = [f"{'run':<30} {'quantity':<18} {'predicted':>11} {'measured':>11} {'error':>8}"]
+    w = max([3, *(len(p.run) for p in points)])  # whole run names (they tell runs apart)
+    rows = [f"{'run':<{w}} {'quantity':<18} {'predicted':>11} {'measured':>11} {'error':>8}"]
     for p in points:
         relative = QUANTITIES[p.quantity][1]
         err = f"{p.error:+8.1%}" if relative else f"{p.error * 100:+6.1f}pp"
-        rows.append(f"{p.run[:30]:<30} {p.quantity:<18} {p.predicted:11.4g} {p.measured:11.4g} {err}")
+        rows.append(f"{p.run:<{w}} {p.quantity:<18} {p.predicted:11.4g} {p.measured:11.4g} {err}")
     rows.append("")
     for q, s in summary(points).items():
         relative = QUANTITIES[q][1]

@@ -228,3 +228,13 @@ def test_a_layouts_row_click_pins_it_and_scenario_a_stays_beside_b():
     side = next(t for t in tables if list(t.columns) == ["", "A", "B (now)"])
     hw = side[side[""] == "hardware"].iloc[0]
     assert hw["A"] == "128 x a100-80g" and hw["B (now)"] == "256 x a100-80g"
+
+
+def test_the_runs_tab_starts_on_the_committed_runs_when_there_is_no_runs_folder():
+    assert not (APP.parent / "runs").is_dir() or pytest.skip("a runs/ folder exists here")
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update({"tab": "Runs"})
+    at.run()
+    assert not at.exception
+    assert at.text_input(key="runs_dir").value == "benchmarks/runs/cpu-2core"
+    assert at.dataframe  # the committed records, predicted vs measured
