@@ -225,3 +225,20 @@ def test_planner_app_serves_the_packaged_page(tmp_path):
     with contextlib.redirect_stderr(err):
         assert cli_main(["app", "--port", "0"]) == 2
     assert "port=0" in err.getvalue()
+
+
+def test_an_uploaded_hf_config_plans_like_the_cli(tmp_path):
+    """The explorer's upload hands the file's bytes to the same builder as --hf-config PATH."""
+    from pathlib import Path
+
+    from planner.app import state as explore_state
+
+    data = Path(__file__).parents[1] / "data" / "Meta-Llama-3-8B.config.json"
+    s = {**explore_state.defaults(), "model": "hf", "hf_config": data.read_bytes(), "gpus": 64}
+    view = explore.compute(explore_state.mapping_from_state(s))
+    assert isinstance(view, explore.View)
+    assert view.best.model.params == 8_030_261_248  # the published count (tests/data/README.md)
+    assert explore_state.argv_from_state(s)[:2] == ["--hf-config", "config.json"]
+    bad = {**s, "hf_config": b"{not json"}
+    problem = explore.compute(explore_state.mapping_from_state(bad))
+    assert isinstance(problem, explore.Problem) and problem.field == "hf_config"
