@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from planner.errors import PlannerError
+
 MAX_DRAWN_MICRO_BATCHES = 24  # a timeline of more micro-batches is drawn with this many (said in the caption)
 FORWARD, BACKWARD = 1.0, 2.0  # a backward pass costs twice a forward (Narayanan et al. 2021, Sec. 3)
 
@@ -95,7 +97,7 @@ def memory_vs_micro_batch(x, best, sizes=(1, 2, 4, 8, 16, 32)) -> list[dict]:
         try:
             r = search(x.model, x.hardware, x.job.replace(global_batch=lay.global_batch), x.gpus,
                        dataclasses.replace(Pins(), **pins, micro_batch=mb), "time")
-        except Exception:  # noqa: BLE001 - a micro-batch the batch does not split into: left out
+        except PlannerError:  # a micro-batch the batch does not split into: left out
             continue
         if len(r.evaluation.candidates):
             rows.append({"micro_batch": mb, "GiB": float(r.evaluation.memory.total[0]) / 2**30,
@@ -116,7 +118,7 @@ def breakdown_vs_gpus(x, counts=None) -> list[dict]:
     for n in counts:
         try:
             p = plan(x.model, x.hardware, x.job, n, ops=x.ops, top=0)
-        except Exception:  # noqa: BLE001 - a count no layout splits into: left out
+        except PlannerError:  # a count no layout splits into: left out
             continue
         if not p.fits:
             continue
