@@ -225,3 +225,14 @@ def test_validate_prints_whole_run_names():
     text = table([Point(run=long, quantity="step_s", predicted=1.0, measured=1.25, error=-0.2),
                   Point(run=long[:-1] + "9", quantity="step_s", predicted=1.0, measured=1.0, error=0.0)])
     assert long in text and long[:-1] + "9" in text
+
+
+@pytest.mark.parametrize("sub", ["estimate", "search", "compare", "recommend", "export"])
+def test_help_shows_the_defaults(capsys, sub):
+    with pytest.raises(SystemExit):
+        main([sub, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: bf16; fp16 on a GPU without bf16 (V100))" in text
+    assert "(default: flash; standard on a GPU older than Ampere (V100))" in text
+    if sub in ("compare", "recommend"):
+        assert "default: every datacenter profile" in text

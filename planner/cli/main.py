@@ -75,8 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_defaults(p: argparse.ArgumentParser) -> None:
     """Every flag's default in its --help line, unless the help already says it (or there is none)."""
+    # Defaults that depend on the GPU (planner.core.options.fit_job_to_gpu) are said in words.
+    gpu_dependent = {"precision": "bf16; fp16 on a GPU without bf16 (V100)",
+                     "attention": "flash; standard on a GPU older than Ampere (V100)"}
     for action in p._actions:
         d = action.default
+        if action.dest in gpu_dependent and "default" not in (action.help or ""):
+            action.help = f"{action.help or ''} (default: {gpu_dependent[action.dest]})".strip()
+            continue
         if d in (None, False, argparse.SUPPRESS) or isinstance(action, argparse._HelpAction) or d == ():
             continue
         text = action.help or ""
