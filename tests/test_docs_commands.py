@@ -91,6 +91,10 @@ def _argv(cmd: str, tmp_path: Path) -> list[str] | None:
         return None  # a placeholder ("planner run ... --dry-run"): shows a flag, not a command
     if ">" in words:
         words = words[:words.index(">")]
+    for flag in ("--plot", "--out"):  # files the command writes go to a temporary folder, not the checkout
+        if flag in words and words.index(flag) + 1 < len(words):
+            i = words.index(flag) + 1
+            words[i] = str(tmp_path / Path(words[i]).name)
     assert words[0] == "planner", f"a command the test does not know how to run: {cmd!r}"
     if words[1] in HELP_ONLY_SUBCOMMANDS or any(w in cmd for w in HELP_ONLY_WHEN):
         return [*words[:2], "--help"]
