@@ -1,6 +1,7 @@
 """The command line: the JSON contract, exit codes, one-line errors, a light import path."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +237,32 @@ def test_help_shows_the_defaults(capsys, sub):
     assert "(default: flash; standard on a GPU older than Ampere (V100))" in text
     if sub in ("compare", "recommend"):
         assert "default: every datacenter profile" in text
+
+
+def test_nothing_fits_says_what_would_and_each_hint_holds(capsys):
+    assert main(["estimate", "--params", "13B", "--gpus", "1"]) == 3
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "\nstep " not in out and "\ntrain " not in out  # no metrics of a non-plan
+    more = re.search(r"more GPUs: (\d+) \((\d+)x", out)
+    assert more and "--offload params fits" in out
+    n = int(more.group(1))
+    assert main(["estimate", "--params", "13B", "--gpus", str(n)]) == 0  # the doubling named fits
+    assert main(["estimate", "--params", "13B", "--gpus", str(n // 2)]) == 3  # and the one before does not
+    assert main(["estimate", "--params", "13B", "--gpus", "1", "--offload", "params"]) == 0
+    capsys.readouterr()
+
+
+def test_the_nearest_layouts_fit_and_change_the_fewest_pins(capsys):
+    pins = ["--params", "70B", "--gpus", "128", "--tp", "4", "--pp", "4", "--zero", "1", "--micro-batch", "4",
+            "--recompute", "none", "--stack", "megatron-core"]
+    assert main(["estimate", *pins, "--format", "json"]) == 3
+    d = json.loads(capsys.readouterr().out)
+    near = [d["nearest_fit"], *d["nearest_fit_alternatives"]]
+    assert len(near) == 3 and all(n["memory"]["fits"] for n in near)
+    pinned = {"tp": 4, "pp": 4, "zero_stage": 1, "micro_batch": 4, "recompute": "none"}
+    changed = [{k for k, v in pinned.items() if n["layout"][k] != v} for n in near]
+    assert len(changed[0]) == 1 and len({frozenset(c) for c in changed}) == 3
+    # the first is the fastest of the one-change layouts: re-pinning each alternative's change alone is slower
+    for n, c in zip(near[1:], changed[1:]):
+        if len(c) == 1:
+            assert n["train"]["seconds"] >= near[0]["train"]["seconds"]

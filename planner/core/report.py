@@ -7,6 +7,7 @@ from pathlib import Path
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan
 from planner.core.results import Estimate
+from planner.errors import PlannerError
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
 BAR_WIDTH = 50
@@ -162,10 +163,22 @@ def fit_hints(e: Estimate) -> list[str]:
         if search(e.model, e.hardware, e.job, e.gpus * k).feasible:
             hints.append(f"more GPUs: {e.gpus * k:,} ({k}x; --gpus) is the first doubling where a layout fits")
             break
+    from planner.core.search import Pins
+
+    if e.job.mode == "pretrain" and e.layout.offload == "none":  # fine-tuning already searches offload
+        for where in ("optimizer", "params"):
+            try:
+                fits = search(e.model, e.hardware, e.job, e.gpus, Pins(offload=where)).feasible
+            except PlannerError:  # the stack does not offload this
+                continue
+            if fits:
+                hints.append(f"CPU offload: --offload {where} fits on {e.gpus:,} GPU{'s' if e.gpus > 1 else ''} "
+                             "(slower: states cross PCIe every step)")
+                break
     seq = e.model.seq_len
     for k in (2, 4, 8):
         if seq // k >= 128 and search(e.model.replace(seq_len=seq // k), e.hardware, e.job, e.gpus).feasible:
-            hints.append(f"a shorter sequence: --seq-len {seq // k} fits on these {e.gpus:,} GPUs")
+            hints.append(f"a shorter sequence: --seq-len {seq // k} fits on {e.gpus:,} GPU{'s' if e.gpus > 1 else ''}")
             break
     hints.append("a GPU with more memory (--gpu; `planner profiles`), or a smaller model")
     return hints
