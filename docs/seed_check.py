@@ -29,7 +29,7 @@ from planner.core.plan import plan  # noqa: E402
 from planner.core.presets import get_preset, resolve_params  # noqa: E402
 from planner.core.search import Pins, search  # noqa: E402
 from planner.decisions.decide import compare, options_for, recommend  # noqa: E402
-from planner.export.rules import problems  # noqa: E402
+from planner.export.formats import problems  # noqa: E402
 from planner.hardware import get_profile  # noqa: E402
 from planner.units import GIB, fmt_count  # noqa: E402
 
