@@ -105,7 +105,9 @@ def run_trainer(argv: list[str]) -> int:
     import os
 
     # The launcher arms a parent-death signal against this pid, so stopping `planner run` stops the run.
-    env = {**os.environ, "PLANNER_RUN_PARENT_PID": str(os.getpid())}
+    # Unbuffered children: the launcher's lines and the ranks' appear in the order they happen.
+    env = {**os.environ, "PLANNER_RUN_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+    sys.stdout.flush()
     return subprocess.call([sys.executable, "-m", "reference_trainer.launch", *argv], env=env)
 
 
