@@ -42,3 +42,16 @@ def test_fp8_speedup_and_compile_as_measured():
     compiled, fp8 = rate["bf16 compile"] / rate["bf16"], rate["fp8 compile"] / rate["bf16 compile"]
     assert abs(compiled / (6667 / 5762) - 1) <= 0.10
     assert abs(fp8 / (8532 / 6667) - 1) <= 0.10
+
+
+def test_a_bad_torchtitan_row_is_one_line(tmp_path):
+    import pytest
+
+    from planner.errors import PlannerError
+
+    rows = CSV.read_text().splitlines()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([rows[0], rows[1].replace(",2904,", ",nan,")]) + "\n")
+    with pytest.raises(PlannerError) as err:
+        load_torchtitan(bad)
+    assert "tokens_per_s_per_gpu" in str(err.value) and "\n" not in str(err.value)

@@ -148,10 +148,20 @@ class TorchtitanRun:
     async_tp: bool
 
 
+TORCHTITAN_SPEC = {**{k: Key(int, 1, 1_000_000) for k in ("num_gpus", "fsdp", "tp", "pp", "cp", "local_batch",
+                                                           "global_batch")},
+                   "seq_len": Key(int, 1, 10_000_000),
+                   "tokens_per_s_per_gpu": Key(float, 0, 1e9, lo_open=True, unit="tokens/s")}
+
+
 def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
     from planner.core.presets import get_preset
     from planner.units import GIB
 
+    check_csv_row(row, TORCHTITAN_SPEC, where)  # every number finite and in range, one line otherwise
+    mem = row.get("memory_gib_reported", "").strip()
+    if mem:
+        check_csv_row({"memory_gib_reported": mem}, {"memory_gib_reported": Key(float, 0, 1e5, lo_open=True)}, where)
     gpus, tp, pp, cp = (int(row[k]) for k in ("num_gpus", "tp", "pp", "cp"))
     seq, local, gbatch = int(row["seq_len"]), int(row["local_batch"]), int(row["global_batch"])
     dp = gpus // (tp * pp * cp)
@@ -175,7 +185,6 @@ def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
     stack = "fsdp2-2024" if "2025" not in row["source"] else "fsdp2"
     job = Job(precision=row["precision"], attention="flash", stack=stack,
               compile=row["torch_compile"].strip() == "yes", async_tp=row["async_tp"].strip() == "yes")
-    mem = row.get("memory_gib_reported", "").strip()
     label = (f"{row['model']} {row['gpu']} x{gpus} fsdp{dp} tp{tp} pp{pp}{' cp' + str(cp) if cp > 1 else ''}"
              f"{' interleaved' if vpp > 1 else ''} b{local} s{seq // 1024}K {ac} {row['precision']}"
              f"{' compile' if job.compile else ''}"
