@@ -19,6 +19,7 @@ from planner.core.model import ModelSpec
 from planner.errors import require
 from planner.hardware import PRECISIONS
 from planner.schema import MAX_TOKENS
+from planner.stacks import DEFAULT_STACK
 
 RECOMPUTE = ("none", "selective", "full")
 MODES = ("pretrain", "full-finetune", "lora")
@@ -267,8 +268,9 @@ class Job:
                         label="Element-wise kernels", choices=KERNELS)
     # The software stack (a name in software_stacks/ or a stack file): its kernels, overlaps, sharding
     # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
-    stack: str = _opt("fsdp2", help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
-                                    "reference, or a stack file (default fsdp2; `planner stacks` lists them)",
+    stack: str = _opt(DEFAULT_STACK, help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
+                                          f"reference, or a stack file (default {DEFAULT_STACK}; `planner stacks` "
+                                          "lists them)",
                       label="Software stack")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
     async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "

@@ -8,6 +8,7 @@ from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan
 from planner.core.results import Estimate
 from planner.errors import PlannerError
+from planner.stacks import DEFAULT_STACK
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
 BAR_WIDTH = 50
@@ -47,7 +48,7 @@ def stack_line(e: Estimate) -> str:
     """The software stack, what it runs, and where its factors come from."""
     s = e.stack_json()
     extras = [x for x, on in (("compiled", s["compile"]), ("async TP", s["async_tp"])) if on]
-    default = " (default; --stack to choose)" if e.job.stack == "fsdp2" else ""
+    default = " (default; --stack to choose)" if e.job.stack == DEFAULT_STACK else ""
     where = Path(s["file"]).name if s["file"] else ""
     return f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
 
