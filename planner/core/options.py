@@ -128,7 +128,8 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     shape = {k: values[k] for k in SHAPE_KEYS if values.get(k) is not None}
     given = [name for name, v in (("preset", preset), ("params", params), ("hf_config", hf)) if v]
     if len(given) > 1:
-        raise PlannerError(given[1], values[given[1]], f"give one of --preset, --params, --hf-config, not {given[0]} too")
+        raise PlannerError(given[1], values[given[1]],
+                           f"give one of --preset, --params, --hf-config, not {given[0]} too")
     if hf:
         spec, note = model_from_hf_config(hf)
     elif preset:
@@ -140,8 +141,8 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
             raise PlannerError("arch", shape["arch"], f"one of {', '.join(ARCHS)}")
         return ModelSpec(name="custom", **shape), "shape from flags"
     else:
-        raise PlannerError("model", "none",
-                           "give --preset NAME, --params 33B, --hf-config config.json, or --layers, --hidden and --heads")
+        raise PlannerError("model", "none", "give --preset NAME, --params 33B, --hf-config config.json, "
+                                            "or --layers, --hidden and --heads")
     if shape:
         if "arch" in shape and shape["arch"] != spec.arch:
             shape.setdefault("ffn_hidden", None)
@@ -251,6 +252,17 @@ def hardware_from(name: str, gpus_per_node: int | None, overrides: Mapping[str, 
     return dataclasses.replace(hw, gpu=gpu, network=net, description=f"{note}; {hw.description}"), note
 
 
+FALLBACK_PRECISIONS = ("bf16", "fp16", "fp32")  # tried in order when the GPU lacks the one asked for
+
+
+def fallback_precision(hw: HardwareProfile, wanted: str) -> str:
+    """``wanted`` where the GPU has it, else the first of FALLBACK_PRECISIONS it has (a V100 trains
+    in fp16 with loss scaling, an A100 asked for fp8 in bf16)."""
+    if hw.gpu.supports(wanted):
+        return wanted
+    return next((p for p in FALLBACK_PRECISIONS if hw.gpu.supports(p)), wanted)
+
+
 def fit_job_to_gpu(job: Job, hw: HardwareProfile, values: Mapping[str, object]) -> tuple[Job, str]:
     """A job the GPU can run when the user left precision and attention at their defaults: a GPU
     without bf16 (V100) trains in fp16 with loss scaling, and without FlashAttention (it needs
@@ -258,12 +270,10 @@ def fit_job_to_gpu(job: Job, hw: HardwareProfile, values: Mapping[str, object]) 
     in the note; another unsupported precision (fp8 on an A100) still fails in the search."""
     notes = []
     defaults = {o.name: o.default for o in JOB_OPTIONS}
-    if not hw.gpu.supports(job.precision) and values.get("precision") in (None, defaults["precision"]):
-        for fallback in ("fp16", "fp32"):
-            if hw.gpu.supports(fallback):
-                notes.append(f"{fallback} (the {hw.name} has no {job.precision}; --precision to choose)")
-                job = job.replace(precision=fallback)
-                break
+    precision = fallback_precision(hw, job.precision)
+    if precision != job.precision and values.get("precision") in (None, defaults["precision"]):
+        notes.append(f"{precision} (the {hw.name} has no {job.precision}; --precision to choose)")
+        job = job.replace(precision=precision)
     if (job.attention == "flash" and not hw.gpu.supports("bf16")
             and values.get("attention") in (None, defaults["attention"])):
         notes.append(f"standard attention (FlashAttention needs an Ampere or newer GPU; the {hw.name} is older)")

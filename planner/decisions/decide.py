@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from planner.core.layout import Job
 from planner.core.model import ModelSpec
+from planner.core.options import fallback_precision
 from planner.core.resilience import Operations
 from planner.core.results import Estimate, estimate_at
 from planner.core.search import Pins, search
@@ -29,7 +30,6 @@ from planner.hardware import HardwareProfile
 from planner.units import GIB, fmt_days
 
 DEFAULT_MAX_GPUS = 16384
-FALLBACK_PRECISIONS = ("bf16", "fp16")  # when the GPU lacks the precision asked for (V100: fp16 only)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,12 +80,9 @@ def wall_cost_usd(e: Estimate) -> float:
 
 
 def precision_for(hw: HardwareProfile, wanted: str, given: bool = False) -> str:
-    """The precision a profile runs the job in: the one asked for where the GPU has it (or when it
-    was given explicitly: then it fails where unsupported), else the first of FALLBACK_PRECISIONS
-    the GPU has (a V100 trains in fp16 with loss scaling)."""
-    if given or hw.gpu.supports(wanted):
-        return wanted
-    return next((p for p in FALLBACK_PRECISIONS if hw.gpu.supports(p)), wanted)
+    """The precision a profile runs the job in: the one asked for when it was given explicitly
+    (then it fails where unsupported), else planner.core.options.fallback_precision."""
+    return wanted if given else fallback_precision(hw, wanted)
 
 
 def options_for(profiles: list[HardwareProfile], job: Job, precision_given: bool,
