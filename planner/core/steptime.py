@@ -207,7 +207,7 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
     return slow, np.maximum(1.0, share)
 
 
-def _data_parallel(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
+def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
                    links: comm.Links, trained: np.ndarray, shard: np.ndarray, fwd_mb: np.ndarray,
                    bwd_mb: np.ndarray, layers_pace: np.ndarray, busy) -> np.ndarray:
     """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
@@ -308,7 +308,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
                         stage_params(model, pp, last, pp == 1, True))
     shard = params / c.tp
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
-    dp = _data_parallel(model, hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
+    dp = _data_parallel(hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
                         layers_pace * lt.backward * slow, layers_pace, busy)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
