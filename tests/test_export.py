@@ -258,7 +258,7 @@ def test_each_format_plans_for_the_stack_it_runs(capsys):
         assert "ZeRO-1" in out
     assert get_format("torchrun").stack == "reference" and get_format("megatron").stack == "megatron-core"
     assert tuple(formats()) == FORMATS  # one registry: the CLI's choices, the explorer's list
-    assert {f.language for f in formats().values()} == {"bash", "json", "yaml"}
+    assert {f.language for f in formats().values()} == {"bash", "json", "toml", "yaml"}
 
 
 def test_pretraining_exports_llama2_hyperparameters_fine_tuning_its_own(capsys):

@@ -19,7 +19,7 @@ class ExportFormat:
     help: str
     render: Callable  # (Estimate, ExportOptions, note) -> text
     checks: Callable  # (layout, model, job) -> [PlannerError]: what this format cannot express
-    language: str  # of the file written (for highlighting): bash, json, yaml
+    language: str  # of the file written (for highlighting): bash, json, toml, yaml
     stack: str  # software_stacks/<stack>.toml: what this format runs
 
 
@@ -35,6 +35,8 @@ def _registry() -> dict[str, ExportFormat]:
         ExportFormat(name="deepspeed", help="a DeepSpeed JSON config (ZeRO stage, batch, precision, optimizer)",
                      render=r.deepspeed_json, checks=rules.deepspeed_checks, language="json",
                      stack="deepspeed-zero"),
+        ExportFormat(name="torchtitan", help="a torchtitan TOML job config (FSDP2, TP, PP, CP, EP, float8, compile)",
+                     render=r.torchtitan_toml, checks=rules.torchtitan_checks, language="toml", stack="fsdp2"),
         ExportFormat(name="slurm", help="an sbatch script starting the reference trainer on every node",
                      render=r.slurm_script, checks=rules.trainer_checks, language="bash", stack="reference"),
         ExportFormat(name="k8s", help="a Kubeflow PyTorchJob manifest for the reference trainer",
@@ -43,7 +45,7 @@ def _registry() -> dict[str, ExportFormat]:
     return {e.name: e for e in entries}
 
 
-FORMATS: tuple[str, ...] = ("torchrun", "megatron", "deepspeed", "slurm", "k8s")  # the registry's names, in order
+FORMATS: tuple[str, ...] = ("torchrun", "megatron", "deepspeed", "torchtitan", "slurm", "k8s")  # the registry's names, in order
 
 
 def formats() -> dict[str, ExportFormat]:

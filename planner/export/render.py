@@ -1,5 +1,6 @@
 """A plan as something that starts: the reference trainer's torchrun command and run config,
-Megatron-LM arguments, a DeepSpeed config, a Slurm batch script, a Kubernetes PyTorchJob.
+Megatron-LM arguments, a DeepSpeed config, a torchtitan job config, a Slurm batch script, a
+Kubernetes PyTorchJob.
 
 Pure functions from an ``Estimate`` to text; what each format can express is in export_rules.py.
 """
@@ -183,15 +184,20 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
                   "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     if not m.tied_embeddings:
         model.append("--untie-embeddings-and-output-weights")
+    model += megatron_moe_args(m)
     parallel = ["--tensor-model-parallel-size", lay.tp, "--pipeline-model-parallel-size", lay.pp]
     if lay.vpp > 1:  # Megatron counts layers per virtual stage: layers / (pp * vpp)
         parallel += ["--num-layers-per-virtual-pipeline-stage", m.layers // (lay.pp * lay.vpp)]
     if lay.sequence_parallel and lay.tp > 1:
         parallel.append("--sequence-parallel")
-    if getattr(lay, "cp", 1) > 1:  # Megatron-Core's context parallelism (ring attention over the cp group)
-        parallel += ["--context-parallel-size", str(lay.cp)]
+    if getattr(lay, "cp", 1) > 1:  # Megatron-Core's context parallelism: ring attention (p2p K/V exchange)
+        parallel += ["--context-parallel-size", lay.cp, "--cp-comm-type", "p2p"]
+    if getattr(lay, "ep", 1) > 1:  # carved out of the data-parallel (x cp) ranks; experts keep tp
+        parallel += ["--expert-model-parallel-size", lay.ep]
     if lay.zero_stage == 1:
         parallel.append("--use-distributed-optimizer")
+    if getattr(lay, "offload", "none") == "optimizer":  # HybridDeviceOptimizer: all states and the step on the CPU
+        parallel += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0, "--use-precision-aware-optimizer"]
     if e.job.overlap_grad_reduce and lay.dp > 1:
         parallel.append("--overlap-grad-reduce")
     batch = ["--micro-batch-size", lay.micro_batch, "--global-batch-size", lay.global_batch, "--train-iters", steps]
@@ -211,14 +217,35 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     return {k: [str(x) for x in v] for k, v in groups.items() if v}
 
 
+def megatron_moe_args(m) -> list:
+    """Megatron-Core's MoE flags (megatron/core/transformer/transformer_config.py, arguments.py): routed
+    experts, top-k, expert FFN width, shared experts as one wider FFN, leading dense layers as a
+    --moe-layer-freq pattern, all-to-all dispatch, grouped GEMM; a capacity factor drops tokens,
+    none is dropless."""
+    experts = getattr(m, "experts", 0) or 0
+    if not experts:
+        return []
+    out = ["--num-experts", experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert_ffn,
+           "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    if getattr(m, "shared_experts", 0):
+        out += ["--moe-shared-expert-intermediate-size", m.shared_experts * m.expert_ffn]
+    dense = getattr(m, "dense_layers", 0)
+    if dense:  # 0 = dense layer, 1 = MoE layer (a Python list expression Megatron evaluates)
+        out += ["--moe-layer-freq", f"([0]*{dense}+[1]*{m.layers - dense})"]
+    if getattr(m, "capacity_factor", 0):
+        out += ["--moe-expert-capacity-factor", m.capacity_factor, "--moe-token-drop-policy", "probs"]
+    return out
+
+
 def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     steps = train_steps(e, opts)
     nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
     lines = ["#!/usr/bin/env bash", *comment_lines(summary(e, "megatron", steps, note)),
              "# Megatron-LM pretrain_gpt.py (Megatron-Core 0.10 or later): run from a Megatron-LM checkout on "
              + ("one node." if nodes == 1 else f"each of the {nodes} nodes with NODE_RANK and MASTER_ADDR set."),
-             f"# Data parallel size is implied: world {e.gpus} / (tp {e.layout.tp} x pp {e.layout.pp}) = "
-             f"{e.layout.dp}. The vocabulary ({e.model.vocab}) comes from your tokenizer.",
+             f"# Data parallel size is implied: world {e.gpus} / (tp {e.layout.tp} x pp {e.layout.pp} x cp "
+             f"{getattr(e.layout, 'cp', 1)}) = {e.layout.dp}. The vocabulary ({e.model.vocab}) comes from your "
+             "tokenizer.",
              "set -euo pipefail"]
     for name, args in megatron_args(e, steps).items():
         pairs, i = [], 0
@@ -260,6 +287,11 @@ def deepspeed_config(e: Estimate, steps: int) -> dict:
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
     }
+    offload = getattr(lay, "offload", "none")
+    if offload != "none":  # ZeRO-Offload (optimizer states and step on the CPU); ZeRO-Infinity adds the weights
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if offload == "params":
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     if prec == "fp16":  # dynamic loss scaling (loss_scale 0), starting at 2**16
         config["fp16"] |= {"loss_scale": 0, "initial_scale_power": INITIAL_LOSS_SCALE_POWER,
                            "loss_scale_window": LOSS_SCALE_WINDOW, "hysteresis": 2, "min_loss_scale": 1}
@@ -272,6 +304,25 @@ def deepspeed_config(e: Estimate, steps: int) -> dict:
 
 def deepspeed_json(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     return json.dumps(deepspeed_config(e, train_steps(e, opts)), indent=2) + "\n"
+
+
+def torchtitan_toml(e: Estimate, opts: ExportOptions, note: str = "") -> str:
+    """torchtitan's TOML job config (planner/export/torchtitan.py), the launch line in its header."""
+    import tomli_w  # a real TOML writer (imported here, not at CLI start-up)
+
+    from planner.export.torchtitan import job_config
+
+    steps = train_steps(e, opts)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    config, notes = job_config(e, steps, run_name(e, opts), checkpoint_interval(e), opts.keep_last)
+    launch = torchrun_argv(e, nodes, per_node, "$NODE_RANK", "$MASTER_ADDR")
+    head = [*summary(e, "torchtitan", steps, note), *notes,
+            "torchtitan (TOML job config, torchtitan/config/job_config.py before #2386): from a torchtitan checkout"
+            + ("" if nodes == 1 else f" on each of the {nodes} nodes") + ", with this file as job.toml:",
+            "  " + " ".join([*launch, "-m", "torchtitan.train", "--job.config_file", "job.toml"]),
+            f"[training] dataset and [model] hf_assets_path are placeholders: your data and tokenizer "
+            f"(vocab {e.model.vocab})."]
+    return "\n".join(comment_lines(head)) + "\n\n" + tomli_w.dumps(config)
 
 
 def slurm_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:

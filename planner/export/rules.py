@@ -56,7 +56,18 @@ def trainer_checks(lay, m, job) -> list[PlannerError]:
                                 f"step >= pp={lay.pp}; raise --global-batch or use --schedule gpipe"))
     if getattr(lay, "cp", 1) > 1:
         out.append(PlannerError("cp", lay.cp, "the reference trainer does not run context parallelism; pin --cp 1"))
+    if getattr(lay, "offload", "none") != "none":
+        out.append(PlannerError("offload", lay.offload, "the reference trainer's run config has no CPU offload; pin "
+                                "--offload none, or use --format deepspeed (ZeRO-Offload)"))
+    if _experts(m):
+        out.append(PlannerError("experts", m.experts, "the reference trainer's run config has no mixture-of-experts "
+                                "fields; use --format megatron or torchtitan"))
     return out
+
+
+def _experts(m) -> int:
+    """Routed experts per MoE layer (0: a dense model, or a ModelSpec without MoE fields)."""
+    return getattr(m, "experts", 0) or 0
 
 
 def megatron_checks(lay, m, job) -> list[PlannerError]:
@@ -72,6 +83,15 @@ def megatron_checks(lay, m, job) -> list[PlannerError]:
                                 f"it cannot express; pin --pp to a divisor of {m.layers}"))
     if job.precision == "tf32":
         out.append(PlannerError("precision", "tf32", "Megatron-LM has no TF32 switch; use fp32, bf16, fp16 or fp8"))
+    if getattr(lay, "offload", "none") == "params":
+        out.append(PlannerError("offload", "params", "Megatron-LM offloads optimizer states only "
+                                "(--optimizer-cpu-offload); pin --offload optimizer or none, or use --format deepspeed"))
+    if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
+        out.append(PlannerError("offload", "optimizer", "Megatron-LM's --optimizer-cpu-offload runs inside the "
+                                "distributed optimizer; pin --zero 1"))
+    if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
+        out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
+                                "tensor parallelism together; pin --sequence-parallel"))
     return out
 
 
@@ -92,4 +112,63 @@ def deepspeed_checks(lay, m, job) -> list[PlannerError]:
                                 "use fp32, bf16 or fp16"))
     if getattr(lay, "cp", 1) > 1:
         out.append(PlannerError("cp", lay.cp, "a DeepSpeed config has no context-parallel degree; pin --cp 1"))
+    if getattr(lay, "ep", 1) > 1:
+        out.append(PlannerError("ep", lay.ep, "a DeepSpeed config has no expert-parallel degree (DeepSpeed-MoE takes "
+                                "ep_size in the model code); pin --ep 1 or use --format megatron"))
+    offload = getattr(lay, "offload", "none")
+    need = {"none": 0, "optimizer": 1, "params": 3}[offload]
+    if lay.zero_stage < need:  # ZeRO-Offload: stages 1-3; parameter offload (ZeRO-Infinity): stage 3
+        out.append(PlannerError("offload", offload, f"DeepSpeed offloads {'parameters' if need == 3 else 'optimizer states'} "
+                                f"from ZeRO stage {need} up; pin --zero {need} or higher"))
     return out
+
+
+def torchtitan_checks(lay, m, job) -> list[PlannerError]:
+    """torchtitan's job config (planner/export/torchtitan.py): FSDP2 shards all or nothing, its TP
+    always runs sequence parallel, its models are LLaMA-style, torch's pipelining schedules."""
+    out = []
+    if m.arch != "llama":
+        out.append(PlannerError("arch", m.arch, "torchtitan's models (llama3, deepseek_v3) are RMSNorm/SwiGLU/RoPE "
+                                "decoders; use --arch llama, or --format megatron or torchrun for gpt"))
+    if lay.zero_stage in (1, 2):
+        out.append(PlannerError("zero_stage", lay.zero_stage, "torchtitan runs DDP (ZeRO-0) or FSDP2 fully_shard "
+                                "(ZeRO-3), no ZeRO-1/2 without FSDP; pin --zero 0 or 3, or use --format deepspeed"))
+    cp, ep = getattr(lay, "cp", 1), getattr(lay, "ep", 1)
+    if lay.zero_stage == 0 and (cp > 1 or ep > 1):
+        which = "cp" if cp > 1 else "ep"
+        out.append(PlannerError("zero_stage", 0, f"torchtitan shards parameters over the data-parallel shard x cp "
+                                f"ranks whenever {which} > 1 (fully_shard: ZeRO-3); pin --zero 3"))
+    if lay.tp > 1 and not lay.sequence_parallel:
+        out.append(PlannerError("sequence_parallel", False, "torchtitan's tensor parallel always shards norms along "
+                                "the sequence (sequence parallel); pin --sequence-parallel"))
+    if job.precision in ("fp16", "tf32"):
+        out.append(PlannerError("precision", job.precision, "torchtitan trains in bfloat16 or float32 mixed "
+                                "precision (float8 via torchao); use bf16, fp32 or fp8"))
+    if getattr(lay, "offload", "none") == "optimizer":
+        out.append(PlannerError("offload", "optimizer", "torchtitan's enable_cpu_offload moves parameters, gradients "
+                                "and optimizer states together (FSDP2 CPUOffloadPolicy); pin --offload params or none"))
+    if job.async_tp and lay.tp > 1 and not job.compile:
+        out.append(PlannerError("async_tp", True, "torchtitan's async tensor parallel takes effect only compiled; "
+                                "add --compile"))
+    out += _torch_pipeline_checks(lay)
+    return out
+
+
+def _torch_pipeline_checks(lay) -> list[PlannerError]:
+    """torch.distributed.pipelining's own rules (schedules.py, torch 2.13): GPipe has no interleaved
+    form in torchtitan's names, 1F1B needs n_microbatches >= stages, Interleaved1F1B a whole number of rounds."""
+    if lay.pp == 1:
+        return []
+    m = lay.grad_accum
+    if lay.schedule == "gpipe" and lay.vpp > 1:
+        return [PlannerError("schedule", "gpipe", "torchtitan's GPipe runs one stage per rank; pin --vpp 1, or "
+                             "--schedule 1f1b for Interleaved1F1B")]
+    if lay.schedule == "1f1b" and lay.vpp == 1 and m < lay.pp:
+        return [PlannerError("grad_accum", m, f"torch's Schedule1F1B needs micro-batches per step >= pp={lay.pp}; "
+                             "raise --global-batch or use --schedule gpipe")]
+    rounds = max(1, m // lay.pp)
+    if lay.vpp > 1 and m % rounds:
+        return [PlannerError("grad_accum", m, f"torch's ScheduleInterleaved1F1B needs micro-batches per step "
+                             f"({m}) to be a multiple of max(1, m // pp) = {rounds}; choose a global batch giving "
+                             f"a multiple of pp={lay.pp}")]
+    return []
