@@ -28,7 +28,7 @@ def test_estimate_json_contract(capsys):
                                 "recompute", "sequence_parallel", "precision"}
     assert set(d["memory"]) >= {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
                                 "other_bytes", "total_bytes", "capacity_bytes", "fits"}
-    assert set(d["time"]) == {"step_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+    assert set(d["time"]) == {"step_s", "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
                               "optimizer_s", "other_s"}
     assert set(d["train"]) >= {"tokens", "seconds", "days", "gpu_hours", "energy_kwh", "cost_usd"}
     for key in ("bubble_fraction", "comm_fraction", "tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"):

@@ -78,7 +78,7 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
         if not shares:  # a record without traces, or a published row: its fractions as reported
             t = ev.time
             pred_bubble = float((t.bubble[0] + t.pp_comm[0]) / ev.step_s[0])
-            pred_comm = float((t.tp_comm[0] + t.cp_comm[0] + t.dp_comm[0]) / ev.step_s[0])
+            pred_comm = float((t.tp_comm[0] + t.cp_comm[0] + t.ep_comm[0] + t.dp_comm[0]) / ev.step_s[0])
             shares = {"bubble_fraction": (pred_bubble, r.bubble_fraction),
                       "comm_fraction": (pred_comm, r.comm_fraction)}
         pairs.update(shares)

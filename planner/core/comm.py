@@ -88,3 +88,17 @@ def flat_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: 
     inside = _ring(bytes_, size, links.intra_bw, links.intra_lat, passes)
     return np.where(spans, across, inside)
 
+
+
+def all_to_all(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """All-to-all of ``bytes_`` per rank over ``size`` ranks ``stride`` apart: each rank keeps 1/n
+    and sends 1/n to each other rank, all at once. The k - 1 peers inside the node take theirs
+    over NVLink, the n - k outside over the GPU's NIC share, concurrently: the slower tier sets
+    the time, plus one latency per tier used (NCCL issues the n - 1 sends together)."""
+    size = np.asarray(size, dtype=float)
+    per_node = np.clip(links.gpus_per_node // np.maximum(stride, 1), 1, None)
+    k = np.minimum(size, per_node)
+    n = np.maximum(size, 1.0)
+    inside = bytes_ * (k - 1) / n / links.intra_bw + np.where(k > 1, links.intra_lat, 0.0)
+    across = bytes_ * (size - k) / n / links.inter_bw + np.where(size > k, links.inter_lat, 0.0)
+    return np.where(size > 1, np.maximum(inside, across), 0.0)

@@ -60,7 +60,7 @@ class Evaluation:
     @property
     def comm_fraction(self) -> np.ndarray:
         t = self.time
-        return (t.tp_comm + t.cp_comm + t.pp_comm + t.dp_comm) / self.step_s
+        return (t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm + t.dp_comm) / self.step_s
 
     @property
     def tokens_per_s(self) -> np.ndarray:

@@ -56,9 +56,10 @@ class Dim:
     low: int = 1  # ints: the smallest allowed value
     high: int = 1 << 20  # ints: the largest the explorer offers
     pinnable: bool = True  # a user may fix it (a Pins field, a flag); global_batch is the job's
-    # Values the search tries when the dimension is free, from the job; None: a dimension of the
-    # device mesh (dp, tp, pp, vpp), enumerated together so that their product is the GPU count.
-    searched: Callable[["Job"], tuple] | None = None
+    # Values the search tries when the dimension is free, from the job and the model; None: a
+    # dimension of the device mesh (dp, tp, pp, vpp, cp), enumerated together so that their
+    # product is the GPU count.
+    searched: Callable[["Job", ModelSpec], tuple] | None = None
     flag_aliases: tuple[str, ...] = ()  # older spellings of the flag, still accepted
     gpu_factor: bool = False  # a degree of the device mesh: the GPU count is the product of these
     name: str = ""
@@ -109,7 +110,7 @@ def _dim(default: object = dataclasses.MISSING, **spec: object):
     return dataclasses.field(default=default, metadata={"dim": Dim(**spec)})
 
 
-def _searched_zero(job: "Job") -> tuple:
+def _searched_zero(job: "Job", model: ModelSpec) -> tuple:
     # LoRA's optimizer states and gradients are tiny: sharding them (ZeRO-1/2) buys nothing.
     return (0, 3) if job.lora else (0, 1, 2, 3)
 
@@ -117,16 +118,23 @@ def _searched_zero(job: "Job") -> tuple:
 OFFLOAD = ("none", "optimizer", "params")
 
 
-def _searched_offload(job: "Job") -> tuple:
+def _searched_offload(job: "Job", model: ModelSpec) -> tuple:
     # Offload trades step time for memory: searched for fine-tuning (one workstation GPU, a small
     # node), where it is what makes a full fine-tune fit; pinned (--offload) for pretraining.
     return ("none",) if job.mode == "pretrain" else OFFLOAD
 
 
-def _searched_recompute(job: "Job") -> tuple:
+def _searched_recompute(job: "Job", model: ModelSpec) -> tuple:
     # Selective recompute recomputes the attention core, which flash attention already does in
     # its backward: the two are the same layout then, so it is searched only with standard attention.
     return ("none", "full") if job.attention == "flash" else RECOMPUTE
+
+
+EP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # expert-parallel degrees searched for an MoE (pinned: any)
+
+
+def _searched_ep(job: "Job", model: ModelSpec) -> tuple:
+    return EP_DEGREES if model.moe else (1,)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,10 +148,14 @@ class Layout:
     cp: int = _dim(1, help="context-parallel ranks: each sequence split across cp GPUs in 2*cp load-balanced "
                            "causal chunks, K/V exchanged per layer (seq_len divisible by 2*cp)",
                    label="Context parallel", gpu_factor=True, high=256)
+    ep: int = _dim(1, help="expert-parallel ranks: each holds experts/ep of every MoE layer's routed experts, "
+                           "tokens reach them by all-to-all; carved out of the dp*cp ranks (divides dp*cp and "
+                           "experts), not a factor of the GPU count; 1 for dense models",
+                   label="Expert parallel", high=1024, searched=_searched_ep)
     vpp: int = _dim(1, help="virtual stages per pipeline rank (interleaved 1F1B; needs pp > 1)",
                     label="Virtual stages per rank", high=128)
     micro_batch: int = _dim(1, help="sequences per micro-batch", label="Micro-batch",
-                            searched=lambda job: MICRO_BATCHES)
+                            searched=lambda job, model: MICRO_BATCHES)
     global_batch: int = _dim(help="sequences per step (--global-batch, a job option)", label="Global batch",
                              pinnable=False)
     zero_stage: int = _dim(0, help="ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights",
@@ -152,9 +164,9 @@ class Layout:
     recompute: str = _dim("none", help="activation recompute", label="Activation recompute", choices=RECOMPUTE,
                           searched=_searched_recompute)
     sequence_parallel: bool = _dim(False, help="sequence parallel (with tp > 1)", label="Sequence parallel",
-                                   choices=(False, True), searched=lambda job: (False, True))
+                                   choices=(False, True), searched=lambda job, model: (False, True))
     schedule: str = _dim("1f1b", help="pipeline schedule: 1f1b (interleaved when vpp > 1) or gpipe",
-                         label="Pipeline schedule", choices=SCHEDULES, searched=lambda job: ("1f1b",))
+                         label="Pipeline schedule", choices=SCHEDULES, searched=lambda job, model: ("1f1b",))
     offload: str = _dim("none", help="CPU offload: none, optimizer (AdamW states, fp32 master weights and "
                                      "gradients in host memory, the step on the CPU: ZeRO-Offload) or params "
                                      "(weights too, streamed in per layer: ZeRO-Infinity, FSDP CPU offload)",
@@ -273,6 +285,9 @@ class Job:
                                           "lists them)",
                       label="Software stack")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
+    expert_imbalance: float = _opt(1.1, help="MoE load imbalance: the busiest expert-parallel rank's routed tokens "
+                                             "over the mean, when ep > 1 (default 1.1: auxiliary-loss balancing)",
+                                   label="MoE load imbalance (busiest / mean)", low=1.0, high=8.0, step=0.05)
     async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "
                                       "(torchtitan async TP, TE --tp-comm-overlap)", label="Async TP")
 

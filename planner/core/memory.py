@@ -55,8 +55,26 @@ class Memory:
                    weights + gradients + optimizer + activations + other, host)
 
 
+def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
+                           sw: Software | None = None) -> np.ndarray:
+    """Activations one layer keeps for backward per micro-batch per GPU: a dense model's
+    (``activation_bytes_per_layer``); for an MoE the mean over its layers, an MoE layer keeping
+    its MLP's tensors at the routed width (planner.core.moe.moe_mlp_width) plus the permuted
+    expert inputs and the router's logits (planner.core.moe.activation_extra_per_token)."""
+    dense = activation_bytes_per_layer(model, c, job, recompute, sw)
+    if not model.moe:
+        return dense
+    from planner.core import moe
+
+    rc = c.recompute if recompute is None else recompute
+    routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=moe.moe_mlp_width(model, job, c))
+    tokens = c.micro_batch * model.seq_len / c.cp
+    extra = np.where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
+    return ((model.layers - model.moe_layers) * dense + model.moe_layers * (routed + extra)) / model.layers
+
+
 def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
-                               sw: Software | None = None) -> np.ndarray:
+                               sw: Software | None = None, ffn: np.ndarray | float | None = None) -> np.ndarray:
     """Activations one layer keeps for backward, per micro-batch, per GPU.
 
     Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
@@ -68,7 +86,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
     Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
-    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full).
+    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full);
+    ``ffn`` the MLP width (an MoE layer's routed width per token).
 
     Some of these are kept only for a weight gradient: the inputs of QKV, of the output
     projection, of MLP-in and of MLP-out. Under LoRA a frozen matmul needs no weight gradient, so
@@ -85,7 +104,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     sw = sw or software(job)
     rc = c.recompute if recompute is None else recompute
     e = ACT_BYTES[job.precision]
-    h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
+    h, hkv, a, s = model.hidden, model.kv_hidden, model.heads, model.seq_len
+    f = model.ffn_hidden if ffn is None else ffn
     drop = 1.0 if model.has_dropout else 0.0
     targets = set(job.lora_targets) if job.lora else None
     trains = lambda *names: targets is None or bool(targets.intersection(names))  # noqa: E731
@@ -132,9 +152,9 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     eff = hw.efficiency
     tp, dp, pp = c.tp.astype(float), c.shard_group.astype(float), c.pp  # ZeRO shards over dp x cp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
-    act_layer = activation_bytes_per_layer(model, c, job, sw=sw)
+    act_layer = layer_activation_bytes(model, c, job, sw=sw)
     # One layer's full activations for the micro-batch being recomputed (the working set).
-    no_rc = activation_bytes_per_layer(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
+    no_rc = layer_activation_bytes(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
     working = np.where((c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")), no_rc, 0.0)
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
@@ -143,14 +163,26 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
         is_first, is_last = index == 0, index == pp - 1
         params = stage_params(model, pp, layers, is_first, is_last)
-        shard = params / tp
+        # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
+        # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
+        experts = layers * model.layer_expert_params / (tp * c.ep)
+        shard = (params - layers * model.layer_expert_params) / tp + experts
+        ratio = np.where(shard > 0, experts / np.where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
+
+        def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
+            return bytes_ * ((1 - ratio) / np.where(c.zero_stage >= stage, dp, 1)
+                             + ratio / np.where(c.zero_stage >= stage, dp / c.ep, 1))
+
         # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
         # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
         trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
-        weights = ((shard * (wb + fp8_weight_bytes(sw)) + (trained * wb if job.lora else 0.0))
-                   / np.where(c.zero_stage >= 3, dp, 1))
-        grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
-        optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
+        if job.lora:
+            weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / np.where(c.zero_stage >= 3, dp, 1)
+            grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
+            optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
+        else:
+            weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
+            grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
         # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
         # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
         # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
@@ -172,7 +204,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in
         # 16-bit). Under pipelining a stack that does not reshard between micro-batches (FSDP2 in
         # torchtitan) keeps the stage's weights gathered and its gradients unsharded (fp32).
-        gather = np.where(c.zero_stage >= 3, sw.stack.gather_layers * model.layer_params / tp * e, 0.0)
+        block = (model.layer_params - model.layer_expert_params) / tp + model.layer_expert_params / (tp * c.ep)
+        gather = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
         if not sw.stack.reshard_in_pipeline:
             gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
         other = outside_allocator(hw, c) + gather + eff.fragmentation * (acts + grads + gather)

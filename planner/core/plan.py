@@ -107,7 +107,7 @@ def nearest_in_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile,
     different set of pinned fields (full recompute, or ZeRO-3, or two more GPUs per stage...)."""
     ev = table.evaluation
     c = ev.candidates
-    fits = np.flatnonzero(ev.fits & searched_by_default(c, job))
+    fits = np.flatnonzero(ev.fits & searched_by_default(c, job, model))
     if fits.size == 0:
         return ()
     names = list(pins.pinned())

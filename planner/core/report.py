@@ -15,7 +15,8 @@ BAR_WIDTH = 50
 BAR_PARTS = (("weights_bytes", "W", "weights"), ("gradients_bytes", "G", "grads"),
              ("optimizer_bytes", "O", "optimizer"), ("activations_bytes", "A", "activations"),
              ("other_bytes", "x", "other"))
-TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("cp_comm_s", "CP comm"), ("pp_comm_s", "PP comm"),
+TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("cp_comm_s", "CP comm"), ("ep_comm_s", "EP all-to-all"),
+              ("pp_comm_s", "PP comm"),
               ("dp_comm_s", "DP comm"), ("bubble_s", "bubble"), ("optimizer_s", "optimizer"), ("other_s", "other"))
 
 
@@ -24,6 +25,7 @@ def layout_line(e: Estimate) -> str:
     vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 else ""
     sched = " GPipe" if lay.schedule == "gpipe" else ""
     cp = f" x cp {lay.cp}" if lay.cp > 1 else ""
+    cp += f" (ep {lay.ep} of dp*cp)" if lay.ep > 1 else ""
     offload = f" | offload {lay.offload}" if lay.offload != "none" else ""
     return (f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{vpp}{sched}{cp} | micro-batch {lay.micro_batch} x "
             f"{lay.grad_accum} accum = global {lay.global_batch} seqs | ZeRO-{lay.zero_stage} | "
@@ -104,7 +106,8 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"step     {t.step_s:.3g} s = " + " + ".join(
             f"{label} {getattr(t, key):.3g}" for key, label in TIME_PARTS if getattr(t, key) > 0.0005 * t.step_s),
         f"         bubble {_pct(e.bubble_fraction)} | communication {_pct(e.comm_fraction)} of step (exposed) | "
-        f"MFU {e.mfu:.1%}{' (of the bf16 peak)' if job.precision == 'fp8' else ''} | HFU {e.hfu:.1%} | "
+        f"MFU {e.mfu:.1%}{' (of the bf16 peak)' if job.precision == 'fp8' else ''}"
+        f"{' (active parameters)' if e.model.moe else ''} | HFU {e.hfu:.1%} | "
         f"{e.model_tflops_per_gpu:.0f} TFLOP/s per GPU | "
         f"{fmt_count(e.tokens_per_s)} tokens/s",
         "",
@@ -236,7 +239,8 @@ def table(estimates: list[Estimate], indent: str = "") -> str:
 # The layout's columns are its dimensions, by their declared names (planner.core.layout.LAYOUT_DIMS).
 CSV_COLUMNS = ("model", "params", "gpu", "gpus", *(d.name for d in LAYOUT_DIMS), "grad_accum", "precision",
                "fits", "total_bytes",
-               "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+               "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
+               "bubble_s",
                "optimizer_s", "other_s", "bubble_fraction", "comm_fraction", "tokens_per_s", "mfu", "hfu",
                "train_days", "gpu_hours", "energy_kwh", "cost_usd")
 

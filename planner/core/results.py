@@ -48,6 +48,7 @@ class TimeParts:
     compute_s: float
     tp_comm_s: float
     cp_comm_s: float
+    ep_comm_s: float
     pp_comm_s: float
     dp_comm_s: float
     bubble_s: float
@@ -97,9 +98,13 @@ class Estimate:
     def to_json(self) -> dict:
         m, lay = self.model, self.layout
         return {
-            "model": {"name": m.name, "arch": m.arch, "params": m.params, "layers": m.layers, "hidden": m.hidden,
+            "model": {"name": m.name, "arch": m.arch, "params": m.params, "active_params": m.active_params,
+                      "layers": m.layers, "hidden": m.hidden,
                       "heads": m.heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
-                      "seq_len": m.seq_len, "tied_embeddings": m.tied_embeddings},
+                      "seq_len": m.seq_len, "tied_embeddings": m.tied_embeddings,
+                      **({"experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
+                          "shared_experts": m.shared_experts, "dense_layers": m.dense_layers,
+                          "capacity_factor": m.capacity_factor} if m.moe else {})},
             "cluster": {"gpu": self.hardware.name, "gpus": self.gpus,
                         "gpus_per_node": self.hardware.network.gpus_per_node},
             "layout": {**lay.to_json(), "precision": self.job.precision, "attention": self.job.attention},

@@ -103,6 +103,16 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
                 f"must equal gpus={gpus} (" + " ".join(f"{k}={v}" for k, v in others.items())
                 + (f"; context parallel {rest} does not split seq_len={model.seq_len} into chunks of at least "
                    f"{CP_MIN_TOKENS} tokens" if rest > 1 else "") + ")")
+    if pins.ep is not None and pins.ep > 1:
+        require(model.moe, "ep", pins.ep, f"1: {model.name} is a dense model (expert parallel needs experts)")
+        require(model.experts % pins.ep == 0, "ep", pins.ep, f"must divide experts={model.experts}")
+        require(gpus % pins.ep == 0, "ep", pins.ep, f"must divide gpus={gpus} (it is carved out of dp*cp)")
+        if pins.dp is not None and pins.cp is not None:
+            require((pins.dp * pins.cp) % pins.ep == 0, "ep", pins.ep,
+                    f"must divide dp*cp={pins.dp * pins.cp} (expert parallel is carved out of those ranks)")
+    if model.moe and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
+        raise PlannerError("sequence_parallel", False, "an MoE with tp > 1 runs sequence parallel (Megatron-Core "
+                                                       "requires it); leave it on or unpinned")
     if pins.vpp is not None and pins.vpp > 1 and pins.pp is not None:
         require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
         if uneven:  # the stack splits layers unevenly across virtual stages: each needs one
@@ -161,10 +171,10 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
     return out
 
 
-def _values(d, job: Job, pinned: object, widen: bool) -> list:
+def _values(d, job: Job, model: ModelSpec, pinned: object, widen: bool) -> list:
     """The values of one dimension the enumeration tries: the pinned one, or those it declares for
     the search (``widen``: those and the pinned one)."""
-    searched = list(d.searched(job))
+    searched = list(d.searched(job, model))
     if pinned is None:
         return searched
     return searched + [pinned] * (pinned not in searched) if widen else [pinned]
@@ -186,7 +196,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                                     f"({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
     free = [d for d in LAYOUT_DIMS if d.searched is not None]
-    codes = [d.encode(_values(d, job, getattr(pins, d.name), widen)) for d in free]
+    codes = [d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free]
     grid = [g.reshape(-1) for g in np.meshgrid(np.arange(len(mesh)), *(np.arange(len(c)) for c in codes),
                                                indexing="ij")]
     dp, tp, pp, vpp, cp = np.array(mesh, dtype=np.int64)[grid[0]].T
@@ -208,11 +218,22 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     keep &= (vpp == 1) | (c.m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
     keep &= ~((c.schedule == SCHEDULES.index("gpipe")) & (vpp > 1))  # GPipe is not interleaved here
     keep &= runs_on_stack(c, get_stack(job.stack))
+    keep &= expert_parallel_ok(model, c)
     c = c.take(np.flatnonzero(keep))
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
                    f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
     return c, ""
+
+
+def expert_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray:
+    """Expert parallel's rules (Megatron-Core, torchtitan): ep divides the routed experts and the
+    dp*cp ranks it is carved out of; an MoE with tp > 1 runs sequence parallel (Megatron-Core
+    requires it: the token dispatcher works on the sequence shard); a dense model has ep 1."""
+    if not model.moe:
+        return c.ep == 1
+    return ((model.experts % c.ep == 0) & (c.shard_group % c.ep == 0)
+            & ((c.tp == 1) | c.sequence_parallel))
 
 
 def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
@@ -258,7 +279,7 @@ def check_stack_pins(stack: Stack, pins: Pins) -> None:
 def batch_units(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> set[int]:
     """Every global batch some layout with these pins can split is a multiple of one of these:
     dp*micro_batch, times pp when interleaved (m divisible by pp)."""
-    mbs = _values(DIMS["micro_batch"], job, pins.micro_batch, widen=False)
+    mbs = _values(DIMS["micro_batch"], job, model, pins.micro_batch, widen=False)
     gpipe = pins.schedule == "gpipe"  # GPipe is not interleaved here
     return {dp * mb * (pp if vpp > 1 else 1) for dp, _, pp, vpp, _ in _mesh(model, gpus, pins) for mb in mbs
             if not (gpipe and vpp > 1)}
@@ -272,12 +293,12 @@ def matches(c: Candidates, pins: Pins) -> np.ndarray:
     return keep
 
 
-def searched_by_default(c: Candidates, job: Job) -> np.ndarray:
+def searched_by_default(c: Candidates, job: Job, model: ModelSpec) -> np.ndarray:
     """The rows of ``c`` that the search tries with nothing pinned (a widened table holds more)."""
     keep = ~(c.sequence_parallel & (c.tp == 1))
     for d in LAYOUT_DIMS:
         if d.searched is not None:
-            keep &= np.isin(getattr(c, d.name), d.encode(list(d.searched(job))))
+            keep &= np.isin(getattr(c, d.name), d.encode(list(d.searched(job, model))))
     return keep
 
 

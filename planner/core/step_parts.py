@@ -34,6 +34,8 @@ PARTS: tuple[Part, ...] = (
          definition="exposed tensor-parallel collectives (all-reduce; reduce-scatter + all-gather with SP)"),
     Part(name="cp_comm", communication=True,
          definition="exposed context-parallel exchange of keys and values (and their gradients)"),
+    Part(name="ep_comm", communication=True,
+         definition="exposed expert-parallel all-to-all: tokens dispatched to their experts and combined back"),
     Part(name="pp_comm", communication=True,
          definition="exposed pipeline point-to-point transfer of activations and their gradients"),
     Part(name="dp_comm", communication=True,
@@ -53,7 +55,7 @@ COMMUNICATION: tuple[str, ...] = tuple(p.name for p in PARTS if p.communication)
 # planner.core.steptime.StepTime field -> part. The planner predicts no data wait (a loader that
 # keeps up is assumed; the record measures it).
 STEPTIME_FIELDS: dict[str, str] = {"compute": "compute", "tp_comm": "tp_comm", "cp_comm": "cp_comm",
-                                   "pp_comm": "pp_comm",
+                                   "ep_comm": "ep_comm", "pp_comm": "pp_comm",
                                    "dp_comm": "dp_comm", "bubble": "bubble", "optimizer": "optimizer",
                                    "other": "other"}
 NOT_PREDICTED: tuple[str, ...] = ("data_wait",)
@@ -61,7 +63,7 @@ NOT_PREDICTED: tuple[str, ...] = ("data_wait",)
 # What validate compares: a label -> the parts it sums (see the module docstring).
 COMPARED: dict[str, tuple[str, ...]] = {
     "compute": ("compute",), "tp_comm": ("tp_comm",), "dp_comm": ("dp_comm",),
-    "comm": ("tp_comm", "cp_comm", "dp_comm"),
+    "comm": ("tp_comm", "cp_comm", "ep_comm", "dp_comm"),
     "bubble": ("bubble", "pp_comm"), "optimizer": ("optimizer",), "data_wait": ("data_wait",),
     "other": ("other",),
 }
@@ -102,8 +104,10 @@ def measured_parts(breakdown: Mapping[str, float | None], tp: int, dp: int,
     elif device_kind == "cpu" and breakdown.get("comm_exposed_tp") is not None:
         tp_part = min(exposed, breakdown["comm_exposed_tp"])
         dp_part = exposed - tp_part
-    # The reference trainer runs no context parallel yet: its exchange is zero, not unmeasured.
-    return {"compute": breakdown.get("compute"), "tp_comm": tp_part, "cp_comm": 0.0, "pp_comm": None,
+    # The context-parallel exchange and the all-to-all are timed spans of their own (zero when the
+    # layout has none).
+    return {"compute": breakdown.get("compute"), "tp_comm": tp_part, "cp_comm": breakdown.get("cp_comm") or 0.0,
+            "ep_comm": breakdown.get("all_to_all") or 0.0, "pp_comm": None,
             "dp_comm": dp_part,
             "bubble": breakdown.get("bubble"), "optimizer": breakdown.get("optimizer"),
             "data_wait": breakdown.get("data_wait"), "other": breakdown.get("other"),

@@ -34,6 +34,7 @@ class StepTime:
     compute: np.ndarray
     tp_comm: np.ndarray
     cp_comm: np.ndarray
+    ep_comm: np.ndarray
     pp_comm: np.ndarray
     dp_comm: np.ndarray
     bubble: np.ndarray
@@ -42,7 +43,7 @@ class StepTime:
 
     @property
     def step(self) -> np.ndarray:
-        return (self.compute + self.tp_comm + self.cp_comm + self.pp_comm + self.dp_comm + self.bubble
+        return (self.compute + self.tp_comm + self.cp_comm + self.ep_comm + self.pp_comm + self.dp_comm + self.bubble
                 + self.optimizer + self.other)
 
 
@@ -73,7 +74,8 @@ def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float, fp8:
     return np.maximum(compute, traffic)
 
 
-def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> tuple[np.ndarray, np.ndarray]:
+def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
+                       ffn: np.ndarray | float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes of the element-wise kernels of one layer's forward per micro-batch per GPU:
     (layer without attention core, attention-core softmax/dropout).
 
@@ -82,9 +84,10 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software) 
     (LayerNorm, GELU and SDPA are single ops), but RMSNorm, RoPE and SwiGLU are several ops each,
     every one reading and writing its operands: RMSNorm ~7h per norm (square, mean, rsqrt, two
     products), RoPE ~9 reads/writes per Q and K element plus Q's copy out of the fused QKV (2h),
-    SwiGLU 5f (SiLU, product)."""
+    SwiGLU 5f (SiLU, product). ``ffn``: the MLP width (an MoE layer's routed width per token)."""
     e = ACT_BYTES[job.precision]
-    h, hkv, f, a, s = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads, model.seq_len
+    h, hkv, a, s = model.hidden, model.kv_hidden, model.heads, model.seq_len
+    f = model.ffn_hidden if ffn is None else ffn
     drop = 1.0 if model.has_dropout else 0.0
     eager = sw.eager and model.gated_mlp
     # Two norms (read + write h each), two residual adds (read 2h, write h, + 1-byte mask).
@@ -101,12 +104,13 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software) 
     return layer, e * tokens * softmax / tp
 
 
-def fp8_cast_elements(model: ModelSpec) -> float:
+def fp8_cast_elements(model: ModelSpec, ffn: np.ndarray | float | None = None) -> np.ndarray | float:
     """Elements per token per layer that fp8 training casts (amax, scale, cast, transposed copy):
     forward, the inputs of the four linear groups (QKV, proj and MLP-in read h each; MLP-out reads
     f); backward, the gradients of their outputs (h + 2 h_kv, h, MLP-in width, h). torchao float8
     and Transformer Engine cast these three operands of every GEMM (Micikevicius et al. 2022)."""
-    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    h, hkv = model.hidden, model.kv_hidden
+    f = model.ffn_hidden if ffn is None else ffn
     mlp_in = (2 if model.gated_mlp else 1) * f
     return (3 * h + f) + (h + 2 * hkv + h + mlp_in + h)
 
@@ -119,6 +123,7 @@ class _LayerTimes:
     tp_comm: np.ndarray  # exposed link time, forward + backward + recompute
     tp_calls: np.ndarray  # TP collectives per layer per micro-batch on the critical path
     cp_comm: np.ndarray  # exposed context-parallel K/V exchange, forward + backward + recompute
+    ep_comm: np.ndarray  # exposed expert-parallel all-to-all, forward + backward + recompute (mean per layer)
 
 
 def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
@@ -147,14 +152,32 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     act = ACT_BYTES[job.precision]
     peak = linear_peak(hw, job.precision)
     fp8 = sw.fp8 and hw.gpu.supports("fp8")
-    gemms = sum(gemm_time(g, hw, peak, 1 if fp8 else act, fp8)
-                for g in layer_gemms(model, c.micro_batch, c.tp, c.cp))
+    def timed(gs: list[Gemm]) -> np.ndarray:
+        return sum(gemm_time(g, hw, peak, 1 if fp8 else act, fp8) for g in gs)
+
+    gs = layer_gemms(model, c.micro_batch, c.tp, c.cp)
+    attention_gemms, dense_mlp = gs[:2], gs[2:]  # QKV and projection; MLP in and out
     tokens = c.micro_batch * model.seq_len / c.cp  # this GPU's tokens per micro-batch
     attn_fwd, attn_bwd = attention_times(model, hw, job, c, sw)
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
     ew_layer, ew_softmax = _elementwise_bytes(model, c, job, sw)
     # fp8: amax, scaling and casts of each GEMM's operands, memory-bound, forward and backward.
-    cast = sw.fp8_cast_bytes * tokens * fp8_cast_elements(model) / c.tp / hbm if fp8 else 0.0
+    cast_elements = fp8_cast_elements(model)
+    mlp = timed(dense_mlp)
+    ep_comm = np.zeros(len(c))
+    if model.moe:  # the mean over layers: the leading dense ones and the MoE ones
+        from planner.core import moe
+
+        share = model.moe_layers / model.layers
+        width = moe.moe_mlp_width(model, job, c)
+        mlp = (1 - share) * mlp + share * timed(moe.moe_gemms(model, job, c))
+        ew_moe = _elementwise_bytes(model, c, job, sw, ffn=width)[0] + moe.permute_bytes(model, job, c, act)
+        ew_layer = (1 - share) * ew_layer + share * ew_moe
+        cast_elements = (1 - share) * cast_elements + share * fp8_cast_elements(model, width)
+        a2a = moe.all_to_all_time(model, job, c, links, act)
+        ep_comm = share * (4 + 2 * (c.recompute == 2)) * a2a
+    gemms = timed(attention_gemms) + mlp
+    cast = sw.fp8_cast_bytes * tokens * cast_elements / c.tp / hbm if fp8 else 0.0
     # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
     # GEMMs run at the matmul roof (they are < 1% of the FLOPs at the ranks people use).
     weight_grads = 0 if job.lora else 1
@@ -171,7 +194,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
     calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
     return _LayerTimes(fwd, bwd, recompute, calls * collective, calls,
-                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd))
+                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd), ep_comm)
 
 
 def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, sw: Software,
@@ -209,22 +232,31 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
 
 def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
                    links: comm.Links, trained: np.ndarray, shard: np.ndarray, fwd_mb: np.ndarray,
-                   bwd_mb: np.ndarray, layers_pace: np.ndarray, busy) -> np.ndarray:
+                   bwd_mb: np.ndarray, layers_pace: np.ndarray, busy, expert_share=0.0) -> np.ndarray:
     """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
-    gathers of weights, minus what the stack hides behind compute."""
+    gathers of weights, minus what the stack hides behind compute. ``expert_share`` of the bytes
+    (an MoE's routed experts) go over the dp*cp/ep ranks holding the same experts, tp*ep apart."""
     e, act, m = hw.efficiency, ACT_BYTES[job.precision], c.m.astype(float)
     # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
     # never wider than the precision keeps them.
     grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
     param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
     group = c.shard_group  # data-parallel x context-parallel ranks, tp apart
-    ar = comm.group_collective(links, grad_bytes, group, c.tp, 2.0) * busy
-    rs = comm.group_collective(links, grad_bytes, group, c.tp, 1.0) * busy
+
+    def over(collective, bytes_: np.ndarray, passes: float) -> np.ndarray:
+        dense = collective(links, bytes_ * (1 - expert_share), group, c.tp, passes)
+        if not np.any(expert_share):
+            return dense * busy
+        routed = collective(links, bytes_ * expert_share, group // c.ep, c.tp * c.ep, passes)
+        return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
+
+    ar = over(comm.group_collective, grad_bytes, 2.0)
+    rs = over(comm.group_collective, grad_bytes, 1.0)
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
-    ag3 = zcoll(links, param_bytes, group, c.tp, 1.0) * busy
-    rs3 = zcoll(links, grad_bytes, group, c.tp, 1.0) * busy
+    ag3 = over(zcoll, param_bytes, 1.0)
+    rs3 = over(zcoll, grad_bytes, 1.0)
     hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
@@ -237,7 +269,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
-    ag_step = comm.group_collective(links, trained * act, group, c.tp, 1.0) * busy
+    ag_step = over(comm.group_collective, trained * act, 1.0)
     ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
     zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
@@ -295,26 +327,32 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     tp_mb = layers_pace * (lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s) * busy
     cp_mb = layers_pace * lt.cp_comm * busy
+    ep_mb = layers_pace * lt.ep_comm * busy
     m = c.m.astype(float)
     p, v = c.pp, c.vpp.astype(float)
     p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len / c.cp * model.hidden, c.tp, c.shard_group) * busy
     pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
-    bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + pp_mb)
+    bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
     params = np.maximum(np.maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
                                    stage_params(model, pp, first, True, pp == 1)),
                         stage_params(model, pp, last, pp == 1, True))
-    shard = params / c.tp
+    # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
+    expert_layers = np.maximum(np.maximum(fullest, first), last) * model.layer_expert_params
+    experts = expert_layers / (c.tp * c.ep)
+    shard = (params - expert_layers) / c.tp + experts
+    expert_share = 0.0 if job.lora else experts / shard
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
     dp = _data_parallel(hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
-                        layers_pace * lt.backward * slow, layers_pace, busy)
+                        layers_pace * lt.backward * slow, layers_pace, busy, expert_share)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
-    held = trained / np.where(c.zero_stage >= 1, c.shard_group, 1)
+    held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, c.shard_group, 1)
+                      + expert_share / np.where(c.zero_stage >= 1, c.shard_group / c.ep, 1))
     optimizer = held * optim_bytes_per_param / hbm * slow
     offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, c.shard_group, 1),
                             optim_bytes_per_param, layers_pace * lt.forward * slow,
@@ -324,8 +362,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
 
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
-    busy_s = m * (compute_mb + tp_mb + cp_mb + pp_mb) + bubble + dp + optimizer
+    busy_s = m * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
     stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(c.gpus.astype(float)))
-    return StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, cp_comm=m * cp_mb, pp_comm=m * pp_mb,
+    return StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, cp_comm=m * cp_mb, ep_comm=m * ep_mb,
+                    pp_comm=m * pp_mb,
                     dp_comm=dp,
                     bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s + stragglers)

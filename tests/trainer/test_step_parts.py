@@ -17,13 +17,13 @@ def test_steptime_fields_and_parts_agree():
     assert sorted(step_parts.STEPTIME_FIELDS) == sorted(fields)  # every field mapped, none invented
     mapped = set(step_parts.STEPTIME_FIELDS.values()) | set(step_parts.NOT_PREDICTED)
     assert mapped == set(step_parts.NAMES)  # every part predicted or declared not predicted
-    assert step_parts.COMMUNICATION == ("tp_comm", "cp_comm", "pp_comm", "dp_comm")
+    assert step_parts.COMMUNICATION == ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
     assert all(p.definition and len(p.definition) < 110 for p in step_parts.PARTS)  # one line each
     assert {q for parts in step_parts.COMPARED.values() for q in parts} == set(step_parts.NAMES)
 
 
 def test_predicted_parts_add_up_to_the_step():
-    st = StepTime(compute=np.array([1.0, 9.0]), tp_comm=np.array([0.5, 0]), cp_comm=np.array([0.0, 0]),
+    st = StepTime(compute=np.array([1.0, 9.0]), tp_comm=np.array([0.5, 0]), cp_comm=np.array([0.0, 0]), ep_comm=np.array([0.0, 0]),
                   pp_comm=np.array([0.25, 0]),
                   dp_comm=np.array([0.125, 0]), bubble=np.array([2.0, 0]), optimizer=np.array([0.3, 0]),
                   other=np.array([0.7, 0]))
@@ -54,7 +54,7 @@ def test_measured_parts_split_communication_by_what_the_trace_can_tell(tp, dp, k
 
 
 def test_compared_merges_what_a_trace_cannot_separate():
-    pred = {"compute": 1.0, "tp_comm": 0.5, "cp_comm": 0.0, "pp_comm": 0.25, "dp_comm": 0.125, "bubble": 2.0, "optimizer": 0.3,
+    pred = {"compute": 1.0, "tp_comm": 0.5, "cp_comm": 0.0, "ep_comm": 0.0, "pp_comm": 0.25, "dp_comm": 0.125, "bubble": 2.0, "optimizer": 0.3,
             "data_wait": 0.0, "other": 0.7}
     meas = step_parts.measured_parts(BREAKDOWN, 2, 2, "cuda")
     got = step_parts.compared(pred, meas)
