@@ -72,6 +72,9 @@ def _experts(m) -> int:
 
 def megatron_checks(lay, m, job) -> list[PlannerError]:
     out = []
+    if getattr(lay, "offload", "none") == "params":
+        out.append(PlannerError("offload", "params", "Megatron-LM offloads optimizer states only "
+                                "(--optimizer-cpu-offload); pin --offload optimizer or none, or use --format deepspeed"))
     if lay.zero_stage > 1:
         out.append(PlannerError("zero_stage", lay.zero_stage, "Megatron-LM expresses ZeRO-0 (DDP) and ZeRO-1 "
                                 "(--use-distributed-optimizer) only; pin --zero 0 or 1, or use --format deepspeed"))
@@ -83,9 +86,6 @@ def megatron_checks(lay, m, job) -> list[PlannerError]:
                                 f"it cannot express; pin --pp to a divisor of {m.layers}"))
     if job.precision == "tf32":
         out.append(PlannerError("precision", "tf32", "Megatron-LM has no TF32 switch; use fp32, bf16, fp16 or fp8"))
-    if getattr(lay, "offload", "none") == "params":
-        out.append(PlannerError("offload", "params", "Megatron-LM offloads optimizer states only "
-                                "(--optimizer-cpu-offload); pin --offload optimizer or none, or use --format deepspeed"))
     if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
         out.append(PlannerError("offload", "optimizer", "Megatron-LM's --optimizer-cpu-offload runs inside the "
                                 "distributed optimizer; pin --zero 1"))

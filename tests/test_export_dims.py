@@ -1,0 +1,69 @@
+"""The dimensions of issue 14 in the Megatron-LM and DeepSpeed exports: context parallel, CPU
+offload (and, in tests/test_export_moe.py, mixture-of-experts). Each export is parsed back: the
+Megatron script's bash arrays, the DeepSpeed JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_export import bash_arrays, bash_syntax_ok, export, flags, run
+
+FINETUNE_ONE_GPU = ["--preset", "llama2-7b", "--mode", "full-finetune", "--gpus", "1", "--gpu", "a6000"]
+
+
+def megatron_flags(text: str) -> dict:
+    return flags([w for words in bash_arrays(text).values() for w in words])
+
+
+def test_megatron_context_parallel(capsys, tmp_path):
+    # 128K tokens on 64 GPUs: tp 8 x cp 8, so data parallel is 64 / (8 x 1 x 8) = 1
+    out, _ = export(capsys, "megatron", "--preset", "llama3-8b", "--seq-len", "131072", "--gpus", "64", "--tp", "8",
+                    "--pp", "1", "--cp", "8", "--sequence-parallel")
+    bash_syntax_ok(tmp_path, out)
+    f = megatron_flags(out)
+    assert f["--context-parallel-size"] == "8" and f["--cp-comm-type"] == "p2p"
+    assert f["--tensor-model-parallel-size"] == "8" and f["--seq-length"] == "131072"
+    assert "world 64 / (tp 8 x pp 1 x cp 8) = 1" in out
+
+
+def test_megatron_without_context_parallel_has_no_cp_flags(capsys):
+    f = megatron_flags(export(capsys, "megatron", "--preset", "llama-13b", "--gpus", "16", "--cp", "1")[0])
+    assert "--context-parallel-size" not in f and "--cp-comm-type" not in f
+
+
+def test_megatron_optimizer_offload(capsys):
+    f = megatron_flags(export(capsys, "megatron", *FINETUNE_ONE_GPU, "--offload", "optimizer")[0])
+    assert f["--optimizer-cpu-offload"] is True and f["--optimizer-offload-fraction"] == "1.0"
+    assert f["--use-precision-aware-optimizer"] is True and f["--use-distributed-optimizer"] is True
+
+
+@pytest.mark.parametrize("offload, param", [("optimizer", False), ("params", True)])
+def test_deepspeed_offload(capsys, offload, param):
+    d = json.loads(export(capsys, "deepspeed", *FINETUNE_ONE_GPU, "--offload", offload)[0])
+    z = d["zero_optimization"]
+    assert z["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert ("offload_param" in z) == param and z["stage"] >= (3 if param else 1)
+    if param:
+        assert z["offload_param"] == {"device": "cpu", "pin_memory": True}
+
+
+def test_deepspeed_without_offload_has_no_offload_keys(capsys):
+    d = json.loads(export(capsys, "deepspeed", "--preset", "llama-7b", "--gpus", "16", "--tp", "1", "--pp", "1",
+                          "--offload", "none")[0])
+    assert "offload_optimizer" not in d["zero_optimization"] and "offload_param" not in d["zero_optimization"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--format", "megatron", *FINETUNE_ONE_GPU, "--offload", "params", "--stack", "deepspeed-zero"],
+     "offload='params'"),
+    (["--format", "torchrun", *FINETUNE_ONE_GPU, "--offload", "optimizer", "--stack", "deepspeed-zero"],
+     "offload='optimizer'"),
+    (["--format", "deepspeed", "--preset", "llama3-8b", "--seq-len", "65536", "--gpus", "16", "--cp", "2",
+      "--stack", "megatron-core"], "cp=2"),
+])
+def test_new_dimensions_a_format_cannot_express(capsys, argv, needle):
+    code, out, err = run(capsys, "export", *argv)
+    assert code == 2 and out == "", err
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
