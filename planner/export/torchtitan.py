@@ -30,26 +30,30 @@ from planner.export.yamltext import comment_lines
 SCHEDULE_NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B", ("gpipe", False): "GPipe"}
 AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
 
-# Flavors registered in torchtitan (torchtitan/models/*/__init__.py at e347b1e5), by the shape fields
-# the planner knows: (layers, hidden, heads, kv_heads, ffn_hidden) for llama3; (layers, hidden,
-# experts, top_k, expert_ffn, dense_layers) for deepseek_v3 (its "16B" is DeepSeek-V2-Lite's shape).
-LLAMA3_FLAVORS = {(32, 4096, 32, 8, 14336): "8B", (80, 8192, 64, 8, 28672): "70B",
-                  (126, 16384, 128, 8, 53248): "405B"}
-DEEPSEEK_FLAVORS = {(27, 2048, 64, 6, 1408, 1): "16B", (60, 5120, 160, 6, 1536, 1): "236B",
-                    (61, 7168, 256, 8, 2048, 3): "671B"}
+# Flavors registered in torchtitan (torchtitan/models/*/__init__.py at e347b1e5), keyed by the shape
+# fields the planner knows. llama3: (layers, hidden, heads, kv_heads, ffn_hidden). The MoE models:
+# (layers, hidden, experts, top_k, expert_ffn, dense_layers); deepseek_v3 (multi-head latent
+# attention; its "16B" is DeepSeek-V2-Lite's shape) and qwen3 (grouped-query attention).
+FLAVORS = {
+    "llama3": {(32, 4096, 32, 8, 14336): "8B", (80, 8192, 64, 8, 28672): "70B", (126, 16384, 128, 8, 53248): "405B"},
+    "deepseek_v3": {(27, 2048, 64, 6, 1408, 1): "16B", (60, 5120, 160, 6, 1536, 1): "236B",
+                    (61, 7168, 256, 8, 2048, 3): "671B"},
+    "qwen3": {(48, 2048, 128, 8, 768, 0): "30B-A3B", (94, 4096, 128, 8, 1536, 0): "235B-A22B"},
+}
 
 
 def moe(m) -> bool:
-    return getattr(m, "experts", 0) > 0
+    return (getattr(m, "experts", 0) or 0) > 0
 
 
 def model_section(m) -> tuple[dict, list[str]]:
     """[model] (name and flavor) and the comment lines for a shape torchtitan has no flavor for."""
     if moe(m):
         key = (m.layers, m.hidden, m.experts, m.top_k, m.expert_ffn, getattr(m, "dense_layers", 0))
-        name, flavor = "deepseek_v3", DEEPSEEK_FLAVORS.get(key)
+        name = "deepseek_v3" if getattr(m, "kv_lora_rank", 0) else "qwen3"  # latent attention or GQA
     else:
-        name, flavor = "llama3", LLAMA3_FLAVORS.get((m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden))
+        key, name = (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden), "llama3"
+    flavor = FLAVORS[name].get(key)
     notes = []
     if flavor is None:
         flavor = m.name
@@ -57,7 +61,7 @@ def model_section(m) -> tuple[dict, list[str]]:
                  f"ffn hidden {m.ffn_hidden}, vocab_size={m.vocab}")
         if moe(m):
             shape += (f", num_experts={m.experts}, top_k={m.top_k}, moe_inter_dim={m.expert_ffn}, "
-                      f"n_shared_experts={getattr(m, 'shared_experts', 0)}, "
+                      f"num_shared_experts={getattr(m, 'shared_experts', 0)}, "
                       f"n_dense_layers={getattr(m, 'dense_layers', 0)}")
         notes.append(f"torchtitan has no {name} flavor of this shape: register flavor {m.name!r} in "
                      f"torchtitan/models/{name}/__init__.py with {shape}")
