@@ -184,14 +184,16 @@ def cmd_presets(a: argparse.Namespace) -> int:
 
     table = presets()
     if a.format == "json":
-        print(json.dumps({n: {"params": s.params, "arch": s.arch, "layers": s.layers, "hidden": s.hidden,
+        print(json.dumps({n: {"params": s.params, "active_params": s.active_params, "experts": s.experts,
+                              "top_k": s.top_k, "arch": s.arch, "layers": s.layers, "hidden": s.hidden,
                               "heads": s.heads, "kv_heads": s.kv_heads, "ffn_hidden": s.ffn_hidden, "vocab": s.vocab,
                               "seq_len": s.seq_len, "source": preset_source(n)} for n, s in table.items()},
                          indent=2, allow_nan=False))
         return 0
-    rows = [("name", "params", "arch", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq")]
-    rows += [(n, fmt_params(s.params), s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab,
-              s.seq_len) for n, s in table.items()]
+    rows = [("name", "params", "active", "experts", "arch", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq")]
+    rows += [(n, fmt_params(s.params), fmt_params(s.active_params), f"{s.top_k}/{s.experts}" if s.moe else "-",
+              s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab, s.seq_len)
+             for n, s in table.items()]
     _print_rows(rows, a.format)
     return 0
 

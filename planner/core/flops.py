@@ -60,11 +60,12 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
 
 def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
                          causal: bool = True, cp: np.ndarray | int = 1) -> np.ndarray:
-    """QK^T and AV forward FLOPs per layer per micro-batch per GPU: 2 * 2*b*s*s*h / tp over the
-    full square, half of it causal. GQA does not change them (each query head still sees its keys).
+    """QK^T and AV forward FLOPs per layer per micro-batch per GPU: 2*b*s*s*(heads*qk_dim + heads*v_dim) / tp
+    over the full square (= 2 * 2*b*s*s*h for standard attention; MLA: qk_dim = qk_nope + qk_rope,
+    v_dim = v_head_dim), half of it causal. GQA does not change them (each query head still sees its keys).
     Context parallel splits them evenly over ``cp`` GPUs (load-balanced causal chunks: each rank
     holds chunks i and 2cp-1-i, so every rank does the same share of the triangle)."""
-    return (0.5 if causal else 1.0) * 4.0 * micro_batch * model.seq_len**2 * model.hidden / tp / cp
+    return (0.5 if causal else 1.0) * 2.0 * micro_batch * model.seq_len**2 * model.attn_core_width / tp / cp
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:
@@ -73,8 +74,9 @@ def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
 
 
 def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
-    """Forward attention-core FLOPs per token, all layers: 4*s*h per layer, half of it causal."""
-    return (0.5 if causal else 1.0) * 4.0 * model.seq_len * model.hidden * model.layers
+    """Forward attention-core FLOPs per token, all layers: 2*s*heads*(qk_dim + v_dim) per layer (4*s*h
+    for standard attention), half of it causal."""
+    return (0.5 if causal else 1.0) * 2.0 * model.seq_len * model.attn_core_width * model.layers
 
 
 def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:

@@ -12,6 +12,14 @@ layers with the dense MLP, each layer's MLP is a router (Linear(hidden, experts)
 routed MLPs of width ``expert_ffn`` of which each token uses ``top_k``, and optionally one
 always-on shared MLP of width ``shared_experts * expert_ffn`` (DeepSeekMoE's shared experts,
 fused as DeepSeek's code builds them).
+
+Attention variants of the released MoE models, each off by default (the dense presets' counts
+do not change): an explicit ``head_dim`` (Qwen3: q width 32 x 128 = 4096 on hidden 2048), q/k/v
+biases (Qwen1.5/2), QK-norm over the full q and k widths (OLMoE) or per head (Qwen3), and
+multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", Sec. 2.1): q through an
+optional rank-``q_lora_rank`` bottleneck, K and V from a shared rank-``kv_lora_rank`` latent
+plus one ``qk_rope_dim`` RoPE key for all heads; QK^T per head over qk_nope_dim + qk_rope_dim,
+AV over v_head_dim. The low-rank RMSNorms (q_a_layernorm, kv_a_layernorm) are parameters.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from planner.errors import PlannerError, require
 from planner.schema import FLAGS, MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
+QK_NORMS = ("none", "full", "head")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +54,17 @@ class ModelSpec:
     shared_experts: int = 0  # always-on experts, one fused MLP of width shared_experts * expert_ffn
     dense_layers: int = 0  # leading layers with the dense MLP (width ffn_hidden)
     capacity_factor: float = 0.0  # tokens per expert capped at this x the mean (0: dropless)
+    router_bias: bool = False  # a per-expert routing bias held as a weight (DeepSeek-V3 e_score_correction_bias)
+    shared_expert_gate: bool = False  # sigmoid gate Linear(hidden, 1) on the shared MLP (Qwen1.5/2-MoE)
+    # Attention variants (defaults: multi-head / grouped-query attention with head_dim = hidden / heads).
+    head_dim: int | None = None  # per-head q/k/v width (None: hidden / heads; MLA: qk_nope_dim + qk_rope_dim)
+    qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen1.5/2); gpt has all biases anyway
+    qk_norm: str = "none"  # "full": one norm over all of q and of k (OLMoE); "head": per head (Qwen3)
+    q_lora_rank: int = 0  # MLA: q through this rank with an RMSNorm (0: plain q projection)
+    kv_lora_rank: int = 0  # MLA: the K/V latent width (0: not MLA)
+    qk_rope_dim: int = 0  # MLA: RoPE part of each q/k head (the key's is one, shared by all heads)
+    qk_nope_dim: int = 0  # MLA: non-RoPE part of each q/k head
+    v_head_dim: int = 0  # MLA: per-head V width
 
     def __post_init__(self) -> None:
         require(self.arch in ARCHS, "arch", self.arch, f"one of {', '.join(ARCHS)}")
@@ -65,13 +85,41 @@ class ModelSpec:
         require(isinstance(self.kv_heads, int) and self.kv_heads > 0, "kv_heads", self.kv_heads, "a positive integer")
         require(isinstance(self.ffn_hidden, int) and self.ffn_hidden > 0, "ffn_hidden", self.ffn_hidden,
                 "a positive integer")
-        require(self.hidden % self.heads == 0, "heads", self.heads,
-                f"must divide hidden={self.hidden} (head_dim = hidden / heads)")
+        self._check_attention()
         require(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads,
                 f"must divide heads={self.heads} (grouped-query attention)")
         self._check_moe()
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
+
+    def _check_attention(self) -> None:
+        for field in ("qkv_bias", "router_bias", "shared_expert_gate"):
+            require(isinstance(getattr(self, field), bool), field, getattr(self, field), "true or false")
+        require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, f"one of {', '.join(QK_NORMS)}")
+        mla = ("q_lora_rank", "kv_lora_rank", "qk_rope_dim", "qk_nope_dim", "v_head_dim")
+        for field in mla:
+            value = getattr(self, field)
+            require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**16, field, value,
+                    "a whole number from 0 to 65,536")
+        if self.kv_lora_rank == 0:  # not MLA: the other MLA fields stay 0
+            for field in mla:
+                require(getattr(self, field) == 0, field, getattr(self, field),
+                        "0 unless kv_lora_rank > 0 (multi-head latent attention)")
+            if self.head_dim is None:
+                require(self.hidden % self.heads == 0, "heads", self.heads,
+                        f"must divide hidden={self.hidden} (head_dim = hidden / heads), or give head_dim")
+                object.__setattr__(self, "head_dim", self.hidden // self.heads)
+            require(isinstance(self.head_dim, int) and not isinstance(self.head_dim, bool)
+                    and 1 <= self.head_dim <= 2**14, "head_dim", self.head_dim, "a whole number from 1 to 16,384")
+            return
+        for field in ("qk_nope_dim", "v_head_dim"):
+            require(getattr(self, field) > 0, field, getattr(self, field), "a positive integer with MLA (kv_lora_rank > 0)")
+        qk = self.qk_nope_dim + self.qk_rope_dim
+        require(self.head_dim in (None, qk), "head_dim", self.head_dim,
+                f"unset with MLA (it is qk_nope_dim + qk_rope_dim = {qk})")
+        object.__setattr__(self, "head_dim", qk)
+        require(self.kv_heads == self.heads, "kv_heads", self.kv_heads,
+                f"equal to heads={self.heads} with MLA (every head has its own K and V from the latent)")
 
     def _check_moe(self) -> None:
         for field in ("experts", "top_k", "shared_experts", "dense_layers"):
@@ -82,7 +130,8 @@ class ModelSpec:
         require(isinstance(cf, (int, float)) and not isinstance(cf, bool) and (cf == 0 or 0 < cf <= 64),
                 "capacity_factor", cf, "0 (dropless) or a factor in (0, 64]")
         if self.experts == 0:
-            for field in ("top_k", "shared_experts", "dense_layers", "capacity_factor"):
+            for field in ("top_k", "shared_experts", "dense_layers", "capacity_factor", "router_bias",
+                          "shared_expert_gate"):
                 require(not getattr(self, field), field, getattr(self, field), "0 for a dense model (experts = 0)")
             require(self.expert_ffn is None, "expert_ffn", self.expert_ffn, "unset for a dense model (experts = 0)")
             return
@@ -95,16 +144,64 @@ class ModelSpec:
             object.__setattr__(self, "expert_ffn", self.ffn_hidden)
         require(isinstance(self.expert_ffn, int) and self.expert_ffn > 0, "expert_ffn", self.expert_ffn,
                 "a positive integer")
+        require(self.shared_experts > 0 or not self.shared_expert_gate, "shared_expert_gate", self.shared_expert_gate,
+                "false without shared experts (shared_experts = 0)")
 
     # --- derived shape -----------------------------------------------------------------
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def attn_qk_dim(self) -> int:
+        """Per-head width of q and k, the inner dimension of QK^T (MLA: qk_nope_dim + qk_rope_dim)."""
+        return self.head_dim
+
+    @property
+    def attn_v_dim(self) -> int:
+        """Per-head width of v, the inner dimension of AV (MLA: v_head_dim)."""
+        return self.v_head_dim if self.mla else self.head_dim
+
+    @property
+    def q_width(self) -> int:
+        """Width of Q: heads * attn_qk_dim (= hidden for standard attention)."""
+        return self.heads * self.attn_qk_dim
+
+    @property
+    def attn_out_width(self) -> int:
+        """Width of the attention output, the input of the output projection: heads * attn_v_dim."""
+        return self.heads * self.attn_v_dim
+
+    @property
+    def k_width(self) -> int:
+        """Width of K as attention consumes it: kv_heads * attn_qk_dim (MLA: every head's, up-projected
+        from the latent, as training and context parallel use it)."""
+        return self.kv_heads * self.attn_qk_dim
+
+    @property
+    def v_width(self) -> int:
+        """Width of V as attention consumes it: kv_heads * attn_v_dim."""
+        return self.kv_heads * self.attn_v_dim
 
     @property
     def kv_hidden(self) -> int:
-        """Width of K (and of V): kv_heads * head_dim."""
-        return self.kv_heads * self.head_dim
+        """Width of K (and of V): kv_heads * head_dim. With MLA, K and V differ; this is their mean,
+        so that 2 * kv_hidden is the K+V width (k_width + v_width) that activations and context
+        parallel's K/V exchange carry."""
+        return (self.k_width + self.v_width) // 2
+
+    @property
+    def kv_cache_width(self) -> int:
+        """Per token per layer, the K/V values an inference cache keeps: K and V (2 * kv_hidden);
+        MLA caches the latent and the shared RoPE key only (kv_lora_rank + qk_rope_dim; DeepSeek-V2 Sec. 2.1.2)."""
+        return self.kv_lora_rank + self.qk_rope_dim if self.mla else self.k_width + self.v_width
+
+    @property
+    def attn_core_width(self) -> int:
+        """heads * (attn_qk_dim + attn_v_dim): forward QK^T plus AV cost 2*s*this FLOPs per token per
+        layer over the full square (4*s*h for standard attention with head_dim = hidden / heads)."""
+        return self.q_width + self.attn_out_width
 
     @property
     def gated_mlp(self) -> bool:
@@ -129,12 +226,19 @@ class ModelSpec:
         """One norm: LayerNorm has weight and bias, RMSNorm a weight only."""
         return 2 * self.hidden if self.arch == "gpt" else self.hidden
 
+    def _norm_weights(self, width: int) -> int:
+        """A norm over ``width``: LayerNorm weight and bias (gpt), RMSNorm weight (llama)."""
+        return (2 if self.arch == "gpt" else 1) * width
+
     @property
     def attention_params(self) -> int:
-        h, hkv = self.hidden, self.kv_hidden
-        weights = h * (h + 2 * hkv) + h * h  # fused QKV, output projection
-        bias = (h + 2 * hkv) + h if self.has_bias else 0
-        return weights + bias
+        """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms)."""
+        qkv = self.q_width + self.k_width + self.v_width
+        bias = qkv + self.hidden if self.has_bias else (qkv if self.qkv_bias and not self.mla else 0)
+        norms = {"none": 0, "full": self.q_width + self.k_width, "head": 2 * self.attn_qk_dim}[self.qk_norm]
+        if self.mla:
+            norms += self.q_lora_rank + self.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
+        return self.attention_matmul_params + bias + self._norm_weights(norms)
 
     def _mlp(self, width: int) -> int:
         """One MLP of ``width``: SwiGLU's gate, up and down (no biases); GELU's fc1, fc2 (+ biases)."""
@@ -165,10 +269,17 @@ class ModelSpec:
         return self._mlp(self.expert_ffn) if self.moe else 0
 
     @property
+    def router_params(self) -> int:
+        """An MoE layer's router Linear(hidden, experts), its per-expert bias if held as a weight,
+        and the shared MLP's gate Linear(hidden, 1) (Qwen1.5/2-MoE)."""
+        return ((self.hidden + self.router_bias) * self.experts
+                + self.hidden * self.shared_expert_gate) if self.moe else 0
+
+    @property
     def moe_mlp_params(self) -> int:
         """An MoE layer's MLP block: router, shared MLP and every routed expert."""
         shared = self._mlp(self.shared_experts * self.expert_ffn) if self.shared_experts else 0
-        return self.hidden * self.experts + shared + self.experts * self.expert_params
+        return self.router_params + shared + self.experts * self.expert_params
 
     @property
     def dense_layer_params(self) -> int:
@@ -218,9 +329,16 @@ class ModelSpec:
 
     @property
     def attention_matmul_params(self) -> int:
-        """The attention block's weight-matrix entries (no biases): fused QKV and output projection."""
-        h, hkv = self.hidden, self.kv_hidden
-        return h * (h + 2 * hkv) + h * h
+        """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
+        projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output."""
+        h = self.hidden
+        out = self.attn_out_width * h
+        if not self.mla:
+            return h * (self.q_width + self.k_width + self.v_width) + out
+        q = (h + self.q_width) * self.q_lora_rank if self.q_lora_rank else h * self.q_width
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_dim)
+        kv_b = self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.attn_v_dim)
+        return q + kv_a + kv_b + out
 
     @property
     def dense_layer_matmul_params(self) -> int:
@@ -231,7 +349,7 @@ class ModelSpec:
         """Weights one token multiplies in an MoE layer: attention, router, shared MLP, top_k experts."""
         if not self.moe:
             return 0
-        return (self.attention_matmul_params + self.hidden * self.experts
+        return (self.attention_matmul_params + self.hidden * (self.experts + self.shared_expert_gate)
                 + self._mlp_matmul(self.shared_experts * self.expert_ffn) + self.top_k * self._mlp_matmul(self.expert_ffn))
 
     @property
@@ -242,11 +360,20 @@ class ModelSpec:
         return ((self.layers - self.moe_layers) * self.dense_layer_matmul_params
                 + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden)
 
-    def replace(self, **changes: object) -> "ModelSpec":
+    def replace(self, **changes: object) -> ModelSpec:
+        """A copy with ``changes``; a head_dim that followed hidden / heads follows the new ones."""
+        derived = not self.mla and self.head_dim * self.heads == self.hidden
+        if derived and ("hidden" in changes or "heads" in changes) and "head_dim" not in changes:
+            changes = {**changes, "head_dim": None}
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
+        if self.mla:
+            kv = (f", MLA kv_lora_rank {self.kv_lora_rank}" + (f" q_lora_rank {self.q_lora_rank}" if self.q_lora_rank
+                                                                else ""))
+        elif self.head_dim * self.heads != self.hidden:
+            kv += f", head_dim {self.head_dim}"
         from planner.units import fmt_params
 
         moe = ""

@@ -160,8 +160,9 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
             "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads",),
             "ffn_hidden": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",),
             "seq_len": ("max_position_embeddings", "n_positions")}
-_HF_LLAMA = ("llama", "mistral", "qwen2")  # RMSNorm, SwiGLU, RoPE, untied unless the file says so
+_HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3")  # RMSNorm, SwiGLU, RoPE, untied unless the file says so
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
+_HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")  # llama-style MoE
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 
 
@@ -182,11 +183,12 @@ def model_from_hf_config(source: object) -> tuple[ModelSpec, str]:
     if not isinstance(cfg, dict):
         raise PlannerError(where, _short(source), "a JSON object (a Hugging Face config.json)")
     kind = cfg.get("model_type")
-    if kind not in _HF_LLAMA + _HF_GPT:
-        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(_HF_LLAMA + _HF_GPT)} (dense decoders)")
+    if kind not in _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES:
+        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(_HF_LLAMA + _HF_GPT + _HF_MOE_TYPES)}")
     moe = [k for k in _HF_MOE if cfg.get(k)]
-    if moe:
-        raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], "a dense model (mixture-of-experts is not modelled yet)")
+    if moe and kind not in _HF_MOE_TYPES:
+        raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], f"absent for the dense model_type {kind} "
+                           f"(mixture-of-experts configs: model_type {', '.join(_HF_MOE_TYPES)})")
     shape: dict = {}
     for field, keys in _HF_KEYS.items():
         value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
@@ -200,11 +202,11 @@ def model_from_hf_config(source: object) -> tuple[ModelSpec, str]:
     tied = cfg.get("tie_word_embeddings", arch == "gpt")
     path = Path(str(source)) if not isinstance(source, (bytes, bytearray)) else Path("hf/config.json")
     name = path.parent.name if path.name == "config.json" else path.name.removesuffix(".json").removesuffix(".config")
+    from planner.core.hf_moe import hf_variant_fields
+
+    shape.update(hf_variant_fields(cfg, kind, where))
     spec = ModelSpec(name=str(cfg.get("_name_or_path") or name or "hf"), arch=arch, tied_embeddings=bool(tied), **shape)
-    note = f"Hugging Face config ({kind})"
-    if kind == "qwen2":
-        note += "; q/k/v biases not counted (llama-style shape)"
-    return spec, note
+    return spec, f"Hugging Face config ({kind})"
 
 
 def _short(source: object) -> str:

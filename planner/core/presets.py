@@ -38,11 +38,15 @@ def get_preset(name: str) -> ModelSpec:
 
 
 def resolve_params(target: float) -> tuple[ModelSpec, str]:
-    """The model for '--params N': the nearest preset within 10%, else a LLaMA-style shape.
+    """The model for '--params N': the nearest dense preset within 10%, else a LLaMA-style shape.
 
+    Mixture-of-experts presets are not matched: a total count does not say how many parameters a
+    token uses (Mixtral 8x7B's 46.7B runs like a 12.9B dense model), so '--params 47B' means a
+    dense 47B model; an MoE is chosen by name (--preset mixtral-8x7b).
     Returns the spec and one sentence saying how it was chosen.
     """
-    name, spec = min(presets().items(), key=lambda kv: abs(kv[1].params / target - 1))
+    dense = {n: s for n, s in presets().items() if not s.moe}
+    _, spec = min(dense.items(), key=lambda kv: abs(kv[1].params / target - 1))
     if abs(spec.params / target - 1) <= PRESET_MATCH_TOLERANCE:
         return spec, f"nearest preset to {target / 1e9:g}B parameters"
     spec = scaled_llama(target)
