@@ -153,3 +153,30 @@ def test_moe_estimate_reports_active_parameters(tmp_path):
     assert j["model"]["active_params"] == MIXTRAL.active_params and j["model"]["experts"] == 8
     assert "ep_comm_s" in j["time"]
     assert 0 < p.best.mfu < 1
+
+
+def test_hybrid_sharding_by_hand():
+    """HSDP on 64 GPUs (8 nodes of 8), ZeRO-3, tp 1: weights sharded over the node's 8 ranks
+    (2 bytes x P / 8), not all 64; the replicas all-reduce the node-sharded fp32 gradients."""
+    from planner.core.presets import get_preset
+
+    model = get_preset("llama-7b")
+    c = Candidates.from_layouts([Layout(dp=64, global_batch=512, zero_stage=3, sharding=s) for s in ("full", "hybrid")])
+    ev = evaluate(model, H100, Job(), c, 64)
+    assert float(ev.memory.weights[0]) == pytest.approx(2 * model.params / 64, rel=1e-12)
+    assert float(ev.memory.weights[1]) == pytest.approx(2 * model.params / 8, rel=1e-12)
+    # The replicas' all-reduce of node-sharded fp32 gradients: 2 * 7/8 * (4P / 8) bytes at the NIC share.
+    links = comm.Links.of(H100)
+    replica = comm.group_collective(links, np.array(4 * model.params / 8), np.array(8), np.array(8), 2.0)
+    assert float(replica) == pytest.approx(2 * 7 / 8 * 4 * model.params / 8 / links.inter_bw + 14 * links.inter_lat,
+                                           rel=1e-9)
+
+
+def test_hybrid_sharding_pins():
+    from planner.core.presets import get_preset
+
+    with pytest.raises(PlannerError) as err:
+        search(get_preset("llama-7b"), H100, Job(), 64, Pins(sharding="hybrid", zero_stage=0))
+    assert err.value.field == "sharding"
+    r = search(get_preset("llama-7b"), H100, Job(), 64, Pins(sharding="hybrid"))
+    assert {r.evaluation.candidates.layout(i).sharding for i in range(5)} == {"hybrid"}

@@ -116,6 +116,7 @@ def _searched_zero(job: "Job", model: ModelSpec) -> tuple:
 
 
 OFFLOAD = ("none", "optimizer", "params")
+SHARDING = ("full", "hybrid")
 
 
 def _searched_offload(job: "Job", model: ModelSpec) -> tuple:
@@ -167,6 +168,10 @@ class Layout:
                                    choices=(False, True), searched=lambda job, model: (False, True))
     schedule: str = _dim("1f1b", help="pipeline schedule: 1f1b (interleaved when vpp > 1) or gpipe",
                          label="Pipeline schedule", choices=SCHEDULES, searched=lambda job, model: ("1f1b",))
+    sharding: str = _dim("full", help="how ZeRO shards: full (over all dp*cp ranks) or hybrid (HSDP, ZeRO++ hpZ / "
+                                       "MiCS: shard over the group's ranks inside one node, replicate across "
+                                       "nodes, gradients all-reduced between the replicas)",
+                         label="Sharding", choices=SHARDING, searched=lambda job, model: SHARDING)
     offload: str = _dim("none", help="CPU offload: none, optimizer (AdamW states, fp32 master weights and "
                                      "gradients in host memory, the step on the CPU: ZeRO-Offload) or params "
                                      "(weights too, streamed in per layer: ZeRO-Infinity, FSDP CPU offload)",
@@ -380,6 +385,12 @@ class Candidates:
         ranks (they split sequences, not weights). Gradients are reduced, and ZeRO shards, over
         them (torchtitan's FSDP mesh dp_shard x cp; Megatron-Core's data-parallel-with-CP group)."""
         return self.dp * self.cp
+
+    def zero_group(self, gpus_per_node: int) -> np.ndarray:
+        """Ranks ZeRO shards over: the shard group, or under hybrid sharding its ranks inside one
+        node (tp apart: gpus_per_node // tp of them, at most the group)."""
+        in_node = np.minimum(self.shard_group, np.maximum(1, gpus_per_node // self.tp))
+        return np.where(self.sharding == SHARDING.index("hybrid"), in_node, self.shard_group)
 
     def take(self, index: np.ndarray) -> "Candidates":
         return Candidates(**{name: column[index] for name, column in self.columns().items()})

@@ -150,7 +150,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     ``outside_allocator``) and what it does (ZeRO-3 gather buffers, fragmentation)."""
     sw = sw or software(job)
     eff = hw.efficiency
-    tp, dp, pp = c.tp.astype(float), c.shard_group.astype(float), c.pp  # ZeRO shards over dp x cp
+    # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
+    tp, dp, pp = c.tp.astype(float), c.zero_group(hw.network.gpus_per_node).astype(float), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     act_layer = layer_activation_bytes(model, c, job, sw=sw)
     # One layer's full activations for the micro-batch being recomputed (the working set).

@@ -27,6 +27,7 @@ def layout_line(e: Estimate) -> str:
     cp = f" x cp {lay.cp}" if lay.cp > 1 else ""
     cp += f" (ep {lay.ep} of dp*cp)" if lay.ep > 1 else ""
     offload = f" | offload {lay.offload}" if lay.offload != "none" else ""
+    offload = (" | hybrid sharding (HSDP)" if lay.sharding == "hybrid" else "") + offload
     return (f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{vpp}{sched}{cp} | micro-batch {lay.micro_batch} x "
             f"{lay.grad_accum} accum = global {lay.global_batch} seqs | ZeRO-{lay.zero_stage} | "
             f"recompute {lay.recompute} | SP {'on' if lay.sequence_parallel else 'off'}{offload}")

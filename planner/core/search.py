@@ -110,6 +110,11 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
         if pins.dp is not None and pins.cp is not None:
             require((pins.dp * pins.cp) % pins.ep == 0, "ep", pins.ep,
                     f"must divide dp*cp={pins.dp * pins.cp} (expert parallel is carved out of those ranks)")
+    if pins.sharding == "hybrid":
+        require(pins.zero_stage is None or pins.zero_stage >= 1, "sharding", "hybrid",
+                f"hybrid sharding shards ZeRO states: it needs zero_stage >= 1 (pinned {pins.zero_stage})")
+        require(pins.ep is None or pins.ep == 1, "sharding", "hybrid",
+                f"hybrid sharding is not combined with expert parallel here (pinned ep={pins.ep})")
     if model.moe and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
         raise PlannerError("sequence_parallel", False, "an MoE with tp > 1 runs sequence parallel (Megatron-Core "
                                                        "requires it); leave it on or unpinned")
@@ -219,6 +224,10 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     keep &= ~((c.schedule == SCHEDULES.index("gpipe")) & (vpp > 1))  # GPipe is not interleaved here
     keep &= runs_on_stack(c, get_stack(job.stack))
     keep &= expert_parallel_ok(model, c)
+    # Hybrid sharding: with ZeRO on a group of more than one rank, without expert parallel (its
+    # expert-data-parallel groups are not split again here); whether the group spans nodes is
+    # known with the hardware (``search`` drops the layouts where hybrid equals full).
+    keep &= (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))
     c = c.take(np.flatnonzero(keep))
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
@@ -324,6 +333,8 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
         raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
                                                        f"choose one of {', '.join(have)}")
     c, why = enumerate_layouts(model, gpus, job, pins, widen)
+    if len(c) and pins.sharding is None:  # hybrid where the group fits in a node is full sharding
+        c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(hw.network.gpus_per_node) < c.shard_group)))
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
     ev = evaluate(model, hw, job, c, gpus)

@@ -16,7 +16,7 @@ import numpy as np
 from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
-from planner.core.layout import Candidates, Job
+from planner.core.layout import SHARDING, Candidates, Job
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
@@ -242,6 +242,11 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
     param_bytes = shard * (1 if sw.fp8 and sw.stack.fp8_all_gather else act)  # what ZeRO-3 gathers
     group = c.shard_group  # data-parallel x context-parallel ranks, tp apart
+    # Hybrid sharding (HSDP): ZeRO's collectives over the group's ranks inside a node, and the
+    # gradients, reduce-scattered there, all-reduced between the replicas across nodes.
+    hybrid = c.sharding == SHARDING.index("hybrid")
+    group = np.where(hybrid, c.zero_group(links.gpus_per_node), group)
+    replicas = np.where(hybrid, c.shard_group // group, 1)
 
     def over(collective, bytes_: np.ndarray, passes: float) -> np.ndarray:
         dense = collective(links, bytes_ * (1 - expert_share), group, c.tp, passes)
@@ -251,12 +256,14 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
 
     ar = over(comm.group_collective, grad_bytes, 2.0)
-    rs = over(comm.group_collective, grad_bytes, 1.0)
+    replica_ar = np.where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
+                          0.0) * busy
+    rs = over(comm.group_collective, grad_bytes, 1.0) + replica_ar
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
     ag3 = over(zcoll, param_bytes, 1.0)
-    rs3 = over(zcoll, grad_bytes, 1.0)
+    rs3 = over(zcoll, grad_bytes, 1.0) + replica_ar
     hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
@@ -351,10 +358,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
-    held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, c.shard_group, 1)
-                      + expert_share / np.where(c.zero_stage >= 1, c.shard_group / c.ep, 1))
+    zg = c.zero_group(hw.network.gpus_per_node)
+    held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, zg, 1)
+                      + expert_share / np.where(c.zero_stage >= 1, zg / c.ep, 1))
     optimizer = held * optim_bytes_per_param / hbm * slow
-    offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, c.shard_group, 1),
+    offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, zg, 1),
                             optim_bytes_per_param, layers_pace * lt.forward * slow,
                             layers_pace * lt.backward * slow)
     optimizer = np.where(c.offload >= 1, offload.optimizer, optimizer)
