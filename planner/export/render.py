@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
+from planner.export.megatron import megatron_model_args
 from planner.export.rules import node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
@@ -174,17 +175,7 @@ def torchrun_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
 def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     """Megatron-LM pretrain_gpt.py arguments (Megatron-Core 0.10 or later), grouped."""
     m, lay, prec = e.model, e.layout, e.job.precision
-    model = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads,
-             "--ffn-hidden-size", m.ffn_hidden, "--seq-length", m.seq_len, "--max-position-embeddings", m.seq_len,
-             "--attention-backend", "flash" if e.job.attention == "flash" else "unfused"]
-    if m.kv_heads != m.heads:
-        model += ["--group-query-attention", "--num-query-groups", m.kv_heads]
-    if m.arch == "llama":
-        model += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-                  "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
-    if not m.tied_embeddings:
-        model.append("--untie-embeddings-and-output-weights")
-    model += megatron_moe_args(m)
+    model = megatron_model_args(m, e.job.attention)
     parallel = ["--tensor-model-parallel-size", lay.tp, "--pipeline-model-parallel-size", lay.pp]
     if lay.vpp > 1:  # Megatron counts layers per virtual stage: layers / (pp * vpp)
         parallel += ["--num-layers-per-virtual-pipeline-stage", m.layers // (lay.pp * lay.vpp)]
@@ -215,26 +206,6 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
               "PRECISION_ARGS": precision, "OPTIMIZER_ARGS": optimizer}
     # Empty groups are left out: "${EMPTY[@]}" is an unbound-variable error under `set -u` in bash < 4.4.
     return {k: [str(x) for x in v] for k, v in groups.items() if v}
-
-
-def megatron_moe_args(m) -> list:
-    """Megatron-Core's MoE flags (megatron/core/transformer/transformer_config.py, arguments.py): routed
-    experts, top-k, expert FFN width, shared experts as one wider FFN, leading dense layers as a
-    --moe-layer-freq pattern, all-to-all dispatch, grouped GEMM; a capacity factor drops tokens,
-    none is dropless."""
-    experts = getattr(m, "experts", 0) or 0
-    if not experts:
-        return []
-    out = ["--num-experts", experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert_ffn,
-           "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
-    if getattr(m, "shared_experts", 0):
-        out += ["--moe-shared-expert-intermediate-size", m.shared_experts * m.expert_ffn]
-    dense = getattr(m, "dense_layers", 0)
-    if dense:  # 0 = dense layer, 1 = MoE layer (a Python list expression Megatron evaluates)
-        out += ["--moe-layer-freq", f"([0]*{dense}+[1]*{m.layers - dense})"]
-    if getattr(m, "capacity_factor", 0):
-        out += ["--moe-expert-capacity-factor", m.capacity_factor, "--moe-token-drop-policy", "probs"]
-    return out
 
 
 def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:

@@ -89,6 +89,9 @@ def megatron_checks(lay, m, job) -> list[PlannerError]:
     if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
         out.append(PlannerError("offload", "optimizer", "Megatron-LM's --optimizer-cpu-offload runs inside the "
                                 "distributed optimizer; pin --zero 1"))
+    if getattr(m, "qk_norm", "none") == "full":
+        out.append(PlannerError("qk_norm", "full", "Megatron-Core's --qk-layernorm normalizes each head; a norm over "
+                                "all of q and k (OLMoE) has no flag; use --format torchtitan with a registered model"))
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
         out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
                                 "tensor parallelism together; pin --sequence-parallel"))

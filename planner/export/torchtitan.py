@@ -63,6 +63,10 @@ def model_section(m) -> tuple[dict, list[str]]:
             shape += (f", num_experts={m.experts}, top_k={m.top_k}, moe_inter_dim={m.expert_ffn}, "
                       f"num_shared_experts={getattr(m, 'shared_experts', 0)}, "
                       f"n_dense_layers={getattr(m, 'dense_layers', 0)}")
+        extras = {"head_dim": getattr(m, "head_dim", None), "qk_norm": getattr(m, "qk_norm", "none"),
+                  "qkv_bias": getattr(m, "qkv_bias", False), "kv_lora_rank": getattr(m, "kv_lora_rank", 0)}
+        shape += "".join(f", {k}={v}" for k, v in extras.items() if v not in (None, 0, False, "none")
+                         and not (k == "head_dim" and v == m.hidden // m.heads))
         notes.append(f"torchtitan has no {name} flavor of this shape: register flavor {m.name!r} in "
                      f"torchtitan/models/{name}/__init__.py with {shape}")
     section = {"name": name, "flavor": flavor, "hf_assets_path": f"./assets/hf/{m.name}"}

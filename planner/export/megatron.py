@@ -1,0 +1,68 @@
+"""Megatron-LM's model-shape arguments for a ModelSpec: the dense shape, the attention variants
+and mixture-of-experts. Flag names are Megatron-LM's (megatron/training/arguments.py, and the
+flags it derives from TransformerConfig / MLATransformerConfig fields, "--" + the field name with
+dashes: megatron/core/transformer/transformer_config.py). What Megatron cannot express is
+``rules.megatron_checks``; the parallel, batch and optimizer groups are render.megatron_args.
+"""
+
+from __future__ import annotations
+
+
+def megatron_model_args(m, attention: str) -> list:
+    """--num-layers ... for ``m``: shape, LLaMA-style blocks, attention variants, MoE."""
+    out = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads,
+           "--ffn-hidden-size", m.ffn_hidden, "--seq-length", m.seq_len, "--max-position-embeddings", m.seq_len,
+           "--attention-backend", "flash" if attention == "flash" else "unfused"]
+    if m.kv_heads != m.heads and not getattr(m, "mla", False):
+        out += ["--group-query-attention", "--num-query-groups", m.kv_heads]
+    if m.arch == "llama":
+        out += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+                "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    if not m.tied_embeddings:
+        out.append("--untie-embeddings-and-output-weights")
+    return out + attention_args(m) + moe_args(m)
+
+
+def attention_args(m) -> list:
+    """Per-head width (kv_channels), q/k/v biases, per-head QK layernorm, multi-head latent attention
+    (DeepSeek-V2 Sec. 2.1: Megatron's qk_head_dim is the non-RoPE part, qk_pos_emb_head_dim the
+    RoPE part; no --q-lora-rank means q is not compressed)."""
+    out: list = []
+    if getattr(m, "mla", False):
+        out.append("--multi-latent-attention")
+        if m.q_lora_rank:
+            out += ["--q-lora-rank", m.q_lora_rank]
+        return out + ["--kv-lora-rank", m.kv_lora_rank, "--qk-head-dim", m.qk_nope_dim,
+                      "--qk-pos-emb-head-dim", m.qk_rope_dim, "--v-head-dim", m.v_head_dim]
+    head_dim = getattr(m, "head_dim", None)
+    if head_dim and head_dim != m.hidden // m.heads:
+        out += ["--kv-channels", head_dim]
+    if getattr(m, "qkv_bias", False) and m.arch == "llama":
+        out.append("--add-qkv-bias")
+    if getattr(m, "qk_norm", "none") == "head":
+        out.append("--qk-layernorm")
+    return out
+
+
+def moe_args(m) -> list:
+    """Megatron-Core's MoE flags: routed experts, top-k, expert FFN width, all-to-all dispatch,
+    grouped GEMM; shared experts as one wider FFN (optionally gated); leading dense layers as a
+    --moe-layer-freq pattern; DeepSeek-V3's routing bias (aux-loss-free balancing, which Megatron
+    runs with sigmoid scores only); a capacity factor drops tokens, none is dropless."""
+    experts = getattr(m, "experts", 0) or 0
+    if not experts:
+        return []
+    out = ["--num-experts", experts, "--moe-router-topk", m.top_k, "--moe-ffn-hidden-size", m.expert_ffn,
+           "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    if getattr(m, "shared_experts", 0):
+        out += ["--moe-shared-expert-intermediate-size", m.shared_experts * m.expert_ffn]
+        if getattr(m, "shared_expert_gate", False):
+            out.append("--moe-shared-expert-gate")
+    dense = getattr(m, "dense_layers", 0)
+    if dense:  # 0 = dense layer, 1 = MoE layer (a Python list expression Megatron evaluates)
+        out += ["--moe-layer-freq", f"([0]*{dense}+[1]*{m.layers - dense})"]
+    if getattr(m, "router_bias", False):
+        out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+    if getattr(m, "capacity_factor", 0):
+        out += ["--moe-expert-capacity-factor", m.capacity_factor, "--moe-token-drop-policy", "probs"]
+    return out
