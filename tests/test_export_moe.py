@@ -137,3 +137,17 @@ def test_megatron_refuses_olmoe_full_width_qk_norm():
     lay = Layout(dp=8, global_batch=64)
     bad = megatron_checks(lay, presets()["olmoe-1b-7b"], Job())
     assert [p.field for p in bad] == ["qk_norm"]
+
+
+def test_torchtitan_refuses_what_its_moe_lacks():
+    import dataclasses
+
+    from planner.core.layout import Job, Layout
+    from planner.core.presets import presets
+    from planner.export.rules import torchtitan_checks
+
+    lay = Layout(dp=8, zero_stage=3, global_batch=64)
+    assert [p.field for p in torchtitan_checks(lay, presets()["qwen1.5-moe-a2.7b"], Job())] == ["shared_expert_gate"]
+    capped = dataclasses.replace(presets()["mixtral-8x7b"], capacity_factor=1.25)
+    assert [p.field for p in torchtitan_checks(lay, capped, Job())] == ["capacity_factor"]
+    assert torchtitan_checks(lay, presets()["mixtral-8x7b"], Job()) == []

@@ -153,6 +153,12 @@ def torchtitan_checks(lay, m, job) -> list[PlannerError]:
     if job.async_tp and lay.tp > 1 and not job.compile:
         out.append(PlannerError("async_tp", True, "torchtitan's async tensor parallel takes effect only compiled; "
                                 "add --compile"))
+    if getattr(m, "capacity_factor", 0):
+        out.append(PlannerError("capacity_factor", m.capacity_factor, "torchtitan's MoE is dropless (token choice, "
+                                "grouped GEMM over every routed token); use capacity factor 0 or --format megatron"))
+    if getattr(m, "shared_expert_gate", False):
+        out.append(PlannerError("shared_expert_gate", True, "torchtitan's MoE has no gate on the shared experts "
+                                "(MoEArgs); use --format megatron (--moe-shared-expert-gate)"))
     out += _torch_pipeline_checks(lay)
     return out
 
