@@ -50,9 +50,13 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
     tokens = micro_batch * model.seq_len / cp
     h, f = model.hidden, model.ffn_hidden
     mlp_in = (2 if model.gated_mlp else 1) * f
+    # Q, K and V projections as one GEMM of the attention block's input width (MLA's low-rank
+    # pairs and an explicit head_dim included: its FLOPs are those of attention_matmul_params).
+    out = model.attn_out_width
+    qkv = (model.attention_matmul_params - out * h) / h
     return [
-        Gemm(tokens, (h + 2 * model.kv_hidden) / tp, h),  # fused QKV
-        Gemm(tokens, h, h / tp),  # attention output projection
+        Gemm(tokens, qkv / tp, h),  # fused QKV (h + 2 h_kv for standard attention)
+        Gemm(tokens, h, out / tp),  # attention output projection
         Gemm(tokens, mlp_in / tp, h),  # MLP in (gate and up when gated)
         Gemm(tokens, h, f / tp),  # MLP out
     ]
