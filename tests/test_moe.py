@@ -180,3 +180,25 @@ def test_hybrid_sharding_pins():
     assert err.value.field == "sharding"
     r = search(get_preset("llama-7b"), H100, Job(), 64, Pins(sharding="hybrid"))
     assert {r.evaluation.candidates.layout(i).sharding for i in range(5)} == {"hybrid"}
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v2-lite", "deepseek-v3", "qwen3-30b-a3b",
+                                  "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "llama3-8b"])
+def test_the_gemms_timed_are_the_flops_mfu_counts(name):
+    """The GEMM shapes the step time prices (attention projections, dense MLP, router, shared and
+    routed experts) add up to 2 x the active weights per token that MFU counts (head aside),
+    whatever the attention variant (MLA, explicit head_dim) -- two independent derivations."""
+    from planner.core.flops import layer_gemms
+    from planner.core.presets import get_preset
+
+    model = get_preset(name)
+    c = one(dp=1, micro_batch=1)
+    tokens = model.seq_len
+    gs = layer_gemms(model, c.micro_batch, c.tp, c.cp)
+    attention, dense_mlp = sum(float(g.flops[0]) for g in gs[:2]), sum(float(g.flops[0]) for g in gs[2:])
+    per_layer = [attention + dense_mlp] * (model.layers - model.moe_layers)
+    if model.moe:
+        routed = sum(float(np.sum(g.flops)) for g in moe.moe_gemms(model, Job(expert_imbalance=1.0), c))
+        per_layer += [attention + routed] * model.moe_layers
+    assert sum(per_layer) == pytest.approx(2 * tokens * (model.matmul_params_per_token
+                                                                 - model.vocab * model.hidden), rel=1e-9)

@@ -55,7 +55,8 @@ def moe_gemms(model: ModelSpec, job: Job, c: Candidates) -> list[Gemm]:
     inner = 2 if model.gated_mlp else 1
     per_expert = tokens * routed_per_token(model) * c.ep / model.experts * imbalance(job, c)
     local = model.experts / c.ep
-    out = [Gemm(tokens, np.full_like(c.tp, model.experts, dtype=float), h),  # router (replicated)
+    router = model.experts + model.shared_expert_gate  # Qwen's shared-expert gate: one more output
+    out = [Gemm(tokens, np.full_like(c.tp, router, dtype=float), h),  # router (replicated)
            Gemm(per_expert, inner * ef / c.tp, h, local),  # experts in (gate and up when gated)
            Gemm(per_expert, h, ef / c.tp, local)]  # experts out
     if model.shared_experts:
