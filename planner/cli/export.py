@@ -1,5 +1,6 @@
 """`planner export`: plan (the same flags as estimate), then write the chosen layout as a launch
-config: torchrun + run config, Megatron-LM arguments, DeepSpeed JSON, Slurm script, PyTorchJob.
+config: torchrun + run config, Megatron-LM arguments, DeepSpeed JSON, torchtitan TOML, Slurm
+script, PyTorchJob.
 The work is planner.export.plan.export_plan, which the explorer's Export tab calls too."""
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ EXIT_DOES_NOT_FIT = 3
 def add_parser(sub) -> None:
     from planner.export.formats import FORMATS
 
-    p = sub.add_parser("export", help="plan, then write the layout as torchrun/Megatron/DeepSpeed/Slurm/k8s config")
+    p = sub.add_parser("export", help="plan, then write the layout as torchrun/Megatron/DeepSpeed/torchtitan/Slurm/k8s config")
     inputs.add_plan_args(p)
-    p.add_argument("--format", choices=FORMATS, required=True, help="what to write (to standard output)")
+    p.add_argument("--format", choices=FORMATS, required=True,
+                   help="what to write (to standard output): torchrun (reference trainer + run config), megatron "
+                        "(pretrain_gpt.py arguments, incl. --context-parallel-size, --expert-model-parallel-size, "
+                        "--num-experts, --optimizer-cpu-offload), deepspeed (JSON, incl. offload_optimizer/"
+                        "offload_param), torchtitan (TOML job config: FSDP2/TP/PP/CP/EP, float8, compile), slurm, k8s")
     p.add_argument("--sort", choices=("time", "cost", "memory"), default="time", help="ranking objective")
     p.add_argument("--steps", type=int, help="optimizer steps (default: the plan's tokens / tokens per step)")
     p.add_argument("--run-name", help="run and job name (default: <model>-<gpus>x<gpu>)")
