@@ -31,8 +31,8 @@ OPS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Operations)}
 # The layout dimensions this trainer runs (reference_trainer/parallel.py, step.py). Any other
 # dimension declared in planner.core.layout (context parallel, ...) is accepted in a config and as
 # a flag, and refused unless it keeps its default: a new dimension needs no trainer edit to parse.
-TRAINER_DIMS = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
-                "sequence_parallel", "schedule")
+TRAINER_DIMS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
+                "sequence_parallel", "schedule", "offload")
 LAYOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
 TOKEN_DTYPES = ("uint16", "uint32")
 # A tiny shape that trains in seconds on a CPU (the default when no model is given).
@@ -344,6 +344,31 @@ def _check_layout(config: RunConfig) -> None:
     except PlannerError as exc:
         raise ConfigError(f"layout.{exc}") from None
     _check_schedule(config)
+    _check_cp(config)
+    _check_offload(config)
+
+
+def _check_offload(config: RunConfig) -> None:
+    """Optimizer offload runs (reference_trainer/offload.py); parameter offload does not."""
+    off = config.layout.offload
+    _require(off in ("none", "optimizer"), f"layout.offload={off!r}: the reference trainer offloads the optimizer "
+                                           "(states and fp32 masters) only; use none or optimizer")
+    if off == "optimizer":
+        _require(config.checkpoint.interval == 0, f"checkpoint.interval={config.checkpoint.interval}: checkpoints are "
+                                                  "not written with layout.offload=optimizer; set interval 0")
+
+
+def _check_cp(config: RunConfig) -> None:
+    """Context parallel: 2*cp equal chunks of each sequence (reference_trainer/context.py)."""
+    spec, lay = config.spec, config.layout
+    if lay.cp == 1:
+        return
+    _require(spec.seq_len % (2 * lay.cp) == 0,
+             f"layout.cp={lay.cp}: seq_len={spec.seq_len} must divide into 2*cp={2 * lay.cp} load-balanced chunks")
+    if lay.sequence_parallel:
+        local = spec.seq_len // lay.cp
+        _require(local % lay.tp == 0, f"layout.sequence_parallel: tp={lay.tp} must divide the tokens per cp rank "
+                                      f"seq_len/cp={local}")
 
 
 def _check_schedule(config: RunConfig) -> None:

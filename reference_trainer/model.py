@@ -49,10 +49,15 @@ def rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (2i, 2i+1) of x (B, T, n, hd) by position-dependent angles."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate channel pairs (2i, 2i+1) of x (B, T, n, hd) by position-dependent angles.
+    ``positions`` (T,): the global positions of x's tokens (context parallel); None: 0..T-1."""
     t = x.shape[1]
-    cos, sin = cos[:t, None, :], sin[:t, None, :]  # (T, 1, hd/2)
+    if positions is not None:
+        cos, sin = cos[positions, None, :], sin[positions, None, :]  # (T, 1, hd/2)
+    else:
+        cos, sin = cos[:t, None, :], sin[:t, None, :]  # (T, 1, hd/2)
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.type_as(x)
@@ -96,6 +101,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(h, h, bias=spec.has_bias)
         self.drop = nn.Dropout(dropout)
         self.rope = not spec.learned_positions
+        self.positions: torch.Tensor | None = None  # global token positions (context parallel: GPT.set_positions)
         if self.rope:
             cos, sin = rope_tables(spec.seq_len, hd)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -109,7 +115,8 @@ class Attention(nn.Module):
         q, k, v = qkv.split([g * hd, hd, hd], dim=-1)
         q = q.reshape(b, t, -1, hd)  # (B, T, nh_local, hd)
         if self.rope:
-            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+            cos, sin, pos = self.rope_cos, self.rope_sin, self.positions
+            q, k = apply_rope(q, cos, sin, pos), apply_rope(k, cos, sin, pos)
         y = self.core(q, k, v)  # (B, T, nh_local * hd)
         return self.drop(self.wo(y))  # (B, T, C)
 
@@ -152,11 +159,13 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(spec.vocab, spec.hidden)  # (V, C)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None  # (T, C)
         self.drop = nn.Dropout(dropout) if dropout > 0 else None
+        self.positions: torch.Tensor | None = None  # global token positions (context parallel: GPT.set_positions)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # idx (B, T) int64 -> (B, T, C)
         x = self.tok(idx)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            pos = self.positions if self.positions is not None else torch.arange(idx.shape[1], device=idx.device)
+            x = x + self.pos(pos)
         return self.drop(x) if self.drop is not None else x
 
 
@@ -192,6 +201,13 @@ class GPT(nn.Module):
         if self.head is not None:
             x = self.head(self.norm(x))  # (B, T, V)
         return x
+
+    def set_positions(self, positions: torch.Tensor | None) -> None:
+        """The global positions (T_local,) of the tokens this rank sees, for RoPE and the learned
+        position table: context parallel hands each rank two chunks of the sequence."""
+        for module in self.modules():
+            if isinstance(module, (Attention, Embeddings)):
+                module.positions = positions
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

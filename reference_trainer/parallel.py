@@ -8,8 +8,11 @@ only; each rank then allocates and initialises its own shard, see ``materialize`
   4. data parallel: DDP for ZeRO 0, FSDP2 ``fully_shard`` for ZeRO 1-3,
   5. the pipeline schedule (GPipe, 1F1B, interleaved 1F1B) over the stages.
 
-Rank order is the planner's (planner/core/layout.py): tensor parallel innermost, then data parallel,
-then pipeline parallel outermost; the DeviceMesh is ("pp", "dp", "tp").
+Rank order is the planner's (planner/core/layout.py): tensor parallel innermost, then context
+parallel, then data parallel, then pipeline parallel outermost; the DeviceMesh is
+("pp", "dp", "cp", "shard", "tp") (torchtitan's order: cp inside the data-parallel replicas).
+Context parallel (reference_trainer/context.py) is applied after tensor parallel, before
+checkpointing; data parallel then reduces gradients over dp*cp ranks.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Parts:
     mesh: DeviceMesh
     tied_group: dist.ProcessGroup | None  # first and last stage ranks of one (dp, tp) coordinate
     schedule: object | None = None  # a torch.distributed.pipelining schedule when pp > 1
+    cp_positions: torch.Tensor | None = None  # context parallel: global positions of this rank's tokens
 
     @property
     def first(self) -> bool:
@@ -49,10 +53,24 @@ class Parts:
 
 
 def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """("pp", "dp", "shard", "tp"); "shard" has size 1 and serves ZeRO 0 with tensor parallel
-    (see ``apply_dp``)."""
-    return init_device_mesh(device_type, (layout.pp, layout.dp, 1, layout.tp),
-                            mesh_dim_names=("pp", "dp", "shard", "tp"))
+    """("pp", "dp", "cp", "shard", "tp"); "shard" has size 1 and serves ZeRO 0 with tensor parallel
+    (see ``apply_dp``). With context parallel, "dp" and "cp" are also flattened into "dp_cp", the
+    group gradients are reduced over."""
+    mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.cp, 1, layout.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "shard", "tp"))
+    if layout.cp > 1:
+        mesh["dp", "cp"]._flatten("dp_cp")
+    return mesh
+
+
+def _dp_name(mesh: DeviceMesh) -> str:
+    """The mesh dimension gradients are reduced over: "dp", or "dp_cp" with context parallel."""
+    return "dp_cp" if mesh.size(mesh.mesh_dim_names.index("cp")) > 1 else "dp"
+
+
+def grad_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks that hold replicas of one stage's weights and average their gradients."""
+    return mesh[_dp_name(mesh)]
 
 
 def build_stages(spec: ModelSpec, layout: Layout, pp_rank: int, *, seed: int, attention: str,
@@ -158,7 +176,7 @@ def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dt
     DDP cannot hold tensor-parallel DTensor parameters (its DTensor bridge swaps parameters at
     every forward, which breaks tied and optimizer-held ones), so ZeRO 0 with tp > 1 is FSDP2 in
     hybrid mode with a shard group of one: replicated over dp, gradients all-reduced, as DDP."""
-    dp_mesh = mesh["dp"]
+    dp_mesh = grad_mesh(mesh)
     if zero_stage == 0 and tp == 1:
         if dp_mesh.size() == 1:
             return module
@@ -170,7 +188,8 @@ def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dt
     if zero_stage == 0:
         if dp_mesh.size() == 1:
             return module
-        dp_mesh = mesh["dp", "shard"]  # replicate over dp, "shard" over one rank
+        # replicate over dp (dp*cp), "shard" over one rank
+        dp_mesh = mesh[_dp_name(mesh), "shard"]
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     reshard = zero_stage == 3
     for block in module.layers.values():
@@ -185,10 +204,10 @@ def tied_embedding_group(mesh: DeviceMesh, layout: Layout) -> dist.ProcessGroup 
     create every group, in the same order."""
     if layout.pp == 1:
         return None
-    # The mesh is (pp, dp, shard, tp) with shard of size 1: view it as (pp, dp, tp) global ranks.
-    ranks = mesh.mesh.reshape(layout.pp, layout.dp, layout.tp)
+    # The mesh is (pp, dp, cp, shard, tp) with shard of size 1: view it as (pp, dp*cp, tp) global ranks.
+    ranks = mesh.mesh.reshape(layout.pp, layout.dp * layout.cp, layout.tp)
     mine = None
-    for d in range(layout.dp):
+    for d in range(layout.dp * layout.cp):
         for t in range(layout.tp):
             pair = [int(ranks[0, d, t]), int(ranks[layout.pp - 1, d, t])]
             group = dist.new_group(pair)
@@ -233,7 +252,7 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
     meta = lora is None if meta is None else meta and lora is None
     pp_rank = mesh.get_local_rank("pp")
     modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention, meta=meta)
-    wrapped = []
+    wrapped, positions = [], None
     for module in modules:
         if lora is not None:
             from reference_trainer.lora import apply_lora
@@ -243,6 +262,10 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
             module.to(device)
         if layout.tp > 1:
             apply_tp(module, mesh["tp"], layout.sequence_parallel)
+        if layout.cp > 1:
+            from reference_trainer.context import apply_cp
+
+            positions = apply_cp(module, mesh["cp"].get_group(), mesh.get_local_rank("cp"), layout.cp, device)
         apply_recompute(module, layout.recompute)
         ddp = layout.zero_stage == 0 and layout.tp == 1
         if meta and ddp:
@@ -251,7 +274,8 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
         if meta and not ddp:
             materialize(wrapped[-1], device, seed)
     group = tied_embedding_group(mesh, layout) if spec.tied_embeddings else None
-    return Parts(modules=wrapped, stage_ids=ids, num_stages=layout.pp * layout.vpp, mesh=mesh, tied_group=group)
+    return Parts(modules=wrapped, stage_ids=ids, num_stages=layout.pp * layout.vpp, mesh=mesh, tied_group=group,
+                 cp_positions=positions)
 
 
 def unwrap(module: nn.Module) -> GPT:

@@ -37,6 +37,9 @@ FWD_BWD_MARK = "rt:fwd_bwd"
 P2P_GLOO = ("gloo:send", "gloo:recv")
 RECV_GLOO = "gloo:recv"
 WAIT_OPS = ("_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
+# The trainer's own blocking exchanges (reference_trainer/exchange.py): context parallel's K/V
+# gather and expert parallel's all-to-all. Their marks span the wait on the training thread.
+EXCHANGE_MARKS = ("rt:cp_comm", "rt:all_to_all")
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -94,12 +97,14 @@ def clip(intervals: list[tuple[float, float]], window: tuple[float, float]) -> l
 
 def classify(events, device_type: str) -> dict[str, list[tuple[float, float]]]:
     """Busy, collective, point-to-point and wait intervals (microseconds) plus the marks' windows."""
-    busy, coll, p2p, waits, marks = [], [], [], [], {}
+    busy, coll, p2p, waits, exch, marks = [], [], [], [], [], {}
     for e in events:
         span = (float(e.time_range.start), float(e.time_range.end))
         name = e.name
         if name in (STEP_MARK, FWD_BWD_MARK):
             marks[name] = span
+        elif name in EXCHANGE_MARKS:
+            exch.append(span)
         elif device_type == "cuda" and e.device_type == torch.autograd.DeviceType.CUDA:
             kind = nccl_kind(name)
             if kind == "p2p":
@@ -117,9 +122,9 @@ def classify(events, device_type: str) -> dict[str, list[tuple[float, float]]]:
                 waits.append(span)
             elif name.startswith("aten::"):
                 busy.append(span)
-    waits = union(waits)
-    return {"busy": subtract(union(busy), waits), "coll": sorted(coll), "p2p": sorted(p2p), "waits": waits,
-            "marks": marks}
+    waits, exch = union(waits), union(exch)
+    return {"busy": subtract(subtract(union(busy), waits), exch), "coll": sorted(coll), "p2p": sorted(p2p),
+            "waits": waits, "exchange": exch, "marks": marks}
 
 
 def nccl_kind(kernel: str) -> str | None:
@@ -146,7 +151,8 @@ def analyse(events, device_type: str) -> dict[str, float]:
     coll_fb, p2p_fb, busy_fb, waits_fb = clip(c["coll"], fb), clip(c["p2p"], fb), clip(c["busy"], fb), clip(
         c["waits"], fb)
     idle = waiting_tails(p2p_fb, busy_fb)
-    exposed = subtract(union(waiting_tails(coll_fb, busy_fb) + waits_fb), idle)
+    exch_fb = clip(c["exchange"], fb)
+    exposed = subtract(union(waiting_tails(coll_fb, busy_fb) + waits_fb + exch_fb), idle)
     tp_exposed = subtract(waits_fb, idle)
     return {"comm_total_s": length(coll_step) / 1e6, "comm_exposed_s": length(exposed) / 1e6,
             "comm_exposed_tp_s": length(tp_exposed) / 1e6, "bubble_s": length(idle) / 1e6,

@@ -116,6 +116,9 @@ def _rank_breakdown(r: dict) -> dict:
         out["comm_total"] = frac("comm_total_s", "step_window_s") * step
     else:
         out["comm_exposed"] = out["comm_exposed_tp"] = out["bubble"] = out["comm_total"] = None
+    # Timers around the exchanges themselves (reference_trainer/exchange.py), on every measured step:
+    # the context-parallel K/V gather and its gradient's reduction; expert parallel's all-to-all.
+    out["cp_comm"], out["all_to_all"] = r.get("cp_comm_s", 0.0), r.get("all_to_all_s", 0.0)
     out["compute"] = fb - (out["comm_exposed"] or 0.0) - (out["bubble"] or 0.0)
     return out
 
@@ -144,8 +147,8 @@ def _peak(config, env: dict) -> tuple[float | None, str | None]:
         None, f"hardware profile {hw.name} has no {precision} peak")
 
 
-BREAKDOWN_KEYS = ("compute", "comm_total", "comm_exposed", "comm_exposed_tp", "data_wait", "bubble", "optimizer",
-                  "other")
+BREAKDOWN_KEYS = ("compute", "comm_total", "comm_exposed", "comm_exposed_tp", "cp_comm", "all_to_all", "data_wait",
+                  "bubble", "optimizer", "other")
 
 
 def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dict], start_step: int,
@@ -174,7 +177,8 @@ def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dic
                              "steps and over ranks"
                              if traced_any else "timers only (no traced step: communication and bubble unknown)"),
         **_shares(config.layout, breakdown, per_rank, ranks, median),
-        "per_rank": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "tp_rank": r["tp_rank"],
+        "per_rank": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "cp_rank": r.get("cp_rank", 0),
+                      "tp_rank": r["tp_rank"],
                       **{k: b[k] for k in ("step", *BREAKDOWN_KEYS)}} for r, b in zip(ranks, per_rank)],
         "memory": _memory(ranks), "nvml": nvml, "nvml_reason": None if nvml else nvml_reason,
         "cpu": _cpu(ranks, env),

@@ -45,10 +45,12 @@ def _signature(p: torch.Tensor) -> tuple:
     return ("tensor",)
 
 
-def build_optimizers(modules: list[torch.nn.Module], tr: TrainingConfig) -> list[torch.optim.AdamW]:
+def build_optimizers(modules: list[torch.nn.Module], tr: TrainingConfig, offload: str = "none",
+                     device: torch.device | None = None) -> list:
     """One AdamW per model part (torchtitan's container). Weight decay on matrices and
     embeddings only; parameter groups also split plain tensors from DTensors of each mesh, so
-    the foreach kernels never mix them."""
+    the foreach kernels never mix them. ``offload="optimizer"``: the states and fp32 masters in
+    host memory, the step on the CPU (reference_trainer/offload.py)."""
     optimizers = []
     for module in modules:
         groups: dict[tuple, list] = {}
@@ -59,7 +61,13 @@ def build_optimizers(modules: list[torch.nn.Module], tr: TrainingConfig) -> list
             groups.setdefault((decay, _signature(p)), []).append(p)
         param_groups = [{"params": ps, "weight_decay": tr.weight_decay if key[0] else 0.0}
                         for key, ps in groups.items()]
-        optimizers.append(torch.optim.AdamW(param_groups, lr=tr.lr, betas=tr.betas, eps=tr.eps))
+        if offload == "optimizer":
+            from reference_trainer.offload import HostOffloadAdamW
+
+            optimizers.append(HostOffloadAdamW(param_groups, lr=tr.lr, betas=tr.betas, eps=tr.eps,
+                                               device=device or torch.device("cpu")))
+        else:
+            optimizers.append(torch.optim.AdamW(param_groups, lr=tr.lr, betas=tr.betas, eps=tr.eps))
     return optimizers
 
 
@@ -90,7 +98,7 @@ class Stepper:
                                             process_group=dist.group.WORLD)
         self.mesh = parts.mesh
         self.tp_rank = self.mesh.get_local_rank("tp")
-        self.stage_ranks = layout.dp * layout.tp
+        self.stage_ranks = layout.dp * layout.cp * layout.tp  # ranks that run each pipeline stage
         self._raw_losses: list[torch.Tensor] = []
         self._inject = False
         self.norm_groups = self._norm_groups()
@@ -119,6 +127,9 @@ class Stepper:
         self._inject = faults.overflow(step + 1)  # steps count from 1 in logs, CSV and fault specs
         self._raw_losses = []
         parts = self.parts
+        if parts.cp_positions is not None:  # context parallel: this rank's two chunks of each sequence
+            idx = parts.cp_positions
+            batches = [(x[:, idx], y[:, idx]) for x, y in batches]
         if parts.schedule is not None:
             x = torch.cat([b[0] for b in batches])
             y = torch.cat([b[1] for b in batches])
@@ -204,7 +215,8 @@ class Stepper:
                 self.scaler.unscale_(opt)  # the overflow flag is all-reduced over the world
         packed = torch.stack([loss_sum.double(), self._local_sq_norm()])
         dist.all_reduce(packed)
-        loss = float(packed[0]) / (self.layout.dp * self.m)
+        # Every (dp, cp) rank's micro-batch losses: cp ranks each hold the mean over T/cp tokens.
+        loss = float(packed[0]) / (self.layout.dp * self.layout.cp * self.m)
         norm = math.sqrt(float(packed[1])) if math.isfinite(float(packed[1])) else float("nan")
         skipped = not (math.isfinite(norm) and math.isfinite(loss))
         if not skipped:

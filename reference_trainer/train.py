@@ -19,7 +19,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from reference_trainer import faults, profiler, record
+from reference_trainer import exchange, faults, profiler, record
 from reference_trainer.checkpoint import Checkpointer
 from reference_trainer.config import ConfigError, RunConfig, config_to_dict
 from reference_trainer.data import TokenSource, make_loader, split
@@ -195,11 +195,12 @@ def _build(config: RunConfig, device: torch.device, state: dict, log: Log, world
     torch.manual_seed(config.seed + 1_000_003 * pp_rank + 7919 * dp_rank)  # dropout: TP ranks share a stream
     parts = parallelize(config.spec, lay, mesh, device, seed=config.seed, attention=config.attention,
                         compute_dtype=compute_dtype(tr.precision), lora=config.lora if tr.mode == "lora" else None)
-    stepper = Stepper(parts, build_optimizers(parts.modules, tr), tr, lay, device)
+    stepper = Stepper(parts, build_optimizers(parts.modules, tr, lay.offload, device), tr, lay, device)
     state.update(parts=parts, stepper=stepper)
-    log(f"{config.spec.describe()}\nlayout dp={lay.dp} tp={lay.tp} pp={lay.pp} vpp={lay.vpp} micro_batch="
+    log(f"{config.spec.describe()}\nlayout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} vpp={lay.vpp} micro_batch="
         f"{lay.micro_batch} global_batch={lay.global_batch} (m={config.micro_batches}) zero={lay.zero_stage} "
-        f"recompute={lay.recompute} sp={lay.sequence_parallel} schedule={lay.schedule}; {tr.precision} on "
+        f"recompute={lay.recompute} sp={lay.sequence_parallel} schedule={lay.schedule} offload={lay.offload}; "
+        f"{tr.precision} on "
         f"{world} x {device.type}")
     return mesh, parts, stepper
 
@@ -300,7 +301,8 @@ def _one_step(loop: _Loop, i: int, traced: bool):
     row = {"step": i + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
            "loss_scale": result.loss_scale, "skipped": int(result.skipped), "step_s": t3 - t0,
            "data_wait_s": t1 - t0, "fwd_bwd_s": t2 - t1, "optimizer_s": t3 - t2,
-           "tokens_per_s": tokens_per_step / (t3 - t0), "traced": int(prof is not None), **loop.nvml.latest()}
+           "tokens_per_s": tokens_per_step / (t3 - t0), "traced": int(prof is not None), **loop.nvml.latest(),
+           **exchange.take()}
     return row, result, analysis
 
 
@@ -349,10 +351,11 @@ def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s)
     """This rank's figures for the record. Means, not medians: the parts of a step add up."""
     measured = [r for r in rows[warm:] if not r["traced"]] or rows
     mean = lambda key: statistics.fmean(r[key] for r in measured) if measured else 0.0
+    part = lambda key: statistics.fmean(r.get(key) or 0.0 for r in measured) if measured else 0.0  # noqa: E731
     return {"rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "dp_rank": mesh.get_local_rank("dp"),
-            "tp_rank": mesh.get_local_rank("tp"), "hostname": socket.gethostname(),
+            "cp_rank": mesh.get_local_rank("cp"), "tp_rank": mesh.get_local_rank("tp"), "hostname": socket.gethostname(),
             "step_s": mean("step_s"), "data_wait_s": mean("data_wait_s"), "fwd_bwd_s": mean("fwd_bwd_s"),
-            "optimizer_s": mean("optimizer_s"), "traced": analyses, "memory": profiler.peak_memory(device),
+            "optimizer_s": mean("optimizer_s"), "cp_comm_s": part("cp_comm_s"), "all_to_all_s": part("all_to_all_s"), "traced": analyses, "memory": profiler.peak_memory(device),
             "wall_s": time.perf_counter() - wall0, "cpu_s": profiler.cpu_times() - cpu0, "nvml": nvml,
             "checkpoint_s": save_s}
 

@@ -51,7 +51,7 @@ def test_bad_config_names_the_key(data, message):
 def test_world_size_must_equal_dp_tp_pp():
     config = build_config(with_("layout", tp=2, global_batch=8))
     validate(config, world_size=4)
-    with pytest.raises(ConfigError, match=r"world size 2 != dp\*tp\*pp: dp=2 tp=2 pp=1 needs 4 processes"):
+    with pytest.raises(ConfigError, match=r"world size 2 != dp\*tp\*pp\*cp: dp=2 tp=2 pp=1 cp=1 needs 4 processes"):
         validate(config, world_size=2)
 
 
@@ -72,7 +72,7 @@ def test_trainer_rejects_a_mismatched_world_before_starting(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: world size 3 != dp*tp*pp: dp=2 tp=1 pp=1 needs 2 processes"]
+        "error: world size 3 != dp*tp*pp*cp: dp=2 tp=1 pp=1 cp=1 needs 2 processes"]
     assert not (tmp_path / "runs").exists()
 
 
@@ -88,7 +88,7 @@ def test_trainer_rejects_an_unknown_key(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--dp", "3", "--global-batch", "8"], "layout.global_batch=8: must be divisible by dp*micro_batch=3*1=3"),
-    (["--dp", "2", "--nproc-per-node", "4"], "world size 4 != dp*tp*pp: dp=2 tp=1 pp=1 needs 2 processes"),
+    (["--dp", "2", "--nproc-per-node", "4"], "world size 4 != dp*tp*pp*cp: dp=2 tp=1 pp=1 cp=1 needs 2 processes"),
     (["--tp", "3"], "layout.tp=3: must divide model heads=4"),
     (["--preset", "gpt5"], "preset='gpt5'"),
     (["--dp", "2", "--nnodes", "2"], "--nnodes=2: give --rdzv-endpoint"),

@@ -1,0 +1,156 @@
+"""Context parallel and optimizer offload train the same model as one process.
+
+Same seed, same data, the tolerances of test_trainer_equivalence.py (losses within 2e-5
+relative, gradient norms within 1e-4). The one-process references are conftest's single sweep.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.trainer.helpers import TINY_GPT, TINY_LLAMA, column, explain, run_trainer, write_config  # noqa: E402
+from tests.trainer.test_trainer_equivalence import assert_same_curve  # noqa: E402
+
+TWO = [  # name, model, layout, reference
+    ("gpt-cp2", TINY_GPT, {"dp": 1, "cp": 2}, "gpt-1"),  # context parallel alone, flash attention
+    ("llama-cp2-std", {**TINY_LLAMA, "attention": "standard"}, {"dp": 1, "cp": 2, "recompute": "selective"},
+     "llama-1"),  # RoPE at global positions, GQA, the gather recomputed in backward
+    ("gpt-dp2-offload", TINY_GPT, {"dp": 2, "offload": "optimizer"}, "gpt-1"),  # DDP + host AdamW
+    ("llama-dp2-zero3-offload", TINY_LLAMA, {"dp": 2, "zero_stage": 3, "offload": "optimizer"}, "llama-1"),
+]
+FOUR = [
+    ("llama-dp2-cp2-zero3", TINY_LLAMA, {"dp": 2, "cp": 2, "zero_stage": 3, "recompute": "full"}, "llama-1"),
+    ("llama-tp2-cp2", TINY_LLAMA, {"tp": 2, "cp": 2, "sequence_parallel": True}, "llama-1"),
+    ("gpt-pp2-cp2", TINY_GPT, {"pp": 2, "cp": 2, "micro_batch": 1}, "gpt-1"),
+]
+
+
+def _sweep(tmp_path_factory, label: str, runs: list, nproc: int):
+    folder = tmp_path_factory.mktemp(label)
+    configs = [write_config(folder, name, model, layout) for name, model, layout, _ in runs]
+    return folder / "runs", run_trainer(configs, nproc)
+
+
+@pytest.fixture(scope="module")
+def two_new(tmp_path_factory):
+    return _sweep(tmp_path_factory, "two-new", TWO, 2)
+
+
+@pytest.fixture(scope="module")
+def four_new(tmp_path_factory):
+    return _sweep(tmp_path_factory, "four-new", FOUR, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, reference", [(r[0], r[3]) for r in TWO])
+def test_two_process_new_dimensions_match_one_process(single_sweep, two_new, name, reference):
+    runs, proc = two_new
+    assert proc.returncode == 0, explain(proc)
+    assert_same_curve(runs / name, single_sweep[0] / reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, reference", [(r[0], r[3]) for r in FOUR])
+def test_four_process_context_parallel_matches_one_process(single_sweep, four_new, name, reference):
+    runs, proc = four_new
+    assert proc.returncode == 0, explain(proc)
+    assert_same_curve(runs / name, single_sweep[0] / reference)
+
+
+@pytest.mark.slow
+def test_records_carry_the_new_dimensions_and_the_exchange_time(two_new):
+    runs, proc = two_new
+    assert proc.returncode == 0, explain(proc)
+    cp = json.loads((runs / "gpt-cp2" / "record.json").read_text())
+    assert cp["layout"]["cp"] == 2 and cp["layout"]["offload"] == "none"
+    assert cp["breakdown_s"]["cp_comm"] > 0  # the K/V gathers were timed
+    assert sorted(r["cp_rank"] for r in cp["per_rank"]) == [0, 1]
+    off = json.loads((runs / "gpt-dp2-offload" / "record.json").read_text())
+    assert off["layout"]["offload"] == "optimizer" and off["layout"]["cp"] == 1
+    assert off["breakdown_s"]["cp_comm"] == 0.0 and off["breakdown_s"]["all_to_all"] == 0.0
+    assert len(column(runs / "gpt-dp2-offload", "loss")) == 6
+
+
+# --- fast checks, one process ---------------------------------------------------------------------
+def test_chunk_positions_are_the_load_balanced_split():
+    from reference_trainer.context import chunk_positions
+
+    # seq 8, cp 2: four chunks of 2; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+    assert chunk_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert chunk_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
+    every = torch.cat([chunk_positions(24, 3, r) for r in range(3)])
+    assert sorted(every.tolist()) == list(range(24))
+    # Equal causal work: each rank's queries see sum(p + 1) keys, the same for every rank.
+    work = [int((chunk_positions(24, 3, r) + 1).sum()) for r in range(3)]
+    assert work == [work[0]] * 3 == [(24 * 25 // 2) // 3] * 3
+
+
+def test_positions_move_rope_and_the_position_table():
+    """A model fed tokens 4..7 at positions 4..7 gives the full sequence's outputs there."""
+    from planner.core.model import ModelSpec
+    from reference_trainer.model import GPT
+
+    for arch in ("gpt", "llama"):
+        spec = ModelSpec(arch=arch, layers=1, hidden=32, heads=4, vocab=64, seq_len=8, dropout=0.0)
+        model = GPT(spec)
+        model.init_weights(1)
+        model.eval()
+        x = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+        whole = model.embed(x)
+        model.set_positions(torch.arange(4, 8))
+        part = model.embed(x[:, 4:])
+        torch.testing.assert_close(part, whole[:, 4:])
+        if arch == "llama":
+            attn = model.layers["0"].attn
+            q = torch.randn(1, 4, 4, 8)
+            from reference_trainer.model import apply_rope
+
+            full = apply_rope(torch.cat([torch.zeros(1, 4, 4, 8), q], 1), attn.rope_cos, attn.rope_sin)
+            torch.testing.assert_close(apply_rope(q, attn.rope_cos, attn.rope_sin, attn.positions), full[:, 4:])
+
+
+def test_offloaded_adamw_steps_like_adamw_from_a_separate_host_copy():
+    from reference_trainer.offload import HostOffloadAdamW
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(8, 4)
+    b = torch.nn.Linear(8, 4)
+    b.load_state_dict(a.state_dict())
+    ref = torch.optim.AdamW([{"params": list(a.parameters()), "weight_decay": 0.1}], lr=1e-2)
+    off = HostOffloadAdamW([{"params": list(b.parameters()), "weight_decay": 0.1, "lr": 1e-2}], lr=1e-2,
+                           betas=(0.9, 0.999), eps=1e-8, device=torch.device("cpu"))
+    for step in range(3):
+        x = torch.randn(5, 8)
+        for model, opt in ((a, ref), (b, off)):
+            model(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+    # The states and masters are host tensors of their own, not the model's parameters.
+    assert off.state == {} and len(off.host.state) == 2
+    params = {p.data_ptr() for p in b.parameters()}
+    assert all(m.data_ptr() not in params for _, m in off.pairs)
+    assert off.host_state_bytes() == 4 * 4 * (8 * 4 + 4)  # master, grad buffer, two moments; fp32
+
+
+@pytest.mark.parametrize("layout, model, checkpoint, message", [
+    ({"dp": 1, "cp": 3}, TINY_GPT, {}, "layout.cp=3: seq_len=64 must divide into 2*cp=6"),
+    ({"dp": 1, "offload": "params"}, TINY_GPT, {}, "layout.offload='params': the reference trainer offloads"),
+    ({"dp": 1, "offload": "optimizer"}, TINY_GPT, {"interval": 2}, "checkpoint.interval=2: checkpoints are not"),
+    ({"tp": 4, "cp": 2, "sequence_parallel": True}, {**TINY_GPT, "seq_len": 12}, {},
+     "layout.sequence_parallel: tp=4 must divide the tokens per cp rank seq_len/cp=6"),
+])
+def test_bad_new_dimensions_give_one_line(tmp_path, layout, model, checkpoint, message):
+    import yaml
+
+    from reference_trainer.config import ConfigError, build_config
+
+    path = write_config(tmp_path, "bad", model, layout, checkpoint=checkpoint)
+    with pytest.raises(ConfigError) as err:
+        build_config(yaml.safe_load(path.read_text()))
+    assert str(err.value).startswith(message), str(err.value)
