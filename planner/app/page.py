@@ -306,7 +306,7 @@ def default_runs_folder() -> str:
 
 
 def runs_tab(state: dict) -> None:
-    from planner.app import charts
+    from planner.app import live  # the live view: event files or steps.csv, beside the plan
     from planner.hardware import profile_names
 
     folder = st.text_input("Runs folder", value=default_runs_folder(), max_chars=400, key="runs_dir",
@@ -328,24 +328,7 @@ def runs_tab(state: dict) -> None:
                 "runs/<name>/record.json; the committed ones are in benchmarks/runs/cpu-2core; or upload some.")
     else:
         predicted_vs_measured(runs, folder, profile_names())
-    st.subheader("Live view")
-    live = run_records.live_runs(folder) if not refused else []
-    if not live:
-        st.caption(f"No run folder in {folder}/ with a steps.csv yet.")
-        return
-    run = st.selectbox("Run", live, key="live_run", help="newest first")
-    refresh = st.toggle("Refresh every 2 s", value=False, key="live_refresh")
-    path = run_records.steps_csv(f"{folder}/{run}")
-
-    def draw() -> None:
-        rows = run_records.step_rows(run_records.read_steps(path))
-        if rows:
-            st.vega_lite_chart(spec=charts.live_steps(rows))
-            st.caption(f"{path}: {int(max(r['step'] for r in rows))} steps")
-        else:
-            st.caption(f"{path}: no complete step yet")
-
-    st.fragment(draw, run_every=2.0 if refresh else None)()
+    live.show(folder, refused)
 
 
 def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None:

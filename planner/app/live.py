@@ -1,0 +1,472 @@
+"""The explorer's live view: a run in progress, measured figures beside the plan.
+
+What it reads, from the reference trainer's run folder (reference_trainer/README.md), as the run
+writes it:
+- TensorBoard event files, ``<run>/tensorboard/events.out.tfevents.*`` (``profile.tensorboard:
+  true``). They are parsed here directly, so the explorer needs neither tensorboard nor torch: a
+  file is a sequence of TFRecords (uint64 length, uint32 masked CRC of the length, the payload,
+  uint32 masked CRC of the payload; tensorflow/core/lib/io/record_writer.cc), each payload an
+  ``Event`` protobuf (tensorflow/core/util/event.proto: 1 wall_time double, 2 step int64,
+  5 summary) whose ``Summary.Value`` (tensorflow/core/framework/summary.proto: 1 tag, 2
+  simple_value float, 8 tensor) carries one scalar. A record still being written is left out.
+- Otherwise ``<run>/steps.csv`` (always written; loss, lr, gradient norm, timers, NVML columns).
+
+Beside each measured figure: the planner's prediction for the run's model, layout and hardware
+profile (``<run>/config.yaml``, written by ``planner run`` before the run starts, or the finished
+record's ``config``), evaluated by planner.core.evaluate on the profile the run names or one
+chosen on the page; failing that, the event file's own ``.../predicted`` tags (what the trainer
+computed at start). Measured step parts go through planner.core.step_parts.measured_parts, the
+definition ``planner validate`` uses, so drift here is the drift validate would report.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import struct
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.core.step_parts import measured_parts
+
+EVENTS_DIR = "tensorboard"
+EVENTS_GLOB = "events.out.tfevents.*"
+CONFIG_FILE = "config.yaml"
+RECORD_FILE = "record.json"
+STEPS_FILE = "steps.csv"
+RECENT_STEPS = 10  # the drift table compares the mean of the last this-many points with the plan
+
+Series = dict[str, list[tuple[int, float]]]  # tag -> [(step, value)], sorted by step
+
+
+# --- TensorBoard event files: TFRecord framing + Event protobufs ---------------------------------
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        if i >= len(buf):
+            raise ValueError("truncated varint")
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, object]]:
+    """(field number, wire type, value) of a protobuf message: int for varints, bytes otherwise."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if i > len(buf):
+            raise ValueError("truncated field")
+        yield number, wire, value
+
+
+def records(data: bytes) -> Iterator[bytes]:
+    """The payloads of a TFRecord stream; stops at a record not completely written yet."""
+    i = 0
+    while i + 12 <= len(data):
+        (n,) = struct.unpack_from("<Q", data, i)
+        if i + 12 + n + 4 > len(data):
+            return
+        yield data[i + 12:i + 12 + n]
+        i += 12 + n + 4
+
+
+def _tensor_scalar(buf: bytes) -> float | None:
+    """The first value of a TensorProto (tensorflow/core/framework/tensor.proto): float_val (5),
+    double_val (6), int_val (7), int64_val (10), or tensor_content (4) by dtype (1: float, 2: double)."""
+    dtype, content = 1, None
+    for number, wire, value in _fields(buf):
+        if number == 1 and wire == 0:
+            dtype = value
+        elif number == 4:
+            content = value
+        elif number == 5:
+            return struct.unpack_from("<f", value)[0]
+        elif number == 6:
+            return struct.unpack_from("<d", value)[0]
+        elif number in (7, 10):
+            return float(value if wire == 0 else _varint(value, 0)[0])
+    if content:
+        if dtype == 1 and len(content) >= 4:
+            return struct.unpack_from("<f", content)[0]
+        if dtype == 2 and len(content) >= 8:
+            return struct.unpack_from("<d", content)[0]
+    return None
+
+
+def event_scalars(payload: bytes) -> tuple[int, float, list[tuple[str, float]]]:
+    """(step, wall time, [(tag, value)]) of one Event; no scalars for other events."""
+    step, wall, found = 0, 0.0, []
+    for number, _, value in _fields(payload):
+        if number == 1:
+            wall = struct.unpack("<d", value)[0]
+        elif number == 2:
+            step = value
+        elif number == 5:
+            for n, _, v in _fields(value):
+                if n != 1:
+                    continue
+                tag, scalar = None, None
+                for vn, _, vv in _fields(v):
+                    if vn == 1:
+                        tag = vv.decode("utf-8", "replace")
+                    elif vn == 2:
+                        scalar = struct.unpack("<f", vv)[0]
+                    elif vn == 8 and scalar is None:
+                        scalar = _tensor_scalar(vv)
+                if tag is not None and scalar is not None:
+                    found.append((tag, float(scalar)))
+    return step, wall, found
+
+
+@functools.lru_cache(maxsize=64)
+def _file_scalars(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, float, tuple[tuple[str, float], ...]], ...]:
+    """One event file's scalar events, remembered while the file is unchanged (mtime, size)."""
+    out = []
+    with open(path, "rb") as fh:
+        data = fh.read(size)
+    for payload in records(data):
+        try:
+            step, wall, scalars = event_scalars(payload)
+        except (ValueError, struct.error, UnicodeDecodeError):
+            continue  # not an event we can read: skipped, never fatal for a live view
+        if scalars:
+            out.append((step, wall, tuple(scalars)))
+    return tuple(out)
+
+
+def read_events(folder: str | Path) -> tuple[Series, float | None]:
+    """Every scalar in a folder's event files, and the newest event's wall time. Files are read
+    oldest first, so after a resume the later value of a step wins."""
+    by_tag: dict[str, dict[int, float]] = {}
+    newest = None
+    for path in sorted(Path(folder).glob(EVENTS_GLOB)):
+        st = path.stat()
+        for step, wall, scalars in _file_scalars(str(path), st.st_mtime_ns, st.st_size):
+            for tag, value in scalars:
+                by_tag.setdefault(tag, {})[step] = value
+            newest = wall if newest is None else max(newest, wall)
+    return {tag: sorted(points.items()) for tag, points in by_tag.items()}, newest
+
+
+# --- the per-step CSV, as the same tags ----------------------------------------------------------
+CSV_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "step_s": "step_time_s/measured",
+            "tokens_per_s": "throughput/tokens_per_s", "data_wait_s": "timers_s/data_wait",
+            "fwd_bwd_s": "timers_s/fwd_bwd", "optimizer_s": "timers_s/optimizer",
+            "gpu_util_percent": "gpu/util_percent", "power_w": "gpu/power_w"}
+
+
+def read_csv(path: str | Path) -> Series:
+    """steps.csv's columns under the event files' tags; a line still being written is left out."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
+        if "step" not in header:
+            return {}
+        for row in reader:
+            if len(row) != len(header):
+                continue
+            try:
+                step = int(float(row[header.index("step")]))
+                values = {CSV_TAGS[h]: float(v) for h, v in zip(header, row) if h in CSV_TAGS and v.strip()}
+            except ValueError:
+                continue
+            for tag, value in values.items():
+                out.setdefault(tag, []).append((step, value))
+    return out
+
+
+# --- which runs, and what they measured --------------------------------------------------------
+def live_runs(runs_dir: str | Path) -> list[str]:
+    """Run folders with event files or a per-step CSV (running or finished), newest first."""
+    found: dict[Path, float] = {}
+    for pattern in (f"*/{EVENTS_DIR}/{EVENTS_GLOB}", f"*/{STEPS_FILE}"):
+        for p in Path(runs_dir).glob(pattern):
+            run = p.parent.parent if p.parent.name == EVENTS_DIR else p.parent
+            found[run] = max(found.get(run, 0.0), p.stat().st_mtime)
+    return [p.name for p in sorted(found, key=found.get, reverse=True)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    source: str  # the folder or file read
+    series: Series
+    newest_wall_s: float | None  # the last event's wall time (event files only)
+
+
+def read_run(run: str | Path) -> Measured | None:
+    """The event files when they hold scalars, else steps.csv; None when neither exists yet."""
+    run = Path(run)
+    events = run / EVENTS_DIR
+    if events.is_dir():
+        series, newest = read_events(events)
+        if series:
+            return Measured(source=str(events), series=series, newest_wall_s=newest)
+    if (run / STEPS_FILE).is_file():
+        return Measured(source=str(run / STEPS_FILE), series=read_csv(run / STEPS_FILE), newest_wall_s=None)
+    return None
+
+
+# --- the plan for the same run -----------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    source: str  # in words: which profile, or the trainer's own prediction
+    figures: dict[str, float]  # a Panel's ``planned`` key -> value
+    tp: int | None = None  # the run's layout, for splitting exposed communication as validate does
+    dp: int | None = None
+
+
+def run_config(run: str | Path) -> dict | None:
+    """The run's config: config.yaml (written before the run starts), or the record's copy."""
+    import yaml
+
+    run = Path(run)
+    try:
+        if (run / CONFIG_FILE).is_file():
+            data = yaml.safe_load((run / CONFIG_FILE).read_text())
+        elif (run / RECORD_FILE).is_file():
+            data = json.loads((run / RECORD_FILE).read_text()).get("config")
+        else:
+            return None
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) and {"model", "layout"} <= set(data) else None
+
+
+def plan_for(config: Mapping, profile: str | None = None) -> Plan | str:
+    """The planner's prediction for a run config on ``profile`` (default: the one the run names);
+    a one-line reason instead when there is none."""
+    from planner.calibration.measured import LAYOUT_KEYS, MODEL_KEYS
+    from planner.core.evaluate import evaluate
+    from planner.core.layout import Candidates, Job, Layout
+    from planner.core.model import ModelSpec
+    from planner.core.step_parts import predicted_parts
+    from planner.errors import PlannerError
+    from planner.hardware import get_profile
+
+    name = profile or (config.get("profile") or {}).get("hardware_profile")
+    if not name:
+        return "the run names no hardware profile: choose one to see the plan"
+    model, lay, training = config["model"], config["layout"], config.get("training") or {}
+    lora = config.get("lora") or {}
+    try:
+        spec = ModelSpec(**{k: model[k] for k in MODEL_KEYS if k in model})
+        layout = Layout(**{k: lay[k] for k in LAYOUT_KEYS if k in lay})
+        mode = training.get("mode", "pretrain")
+        adapters = {f"lora_{k}": tuple(lora[k]) if k == "targets" else lora[k]
+                    for k in ("r", "alpha", "targets") if k in lora} if mode == "lora" else {}
+        job = Job(precision=training.get("precision", "bf16"), attention=model.get("attention", "flash"),
+                  global_batch=layout.global_batch, mode=mode, stack="reference", **adapters)
+        hw = get_profile(str(name))
+        ev = evaluate(spec, hw, job, Candidates.from_layouts([layout]), layout.gpus)
+    except (PlannerError, ValueError, KeyError, TypeError) as exc:
+        return f"no plan for this run: {exc}"
+    parts = predicted_parts(ev.time, 0, hw.efficiency.step_overhead_s)
+    figures = {"step_s": float(ev.step_s[0]), "tokens_per_s": float(ev.tokens_per_s[0]),
+               "compute": parts["compute"], "tp_comm": parts["tp_comm"], "dp_comm": parts["dp_comm"],
+               "bubble": parts["bubble"] + parts["pp_comm"], "optimizer": parts["optimizer"], "data_wait": 0.0,
+               "memory_bytes": float(ev.memory.total[0]), "power_w": float(ev.power_watts)}
+    return Plan(source=f"the planner on {name} (reference stack)", figures=figures, tp=layout.tp, dp=layout.dp)
+
+
+# The trainer's ``.../predicted`` tags (reference_trainer/profiler.py Board) -> a Panel's key.
+PREDICTED_TAGS = {"step_time_s/predicted": "step_s", "breakdown_s/compute_predicted": "compute",
+                  "breakdown_s/tp_comm_predicted": "tp_comm", "breakdown_s/dp_comm_predicted": "dp_comm",
+                  "breakdown_s/bubble_predicted": "bubble", "breakdown_s/pp_comm_predicted": "bubble",
+                  "timers_s/optimizer_predicted": "optimizer"}
+
+
+def plan_from_tags(series: Series) -> Plan | None:
+    """What the trainer predicted at start, written beside its measurements (bubble + pipeline
+    transfers summed, as the record books them)."""
+    figures: dict[str, float] = {}
+    for tag, key in PREDICTED_TAGS.items():
+        if series.get(tag):
+            figures[key] = figures.get(key, 0.0) + series[tag][-1][1]
+    return Plan(source="the trainer's prediction at start (event file)", figures=figures) if figures else None
+
+
+# --- panels: one measured figure each, with its plan ------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Panel:
+    key: str  # also the Plan.figures key of its prediction, when the planner predicts it
+    title: str
+    scale: float = 1.0  # stored unit -> shown unit
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel(key="loss", title="loss"), Panel(key="lr", title="learning rate"),
+    Panel(key="grad_norm", title="gradient norm"), Panel(key="step_s", title="step time (s)"),
+    Panel(key="tokens_per_s", title="tokens/s"), Panel(key="compute", title="compute (s, traced steps)"),
+    Panel(key="tp_comm", title="exposed TP communication (s)"),
+    Panel(key="dp_comm", title="exposed DP communication (s)"),
+    Panel(key="bubble", title="bubble + pipeline transfers (s)"), Panel(key="optimizer", title="optimizer (s)"),
+    Panel(key="data_wait", title="data wait (s)"), Panel(key="gpu_util", title="GPU utilisation (%)"),
+    Panel(key="memory_bytes", title="GPU memory used (GiB)", scale=2.0**-30), Panel(key="power_w", title="GPU power (W)"),
+)
+DIRECT_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
+               "step_s": "step_time_s/measured", "tokens_per_s": "throughput/tokens_per_s",
+               "bubble": "breakdown_s/bubble", "optimizer": "timers_s/optimizer", "data_wait": "timers_s/data_wait",
+               "gpu_util": "gpu/util_percent", "memory_bytes": "gpu/memory_used_bytes", "power_w": "gpu/power_w"}
+
+
+def measured_series(series: Series, plan: Plan | None) -> dict[str, list[tuple[int, float]]]:
+    """Panel key -> [(step, measured value)]. Compute and exposed TP / DP communication come from
+    the traced steps' breakdown through step_parts.measured_parts (the layout's split, as validate
+    makes it); without the layout, TP is the functional-collective waits and DP the rest."""
+    out = {key: list(series[tag]) for key, tag in DIRECT_TAGS.items() if series.get(tag)}
+    at = {tag: dict(series.get(tag, [])) for tag in ("breakdown_s/compute", "breakdown_s/comm_exposed",
+                                                    "breakdown_s/comm_exposed_tp", "breakdown_s/bubble")}
+    kind = "cuda" if series.get("gpu/util_percent") or series.get("gpu/power_w") else "cpu"
+    for step in sorted(at["breakdown_s/comm_exposed"]):
+        exposed, tp_waits = at["breakdown_s/comm_exposed"][step], at["breakdown_s/comm_exposed_tp"].get(step, 0.0)
+        if plan is not None and plan.tp is not None and plan.dp is not None:
+            parts = measured_parts({"comm_exposed": exposed, "comm_exposed_tp": tp_waits,
+                                    "compute": at["breakdown_s/compute"].get(step),
+                                    "bubble": at["breakdown_s/bubble"].get(step)}, plan.tp, plan.dp, kind)
+        else:
+            parts = {"compute": at["breakdown_s/compute"].get(step), "tp_comm": min(tp_waits, exposed),
+                     "dp_comm": exposed - min(tp_waits, exposed)}
+        for key in ("compute", "tp_comm", "dp_comm"):
+            if parts.get(key) is not None:
+                out.setdefault(key, []).append((step, float(parts[key])))
+    return out
+
+
+def chart_rows(measured: Mapping[str, list[tuple[int, float]]], plan: Plan | None) -> list[dict]:
+    """Long form for the small charts: (quantity, step, value, series) with the plan drawn as a
+    flat line over the steps measured so far."""
+    rows = []
+    for panel in PANELS:
+        points = [(s, v) for s, v in measured.get(panel.key, []) if math.isfinite(v)]
+        if not points:
+            continue
+        rows += [{"quantity": panel.title, "step": s, "value": v * panel.scale, "series": "measured"} for s, v in points]
+        planned = plan.figures.get(panel.key) if plan else None
+        if planned is not None and math.isfinite(planned):
+            first, last = points[0][0], max(points[-1][0], points[0][0] + 1)
+            rows += [{"quantity": panel.title, "step": s, "value": planned * panel.scale, "series": "plan"}
+                     for s in (first, last)]
+    return rows
+
+
+def drift_rows(measured: Mapping[str, list[tuple[int, float]]], plan: Plan | None) -> list[dict]:
+    """One row per predicted figure: the mean of its last RECENT_STEPS measured points, the plan,
+    and the drift (measured / plan - 1; None when the plan is zero)."""
+    rows = []
+    for panel in PANELS:
+        planned = plan.figures.get(panel.key) if plan else None
+        points = [v for _, v in measured.get(panel.key, []) if math.isfinite(v)][-RECENT_STEPS:]
+        if planned is None or not points:
+            continue
+        mean = sum(points) / len(points)
+        rows.append({"figure": panel.title, "measured": mean * panel.scale, "plan": planned * panel.scale,
+                     "drift %": (mean / planned - 1) * 100 if planned > 0 else None, "points": len(points)})
+    return rows
+
+
+def chart_spec(rows: list[dict]) -> dict:
+    """One small line chart per quantity (independent y scales): measured solid, plan dashed."""
+    return {
+        "data": {"values": rows},
+        "facet": {"field": "quantity", "type": "nominal", "title": None, "sort": [p.title for p in PANELS]},
+        "columns": 3,
+        "spec": {"width": 260, "height": 140, "mark": {"type": "line", "point": False},
+                 "encoding": {"x": {"field": "step", "type": "quantitative"},
+                              "y": {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}},
+                              "color": {"field": "series", "type": "nominal", "title": None,
+                                        "scale": {"domain": ["measured", "plan"], "range": ["#4c78a8", "#e45756"]}},
+                              "strokeDash": {"field": "series", "type": "nominal", "legend": None,
+                                             "scale": {"domain": ["measured", "plan"], "range": [[1, 0], [6, 4]]}},
+                              "tooltip": [{"field": "series"}, {"field": "step", "type": "quantitative"},
+                                          {"field": "value", "type": "quantitative", "format": ".4g"}]}},
+        "resolve": {"scale": {"y": "independent"}},
+    }
+
+
+def last_step(measured: Mapping[str, list[tuple[int, float]]]) -> int:
+    return max((points[-1][0] for points in measured.values() if points), default=0)
+
+
+# --- the page ----------------------------------------------------------------------------------
+AS_NAMED = "as the run names"
+
+
+def current_plan(run: Path, profile: str | None, series: Series) -> tuple[Plan | None, str]:
+    """The plan to draw and a line saying where it comes from (or why there is none)."""
+    config = run_config(run)
+    why = "no config.yaml or record.json in the run folder"
+    if config is not None:
+        plan = plan_for(config, profile)
+        if isinstance(plan, Plan):
+            return plan, f"plan: {plan.source}"
+        why = plan
+    tagged = plan_from_tags(series)
+    if tagged is not None:
+        return tagged, f"plan: {tagged.source} ({why})"
+    return None, f"no plan shown: {why}"
+
+
+def show(folder: str, refused: str | None = None) -> None:
+    """The live view under the Runs tab: pick a run, see each figure over the steps beside the
+    plan, refreshed every 2 s when asked (a Streamlit fragment: only this part reruns)."""
+    import streamlit as st
+
+    from planner.hardware import profile_names
+
+    st.subheader("Live view")
+    runs = live_runs(folder) if not refused else []
+    if not runs:
+        st.caption(f"No run folder in {folder}/ with TensorBoard events or a steps.csv yet.")
+        return
+    left, middle = st.columns(2)
+    run = left.selectbox("Run", runs, key="live_run", help="newest first")
+    choice = middle.selectbox("Plan on profile", [AS_NAMED, *profile_names()], key="live_profile",
+                              help="the hardware profile the plan is evaluated on (a calibrated one after "
+                                   "`planner calibrate`)")
+    refresh = st.toggle("Refresh every 2 s", value=False, key="live_refresh")
+    path, profile = Path(folder) / run, None if choice == AS_NAMED else choice
+
+    def draw() -> None:
+        got = read_run(path)
+        if got is None:
+            st.caption(f"{path}: no steps yet")
+            return
+        plan, said = current_plan(path, profile, got.series)
+        measured = measured_series(got.series, plan)
+        rows = chart_rows(measured, plan)
+        if not rows:
+            st.caption(f"{got.source}: no complete step yet")
+            return
+        st.vega_lite_chart(spec=chart_spec(rows), width="stretch")
+        drift = drift_rows(measured, plan)
+        if drift:
+            number = st.column_config.NumberColumn
+            st.dataframe(drift, hide_index=True, width="stretch", column_config={
+                "measured": number(format="%.4g"), "plan": number(format="%.4g"), "drift %": number(format="%+.1f")})
+        st.caption(f"{got.source}: {last_step(measured)} steps")
+        ago = f"; last event {time.time() - got.newest_wall_s:.0f} s ago" if got.newest_wall_s else ""
+        st.caption(f"{said}. Dashed: the plan; drift: the mean of the last {RECENT_STEPS} points against it"
+                   f"{ago}. The same files open in `tensorboard --logdir {folder}`.")
+
+    st.fragment(draw, run_every=2.0 if refresh else None)()
