@@ -53,11 +53,12 @@ PLAN_FLAGS = {"--gpus": "gpus", "--gpus-per-node": "int", "--tokens": "count", "
               "--epochs": "float", "--token-bytes": "int", "--dp": "int", "--tp": "int", "--pp": "int",
               "--vpp": "int", "--micro-batch": "int", "--zero": "int", "--params": "count", "--layers": "int",
               "--hidden": "int", "--heads": "int", "--kv-heads": "int", "--ffn-hidden": "int", "--vocab": "int",
-              "--seq-len": "int"}
+              "--seq-len": "int", "--cp": "int", "--ep": "int", "--expert-imbalance": "float"}
 MODEL = ["--preset", "gpt3-1.3b"]
 COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "estimate": (["estimate", *MODEL], {**PLAN_FLAGS, "--top": "int"}),
     "search": (["search", *MODEL], {**PLAN_FLAGS, "--top": "int"}),
+    "moe": (["estimate", "--preset", "olmoe-1b-7b"], {**PLAN_FLAGS, "--top": "int"}),
     "export": (["export", *MODEL, "--format", "torchrun"], {**PLAN_FLAGS, "--steps": "int"}),
     "compare": (["compare", *MODEL, "--gpu", "a100-80g"], PLAN_FLAGS),
     "recommend": (["recommend", *MODEL, "--gpu", "a100-80g", "--deadline", "30d"],
