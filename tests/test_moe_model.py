@@ -198,3 +198,21 @@ def test_presets_listing_shows_active_parameters(capsys):
     assert main(["presets"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("mixtral-8x7b "))
     assert "46.70B" in row and "12.88B" in row and "2/8" in row
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS_COUNTS)
+def test_active_less_matmul_weights_is_embedding_norms_and_biases(name):
+    # What a token touches but does not multiply, by hand: the input embedding, two norms per
+    # layer and the final one, QK-norm and MLA's low-rank norms, q/k/v biases, the router bias.
+    spec = get_preset(name)
+    h, n = spec.hidden, spec.layers
+    qk_norm = {"none": 0, "full": spec.q_width + spec.k_width, "head": 2 * spec.head_dim}[spec.qk_norm]
+    per_layer = 2 * h + qk_norm + spec.q_lora_rank + spec.kv_lora_rank
+    per_layer += (spec.q_width + spec.k_width + spec.v_width) if spec.qkv_bias else 0
+    others = spec.vocab * h + n * per_layer + h + spec.moe_layers * spec.experts * spec.router_bias
+    assert spec.active_params - spec.matmul_params_per_token == others
+
+
+def test_every_expert_active_is_the_total():
+    spec = get_preset("mixtral-8x7b").replace(top_k=8)
+    assert spec.active_params == spec.params
