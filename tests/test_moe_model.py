@@ -36,10 +36,17 @@ def test_moe_presets_equal_transformers_counts(name):
     assert (spec.params, spec.active_params) == (total, active)
 
 
-def test_deepseek_v2_lite_equals_its_released_safetensors():
-    # Sum of the 5,291 tensors of DeepSeek-V2-Lite-Chat's released safetensors (the same shape as
-    # the base model), as listed tensor by tensor in a public model report: 15,706,484,224.
-    assert get_preset("deepseek-v2-lite").params == 15_706_484_224
+@pytest.mark.parametrize("name, released", [
+    # Sums of the released checkpoints' tensors, found quoted in public code and reports:
+    ("mixtral-8x7b", 46_702_792_704),  # Hub safetensors total of Mixtral-8x7B(-Instruct)-v0.1; keras-hub preset
+    ("mixtral-8x22b", 140_620_634_112),  # Hub safetensors total of the Mixtral-8x22B-v0.1 mirror
+    ("deepseek-v2-lite", 15_706_484_224),  # 5,291 safetensors tensors of DeepSeek-V2-Lite-Chat, listed one by one
+    ("qwen3-30b-a3b", 30_532_122_624),  # GGUF general.parameter_count; a checkpoint-size check of the shards
+    ("qwen1.5-moe-a2.7b", 14_315_784_192),  # keras-hub preset; a serving banner of Qwen1.5-MoE-A2.7B
+    ("olmoe-1b-7b", 6_919_161_856),  # the 3,219 safetensors headers of OLMoE-1B-7B-0924-Instruct
+])
+def test_moe_presets_equal_released_checkpoints(name, released):
+    assert get_preset(name).params == released
 
 
 @pytest.mark.parametrize("name, total_b, active_b, digits", [
@@ -68,15 +75,24 @@ def test_deepseek_round_numbers_leave_out_the_input_embedding(name, total_b, act
     assert spec.matmul_params_per_token / 1e9 == pytest.approx(activated_b, abs=half_unit)
 
 
-def test_deepseek_v3_multi_token_prediction_module_is_left_out_and_accounted():
-    # The checkpoint's MTP module (DeepSeek-V3 report Sec. 2.2; README_WEIGHTS): one MoE layer, a
-    # projection eh_proj of 2h -> h, RMSNorms enorm, hnorm and the head's norm: "11.5B unique
-    # parameters", stored with copies of the embedding and head: "685B" in all.
+def test_deepseek_v3_checkpoint_is_the_main_model_plus_mtp_plus_fp8_scales():
+    # The released checkpoint: Hub safetensors total 684,531,386,000 = BF16 3,918,786,560 +
+    # F8_E4M3 680,571,043,840 + F32 41,555,600. Besides the main model (the preset) it holds the
+    # multi-token-prediction module (DeepSeek-V3 report Sec. 2.2; README_WEIGHTS: "11.5B unique
+    # parameters", "685B" in all): one MoE layer, eh_proj 2h -> h, RMSNorms enorm, hnorm and the
+    # head's norm, with its own copies of the embedding and output head; and one fp32 scale per
+    # 128 x 128 block of every fp8 weight (the projections of attention, MLPs and experts).
     spec = get_preset("deepseek-v3")
-    h = spec.hidden
-    unique = spec.moe_layer_params + 2 * h * h + 3 * h
-    assert unique / 1e9 == pytest.approx(11.5, abs=0.15)
-    assert (spec.params + unique + 2 * spec.vocab * h) / 1e9 == pytest.approx(685, abs=0.6)
+    h, e, blocks = spec.hidden, spec.experts, lambda rows, cols: -(-rows // 128) * -(-cols // 128)
+    mtp = spec.moe_layer_params + 2 * h * h + 3 * h
+    assert mtp / 1e9 == pytest.approx(11.5, abs=0.15)
+    attention = sum(blocks(*w) for w in [(1536, h), (128 * 192, 1536), (576, h), (128 * 256, 512), (h, 128 * 128)])
+    mlp = 2 * blocks(18432, h) + blocks(h, 18432)
+    expert = 2 * blocks(2048, h) + blocks(h, 2048)
+    scales = (spec.layers + 1) * attention + spec.dense_layers * mlp + (spec.moe_layers + 1) * (e + 1) * expert
+    router_bias = (spec.moe_layers + 1) * e  # e_score_correction_bias, stored in fp32
+    assert scales + router_bias == 41_555_600
+    assert spec.params + mtp + 2 * spec.vocab * h + scales == 684_531_386_000
 
 
 def test_mla_attention_by_hand():
