@@ -201,38 +201,95 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                                     f"({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
     free = [d for d in LAYOUT_DIMS if d.searched is not None]
-    codes = [d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free]
-    grid = [g.reshape(-1) for g in np.meshgrid(np.arange(len(mesh)), *(np.arange(len(c)) for c in codes),
-                                               indexing="ij")]
-    dp, tp, pp, vpp, cp = np.array(mesh, dtype=np.int64)[grid[0]].T
-    cols = {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp,
-            **{d.name: c[g] for d, c, g in zip(free, codes, grid[1:])}}
-    mb = cols["micro_batch"]
-    if job.global_batch is not None:
-        gb = np.full_like(dp, job.global_batch)
-        keep = gb % (dp * mb) == 0
-    else:  # about 4M tokens, rounded per layout; never more than 1.5x that unless dp alone needs it
-        target = job.batch_tokens_target(gpus)
-        gb = default_global_batch(model, dp * mb, target)
-        # Only when no layout keeps the batch near the target does data parallelism alone set it
-        # (405B on 16,384 GPUs must not pick DP 16384 and a 134M-token batch).
-        near = gb * model.seq_len <= 1.5 * target
-        keep = near if near.any() else (gb == dp * mb) & (mb == 1)
-    c = Candidates(**cols, global_batch=gb)
-    keep &= ~(c.sequence_parallel & (tp == 1)) | (pins.sequence_parallel is True)  # SP means nothing without TP
-    keep &= (vpp == 1) | (c.m % pp == 0)  # Megatron's interleaved schedule needs m divisible by pp
-    keep &= ~((c.schedule == SCHEDULES.index("gpipe")) & (vpp > 1))  # GPipe is not interleaved here
-    keep &= runs_on_stack(c, get_stack(job.stack))
-    keep &= expert_parallel_ok(model, c)
-    # Hybrid sharding: with ZeRO on a group of more than one rank, without expert parallel (its
-    # expert-data-parallel groups are not split again here); whether the group spans nodes is
-    # known with the hardware (``search`` drops the layouts where hybrid equals full).
-    keep &= (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))
-    c = c.take(np.flatnonzero(keep))
+    codes = {d.name: d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free}
+    mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
+    gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
+    stack, gpipe = get_stack(job.stack), SCHEDULES.index("gpipe")
+    rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
+        (("micro_batch",), lambda c: c.batch_ok),  # the global batch splits (``_batch_table``)
+        (("sequence_parallel",),  # SP means nothing without TP
+         lambda c: ~(c.sequence_parallel & (c.tp == 1)) | (pins.sequence_parallel is True)),
+        (("micro_batch",), lambda c: (c.vpp == 1) | (c.m % c.pp == 0)),  # Megatron's interleaved schedule: m % pp
+        (("schedule",), lambda c: ~((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
+        (("zero_stage", "schedule", "offload"), lambda c: runs_on_stack(c, stack)),
+        (("ep", "sequence_parallel"), lambda c: expert_parallel_ok(model, c)),
+        # Hybrid sharding: with ZeRO on a group of more than one rank, without expert parallel (its
+        # expert-data-parallel groups are not split again here); whether the group spans nodes is
+        # known with the hardware (``search`` drops the layouts where hybrid equals full).
+        (("sharding", "zero_stage", "ep"),
+         lambda c: (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))),
+    )
+    c, pending = _Product(mesh_cols, codes, gb, batch_ok), dict(enumerate(rules))
+    for d in [*free, None]:  # the product grows a dimension at a time; each rule applies once its columns exist
+        if d is not None:
+            c.extend(d.name)
+        ready = [i for i, (needs, _) in pending.items() if d is None or all(c.has(n) for n in needs)]
+        c.keep([pending.pop(i)[1] for i in ready])
+    c = c.candidates()
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
                    f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
     return c, ""
+
+
+def _batch_table(model: ModelSpec, gpus: int, job: Job, dp: np.ndarray,
+                 micro_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The global batch of every (mesh row, micro-batch) pair, and whether it is kept (shape
+    (len(dp), len(micro_batch))): the job's, kept when dp*micro_batch divides it; else about 4M
+    tokens, rounded per layout, never more than 1.5x that unless dp alone needs it."""
+    dp_mb = dp[:, None] * micro_batch[None, :]
+    if job.global_batch is not None:
+        gb = np.full_like(dp_mb, job.global_batch)
+        return gb, gb % dp_mb == 0
+    target = job.batch_tokens_target(gpus)
+    gb = default_global_batch(model, dp_mb, target)
+    # Only when no layout keeps the batch near the target does data parallelism alone set it
+    # (405B on 16,384 GPUs must not pick DP 16384 and a 134M-token batch).
+    near = gb * model.seq_len <= 1.5 * target
+    return gb, near if near.any() else (gb == dp_mb) & (micro_batch[None, :] == 1)
+
+
+class _Product:
+    """The layouts enumerated so far: the mesh rows times the values of the dimensions added, in
+    lexicographic order (a meshgrid's, flattened), held as indices and read like ``Candidates``
+    (columns by name, and its properties) by the enumeration's rules. Pruning while it grows
+    keeps the full product (a hundred times the valid layouts) from ever being built."""
+
+    def __init__(self, mesh: dict[str, np.ndarray], codes: dict[str, np.ndarray], gb: np.ndarray,
+                 batch_ok: np.ndarray) -> None:
+        self._mesh, self._codes, self._gb, self._batch_ok = mesh, codes, gb, batch_ok
+        self._idx = {"mesh": np.arange(len(gb))}
+
+    def extend(self, name: str) -> None:
+        k, n = len(self._codes[name]), len(self._idx["mesh"])
+        self._idx = {key: np.repeat(col, k) for key, col in self._idx.items()}
+        self._idx[name] = np.tile(np.arange(k), n)
+
+    def has(self, name: str) -> bool:
+        return name in self._idx or name in self._mesh
+
+    def keep(self, rules: list) -> None:
+        if rules:
+            keep = np.ones(len(self._idx["mesh"]), dtype=bool)
+            for rule in rules:
+                keep &= rule(self)
+            self._idx = {key: col[keep] for key, col in self._idx.items()}
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        prop = getattr(Candidates, name, None)
+        if isinstance(prop, property):  # m, gpus, shard_group, ...: as Candidates computes them
+            return prop.fget(self)
+        if name in self._mesh:
+            return self._mesh[name][self._idx["mesh"]]
+        if name in ("global_batch", "batch_ok"):
+            table = self._gb if name == "global_batch" else self._batch_ok
+            return table[self._idx["mesh"], self._idx["micro_batch"]]
+        return self._codes[name][self._idx[name]]
+
+    def candidates(self) -> Candidates:
+        return Candidates(**{name: getattr(self, name) for name in DIMS})
 
 
 def expert_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray:
