@@ -23,6 +23,8 @@ ELEMENTWISE = ("fused", "eager")
 ATTENTION_KERNELS = ("flash2", "fused", "standard")  # fused: FlashAttention-3 / cuDNN / TE on Hopper
 SELECTIVE = ("attention", "op")
 FP8_RECIPES = ("none", "tensorwise", "delayed")
+CP_EXCHANGES = ("gather", "torch")  # planner.core.steptime.context_parallel_exchange
+CP_KV_HEADS = ("kv", "query")
 DEFAULT_STACK = "fsdp2"
 
 
@@ -46,6 +48,11 @@ class Stack:
     tp_overlap: float  # of tensor-parallel communication hidden behind GEMMs
     tp_overlap_async: float  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
     cp_overlap: float  # of the attention time that hides context parallel's K/V exchange (ring: 1; all-gather: 0)
+    cp_exchange: str  # gather (K/V gathered, gradients reduced) or torch (context_parallel: all-gather + dK/dV ring)
+    cp_kv_heads: str  # K/V exchanged at the K/V heads, or repeated to the query heads before attention
+    cp_grad_bytes: float  # bytes per dK/dV element passed back between context-parallel ranks
+    cp_merge_bytes: float  # HBM bytes per local attention-output element per CP step, forward (partial merge)
+    cp_accumulate_bytes: float  # the same in the backward (dQ/dK/dV accumulation and copies)
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
@@ -97,6 +104,11 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "param_gather_overlap": ("param_gather_overlap", "float", (0.0, 1.0)),
     "tp_overlap_async": ("tp_overlap_async", "float", (0.0, 1.0)),
     "cp_overlap": ("cp_overlap", "float", (0.0, 1.0)),
+    "cp_exchange": ("cp_exchange", "str", CP_EXCHANGES),
+    "cp_kv_heads": ("cp_kv_heads", "str", CP_KV_HEADS),
+    "cp_grad_bytes": ("cp_grad_bytes", "float", (1.0, 4.0)),
+    "cp_merge_bytes": ("cp_merge_bytes", "float", (0.0, 256.0)),
+    "cp_accumulate_bytes": ("cp_accumulate_bytes", "float", (0.0, 256.0)),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "gather_layers": ("gather_layers", "float", (0.0, 64.0)),

@@ -37,17 +37,55 @@ def test_zero_shards_over_data_and_context_parallel_ranks():
 
 
 def test_the_kv_exchange_by_hand():
-    """fsdp2 gathers K and V before attention (exposed): per layer 2 bytes x (K + V) x s x h_kv,
-    each rank receiving (cp-1)/cp of it over NVLink forward, twice that backward."""
+    """The reference trainer gathers K and V at their own heads (blocking) and all-reduces their
+    gradient: per layer 2 bytes x (K + V) x s x h_kv, each rank receiving (cp-1)/cp of it over
+    NVLink forward, twice that backward."""
     hw = get_profile("h100-80g")
     lay = Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=3)
-    ev = evaluate_one(MODEL, lay, FSDP2, gpu="h100-80g")
+    ev = evaluate_one(MODEL, lay, Job(stack="reference"), gpu="h100-80g")
     kv = 2 * 2 * 65536 * 1024
     bw = hw.network.intra_bytes_per_s * hw.efficiency.intra_node_bw
     gather = 3 / 4 * kv / bw + 3 * hw.network.intra_latency_s
     assert float(ev.time.cp_comm[0]) == pytest.approx(32 * 3 * gather, rel=1e-9)
     ring = evaluate_one(MODEL, lay, Job(stack="megatron-core"), gpu="h100-80g")
     assert float(ring.time.cp_comm[0]) == 0.0  # a ring hides it behind attention at this length
+
+
+def test_torch_context_parallel_by_hand():
+    """torchtitan (torch's context_parallel, all-gather rotation): K/V repeated to the 32 query
+    heads before SDPA (4x the bytes of 8 K/V heads); per layer forward one all-gather of the
+    whole sequence's K/V and 3 fp32 merges of the partial output; backward the all-gather again,
+    4 sends of one rank's dK/dV in fp32 to the next rank and 3 fp32 accumulations; the fitted
+    cp_overlap 0 hides none of it. Bytes per element from the stack file (40 and 75)."""
+    hw = get_profile("h100-80g")
+    ev = evaluate_one(MODEL, Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=3), FSDP2,
+                      gpu="h100-80g")
+    bw = hw.network.intra_bytes_per_s * hw.efficiency.intra_node_bw
+    lat = hw.network.intra_latency_s
+    hbm = hw.gpu.hbm_bytes_per_s * hw.efficiency.memory
+    kv = 2 * 2 * 65536 * 4096  # K and V, 16-bit, whole sequence, 32 heads x 128
+    gather = 3 / 4 * kv / bw + 3 * lat
+    send = 2 * kv / 4 / bw + lat  # one rank's dK/dV in fp32
+    out = 65536 / 4 * 4096  # the rank's attention-output elements
+    forward = gather + 3 * 40 * out / hbm
+    backward = gather + 4 * send + 3 * 75 * out / hbm
+    assert float(ev.time.cp_comm[0]) == pytest.approx(32 * (forward + backward), rel=1e-9)
+
+
+def test_torch_context_parallel_working_memory_by_hand():
+    """While a layer runs backward, torch's context parallel holds the gathered K/V of the whole
+    sequence (16-bit, query heads) and seven local fp32 tensors (dQ, dK, dV; dK/dV sent and
+    received): with full recompute this adds to the layer being recomputed."""
+    from planner.core.memory import context_parallel_working
+    from planner.stacks import software
+
+    c = Candidates.from_layouts([Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=3,
+                                        recompute="full")])
+    local = 65536 / 4 * 4096
+    want = 2 * 2 * local * 4 + 7 * 4 * local
+    assert float(context_parallel_working(MODEL, c, FSDP2, software(FSDP2))[0]) == pytest.approx(want, rel=1e-12)
+    one = Candidates.from_layouts([Layout(dp=4, micro_batch=1, global_batch=4, zero_stage=3, recompute="full")])
+    assert float(context_parallel_working(MODEL, one, FSDP2, software(FSDP2))[0]) == 0.0
 
 
 def test_cp_must_split_the_sequence_into_2cp_chunks():
@@ -61,15 +99,39 @@ def test_cp_must_split_the_sequence_into_2cp_chunks():
     assert set(np.unique(long.cp)) >= {1, 2, 4, 8}
 
 
+# Published: torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 2 and 6 (tokens/s per
+# GPU, memory GiB). Tolerances: tokens/s within 15% and memory within 10% (issue 14), except the two
+# 8B rows at cp 4 and 8 (predicted 23% and 27% fast: their per-step cost above the counted exchange
+# and merges is not explained, docs/validation.md) and the 405B cp 8 memory (16% low).
+CP_ROWS = {  # label prefix: (tokens/s tolerance, memory tolerance)
+    "llama3-8b h100-96g-hbm2e x8 fsdp4 tp1 pp1 cp2": (0.15, 0.10),
+    "llama3-8b h100-96g-hbm2e x8 fsdp2 tp1 pp1 cp4": (0.30, 0.10),
+    "llama3-8b h100-96g-hbm2e x8 fsdp1 tp1 pp1 cp8": (0.30, 0.10),
+    "llama3-405b h100-96g-hbm2e x512 fsdp4 tp8 pp8 cp2": (0.15, 0.10),
+    "llama3-405b h100-96g-hbm2e x512 fsdp2 tp8 pp8 cp4": (0.15, 0.10),
+    "llama3-405b h100-96g-hbm2e x512 fsdp1 tp8 pp8 cp8": (0.15, 0.20),
+}
+
+
 def test_torchtitan_context_parallel_rows():
-    """The six rows with cp 2-8 (64K-256K tokens). Memory: every row within 20%. tokens/s: the 64K
-    row within 10%; at 128K-256K the planner is 18-38% fast (see the README's known limits)."""
     runs = [r for r in load_torchtitan(Path(__file__).parent.parent / "benchmarks" / "data" /
                                        "torchtitan_performance.csv", with_cp=True) if r.cp > 1]
     assert len(runs) == 6
     for r in runs:
+        (tok_tol, mem_tol), = [v for k, v in CP_ROWS.items() if r.label.startswith(k)]
         p = predict_torchtitan(r)
-        assert p.fits
-        assert abs(p.memory_bytes / r.measured_memory_bytes - 1) <= 0.20, r.label
-        err = p.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1
-        assert -0.10 <= err <= (0.10 if r.model.seq_len == 65536 and r.gpus == 8 else 0.40), r.label
+        assert p.fits, r.label
+        assert abs(p.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1) <= tok_tol, r.label
+        assert abs(p.memory_bytes / r.measured_memory_bytes - 1) <= mem_tol, r.label
+
+
+def test_the_exchange_grows_with_the_query_heads_under_torchtitan():
+    """torchtitan repeats K/V to the query heads before SDPA: Llama 3 405B (128 heads, 8 K/V
+    heads) exchanges 16x the bytes a GQA-aware ring would; at cp 8 across nodes (tp 8 fills each
+    node) that is most of the exposed exchange."""
+    model = get_preset("llama3-405b").replace(seq_len=262144)
+    lay = Layout(dp=1, tp=8, cp=8, micro_batch=1, global_batch=1, zero_stage=3, recompute="full",
+                 sequence_parallel=True)
+    torch_ = evaluate_one(model, lay, Job(stack="fsdp2", precision="bf16"), gpu="h100-80g")
+    gqa = evaluate_one(model, lay, Job(stack="reference", precision="bf16"), gpu="h100-80g")
+    assert float(torch_.time.cp_comm[0]) > 10 * float(gqa.time.cp_comm[0])
