@@ -232,3 +232,24 @@ def test_active_less_matmul_weights_is_embedding_norms_and_biases(name):
 def test_every_expert_active_is_the_total():
     spec = get_preset("mixtral-8x7b").replace(top_k=8)
     assert spec.active_params == spec.params
+
+
+@pytest.mark.parametrize("file, released", [
+    # Dense configs exercising the attention variants through the loader; released totals:
+    ("Qwen3-8B", 8_190_735_360),  # Hub safetensors total of Qwen/Qwen3-8B (head_dim 128, per-head QK-norm)
+    ("Qwen2.5-0.5B-Instruct", 494_032_768),  # Qwen2ForCausalLM's count of the released model (q/k/v biases, tied)
+])
+def test_hf_config_attention_variants_equal_released_counts(file, released):
+    spec, _ = model_from_hf_config(DATA / f"{file}.config.json")
+    assert not spec.moe and spec.params == released
+
+
+def test_a_bad_moe_config_is_one_line_at_the_cli(tmp_path, capsys):
+    from planner.cli.main import main
+
+    cfg = {**json.loads((DATA / "DeepSeek-V3.config.json").read_text()), "moe_layer_freq": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["estimate", "--hf-config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "moe_layer_freq" in err[0] and err[0].startswith("planner estimate: hf_config")
