@@ -48,7 +48,19 @@ def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None,
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
          objective: str = "time", top: int = 5, ops: Operations = Operations()) -> Plan:
     """The best layout with these pins, its runners-up and, when it does not fit, the nearest
-    layout that does: all from one evaluated table (``evaluate_table``)."""
+    layout that does (from the table of ``evaluate_table``).
+
+    With pins, their own search comes first: its layouts are the table's rows with these pins, in
+    the same order (``enumerate_layouts``), so when its best fits the plan is the same without
+    evaluating the table (a pinned estimate evaluates one layout). Otherwise, or when the pins'
+    search refuses them, the table's path decides and says why."""
+    if pins.pinned():
+        try:
+            result = search(model, hw, job, gpus, pins, objective)
+        except PlannerError:
+            result = None
+        if result is not None and result.evaluation.fits[0]:
+            return _plan(result, None, model, hw, job, pins, top, ops)
     return plan_from_table(evaluate_table(model, hw, job, gpus, pins, objective), model, hw, job, gpus, pins,
                            top, ops)
 
@@ -72,6 +84,13 @@ def plan_from_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, 
             raise PlannerError("layout", pins.pinned() or "search", why)
     # Should the widened table lack a layout the pins allow, the pins' own search decides.
     result = select(table, rows) if rows.size else search(model, hw, job, gpus, pins, table.objective)
+    return _plan(result, table, model, hw, job, pins, top, ops)
+
+
+def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw: HardwareProfile, job: Job,
+          pins: Pins, top: int, ops: Operations) -> Plan:
+    """The plan from the layouts with these pins (``result``, in rank order); ``table`` (the
+    widened one) is needed only when the best does not fit, for the nearest fitting layouts."""
     ev = result.evaluation
     best = estimate_at(ev, 0, model, hw, job, ops)
     runners = tuple(estimate_at(ev, int(i), model, hw, job, ops)
