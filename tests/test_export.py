@@ -20,7 +20,7 @@ yaml = pytest.importorskip("yaml")  # PyYAML: the trainer extra installs it
 # layers per virtual stage = 60 / (pp 4 x vpp 3) = 5; grad accum = 2048 / (dp 8 x mb 2) = 128.
 PINNED = ["--params", "33B", "--gpus", "128", "--dp", "8", "--tp", "4", "--pp", "4", "--vpp", "3",
           "--micro-batch", "2", "--global-batch", "2048", "--zero", "1", "--recompute", "full",
-          "--sequence-parallel", "--precision", "fp16"]
+          "--sequence-parallel", "--sharding", "full", "--precision", "fp16"]
 
 
 def run(capsys, *argv):
@@ -73,8 +73,8 @@ def estimate_layout(capsys, *argv) -> dict:
     return json.loads(out)
 
 
-LAYOUT_KEYS = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
-               "sequence_parallel", "schedule")
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "ep", "micro_batch", "global_batch", "zero_stage", "recompute",
+               "sequence_parallel", "schedule", "sharding", "offload")
 
 
 def test_torchrun_script_and_run_config_encode_the_layout(capsys, tmp_path):
@@ -83,9 +83,10 @@ def test_torchrun_script_and_run_config_encode_the_layout(capsys, tmp_path):
     config = heredoc_yaml(out)
     want = estimate_layout(capsys, *PINNED)
     assert config["layout"] == {k: want["layout"][k] for k in LAYOUT_KEYS}
-    assert config["layout"] | {} == {"dp": 8, "tp": 4, "pp": 4, "vpp": 3, "micro_batch": 2, "global_batch": 2048,
-                                     "zero_stage": 1, "recompute": "full", "sequence_parallel": True,
-                                     "schedule": "1f1b"}
+    assert config["layout"] | {} == {"dp": 8, "tp": 4, "pp": 4, "cp": 1, "vpp": 3, "ep": 1, "micro_batch": 2,
+                                     "global_batch": 2048, "zero_stage": 1, "recompute": "full",
+                                     "sequence_parallel": True, "schedule": "1f1b", "sharding": "full",
+                                     "offload": "none"}
     assert config["training"]["precision"] == "fp16" and config["training"]["init_loss_scale"] == 2.0**16
     # steps = tokens / (global batch x sequence length), rounded up
     assert config["training"]["steps"] == -(-int(want["train"]["tokens"]) // (2048 * 2048))

@@ -58,8 +58,8 @@ def test_deepspeed_without_offload_has_no_offload_keys(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["--format", "megatron", *FINETUNE_ONE_GPU, "--offload", "params", "--stack", "deepspeed-zero"],
      "offload='params'"),
-    (["--format", "torchrun", *FINETUNE_ONE_GPU, "--offload", "optimizer", "--stack", "deepspeed-zero"],
-     "offload='optimizer'"),
+    (["--format", "torchrun", *FINETUNE_ONE_GPU, "--offload", "params", "--stack", "deepspeed-zero"],
+     "offload='params'"),
     (["--format", "deepspeed", "--preset", "llama3-8b", "--seq-len", "65536", "--gpus", "16", "--cp", "2",
       "--stack", "megatron-core"], "cp=2"),
 ])
@@ -67,3 +67,43 @@ def test_new_dimensions_a_format_cannot_express(capsys, argv, needle):
     code, out, err = run(capsys, "export", *argv)
     assert code == 2 and out == "", err
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# Hybrid sharding (HSDP): ZeRO over the data-parallel ranks inside one node, replicated across nodes.
+# On 8-GPU nodes with tp t, a node holds 8 / t ranks of each data-parallel group.
+
+def test_megatron_hybrid_sharding_is_distributed_optimizer_instances(capsys):
+    # dp 16 x tp 2: 4 ranks of each dp group per node, so 16 / 4 = 4 optimizer instances
+    f = megatron_flags(export(capsys, "megatron", "--params", "33B", "--gpus", "128", "--dp", "16", "--tp", "2",
+                              "--pp", "4", "--zero", "1", "--sharding", "hybrid")[0])
+    assert f["--use-distributed-optimizer"] is True and f["--num-distributed-optimizer-instances"] == "4"
+
+
+def test_deepspeed_hybrid_sharding_is_mics(capsys):
+    d = json.loads(export(capsys, "deepspeed", "--preset", "llama-7b", "--gpus", "32", "--tp", "1", "--pp", "1",
+                          "--zero", "3", "--sharding", "hybrid")[0])
+    assert d["zero_optimization"]["stage"] == 3 and d["zero_optimization"]["mics_shard_size"] == 8
+
+
+def test_torchtitan_hybrid_sharding_is_hsdp(capsys):
+    import tomllib
+
+    code, out, err = run(capsys, "export", "--format", "torchtitan", "--preset", "llama3-8b", "--gpus", "32", "--dp",
+                         "16", "--tp", "2", "--pp", "1", "--zero", "3", "--sharding", "hybrid", "--sequence-parallel")
+    assert code == 0, err
+    par = tomllib.loads(out)["parallelism"]
+    # 8 / tp 2 = 4 ranks shard inside a node; 16 / 4 = 4 replicas
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (4, 4)
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] * par["tensor_parallel_degree"] == 32
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--format", "deepspeed", "--preset", "llama-7b", "--gpus", "32", "--tp", "1", "--pp", "1", "--zero", "2",
+      "--sharding", "hybrid"], "sharding='hybrid'"),
+    (["--format", "torchrun", "--preset", "llama-7b", "--gpus", "32", "--sharding", "hybrid",
+      "--stack", "megatron-core"], "sharding='hybrid'"),
+])
+def test_hybrid_sharding_a_format_cannot_express(capsys, argv, needle):
+    code, out, err = run(capsys, "export", *argv)
+    assert code == 2 and out == "", err
+    assert needle in err and len(err.strip().splitlines()) == 1

@@ -18,7 +18,7 @@ class ExportFormat:
     name: str
     help: str
     render: Callable  # (Estimate, ExportOptions, note) -> text
-    checks: Callable  # (layout, model, job) -> [PlannerError]: what this format cannot express
+    checks: Callable  # (layout, model, job, hardware) -> [PlannerError]: what this format cannot express
     language: str  # of the file written (for highlighting): bash, json, toml, yaml
     stack: str  # software_stacks/<stack>.toml: what this format runs
 
@@ -71,7 +71,7 @@ def layout_problems(fmt: str, lay, m, job, hw, gpus: int) -> list:
     """Every field of a layout that ``fmt`` cannot express (errors naming the field; empty: it can)."""
     from planner.export.rules import common_problems
 
-    return common_problems(fmt, lay, job, hw, gpus) + get_format(fmt).checks(lay, m, job)
+    return common_problems(fmt, lay, job, hw, gpus) + get_format(fmt).checks(lay, m, job, hw)
 
 
 def problems(fmt: str, e) -> list:

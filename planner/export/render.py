@@ -13,11 +13,12 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from planner.core.layout import LAYOUT_DIMS
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
 from planner.export.megatron import megatron_model_args
-from planner.export.rules import node_split
+from planner.export.rules import hybrid_group, node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
 from planner.units import GIB, fmt_count, fmt_days
@@ -60,6 +61,12 @@ def checkpoint_interval(e: Estimate) -> int:
     return c.interval_steps if c is not None and c.interval_steps else DEFAULT_CHECKPOINT_INTERVAL
 
 
+def trainer_checkpoint_interval(e: Estimate) -> int:
+    """The reference trainer writes no checkpoint with its optimizer offloaded (reference_trainer/config.py):
+    interval 0 there, else checkpoint_interval."""
+    return 0 if e.layout.offload == "optimizer" else checkpoint_interval(e)
+
+
 def hyper(e: Estimate, opts: ExportOptions) -> Hyper:
     return hyperparameters(e.job.mode, e.model.params, train_steps(e, opts))
 
@@ -76,6 +83,8 @@ def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
     lines.append(f"optimizer: AdamW lr {h.lr:g} (cosine to {h.min_lr_ratio:g}x, {h.warmup_steps} warm-up steps), "
                  f"betas {h.betas[0]:g}/{h.betas[1]:g}, eps {h.eps:g}, weight decay {h.weight_decay:g}, clip "
                  f"{h.grad_clip:g}; {h.source}")
+    if fmt in ("torchrun", "slurm", "k8s") and e.layout.offload == "optimizer":
+        lines.append("checkpoints: off (the reference trainer writes none with its optimizer offloaded)")
     return lines + ([note] if note else []) + [f"warning: {w}" for w in e.warnings]
 
 
@@ -96,11 +105,10 @@ def run_config(e: Estimate, opts: ExportOptions) -> dict:
         "model": {"arch": m.arch, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
                   "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "seq_len": m.seq_len,
                   "tied_embeddings": m.tied_embeddings, "attention": e.job.attention},
-        "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "micro_batch": lay.micro_batch,
-                   "global_batch": lay.global_batch, "zero_stage": lay.zero_stage, "recompute": lay.recompute,
-                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule},
+        # every declared dimension: the trainer reads them all (and refuses one it does not run unless at its default)
+        "layout": {d.name: getattr(lay, d.name) for d in LAYOUT_DIMS},
         "training": training,
-        "checkpoint": {"interval": checkpoint_interval(e), "keep_last": opts.keep_last, "auto_resume": True},
+        "checkpoint": {"interval": trainer_checkpoint_interval(e), "keep_last": opts.keep_last, "auto_resume": True},
     }
     if e.hardware.name in profile_names():
         config["profile"] = {"hardware_profile": e.hardware.name}
@@ -124,6 +132,10 @@ def planner_run_line(e: Estimate, steps: int) -> str:
         argv.append("--sequence-parallel")
     if lay.schedule != "1f1b":
         argv += ["--schedule", lay.schedule]
+    if lay.cp > 1:
+        argv += ["--cp", lay.cp]
+    if lay.offload != "none":
+        argv += ["--offload", lay.offload]
     return shlex.join(["planner", "run", *map(str, argv)])
 
 
@@ -187,6 +199,9 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
         parallel += ["--expert-model-parallel-size", lay.ep]
     if lay.zero_stage == 1:
         parallel.append("--use-distributed-optimizer")
+    group = hybrid_group(lay, e.hardware)
+    if group:  # hybrid: one optimizer shard group per node's ranks, replicated across them
+        parallel += ["--num-distributed-optimizer-instances", lay.dp * lay.cp // group]
     if getattr(lay, "offload", "none") == "optimizer":  # HybridDeviceOptimizer: all states and the step on the CPU
         parallel += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0, "--use-precision-aware-optimizer"]
     if e.job.overlap_grad_reduce and lay.dp > 1:
@@ -258,6 +273,9 @@ def deepspeed_config(e: Estimate, steps: int) -> dict:
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
     }
+    group = hybrid_group(lay, e.hardware)
+    if group:  # MiCS: ZeRO-3 inside groups of this many ranks, replicated across them (model built under MiCS_Init)
+        config["zero_optimization"]["mics_shard_size"] = group
     offload = getattr(lay, "offload", "none")
     if offload != "none":  # ZeRO-Offload (optimizer states and step on the CPU); ZeRO-Infinity adds the weights
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}

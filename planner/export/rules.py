@@ -23,6 +23,14 @@ def node_split(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return nodes, gpus // nodes
 
 
+def hybrid_group(lay, hw) -> int:
+    """Ranks ZeRO shards over under hybrid sharding (HSDP): the shard group's (dp x cp) ranks inside
+    one node, tp apart (planner.core.layout.Candidates.zero_group); 0 when sharding is full."""
+    if getattr(lay, "sharding", "full") != "hybrid":
+        return 0
+    return min(lay.dp * lay.cp, max(1, hw.network.gpus_per_node // lay.tp))
+
+
 def common_problems(fmt: str, lay, job, hw, gpus: int) -> list[PlannerError]:
     """What no format here expresses (LoRA adapters), and what the per-node launchers need (an even
     split over nodes); each format's own rules are its registry entry's ``checks``."""
@@ -39,7 +47,7 @@ def common_problems(fmt: str, lay, job, hw, gpus: int) -> list[PlannerError]:
     return out
 
 
-def trainer_checks(lay, m, job) -> list[PlannerError]:
+def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
     """The reference trainer's rules (reference_trainer/config.py): torchrun, Slurm, Kubernetes."""
     out = []
     if job.precision not in TRAINER_PRECISIONS:
@@ -54,11 +62,18 @@ def trainer_checks(lay, m, job) -> list[PlannerError]:
     if lay.pp > 1 and lay.vpp == 1 and lay.schedule == "1f1b" and lay.grad_accum < lay.pp:
         out.append(PlannerError("grad_accum", lay.grad_accum, f"the reference trainer's 1F1B needs micro-batches per "
                                 f"step >= pp={lay.pp}; raise --global-batch or use --schedule gpipe"))
-    if getattr(lay, "cp", 1) > 1:
-        out.append(PlannerError("cp", lay.cp, "the reference trainer does not run context parallelism; pin --cp 1"))
-    if getattr(lay, "offload", "none") != "none":
-        out.append(PlannerError("offload", lay.offload, "the reference trainer's run config has no CPU offload; pin "
-                                "--offload none, or use --format deepspeed (ZeRO-Offload)"))
+    cp = getattr(lay, "cp", 1)
+    if cp > 1 and lay.sequence_parallel and (m.seq_len // cp) % lay.tp:
+        out.append(PlannerError("sequence_parallel", True, f"the reference trainer needs tp={lay.tp} to divide the "
+                                f"tokens per context-parallel rank, seq_len/cp={m.seq_len // cp}"))
+    if getattr(lay, "offload", "none") == "params":
+        out.append(PlannerError("offload", "params", "the reference trainer offloads the optimizer (states and fp32 "
+                                "masters) only; pin --offload optimizer or none, or use --format deepspeed"))
+    if getattr(lay, "ep", 1) > 1:
+        out.append(PlannerError("ep", lay.ep, "the reference trainer's run config has no expert parallel; pin --ep 1"))
+    if getattr(lay, "sharding", "full") != "full":
+        out.append(PlannerError("sharding", lay.sharding, "the reference trainer shards ZeRO over all data-parallel "
+                                "ranks; pin --sharding full"))
     if _experts(m):
         out.append(PlannerError("experts", m.experts, "the reference trainer's run config has no mixture-of-experts "
                                 "fields; use --format megatron or torchtitan"))
@@ -70,7 +85,7 @@ def _experts(m) -> int:
     return getattr(m, "experts", 0) or 0
 
 
-def megatron_checks(lay, m, job) -> list[PlannerError]:
+def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
     out = []
     if getattr(lay, "offload", "none") == "params":
         out.append(PlannerError("offload", "params", "Megatron-LM offloads optimizer states only "
@@ -89,6 +104,11 @@ def megatron_checks(lay, m, job) -> list[PlannerError]:
     if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
         out.append(PlannerError("offload", "optimizer", "Megatron-LM's --optimizer-cpu-offload runs inside the "
                                 "distributed optimizer; pin --zero 1"))
+    group = hybrid_group(lay, hw) if hw is not None else 0
+    if group and (lay.zero_stage != 1 or (lay.dp * lay.cp) % group):
+        out.append(PlannerError("sharding", "hybrid", f"Megatron-LM shards hybrid only as distributed-optimizer "
+                                f"instances (ZeRO-1) of equal size: dp x cp = {lay.dp * lay.cp} into groups of {group}; "
+                                "pin --sharding full"))
     if getattr(m, "qk_norm", "none") == "full":
         out.append(PlannerError("qk_norm", "full", "Megatron-Core's --qk-layernorm normalizes each head; a norm over "
                                 "all of q and k (OLMoE) has no flag; use --format torchtitan with a registered model"))
@@ -98,7 +118,7 @@ def megatron_checks(lay, m, job) -> list[PlannerError]:
     return out
 
 
-def deepspeed_checks(lay, m, job) -> list[PlannerError]:
+def deepspeed_checks(lay, m, job, hw=None) -> list[PlannerError]:
     out = []
     if lay.tp > 1:
         out.append(PlannerError("tp", lay.tp, "a DeepSpeed config cannot express tensor parallelism "
@@ -118,6 +138,9 @@ def deepspeed_checks(lay, m, job) -> list[PlannerError]:
     if getattr(lay, "ep", 1) > 1:
         out.append(PlannerError("ep", lay.ep, "a DeepSpeed config has no expert-parallel degree (DeepSpeed-MoE takes "
                                 "ep_size in the model code); pin --ep 1 or use --format megatron"))
+    if getattr(lay, "sharding", "full") == "hybrid" and lay.zero_stage != 3:
+        out.append(PlannerError("sharding", "hybrid", "DeepSpeed shards hybrid (MiCS, mics_shard_size) at ZeRO stage 3 "
+                                "only; pin --zero 3 or --sharding full"))
     offload = getattr(lay, "offload", "none")
     need = {"none": 0, "optimizer": 1, "params": 3}[offload]
     if lay.zero_stage < need:  # ZeRO-Offload: stages 1-3; parameter offload (ZeRO-Infinity): stage 3
@@ -126,7 +149,7 @@ def deepspeed_checks(lay, m, job) -> list[PlannerError]:
     return out
 
 
-def torchtitan_checks(lay, m, job) -> list[PlannerError]:
+def torchtitan_checks(lay, m, job, hw=None) -> list[PlannerError]:
     """torchtitan's job config (planner/export/torchtitan.py): FSDP2 shards all or nothing, its TP
     always runs sequence parallel, its models are LLaMA-style, torch's pipelining schedules."""
     out = []
@@ -141,6 +164,11 @@ def torchtitan_checks(lay, m, job) -> list[PlannerError]:
         which = "cp" if cp > 1 else "ep"
         out.append(PlannerError("zero_stage", 0, f"torchtitan shards parameters over the data-parallel shard x cp "
                                 f"ranks whenever {which} > 1 (fully_shard: ZeRO-3); pin --zero 3"))
+    group = hybrid_group(lay, hw) if hw is not None else 0
+    if group and (group % cp or lay.dp % (group // cp)):
+        out.append(PlannerError("sharding", "hybrid", f"torchtitan's HSDP shards over data_parallel_shard x cp ranks: "
+                                f"the {group} ranks in a node must be cp={cp} times a divisor of dp={lay.dp}; "
+                                "pin --sharding full"))
     if lay.tp > 1 and not lay.sequence_parallel:
         out.append(PlannerError("sequence_parallel", False, "torchtitan's tensor parallel always shards norms along "
                                 "the sequence (sequence parallel); pin --sequence-parallel"))

@@ -9,6 +9,7 @@ values as its registry's fields (same names, same sections). What torchtitan can
 How the layout maps (torchtitan/distributed/parallel_dims.py, train.py, pipeline_parallel.py):
 - world = data_parallel_replicate x data_parallel_shard x cp x tp x pp. ZeRO-0 is DDP (replicate =
   dp), ZeRO-3 is FSDP2's fully_shard (shard = dp); with cp > 1 torchtitan shards over shard x cp.
+  Hybrid sharding is HSDP: shard x cp = the shard group's ranks inside a node, replicate = the rest.
 - expert parallel is carved out of shard x cp (expert_tensor_parallel_degree = tp, as Megatron-Core's
   default); both the planner and torchtitan keep ep out of the GPU count.
 - batch: global_batch_size / (local_batch_size x dp) gradient-accumulation steps. With pipeline
@@ -24,6 +25,7 @@ from __future__ import annotations
 from planner.core.pipeline import stage_layer_counts
 from planner.core.results import Estimate
 from planner.export.hyper import hyperparameters
+from planner.export.rules import hybrid_group
 from planner.export.yamltext import comment_lines
 
 # torchtitan's pipeline schedule names (torch.distributed.pipelining.schedules.get_schedule_class).
@@ -92,9 +94,13 @@ def stage_modules(layers: int, pp: int, vpp: int) -> list[list[str]]:
 def parallelism(e: Estimate) -> dict:
     m, lay, job = e.model, e.layout, e.job
     ep = getattr(lay, "ep", 1)
+    shard = lay.dp if lay.zero_stage == 3 else 1
+    group = hybrid_group(lay, e.hardware)
+    if group:  # HSDP: shard over the node's dp x cp ranks (cp inside, as torchtitan's mesh orders them)
+        shard = group // lay.cp
     out: dict = {
-        "data_parallel_replicate_degree": lay.dp if lay.zero_stage == 0 else 1,
-        "data_parallel_shard_degree": lay.dp if lay.zero_stage == 3 else 1,
+        "data_parallel_replicate_degree": lay.dp // shard,
+        "data_parallel_shard_degree": shard,
         "tensor_parallel_degree": lay.tp,
         "enable_async_tensor_parallel": bool(job.async_tp and lay.tp > 1),
         "pipeline_parallel_degree": lay.pp,
