@@ -180,6 +180,8 @@ BASE = {"arch": "llama", "layers": 2, "hidden": 64, "heads": 4}
     ({"kv_lora_rank": 32, "qk_nope_dim": 16, "qk_rope_dim": 8, "v_head_dim": 16, "head_dim": 16}, "head_dim"),
     ({"kv_lora_rank": 32, "qk_nope_dim": 16, "v_head_dim": 16, "kv_heads": 2}, "kv_heads"),
     ({"kv_lora_rank": -1}, "kv_lora_rank"),
+    ({"kv_lora_rank": 32, "qk_nope_dim": 16, "v_head_dim": 16, "qkv_bias": True}, "qkv_bias"),
+    ({"kv_lora_rank": 32, "qk_nope_dim": 16, "v_head_dim": 16, "arch": "gpt"}, "arch"),
     ({"router_bias": True}, "router_bias"),
     ({"experts": 4, "top_k": 1, "shared_expert_gate": True}, "shared_expert_gate"),
 ])

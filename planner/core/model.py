@@ -120,6 +120,8 @@ class ModelSpec:
         object.__setattr__(self, "head_dim", qk)
         require(self.kv_heads == self.heads, "kv_heads", self.kv_heads,
                 f"equal to heads={self.heads} with MLA (every head has its own K and V from the latent)")
+        require(self.arch == "llama", "arch", self.arch, "llama with MLA (RMSNorm, SwiGLU, RoPE, no biases)")
+        require(not self.qkv_bias, "qkv_bias", self.qkv_bias, "false with MLA (its projections have no biases)")
 
     def _check_moe(self) -> None:
         for field in ("experts", "top_k", "shared_experts", "dense_layers"):
@@ -234,7 +236,7 @@ class ModelSpec:
     def attention_params(self) -> int:
         """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms)."""
         qkv = self.q_width + self.k_width + self.v_width
-        bias = qkv + self.hidden if self.has_bias else (qkv if self.qkv_bias and not self.mla else 0)
+        bias = qkv + self.hidden if self.has_bias else (qkv if self.qkv_bias else 0)
         norms = {"none": 0, "full": self.q_width + self.k_width, "head": 2 * self.attn_qk_dim}[self.qk_norm]
         if self.mla:
             norms += self.q_lora_rank + self.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
