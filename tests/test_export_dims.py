@@ -107,3 +107,30 @@ def test_hybrid_sharding_a_format_cannot_express(capsys, argv, needle):
     code, out, err = run(capsys, "export", *argv)
     assert code == 2 and out == "", err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def megatron_layout_counts(layout: str) -> list[int]:
+    """Layers per stage of a --pipeline-model-parallel-layout string, unrolled as Megatron-Core does
+    (PipelineParallelLayerLayout.parse_str_to_list: "x*n" is n x's, stages split at "|")."""
+    import re
+
+    text = re.sub(r"(.)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), layout.replace(",", ""))
+    stages = text.split("|")
+    assert stages[0].startswith("E") and stages[-1].endswith("L")
+    assert set("".join(stages)) <= {"E", "t", "L"}
+    return [s.count("t") for s in stages]
+
+
+def test_megatron_uneven_pipeline_stages_as_a_layout(capsys):
+    # llama-33b: 60 layers over 8 stages = 7 each, the 4 extra to stages 1..4 (planner.core.pipeline)
+    out, _ = export(capsys, "megatron", "--params", "33B", "--gpus", "128", "--pp", "8", "--vpp", "1")
+    f = megatron_flags(out)
+    assert megatron_layout_counts(f["--pipeline-model-parallel-layout"]) == [7, 8, 8, 8, 8, 7, 7, 7]
+    assert "--num-layers-per-virtual-pipeline-stage" not in f and "June 2025" in out
+    # DeepSeek-V3's 61 layers over 16 stages: 3 each, 13 extra to stages 1..13
+    f = megatron_flags(export(capsys, "megatron", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h100",
+                              "--pp", "16", "--vpp", "1")[0])
+    assert megatron_layout_counts(f["--pipeline-model-parallel-layout"]) == [3] + [4] * 13 + [3, 3]
+    # an even split keeps the plain flags
+    f = megatron_flags(export(capsys, "megatron", "--params", "33B", "--gpus", "128", "--pp", "4", "--vpp", "3")[0])
+    assert "--pipeline-model-parallel-layout" not in f and f["--num-layers-per-virtual-pipeline-stage"] == "5"

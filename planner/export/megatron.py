@@ -66,3 +66,16 @@ def moe_args(m) -> list:
     if getattr(m, "capacity_factor", 0):
         out += ["--moe-expert-capacity-factor", m.capacity_factor, "--moe-token-drop-policy", "probs"]
     return out
+
+
+def megatron_pipeline_layout(layers: int, pp: int, vpp: int = 1) -> str:
+    """--pipeline-model-parallel-layout (Megatron-Core, June 2025 on): the planner's split of layers
+    into pp x vpp stages (planner.core.pipeline.stage_layer_counts), stages in virtual-stage order
+    (stage k on rank k % pp, as Megatron reads the list) separated by "|", "E" the embedding on the
+    first, "t" a transformer layer ("t*n": n of them), "L" the loss on the last."""
+    from planner.core.pipeline import stage_layer_counts
+
+    counts = stage_layer_counts(layers, pp * vpp)
+    stages = [("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t") + ("L" if k == len(counts) - 1 else "")
+              for k, n in enumerate(counts)]
+    return "|".join(stages)

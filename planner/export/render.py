@@ -17,7 +17,7 @@ from planner.core.layout import LAYOUT_DIMS
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
-from planner.export.megatron import megatron_model_args
+from planner.export.megatron import megatron_model_args, megatron_pipeline_layout
 from planner.export.rules import hybrid_group, node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
@@ -189,7 +189,9 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     m, lay, prec = e.model, e.layout, e.job.precision
     model = megatron_model_args(m, e.job.attention)
     parallel = ["--tensor-model-parallel-size", lay.tp, "--pipeline-model-parallel-size", lay.pp]
-    if lay.vpp > 1:  # Megatron counts layers per virtual stage: layers / (pp * vpp)
+    if m.layers % (lay.pp * lay.vpp):  # the planner's uneven split, stage by stage
+        parallel += ["--pipeline-model-parallel-layout", megatron_pipeline_layout(m.layers, lay.pp, lay.vpp)]
+    elif lay.vpp > 1:  # Megatron counts layers per virtual stage: layers / (pp * vpp)
         parallel += ["--num-layers-per-virtual-pipeline-stage", m.layers // (lay.pp * lay.vpp)]
     if lay.sequence_parallel and lay.tp > 1:
         parallel.append("--sequence-parallel")
@@ -233,6 +235,8 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
              f"{getattr(e.layout, 'cp', 1)}) = {e.layout.dp}. The vocabulary ({e.model.vocab}) comes from your "
              "tokenizer.",
              "set -euo pipefail"]
+    if e.model.layers % (e.layout.pp * e.layout.vpp):
+        lines.insert(-1, "# Uneven pipeline stages: --pipeline-model-parallel-layout needs a Megatron-LM from June 2025 on.")
     for name, args in megatron_args(e, steps).items():
         pairs, i = [], 0
         while i < len(args):  # one flag (with its value) per line

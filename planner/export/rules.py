@@ -95,10 +95,6 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
                                 "(--use-distributed-optimizer) only; pin --zero 0 or 1, or use --format deepspeed"))
     if lay.pp > 1 and lay.schedule == "gpipe":
         out.append(PlannerError("schedule", "gpipe", "Megatron-LM runs 1F1B (interleaved when vpp > 1), not GPipe"))
-    if lay.pp > 1 and m.layers % lay.pp:
-        out.append(PlannerError("pp", lay.pp, f"Megatron-LM splits layers={m.layers} evenly over pipeline stages; "
-                                f"the planner gives the {m.layers % lay.pp} extra layers to middle stages, which "
-                                f"it cannot express; pin --pp to a divisor of {m.layers}"))
     if job.precision == "tf32":
         out.append(PlannerError("precision", "tf32", "Megatron-LM has no TF32 switch; use fp32, bf16, fp16 or fp8"))
     if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
