@@ -55,3 +55,39 @@ def test_a_bad_torchtitan_row_is_one_line(tmp_path):
     with pytest.raises(PlannerError) as err:
         load_torchtitan(bad)
     assert "tokens_per_s_per_gpu" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_calibrate_from_published_torchtitan_rows(tmp_path, capsys):
+    """`planner calibrate --published CSV` fits the 500 W H100's clock and the per-block overhead on
+    torchtitan rows and writes a calibrated profile that predicts those rows' published tokens/s
+    (Tables 1 and 3 of llama3_h100_202412_torchtitan.md: 8B on 8 and 128 H100s) within 10%."""
+    from planner.cli.main import main
+    from planner.hardware import get_profile
+
+    lines = CSV.read_text().splitlines()
+    rows = [lines[0]] + [line for line in lines[1:] if "Table 1," in line or "Table 3," in line]
+    subset = tmp_path / "tt.csv"
+    subset.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "h100-500w.toml"
+    assert main(["calibrate", "--published", str(subset), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "leave-one-out" in printed and "clock" in printed
+    hw = get_profile(str(out))
+    assert hw.calibrated and hw.name == "h100-500w"
+    clock = hw.efficiency.matmul / get_profile("h100-80g").efficiency.matmul
+    assert 0.55 <= clock <= 0.9  # a 500 W board below the 700 W H100 SXM's clock, not above it
+    for r in load_torchtitan(subset):
+        assert r.gpu == "h100-96g-hbm2e"
+        rate = predict_torchtitan(r, hw).tokens_per_s_per_gpu
+        assert abs(rate / r.measured_tokens_per_s_per_gpu - 1) <= 0.10, r.label
+
+
+def test_calibrate_published_bad_input_is_one_line(tmp_path, capsys):
+    from planner.cli.main import main
+
+    out = str(tmp_path / "x.toml")
+    assert main(["calibrate", "--published", str(tmp_path / "none.csv"), "--out", out]) == 2
+    assert main(["calibrate", "run1", "--published", "torchtitan", "--out", out]) == 2
+    assert main(["calibrate", "--published", "torchtitan", "--base", "a100-80g", "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("planner calibrate:") for line in err)

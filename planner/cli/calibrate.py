@@ -27,9 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it counts as failed")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("calibrate", help="fit a profile's efficiency factors to run records")
-    p.add_argument("runs", nargs="+", help="run folders, record.json files, or folders of runs")
-    p.add_argument("--base", required=True, help="the profile the runs ran on (a probed one for CPU runs)")
+    p = sub.add_parser("calibrate", help="fit a profile's efficiency factors to run records or published rows")
+    p.add_argument("runs", nargs="*", help="run folders, record.json files, or folders of runs")
+    p.add_argument("--published", help="fit from published rows instead: 'torchtitan' (its benchmark rows, "
+                   "benchmarks/data/torchtitan_performance.csv), a CSV with those columns, or a CSV with the "
+                   "columns of megatron2021_table1.csv (then --base names the GPU they ran on)")
+    p.add_argument("--base", help="the profile the runs ran on (a probed one for CPU runs); required with run "
+                   "records and Megatron-style rows")
     p.add_argument("--out", required=True, help="calibrated profile file to write (TOML)")
     p.add_argument("--name", help="profile name (default: the file's stem)")
     p.add_argument("--factors", help="comma-separated factors to fit (default: those the runs exercise: "
@@ -95,8 +99,21 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from planner.hardware import get_profile
 
     check_target(a.out)  # a folder or a device: refused before the fit
+    if a.published and a.runs:
+        raise PlannerError("runs", " ".join(a.runs), "give run records or --published, not both")
+    if a.published and _torchtitan_csv(a.published):
+        return _calibrate_torchtitan(a)
+    if not a.runs and not a.published:
+        raise PlannerError("runs", "none", "give run folders/records, or --published torchtitan|FILE.csv")
+    if not a.base:
+        raise PlannerError("base", "none", "name the profile the runs ran on (--base a100-80g, a probed file)")
     base = get_profile(a.base)
-    runs, skipped = load_measurements(a.runs, strict=a.strict)
+    if a.published:
+        from planner.calibration.measured import published_measurements
+
+        runs, skipped = published_measurements(a.published), []
+    else:
+        runs, skipped = load_measurements(a.runs, strict=a.strict)
     factors = (tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors
                else default_factors(runs, base))
     try:
@@ -115,6 +132,73 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     write_atomic(a.out, calibrated_profile_toml(base, fit, runs, name))
     print(f"wrote {a.out} (profile {name}; use --gpu {a.out})")
     return 0
+
+
+def _torchtitan_csv(name: str) -> str | None:
+    """The torchtitan benchmark CSV ``--published`` names ('torchtitan', or a file with its columns)."""
+    from pathlib import Path
+
+    if name.strip().lower() == "torchtitan":
+        path = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "torchtitan_performance.csv"
+        if not path.is_file():
+            raise PlannerError("published", name, "the torchtitan rows ship with the source tree; give the CSV's path")
+        return str(path)
+    path = Path(name)
+    if not path.is_file():
+        raise PlannerError("published", name, "'torchtitan' or an existing CSV file")
+    try:
+        header = path.read_text(encoding="utf-8").split("\n", 1)[0]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlannerError("published", name, f"cannot read ({exc})") from None
+    return str(path) if "tokens_per_s_per_gpu" in header.split(",") else None
+
+
+def _calibrate_torchtitan(a: argparse.Namespace) -> int:
+    """Fit the 500 W H100's clock and the fsdp2 per-block overhead on torchtitan's rows without
+    context parallelism (planner/calibration/torchtitan.py), print the figures, write the profile."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from planner.calibration.published import load_torchtitan
+    from planner.calibration.torchtitan import CLOCKED, calibrated_profile_toml, fit, leave_one_out, residuals
+    from planner.files import write_atomic
+
+    if a.base and a.base != CLOCKED:
+        raise PlannerError("base", a.base, f"the torchtitan rows calibrate {CLOCKED} (leave --base out)")
+    runs = load_torchtitan(_torchtitan_csv(a.published))
+    if len(runs) < 3:
+        raise PlannerError("published", a.published, f"{len(runs)} rows without context parallelism; "
+                                                     "fitting 2 factors needs at least 3")
+    base_err = np.exp(residuals((_clock_now(), _overhead_now_us()), runs)) - 1
+    x = fit(runs)
+    errors, loo = np.exp(residuals(x, runs)) - 1, leave_one_out(runs)
+    print(f"{'row':<84} {'base err':>9} {'fit err':>8} {'LOO err':>8}")
+    for r, b, e, lo in zip(runs, base_err, errors, loo):
+        print(f"{r.label[:84]:<84} {b:+9.1%} {e:+8.1%} {lo:+8.1%}")
+    mean = lambda e: f"{np.mean(np.abs(e)):.1%} mean, {np.max(np.abs(e)):.1%} worst"  # noqa: E731
+    print(f"tokens/s per GPU over {len(runs)} rows: base {mean(base_err)}; fitted {mean(errors)}; "
+          f"leave-one-out {mean(loo)}")
+    print(f"factors: {CLOCKED} clock = {x[0]:.3f} of the H100 SXM's; layer_overhead_s = {x[1] * 1e-6:.4g} "
+          f"(the fsdp2 stacks' layer_overhead_us, {x[1]:.0f})")
+    name = a.name or Path(a.out).stem
+    write_atomic(a.out, calibrated_profile_toml(x, runs, errors, loo, name))
+    print(f"wrote {a.out} (profile {name}; use --gpu {a.out})")
+    return 0
+
+
+def _clock_now() -> float:
+    """The clock the shipped 500 W H100 profile carries (its matmul over the H100 SXM's)."""
+    from planner.calibration.torchtitan import CLOCKED, REFERENCE
+    from planner.hardware import get_profile
+
+    return get_profile(CLOCKED).efficiency.matmul / get_profile(REFERENCE).efficiency.matmul
+
+
+def _overhead_now_us() -> float:
+    from planner.stacks import get_stack
+
+    return get_stack("fsdp2").layer_overhead_s * 1e6
 
 
 def _with_skipped(exc: PlannerError, skipped: list[str]) -> PlannerError:
