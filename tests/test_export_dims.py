@@ -134,3 +134,22 @@ def test_megatron_uneven_pipeline_stages_as_a_layout(capsys):
     # an even split keeps the plain flags
     f = megatron_flags(export(capsys, "megatron", "--params", "33B", "--gpus", "128", "--pp", "4", "--vpp", "3")[0])
     assert "--pipeline-model-parallel-layout" not in f and f["--num-layers-per-virtual-pipeline-stage"] == "5"
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["--preset", "llama-7b", "--seq-len", "8192", "--gpus", "16", "--cp", "2", "--stack", "fsdp2"], {"cp": 2}),
+    ([*FINETUNE_ONE_GPU, "--offload", "optimizer", "--stack", "deepspeed-zero"], {"offload": "optimizer"}),
+])
+def test_trainer_run_config_with_cp_or_offload_is_accepted_by_the_trainer(capsys, argv, want):
+    from tests.test_export import heredoc_yaml
+
+    config_mod = pytest.importorskip("reference_trainer.config")
+    out, _ = export(capsys, "torchrun", *argv)
+    raw = heredoc_yaml(out)
+    assert {k: raw["layout"][k] for k in want} == want
+    cfg = config_mod.build_config(raw)
+    assert all(getattr(cfg.layout, k) == v for k, v in want.items())
+    launch = [line for line in out.splitlines() if line.startswith("#   planner run")][0]
+    assert all(f"--{k} {v}" in launch for k, v in want.items())
+    if "offload" in want:  # the trainer writes no checkpoint with its optimizer offloaded
+        assert raw["checkpoint"]["interval"] == 0
