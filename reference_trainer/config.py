@@ -31,7 +31,7 @@ OPS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Operations)}
 # The layout dimensions this trainer runs (reference_trainer/parallel.py, step.py). Any other
 # dimension declared in planner.core.layout (context parallel, ...) is accepted in a config and as
 # a flag, and refused unless it keeps its default: a new dimension needs no trainer edit to parse.
-TRAINER_DIMS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
+TRAINER_DIMS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
                 "sequence_parallel", "schedule", "offload")
 LAYOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -346,6 +346,34 @@ def _check_layout(config: RunConfig) -> None:
     _check_schedule(config)
     _check_cp(config)
     _check_offload(config)
+    _check_moe(config)
+
+
+# ModelSpec variants of released models this trainer does not build (planner/core/model.py counts
+# them): each must keep its default here.
+UNBUILT_SPEC = {"router_bias": False, "qkv_bias": False, "qk_norm": "none", "kv_lora_rank": 0, "q_lora_rank": 0}
+
+
+def _check_moe(config: RunConfig) -> None:
+    """Mixture-of-experts and expert parallel (reference_trainer/moe.py)."""
+    spec, lay = config.spec, config.layout
+    for name, default in UNBUILT_SPEC.items():
+        _require(getattr(spec, name) == default, f"model.{name}={getattr(spec, name)!r}: the reference trainer does "
+                                                 f"not build this variant; leave it at {default!r}")
+    _require(spec.head_dim * spec.heads == spec.hidden, f"model.head_dim={spec.head_dim}: the reference trainer "
+                                                        f"builds head_dim = hidden/heads = {spec.hidden // spec.heads}")
+    if not spec.experts:
+        _require(lay.ep == 1, f"layout.ep={lay.ep}: expert parallel needs an MoE model (model.experts > 0)")
+        return
+    _require(lay.tp == 1, f"layout.tp={lay.tp}: the reference trainer runs MoE models with tp = 1 "
+                          "(no expert-tensor parallel); use dp, cp, ep or pp")
+    ranks = lay.dp * lay.cp
+    _require(ranks % lay.ep == 0, f"layout.ep={lay.ep}: must divide dp*cp={lay.dp}*{lay.cp}={ranks} "
+                                  "(expert parallel is carved out of those ranks)")
+    _require(spec.experts % lay.ep == 0, f"layout.ep={lay.ep}: must divide model experts={spec.experts}")
+    if lay.ep > 1:
+        _require(config.checkpoint.interval == 0, f"checkpoint.interval={config.checkpoint.interval}: checkpoints "
+                                                  "are not written with expert parallel (ep > 1); set interval 0")
 
 
 def _check_offload(config: RunConfig) -> None:

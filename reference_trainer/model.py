@@ -122,9 +122,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, dropout: float):
+    """The dense MLP of width ``width`` (default ffn_hidden; an MoE's shared experts use theirs)."""
+
+    def __init__(self, spec: ModelSpec, dropout: float, width: int | None = None):
         super().__init__()
-        h, f, bias = spec.hidden, spec.ffn_hidden, spec.has_bias
+        h, f, bias = spec.hidden, width or spec.ffn_hidden, spec.has_bias
         self.gated = spec.gated_mlp
         if self.gated:  # SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))
             self.gate = nn.Linear(h, f, bias=False)  # (C -> F)
@@ -141,12 +143,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)). Layer ``index`` of an
+    MoE model from ``dense_layers`` on has an MoE MLP (reference_trainer/moe.py) holding expert-
+    parallel rank ``ep_rank``'s share of the routed experts."""
 
-    def __init__(self, spec: ModelSpec, dropout: float, attention: str):
+    def __init__(self, spec: ModelSpec, dropout: float, attention: str, index: int = 0, ep_rank: int = 0,
+                 ep: int = 1):
         super().__init__()
         self.attn_norm, self.attn = make_norm(spec), Attention(spec, dropout, attention)
-        self.mlp_norm, self.mlp = make_norm(spec), MLP(spec, dropout)
+        self.mlp_norm = make_norm(spec)
+        if spec.experts and index >= spec.dense_layers:
+            from reference_trainer.moe import MoE
+
+            self.mlp = MoE(spec, dropout, MLP, ep_rank, ep)
+        else:
+            self.mlp = MLP(spec, dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         x = x + self.attn(self.attn_norm(x))
@@ -180,13 +191,13 @@ class GPT(nn.Module):
     """
 
     def __init__(self, spec: ModelSpec, *, layer_ids: Iterable[int] | None = None, first: bool = True,
-                 last: bool = True, attention: str = "flash"):
+                 last: bool = True, attention: str = "flash", ep_rank: int = 0, ep: int = 1):
         super().__init__()
-        self.spec = spec
+        self.spec, self.ep_rank = spec, ep_rank
         dropout = spec.dropout
         ids = range(spec.layers) if layer_ids is None else layer_ids
         self.embed = Embeddings(spec, dropout) if first else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, attention) for i in ids})
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, attention, i, ep_rank, ep) for i in ids})
         self.norm = make_norm(spec) if last else None
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False) if last else None  # (V, C) weight
         self.head_is_tied_copy = bool(last and spec.tied_embeddings and not first)
@@ -223,7 +234,9 @@ class GPT(nn.Module):
             key = "embed.tok.weight" if name == "head.weight" and self.spec.tied_embeddings else name
             gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{key}".encode()))
             leaf = name.rsplit(".", 2)
-            if "norm" in leaf[-2]:
+            if leaf[-2] == "experts":  # stacked (El, ...): this ep rank's slice of all experts' draw
+                _init_experts(p, leaf[-1], self.spec.experts, self.ep_rank, gen, residual_std)
+            elif "norm" in leaf[-2]:
                 p.fill_(1.0 if leaf[-1] == "weight" else 0.0)
             elif leaf[-1] == "bias":
                 p.zero_()
@@ -238,6 +251,19 @@ class GPT(nn.Module):
 
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper
+
+
+def _init_experts(p: torch.Tensor, leaf: str, experts: int, ep_rank: int, gen: torch.Generator,
+                  residual_std: float) -> None:
+    """Routed experts' stacked weights (El, ...): all ``experts`` drawn, as one process holding them
+    all would, then expert-parallel rank ``ep_rank``'s consecutive El of them kept."""
+    if leaf.endswith("bias"):
+        p.zero_()
+        return
+    local = p.shape[0]
+    std = residual_std if leaf in ("down", "fc2") else INIT_STD
+    full = torch.empty((experts, *p.shape[1:]), dtype=torch.float32).normal_(0.0, std, generator=gen)
+    _assign(p, full[ep_rank * local:(ep_rank + 1) * local])
 
 
 def _assign(p: torch.Tensor, full: torch.Tensor) -> None:

@@ -29,6 +29,7 @@ from planner.core.layout import Layout
 from planner.core.model import ModelSpec
 from planner.core.pipeline import stage_layer_ranges
 from reference_trainer.model import GPT
+from reference_trainer.moe import ExpertGroups, expert_groups, expert_param_names, set_ep_group
 
 
 @dataclass(kw_only=True)
@@ -42,6 +43,7 @@ class Parts:
     tied_group: dist.ProcessGroup | None  # first and last stage ranks of one (dp, tp) coordinate
     schedule: object | None = None  # a torch.distributed.pipelining schedule when pp > 1
     cp_positions: torch.Tensor | None = None  # context parallel: global positions of this rank's tokens
+    experts: ExpertGroups | None = None  # expert parallel: this rank's ep and expert-data-parallel groups
 
     @property
     def first(self) -> bool:
@@ -74,16 +76,17 @@ def grad_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 
 def build_stages(spec: ModelSpec, layout: Layout, pp_rank: int, *, seed: int, attention: str,
-                 meta: bool = False) -> tuple[list[GPT], list[int]]:
-    """The GPT stage modules of pipeline rank ``pp_rank``: initialised on the CPU in fp32, or
-    (``meta``) shapes only, on the meta device, for ``materialize`` after parallelising."""
+                 meta: bool = False, ep_rank: int = 0) -> tuple[list[GPT], list[int]]:
+    """The GPT stage modules of pipeline rank ``pp_rank`` (holding expert-parallel rank
+    ``ep_rank``'s experts): initialised on the CPU in fp32, or (``meta``) shapes only, on the meta
+    device, for ``materialize`` after parallelising."""
     num_stages = layout.pp * layout.vpp
     modules, ids = [], []
     for chunk, (start, end) in enumerate(stage_layer_ranges(spec.layers, layout.pp, layout.vpp)[pp_rank]):
         stage = chunk * layout.pp + pp_rank  # virtual stage k runs on rank k % pp
         with torch.device("meta" if meta else "cpu"):
             module = GPT(spec, layer_ids=range(start, end), first=stage == 0, last=stage == num_stages - 1,
-                         attention=attention)
+                         attention=attention, ep_rank=ep_rank, ep=layout.ep)
         if not meta:
             module.init_weights(seed)
         modules.append(module)
@@ -168,7 +171,8 @@ def apply_recompute(module: GPT, recompute: str) -> None:
             block.attn.core = checkpoint_wrapper(block.attn.core, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
-def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dtype: torch.dtype | None) -> nn.Module:
+def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dtype: torch.dtype | None,
+             ep: int = 1) -> nn.Module:
     """ZeRO 0: DDP (everything replicated, gradients all-reduced, overlapped with backward).
     ZeRO 1-3: FSDP2, which always shards parameters, gradients and optimizer states across dp;
     the stages differ in when parameters are gathered and gradients reduced (README.md).
@@ -177,11 +181,16 @@ def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dt
     every forward, which breaks tied and optimizer-held ones), so ZeRO 0 with tp > 1 is FSDP2 in
     hybrid mode with a shard group of one: replicated over dp, gradients all-reduced, as DDP."""
     dp_mesh = grad_mesh(mesh)
+    # Expert parallel: each rank's experts are its own; their gradients are reduced over the
+    # expert-data-parallel group by the stepper (reference_trainer/moe.py), not over dp*cp.
+    names = set(expert_param_names(module)) if ep > 1 else set()
+    experts = {p for name, p in module.named_parameters() if name in names}
     if zero_stage == 0 and tp == 1:
         if dp_mesh.size() == 1:
             return module
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        DDP._set_params_and_buffers_to_ignore_for_model(module, sorted(names))
         return DDP(module, process_group=dp_mesh.get_group(), forward_sync_buffers=False)  # buffers: RoPE tables
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -193,8 +202,9 @@ def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dt
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     reshard = zero_stage == 3
     for block in module.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(module, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        mine = {p for p in block.parameters() if p in experts} or None
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, ignored_params=mine)
+    fully_shard(module, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, ignored_params=experts or None)
     return module
 
 
@@ -251,7 +261,9 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
     without TP) needs real parameters to broadcast: materialised just before it wraps."""
     meta = lora is None if meta is None else meta and lora is None
     pp_rank = mesh.get_local_rank("pp")
-    modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention, meta=meta)
+    experts = expert_groups(mesh, layout)
+    modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention, meta=meta,
+                                ep_rank=experts.ep_rank)
     wrapped, positions = [], None
     for module in modules:
         if lora is not None:
@@ -266,16 +278,17 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
             from reference_trainer.context import apply_cp
 
             positions = apply_cp(module, mesh["cp"].get_group(), mesh.get_local_rank("cp"), layout.cp, device)
+        set_ep_group(module, experts.ep_group)
         apply_recompute(module, layout.recompute)
         ddp = layout.zero_stage == 0 and layout.tp == 1
         if meta and ddp:
             materialize(module, device, seed)
-        wrapped.append(apply_dp(module, mesh, layout.zero_stage, layout.tp, compute_dtype))
+        wrapped.append(apply_dp(module, mesh, layout.zero_stage, layout.tp, compute_dtype, layout.ep))
         if meta and not ddp:
             materialize(wrapped[-1], device, seed)
     group = tied_embedding_group(mesh, layout) if spec.tied_embeddings else None
     return Parts(modules=wrapped, stage_ids=ids, num_stages=layout.pp * layout.vpp, mesh=mesh, tied_group=group,
-                 cp_positions=positions)
+                 cp_positions=positions, experts=experts)
 
 
 def unwrap(module: nn.Module) -> GPT:

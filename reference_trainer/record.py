@@ -199,8 +199,9 @@ def _header(config, config_dict: dict, status: str, message: str | None, env: di
     return {
         "schema_version": SCHEMA_VERSION, "run_name": config.run_name,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": status, "message": message,
-        "model": {**{k: config_dict["model"][k] for k in SCHEMA["model"] if k in config_dict["model"]},
-                  "params": config.spec.params},
+        # Every ModelSpec field (the MoE ones too: experts, top_k, ...), params and active params.
+        "model": {**{k: v for k, v in config_dict["model"].items() if k != "attention"},
+                  "params": config.spec.params, "active_params": config.spec.active_params},
         "layout": {**config_dict["layout"], "grad_accum": config.layout.grad_accum},
         "precision": config.training.precision, "attention": config.attention,
         "hardware": {"device_kind": env["device_kind"], "device_name": env["device_name"], "device_count": world,

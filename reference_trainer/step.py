@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from reference_trainer import faults
 from reference_trainer.config import TrainingConfig
 from reference_trainer.model import loss_fn
+from reference_trainer.moe import expert_param_names, reduce_expert_grads
 from reference_trainer.parallel import Parts, build_schedule, local_tensor, replication, settle_grads, unwrap
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,10 +55,10 @@ def build_optimizers(modules: list[torch.nn.Module], tr: TrainingConfig, offload
     optimizers = []
     for module in modules:
         groups: dict[tuple, list] = {}
-        for p in module.parameters():
+        for name, p in module.named_parameters():
             if not p.requires_grad:  # frozen (LoRA): no gradient, no optimizer state
                 continue
-            decay = p.dim() >= 2
+            decay = p.dim() >= 2 and not name.endswith("bias")  # MoE experts' stacked biases are 2-D
             groups.setdefault((decay, _signature(p)), []).append(p)
         param_groups = [{"params": ps, "weight_decay": tr.weight_decay if key[0] else 0.0}
                         for key, ps in groups.items()]
@@ -188,12 +189,15 @@ class Stepper:
         """Parameters by replication factor (how many ranks of their stage hold the same values),
         the tied head copy left out: each element of the model counted once."""
         groups: dict[int, list[torch.Tensor]] = {}
+        ep = self.layout.ep
         for module in self.parts.modules:
             gpt = unwrap(module)
             tied_copy = gpt.head.weight if gpt.head_is_tied_copy else None
-            for p in module.parameters():
-                if p is not tied_copy:
-                    groups.setdefault(replication(p, self.stage_ranks), []).append(p)
+            experts = set(expert_param_names(module)) if ep > 1 else set()
+            for name, p in module.named_parameters():
+                if p is not tied_copy:  # expert parallel: 1/ep of the stage's ranks hold each expert
+                    r = replication(p, self.stage_ranks) // (ep if name in experts else 1)
+                    groups.setdefault(r, []).append(p)
         return groups
 
     def _local_sq_norm(self) -> torch.Tensor:
@@ -208,6 +212,9 @@ class Stepper:
 
     def update(self, loss_sum: torch.Tensor, step: int) -> StepResult:
         lr = lr_at(step, self.tr)
+        if self.parts.experts is not None:
+            for module in self.parts.modules:
+                reduce_expert_grads(module, self.parts.experts)
         settle_grads(self.parts.modules)
         self._sum_tied_grads()
         if self.scaler is not None:

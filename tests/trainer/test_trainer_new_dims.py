@@ -1,7 +1,9 @@
-"""Context parallel and optimizer offload train the same model as one process.
+"""Context parallel, optimizer offload and mixture-of-experts with expert parallel train the same
+model as one process.
 
 Same seed, same data, the tolerances of test_trainer_equivalence.py (losses within 2e-5
-relative, gradient norms within 1e-4). The one-process references are conftest's single sweep.
+relative, gradient norms within 1e-4). The dense one-process references are conftest's single
+sweep; the MoE ones run here (one process, every expert on it).
 """
 
 from __future__ import annotations
@@ -15,17 +17,27 @@ torch = pytest.importorskip("torch")
 from tests.trainer.helpers import TINY_GPT, TINY_LLAMA, column, explain, run_trainer, write_config  # noqa: E402
 from tests.trainer.test_trainer_equivalence import assert_same_curve  # noqa: E402
 
+# Tiny MoEs: llama dropless with a shared expert and a leading dense layer; gpt top-1 with a
+# capacity factor (drops depend on the micro-batch's tokens: its layouts keep micro_batch 2 and cp 1).
+MOE_LLAMA = {**TINY_LLAMA, "experts": 4, "top_k": 2, "expert_ffn": 64, "shared_experts": 1, "dense_layers": 1}
+MOE_GPT = {**TINY_GPT, "experts": 4, "top_k": 1, "expert_ffn": 64, "capacity_factor": 1.25}
+ONE = [("moe-llama-1", MOE_LLAMA, {"dp": 1}, None), ("moe-gpt-1", MOE_GPT, {"dp": 1}, None)]
 TWO = [  # name, model, layout, reference
     ("gpt-cp2", TINY_GPT, {"dp": 1, "cp": 2}, "gpt-1"),  # context parallel alone, flash attention
     ("llama-cp2-std", {**TINY_LLAMA, "attention": "standard"}, {"dp": 1, "cp": 2, "recompute": "selective"},
      "llama-1"),  # RoPE at global positions, GQA, the gather recomputed in backward
     ("gpt-dp2-offload", TINY_GPT, {"dp": 2, "offload": "optimizer"}, "gpt-1"),  # DDP + host AdamW
     ("llama-dp2-zero3-offload", TINY_LLAMA, {"dp": 2, "zero_stage": 3, "offload": "optimizer"}, "llama-1"),
+    ("moe-llama-dp2-ep2", MOE_LLAMA, {"dp": 2, "ep": 2}, "moe-llama-1"),  # DDP for the rest, all-to-all
+    ("moe-gpt-dp2-ep2-zero3", MOE_GPT, {"dp": 2, "ep": 2, "zero_stage": 3}, "moe-gpt-1"),  # FSDP2, capacity
 ]
 FOUR = [
     ("llama-dp2-cp2-zero3", TINY_LLAMA, {"dp": 2, "cp": 2, "zero_stage": 3, "recompute": "full"}, "llama-1"),
     ("llama-tp2-cp2", TINY_LLAMA, {"tp": 2, "cp": 2, "sequence_parallel": True}, "llama-1"),
     ("gpt-pp2-cp2", TINY_GPT, {"pp": 2, "cp": 2, "micro_batch": 1}, "gpt-1"),
+    ("moe-llama-dp4-ep2", MOE_LLAMA, {"dp": 4, "ep": 2}, "moe-llama-1"),  # expert grads summed over edp=2
+    ("moe-llama-dp2-cp2-ep4-zero2", MOE_LLAMA, {"dp": 2, "cp": 2, "ep": 4, "zero_stage": 2}, "moe-llama-1"),
+    ("moe-llama-pp2-dp2-ep2", MOE_LLAMA, {"pp": 2, "dp": 2, "ep": 2, "micro_batch": 1}, "moe-llama-1"),
 ]
 
 
@@ -33,6 +45,18 @@ def _sweep(tmp_path_factory, label: str, runs: list, nproc: int):
     folder = tmp_path_factory.mktemp(label)
     configs = [write_config(folder, name, model, layout) for name, model, layout, _ in runs]
     return folder / "runs", run_trainer(configs, nproc)
+
+
+@pytest.fixture(scope="module")
+def one_new(tmp_path_factory):
+    return _sweep(tmp_path_factory, "one-new", ONE, 1)
+
+
+def _reference(single_sweep, one_new, name):
+    if name.startswith("moe-"):
+        assert one_new[1].returncode == 0, explain(one_new[1])
+        return one_new[0] / name
+    return single_sweep[0] / name
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +71,18 @@ def four_new(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, reference", [(r[0], r[3]) for r in TWO])
-def test_two_process_new_dimensions_match_one_process(single_sweep, two_new, name, reference):
+def test_two_process_new_dimensions_match_one_process(single_sweep, one_new, two_new, name, reference):
     runs, proc = two_new
     assert proc.returncode == 0, explain(proc)
-    assert_same_curve(runs / name, single_sweep[0] / reference)
+    assert_same_curve(runs / name, _reference(single_sweep, one_new, reference))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, reference", [(r[0], r[3]) for r in FOUR])
-def test_four_process_context_parallel_matches_one_process(single_sweep, four_new, name, reference):
+def test_four_process_new_dimensions_match_one_process(single_sweep, one_new, four_new, name, reference):
     runs, proc = four_new
     assert proc.returncode == 0, explain(proc)
-    assert_same_curve(runs / name, single_sweep[0] / reference)
+    assert_same_curve(runs / name, _reference(single_sweep, one_new, reference))
 
 
 @pytest.mark.slow
@@ -73,6 +97,18 @@ def test_records_carry_the_new_dimensions_and_the_exchange_time(two_new):
     assert off["layout"]["offload"] == "optimizer" and off["layout"]["cp"] == 1
     assert off["breakdown_s"]["cp_comm"] == 0.0 and off["breakdown_s"]["all_to_all"] == 0.0
     assert len(column(runs / "gpt-dp2-offload", "loss")) == 6
+    moe = json.loads((runs / "moe-llama-dp2-ep2" / "record.json").read_text())
+    assert moe["layout"]["ep"] == 2 and moe["breakdown_s"]["all_to_all"] > 0
+    assert moe["model"]["experts"] == 4 and moe["model"]["active_params"] < moe["model"]["params"]
+    # planner validate reads the MoE shape and the new layout back, and books the timed exchanges.
+    from planner.calibration.measured import from_record
+    from planner.calibration.record import load_record
+
+    for name, part, key in (("moe-llama-dp2-ep2", "ep_comm", "all_to_all"), ("gpt-cp2", "cp_comm", "cp_comm")):
+        rec = load_record(runs / name)
+        run = from_record(rec, "test")
+        assert run.model.params == rec["model"]["params"] and run.layout.ep * run.layout.cp == 2
+        assert run.parts[part] == rec["breakdown_s"][key] > 0
 
 
 # --- fast checks, one process ---------------------------------------------------------------------
@@ -151,6 +187,24 @@ def test_bad_new_dimensions_give_one_line(tmp_path, layout, model, checkpoint, m
     from reference_trainer.config import ConfigError, build_config
 
     path = write_config(tmp_path, "bad", model, layout, checkpoint=checkpoint)
+    with pytest.raises(ConfigError) as err:
+        build_config(yaml.safe_load(path.read_text()))
+    assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.parametrize("model, layout, message", [
+    (TINY_LLAMA, {"dp": 2, "ep": 2}, "layout.ep=2: expert parallel needs an MoE model"),
+    (MOE_LLAMA, {"dp": 2, "ep": 4}, "layout.ep=4: must divide dp*cp=2*1=2"),
+    ({**MOE_LLAMA, "experts": 6}, {"dp": 4, "ep": 4}, "layout.ep=4: must divide model experts=6"),
+    (MOE_LLAMA, {"tp": 2}, "layout.tp=2: the reference trainer runs MoE models with tp = 1"),
+    ({**MOE_LLAMA, "router_bias": True}, {"dp": 1}, "model.router_bias=True: the reference trainer does not build"),
+])
+def test_bad_moe_layouts_give_one_line(tmp_path, model, layout, message):
+    import yaml
+
+    from reference_trainer.config import ConfigError, build_config
+
+    path = write_config(tmp_path, "bad", model, layout)
     with pytest.raises(ConfigError) as err:
         build_config(yaml.safe_load(path.read_text()))
     assert str(err.value).startswith(message), str(err.value)
