@@ -16,8 +16,8 @@ from planner.core.model import ModelSpec
 from planner.core.step_parts import measured_parts
 from planner.errors import PlannerError
 
-MODEL_KEYS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-              "tied_embeddings", "dropout")
+# Every ModelSpec field a record carries (older records: the dense shape only; the rest default).
+MODEL_KEYS = tuple(ModelSpec.__dataclass_fields__)
 LAYOUT_KEYS = tuple(d.name for d in LAYOUT_DIMS)  # every layout dimension, as the run record names it
 _JOB = Job()  # the declared defaults (LoRA r, alpha, targets) for records that predate them
 
@@ -60,7 +60,7 @@ def from_record(rec: dict, source: str) -> Measurement:
     hw = rec["hardware"]
     profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
     mem = rec["memory"]
-    parts = measured_parts(rec["breakdown_s"], layout.tp, layout.dp, hw["device_kind"])
+    parts = measured_parts(rec["breakdown_s"], layout.tp, layout.dp * layout.cp, hw["device_kind"])  # grads over dp*cp
     total = sum(parts[k] or 0.0 for k in ("compute", "bubble", "optimizer", "data_wait", "other", "_comm"))
     return Measurement(label=rec["run_name"], source=source, model=model, layout=layout, job=job,
                        gpus=int(hw["device_count"]), device_kind=hw["device_kind"], device_name=hw["device_name"],

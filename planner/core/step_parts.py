@@ -62,7 +62,8 @@ NOT_PREDICTED: tuple[str, ...] = ("data_wait",)
 
 # What validate compares: a label -> the parts it sums (see the module docstring).
 COMPARED: dict[str, tuple[str, ...]] = {
-    "compute": ("compute",), "tp_comm": ("tp_comm",), "dp_comm": ("dp_comm",),
+    "compute": ("compute",), "tp_comm": ("tp_comm",), "cp_comm": ("cp_comm",), "ep_comm": ("ep_comm",),
+    "dp_comm": ("dp_comm",),
     "comm": ("tp_comm", "cp_comm", "ep_comm", "dp_comm"),
     "bubble": ("bubble", "pp_comm"), "optimizer": ("optimizer",), "data_wait": ("data_wait",),
     "other": ("other",),
@@ -105,7 +106,12 @@ def measured_parts(breakdown: Mapping[str, float | None], tp: int, dp: int,
         tp_part = min(exposed, breakdown["comm_exposed_tp"])
         dp_part = exposed - tp_part
     # The context-parallel exchange and the all-to-all are timed spans of their own (zero when the
-    # layout has none).
+    # layout has none), inside the exposed total: not data- or tensor-parallel time.
+    own = (breakdown.get("cp_comm") or 0.0) + (breakdown.get("all_to_all") or 0.0)
+    if tp == 1 and dp_part:
+        dp_part = max(0.0, dp_part - own)
+    elif dp == 1 and tp_part:
+        tp_part = max(0.0, tp_part - own)
     return {"compute": breakdown.get("compute"), "tp_comm": tp_part, "cp_comm": breakdown.get("cp_comm") or 0.0,
             "ep_comm": breakdown.get("all_to_all") or 0.0, "pp_comm": None,
             "dp_comm": dp_part,
