@@ -90,7 +90,8 @@ def test_torchtitan_flavors_of_released_moe_models(preset, name, flavor):
 @pytest.mark.parametrize("argv, needle", [
     (["--format", "deepspeed", "--preset", "mixtral-8x7b", "--gpus", "64", "--tp", "1", "--pp", "1", "--ep", "8",
       "--stack", "megatron-core"], "ep=8"),
-    (["--format", "torchrun", "--preset", "olmoe-1b-7b", "--gpus", "8"], "experts=64"),
+    (["--format", "torchrun", "--preset", "olmoe-1b-7b", "--gpus", "8"], "qk_norm='full'"),
+    (["--format", "torchrun", "--preset", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--stack", "fsdp2"], "tp=2"),
     (["--format", "torchtitan", "--preset", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--zero", "0",
       "--stack", "megatron-core"], "zero_stage=0"),
 ])
@@ -151,3 +152,18 @@ def test_torchtitan_refuses_what_its_moe_lacks():
     capped = dataclasses.replace(presets()["mixtral-8x7b"], capacity_factor=1.25)
     assert [p.field for p in torchtitan_checks(lay, capped, Job())] == ["capacity_factor"]
     assert torchtitan_checks(lay, presets()["mixtral-8x7b"], Job()) == []
+
+
+def test_trainer_run_config_of_an_moe_with_expert_parallel(capsys):
+    from tests.test_export import heredoc_yaml
+
+    config_mod = pytest.importorskip("reference_trainer.config")
+    out, _ = export(capsys, "torchrun", "--preset", "mixtral-8x7b", "--gpus", "64", "--tp", "1", "--ep", "8",
+                    "--stack", "fsdp2")
+    raw = heredoc_yaml(out)
+    assert {k: raw["model"][k] for k in ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers")} == {
+        "experts": 8, "top_k": 2, "expert_ffn": 14336, "shared_experts": 0, "dense_layers": 0}
+    assert raw["layout"]["ep"] == 8 and raw["checkpoint"]["interval"] == 0  # no checkpoints with ep > 1
+    cfg = config_mod.build_config(raw)
+    assert (cfg.spec.experts, cfg.layout.ep) == (8, 8)
+    assert "--preset mixtral-8x7b" in out and "--ep 8" in out

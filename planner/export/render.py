@@ -24,6 +24,9 @@ from planner.export.yamltext import dump as yaml_dump
 from planner.units import GIB, fmt_count, fmt_days
 
 MASTER_PORT = 29500
+# The ModelSpec fields of a mixture of experts, written into the trainer's run config for an MoE model.
+MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor",
+              "shared_expert_gate")
 # AdamW settings by training mode, cited in planner/export/hyper.py; the checkpoint policy is the seed's.
 DEFAULT_CHECKPOINT_INTERVAL = 1000  # steps, when no failure model sets one (the seed's 1000steps)
 INITIAL_LOSS_SCALE_POWER = 16  # fp16 dynamic loss scaling starts at 2**16 (Megatron, DeepSpeed, torch)
@@ -62,9 +65,9 @@ def checkpoint_interval(e: Estimate) -> int:
 
 
 def trainer_checkpoint_interval(e: Estimate) -> int:
-    """The reference trainer writes no checkpoint with its optimizer offloaded (reference_trainer/config.py):
-    interval 0 there, else checkpoint_interval."""
-    return 0 if e.layout.offload == "optimizer" else checkpoint_interval(e)
+    """The reference trainer writes no checkpoint with its optimizer offloaded or with expert parallel
+    (reference_trainer/config.py): interval 0 there, else checkpoint_interval."""
+    return 0 if e.layout.offload == "optimizer" or e.layout.ep > 1 else checkpoint_interval(e)
 
 
 def hyper(e: Estimate, opts: ExportOptions) -> Hyper:
@@ -83,8 +86,8 @@ def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
     lines.append(f"optimizer: AdamW lr {h.lr:g} (cosine to {h.min_lr_ratio:g}x, {h.warmup_steps} warm-up steps), "
                  f"betas {h.betas[0]:g}/{h.betas[1]:g}, eps {h.eps:g}, weight decay {h.weight_decay:g}, clip "
                  f"{h.grad_clip:g}; {h.source}")
-    if fmt in ("torchrun", "slurm", "k8s") and e.layout.offload == "optimizer":
-        lines.append("checkpoints: off (the reference trainer writes none with its optimizer offloaded)")
+    if fmt in ("torchrun", "slurm", "k8s") and (e.layout.offload == "optimizer" or e.layout.ep > 1):
+        lines.append("checkpoints: off (the reference trainer writes none with its optimizer offloaded or ep > 1)")
     return lines + ([note] if note else []) + [f"warning: {w}" for w in e.warnings]
 
 
@@ -104,7 +107,8 @@ def run_config(e: Estimate, opts: ExportOptions) -> dict:
         "run_name": run_name(e, opts),
         "model": {"arch": m.arch, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
                   "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "seq_len": m.seq_len,
-                  "tied_embeddings": m.tied_embeddings, "attention": e.job.attention},
+                  "tied_embeddings": m.tied_embeddings, "attention": e.job.attention,
+                  **({k: getattr(m, k) for k in MOE_FIELDS} if m.moe else {})},
         # every declared dimension: the trainer reads them all (and refuses one it does not run unless at its default)
         "layout": {d.name: getattr(lay, d.name) for d in LAYOUT_DIMS},
         "training": training,
@@ -122,6 +126,8 @@ def planner_run_line(e: Estimate, steps: int) -> str:
     m, lay = e.model, e.layout
     if presets().get(m.name) == m:
         argv = ["--preset", m.name]
+    elif m.moe:  # `planner run` takes an MoE shape by preset only
+        return "(an MoE shape that is no preset: run the config above)"
     else:
         argv = ["--arch", m.arch, "--layers", m.layers, "--hidden", m.hidden, "--heads", m.heads, "--kv-heads",
                 m.kv_heads, "--ffn-hidden", m.ffn_hidden, "--vocab", m.vocab, "--seq-len", m.seq_len]
@@ -134,6 +140,8 @@ def planner_run_line(e: Estimate, steps: int) -> str:
         argv += ["--schedule", lay.schedule]
     if lay.cp > 1:
         argv += ["--cp", lay.cp]
+    if lay.ep > 1:
+        argv += ["--ep", lay.ep]
     if lay.offload != "none":
         argv += ["--offload", lay.offload]
     return shlex.join(["planner", "run", *map(str, argv)])

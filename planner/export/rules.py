@@ -69,14 +69,28 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if getattr(lay, "offload", "none") == "params":
         out.append(PlannerError("offload", "params", "the reference trainer offloads the optimizer (states and fp32 "
                                 "masters) only; pin --offload optimizer or none, or use --format deepspeed"))
-    if getattr(lay, "ep", 1) > 1:
-        out.append(PlannerError("ep", lay.ep, "the reference trainer's run config has no expert parallel; pin --ep 1"))
     if getattr(lay, "sharding", "full") != "full":
         out.append(PlannerError("sharding", lay.sharding, "the reference trainer shards ZeRO over all data-parallel "
                                 "ranks; pin --sharding full"))
-    if _experts(m):
-        out.append(PlannerError("experts", m.experts, "the reference trainer's run config has no mixture-of-experts "
-                                "fields; use --format megatron or torchtitan"))
+    return out + _trainer_model_checks(lay, m)
+
+
+# Model variants the reference trainer does not build (reference_trainer/config.py), with their defaults.
+TRAINER_UNBUILT = {"router_bias": False, "qkv_bias": False, "qk_norm": "none", "kv_lora_rank": 0, "q_lora_rank": 0}
+
+
+def _trainer_model_checks(lay, m) -> list[PlannerError]:
+    """The reference trainer's model rules: no attention variants; MoE (reference_trainer/moe.py) with tp = 1."""
+    out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use "
+                        "--format megatron or torchtitan") for name, default in TRAINER_UNBUILT.items()
+           if getattr(m, name, default) != default]
+    head_dim = getattr(m, "head_dim", None)
+    if head_dim and head_dim * m.heads != m.hidden:
+        out.append(PlannerError("head_dim", head_dim, f"the reference trainer builds head_dim = hidden/heads = "
+                                f"{m.hidden // m.heads}; use --format megatron or torchtitan"))
+    if _experts(m) and lay.tp > 1:
+        out.append(PlannerError("tp", lay.tp, "the reference trainer runs MoE models with tp = 1 (no expert-tensor "
+                                "parallel); pin --tp 1"))
     return out
 
 
