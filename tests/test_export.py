@@ -43,18 +43,18 @@ def bash_syntax_ok(tmp_path, text: str) -> None:
         pytest.skip("no bash")
     path = tmp_path / "script.sh"
     path.write_text(text)
-    res = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    res = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
 
 
 def heredoc_yaml(script: str) -> dict:
-    body = re.search(r"<<'PLANNER_RUN_CONFIG'\n(.*?)\nPLANNER_RUN_CONFIG\n", script, re.S).group(1)
+    body = re.search(r"<<'PLANNER_RUN_CONFIG'\n(.*?)\nPLANNER_RUN_CONFIG\n", script, re.DOTALL).group(1)
     return yaml.safe_load(body)
 
 
 def bash_arrays(script: str) -> dict[str, list[str]]:
     """NAME=( ... ) blocks of a script, each as its shell words."""
-    return {m.group(1): shlex.split(m.group(2)) for m in re.finditer(r"^(\w+)=\(\n(.*?)^\)$", script, re.M | re.S)}
+    return {m.group(1): shlex.split(m.group(2)) for m in re.finditer(r"^(\w+)=\(\n(.*?)^\)$", script, re.MULTILINE | re.DOTALL)}
 
 
 def flags(words: list[str]) -> dict[str, str | bool]:
@@ -158,7 +158,7 @@ def test_deepspeed_config_encodes_the_layout(capsys):
 def test_slurm_script(capsys, tmp_path):
     out, _ = export(capsys, "slurm", *PINNED)
     bash_syntax_ok(tmp_path, out)
-    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)$", out, re.M))
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)$", out, re.MULTILINE))
     assert sbatch["nodes"] == "16" and sbatch["gpus-per-node"] == "8" and sbatch["ntasks-per-node"] == "1"
     assert heredoc_yaml(out)["layout"]["vpp"] == 3
     launch = out.strip().splitlines()[-1]
@@ -168,7 +168,7 @@ def test_slurm_script(capsys, tmp_path):
 
 def test_slurm_spreads_a_partial_node_count_evenly(capsys):
     out, _ = export(capsys, "slurm", "--preset", "llama-7b", "--gpus", "12")
-    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)$", out, re.M))
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)$", out, re.MULTILINE))
     assert (sbatch["nodes"], sbatch["gpus-per-node"]) == ("2", "6")
 
 

@@ -149,7 +149,7 @@ def test_trainer_run_config_with_cp_or_offload_is_accepted_by_the_trainer(capsys
     assert {k: raw["layout"][k] for k in want} == want
     cfg = config_mod.build_config(raw)
     assert all(getattr(cfg.layout, k) == v for k, v in want.items())
-    launch = [line for line in out.splitlines() if line.startswith("#   planner run")][0]
+    launch = next(line for line in out.splitlines() if line.startswith("#   planner run"))
     assert all(f"--{k} {v}" in launch for k, v in want.items())
     if "offload" in want:  # the trainer writes no checkpoint with its optimizer offloaded
         assert raw["checkpoint"]["interval"] == 0

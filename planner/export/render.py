@@ -79,9 +79,9 @@ def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
     where = f" ({nodes} node{'s' if nodes > 1 else ''} x {per_node} GPUs)" if nodes else ""
     lines = [f"planner export --format {fmt}: {e.model.name} on {e.gpus} x {e.hardware.name}{where}",
              f"layout: {layout_line(e)}; {e.job.precision}, {e.job.attention} attention",
-             f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {fmt_days(e.train.days)} for "
-             f"{fmt_count(e.train.tokens)} tokens ({steps:,} steps); "
-             f"{e.memory.total_bytes / GIB:.1f} of {e.memory.capacity_bytes / GIB:.0f} GiB per GPU"]
+             (f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {fmt_days(e.train.days)} for "
+              f"{fmt_count(e.train.tokens)} tokens ({steps:,} steps); "
+              f"{e.memory.total_bytes / GIB:.1f} of {e.memory.capacity_bytes / GIB:.0f} GiB per GPU")]
     h = hyperparameters(e.job.mode, e.model.params, steps)
     lines.append(f"optimizer: AdamW lr {h.lr:g} (cosine to {h.min_lr_ratio:g}x, {h.warmup_steps} warm-up steps), "
                  f"betas {h.betas[0]:g}/{h.betas[1]:g}, eps {h.eps:g}, weight decay {h.weight_decay:g}, clip "
@@ -239,9 +239,8 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     lines = ["#!/usr/bin/env bash", *comment_lines(summary(e, "megatron", steps, note)),
              "# Megatron-LM pretrain_gpt.py (Megatron-Core 0.10 or later): run from a Megatron-LM checkout on "
              + ("one node." if nodes == 1 else f"each of the {nodes} nodes with NODE_RANK and MASTER_ADDR set."),
-             f"# Data parallel size is implied: world {e.gpus} / (tp {e.layout.tp} x pp {e.layout.pp} x cp "
-             f"{getattr(e.layout, 'cp', 1)}) = {e.layout.dp}. The vocabulary ({e.model.vocab}) comes from your "
-             "tokenizer.",
+             (f"# Data parallel size is implied: world {e.gpus} / (tp {e.layout.tp} x pp {e.layout.pp} x cp "
+              f"{e.layout.cp}) = {e.layout.dp}. The vocabulary ({e.model.vocab}) comes from your tokenizer."),
              "set -euo pipefail"]
     if e.model.layers % (e.layout.pp * e.layout.vpp):
         lines.insert(-1, "# Uneven pipeline stages: --pipeline-model-parallel-layout needs a Megatron-LM from June 2025 on.")
@@ -321,8 +320,7 @@ def torchtitan_toml(e: Estimate, opts: ExportOptions, note: str = "") -> str:
             "torchtitan (TOML job config, torchtitan/config/job_config.py before #2386): from a torchtitan checkout"
             + ("" if nodes == 1 else f" on each of the {nodes} nodes") + ", with this file as job.toml:",
             "  " + " ".join([*launch, "-m", "torchtitan.train", "--job.config_file", "job.toml"]),
-            f"[training] dataset and [model] hf_assets_path are placeholders: your data and tokenizer "
-            f"(vocab {e.model.vocab})."]
+            f"[training] dataset and [model] hf_assets_path are placeholders: your data and tokenizer (vocab {e.model.vocab})."]
     return "\n".join(comment_lines(head)) + "\n\n" + tomli_w.dumps(config)
 
 
@@ -381,6 +379,6 @@ def k8s_manifest(e: Estimate, opts: ExportOptions, note: str = "") -> str:
            "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "pytorchReplicaSpecs": specs}}
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-config"},
                   "data": {"run.yaml": config_text}}
-    head = [*summary(e, "k8s", steps, note), f"kubectl apply -f this file; image {opts.image} must hold this "
-                                             "repository and torch"]
+    head = [*summary(e, "k8s", steps, note),
+            f"kubectl apply -f this file; image {opts.image} must hold this repository and torch"]
     return yaml_dump(config_map, head) + "---\n" + yaml_dump(job)

@@ -81,7 +81,7 @@ TRAINER_UNBUILT = {"router_bias": False, "qkv_bias": False, "qk_norm": "none", "
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
     """The reference trainer's model rules: no attention variants; MoE (reference_trainer/moe.py) with tp = 1."""
-    out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use "
+    out = [PlannerError(name, getattr(m, name), "the reference trainer does not build this variant; use "
                         "--format megatron or torchtitan") for name, default in TRAINER_UNBUILT.items()
            if getattr(m, name, default) != default]
     head_dim = getattr(m, "head_dim", None)

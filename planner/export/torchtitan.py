@@ -26,7 +26,6 @@ from planner.core.pipeline import stage_layer_counts
 from planner.core.results import Estimate
 from planner.export.hyper import hyperparameters
 from planner.export.rules import hybrid_group
-from planner.export.yamltext import comment_lines
 
 # torchtitan's pipeline schedule names (torch.distributed.pipelining.schedules.get_schedule_class).
 SCHEDULE_NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B", ("gpipe", False): "GPipe"}
