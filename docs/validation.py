@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from planner.calibration.measured import from_published, load_measurements, published_measurements  # noqa: E402
 from planner.calibration.published import load_table2  # noqa: E402
 from planner.calibration.validate import QUANTITIES, Point, compare, plot, summary  # noqa: E402
+from planner.calibration.torchtitan import context_parallel_section, one_f_one_b_section  # noqa: E402
 from planner.hardware import load_profile_file  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
@@ -155,6 +156,10 @@ def build(out: Path, plots: bool) -> str:
         *step_table(zero_m, p3),
         "",
         *torchtitan_section(),
+        "",
+        *context_parallel_section(DATA / "torchtitan_performance.csv"),
+        "",
+        *one_f_one_b_section(DATA / "torchtitan_performance.csv"),
         "",
         "## Reference-trainer runs on a 2-core CPU",
         "",

@@ -67,6 +67,7 @@ class Stack:
     interleaved: bool
     uneven_interleave: bool  # interleaving where layers do not divide pp*vpp (uneven virtual stages)
     balance_pipeline: bool  # fewer layers on the last stage, to balance the output head and loss
+    pp_keeps_outputs: bool  # the last stage keeps every micro-batch's output (logits) until the step ends
     # Fixed overheads (seconds)
     layer_overhead_s: float  # per layer per micro-batch per pass that the GPU waits for (launch, dispatch)
     step_overhead_s: float  # per optimizer step
@@ -121,6 +122,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "interleaved": ("interleaved", "bool", None),
     "balance_pipeline": ("balance_pipeline", "bool", None),
     "uneven_interleave": ("uneven_interleave", "bool", None),
+    "pp_keeps_outputs": ("pp_keeps_outputs", "bool", None),
     "layer_overhead_us": ("layer_overhead_s", "us", (0.0, 1e5)),
     "step_overhead_ms": ("step_overhead_s", "ms", (0.0, 1e5)),
     "tp_collective_overhead_us": ("tp_collective_overhead_s", "us", (0.0, 1e5)),
