@@ -116,6 +116,11 @@ def test_megatron_attention_variants_of_the_released_configs():
     assert (f["--q-lora-rank"], f["--kv-lora-rank"], f["--qk-head-dim"], f["--qk-pos-emb-head-dim"],
             f["--v-head-dim"]) == ("1536", "512", "128", "64", "128")
     assert f["--moe-router-score-function"] == "sigmoid" and f["--moe-router-enable-expert-bias"] is True
+    # DeepSeek-V3 Sec. 4.2: sequence-wise balance loss alpha = 0.0001 beside the bias
+    assert f["--moe-router-load-balancing-type"] == "seq_aux_loss" and float(f["--moe-aux-loss-coeff"]) == 1e-4
+    # Mixtral-style routers: Switch Transformer's auxiliary loss, alpha = 0.01 (Fedus et al. 2022, Sec. 2.2)
+    f = preset_flags("mixtral-8x7b")
+    assert f["--moe-router-load-balancing-type"] == "aux_loss" and float(f["--moe-aux-loss-coeff"]) == 1e-2
     # DeepSeek-V2-Lite: no q compression (q_lora_rank null)
     assert "--q-lora-rank" not in preset_flags("deepseek-v2-lite")
     # Qwen3-30B-A3B: head_dim 128 on hidden 2048 / 32 heads = 64; 4 KV heads; per-head q/k RMSNorm

@@ -61,8 +61,13 @@ def moe_args(m) -> list:
     dense = getattr(m, "dense_layers", 0)
     if dense:  # 0 = dense layer, 1 = MoE layer (a Python list expression Megatron evaluates)
         out += ["--moe-layer-freq", f"([0]*{dense}+[1]*{m.layers - dense})"]
-    if getattr(m, "router_bias", False):
-        out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+    if getattr(m, "router_bias", False):  # DeepSeek-V3 (Sec. 2.1.2): bias updated at 1e-3 (Megatron's default
+        # --moe-router-bias-update-rate), plus a sequence-wise balance loss of weight 1e-4 (Sec. 4.2)
+        out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", 1e-4]
+    else:  # the load-balancing loss of Switch Transformer (Fedus et al. 2022, Sec. 2.2: alpha = 1e-2); Megatron's
+        # default coefficient is 0, no balancing
+        out += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", 1e-2]
     if getattr(m, "capacity_factor", 0):
         out += ["--moe-expert-capacity-factor", m.capacity_factor, "--moe-token-drop-policy", "probs"]
     return out
