@@ -49,7 +49,7 @@ def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride:
     """
     size = np.asarray(size)
     gpn = links.gpus_per_node
-    per_node = np.clip(gpn // np.maximum(stride, 1), 1, None)
+    per_node = np.maximum(gpn // np.maximum(stride, 1), 1)
     k = np.minimum(size, per_node)
     nodes = np.maximum(size // k, 1)
     inside = _ring(bytes_, k, links.intra_bw, links.intra_lat, passes)
@@ -96,7 +96,7 @@ def all_to_all(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.nd
     over NVLink, the n - k outside over the GPU's NIC share, concurrently: the slower tier sets
     the time, plus one latency per tier used (NCCL issues the n - 1 sends together)."""
     size = np.asarray(size, dtype=float)
-    per_node = np.clip(links.gpus_per_node // np.maximum(stride, 1), 1, None)
+    per_node = np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1)
     k = np.minimum(size, per_node)
     n = np.maximum(size, 1.0)
     inside = bytes_ * (k - 1) / n / links.intra_bw + np.where(k > 1, links.intra_lat, 0.0)

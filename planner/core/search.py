@@ -212,7 +212,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         (("micro_batch",), lambda c: (c.vpp == 1) | (c.m % c.pp == 0)),  # Megatron's interleaved schedule: m % pp
         (("schedule",), lambda c: ~((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
         (("zero_stage", "schedule", "offload"), lambda c: runs_on_stack(c, stack)),
-        (("ep", "sequence_parallel"), lambda c: expert_parallel_ok(model, c)),
+        (("ep",), lambda c: expert_parallel_ok(model, c)),
+        (("sequence_parallel",), lambda c: moe_sequence_parallel_ok(model, c)),
         # Hybrid sharding: with ZeRO on a group of more than one rank, without expert parallel (its
         # expert-data-parallel groups are not split again here); whether the group spans nodes is
         # known with the hardware (``search`` drops the layouts where hybrid equals full).
@@ -249,31 +250,59 @@ def _batch_table(model: ModelSpec, gpus: int, job: Job, dp: np.ndarray,
     return gb, near if near.any() else (gb == dp_mb) & (micro_batch[None, :] == 1)
 
 
+def _bits(count: int) -> int:
+    """Bits that hold an index below ``count``."""
+    return max(count - 1, 0).bit_length()
+
+
 class _Product:
     """The layouts enumerated so far: the mesh rows times the values of the dimensions added, in
-    lexicographic order (a meshgrid's, flattened), held as indices and read like ``Candidates``
-    (columns by name, and its properties) by the enumeration's rules. Pruning while it grows
-    keeps the full product (a hundred times the valid layouts) from ever being built."""
+    lexicographic order (a meshgrid's, flattened), read like ``Candidates`` (columns by name, and
+    its properties) by the enumeration's rules. Pruning while it grows keeps the full product (a
+    hundred times the valid layouts) from ever being built. Each row is one number whose bit
+    fields, most significant first, are the mesh row and each dimension's value index, so growing
+    and pruning move one column and reading a field is a shift and a mask."""
 
     def __init__(self, mesh: dict[str, np.ndarray], codes: dict[str, np.ndarray], gb: np.ndarray,
                  batch_ok: np.ndarray) -> None:
         self._mesh, self._codes, self._gb, self._batch_ok = mesh, codes, gb, batch_ok
-        self._idx = {"mesh": np.arange(len(gb))}
+        self._code = np.arange(len(gb), dtype=np.int64)
+        self._bits = {"mesh": _bits(len(gb))}  # the fields of the code, most significant first
+        self._read: dict[str, np.ndarray] = {}  # fields and columns read from the current code
 
     def extend(self, name: str) -> None:
-        k, n = len(self._codes[name]), len(self._idx["mesh"])
-        self._idx = {key: np.repeat(col, k) for key, col in self._idx.items()}
-        self._idx[name] = np.tile(np.arange(k), n)
+        k = len(self._codes[name])
+        self._bits[name] = _bits(k)
+        if k > 1:
+            self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
+            self._read = {}
 
     def has(self, name: str) -> bool:
-        return name in self._idx or name in self._mesh
+        return name in self._bits or name in self._mesh
 
     def keep(self, rules: list) -> None:
         if rules:
-            keep = np.ones(len(self._idx["mesh"]), dtype=bool)
+            keep = np.ones(len(self._code), dtype=bool)
             for rule in rules:
                 keep &= rule(self)
-            self._idx = {key: col[keep] for key, col in self._idx.items()}
+            if not keep.all():
+                self._code, self._read = self._code[keep], {}
+
+    def _index(self, name: str) -> np.ndarray:
+        """Which value of dimension ``name`` (or which mesh row) each row holds."""
+        if name not in self._read:
+            fields = list(self._bits)
+            shift = sum(self._bits[f] for f in fields[fields.index(name) + 1:])
+            self._read[name] = (self._code >> shift) & ((1 << self._bits[name]) - 1)
+        return self._read[name]
+
+    def _column(self, name: str) -> np.ndarray:
+        if name in self._mesh:
+            return self._mesh[name][self._index("mesh")]
+        if name in ("global_batch", "batch_ok"):
+            table = self._gb if name == "global_batch" else self._batch_ok
+            return table[self._index("mesh"), self._index("micro_batch")]
+        return self._codes[name][self._index(name)]
 
     def __getattr__(self, name: str) -> np.ndarray:
         if name.startswith("_"):
@@ -281,12 +310,10 @@ class _Product:
         prop = getattr(Candidates, name, None)
         if isinstance(prop, property):  # m, gpus, shard_group, ...: as Candidates computes them
             return prop.fget(self)
-        if name in self._mesh:
-            return self._mesh[name][self._idx["mesh"]]
-        if name in ("global_batch", "batch_ok"):
-            table = self._gb if name == "global_batch" else self._batch_ok
-            return table[self._idx["mesh"], self._idx["micro_batch"]]
-        return self._codes[name][self._idx[name]]
+        key = "column " + name
+        if key not in self._read:
+            self._read[key] = self._column(name)
+        return self._read[key]
 
     def candidates(self) -> Candidates:
         return Candidates(**{name: getattr(self, name) for name in DIMS})
@@ -294,12 +321,16 @@ class _Product:
 
 def expert_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray:
     """Expert parallel's rules (Megatron-Core, torchtitan): ep divides the routed experts and the
-    dp*cp ranks it is carved out of; an MoE with tp > 1 runs sequence parallel (Megatron-Core
-    requires it: the token dispatcher works on the sequence shard); a dense model has ep 1."""
+    dp*cp ranks it is carved out of; a dense model has ep 1 (and see ``moe_sequence_parallel_ok``)."""
     if not model.moe:
         return c.ep == 1
-    return ((model.experts % c.ep == 0) & (c.shard_group % c.ep == 0)
-            & ((c.tp == 1) | c.sequence_parallel))
+    return (model.experts % c.ep == 0) & (c.shard_group % c.ep == 0)
+
+
+def moe_sequence_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray | bool:
+    """An MoE with tp > 1 runs sequence parallel (Megatron-Core requires it: the token dispatcher
+    works on the sequence shard)."""
+    return (c.tp == 1) | c.sequence_parallel if model.moe else True
 
 
 def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
@@ -396,7 +427,8 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
         raise PlannerError("layout", pins.pinned() or "search", why)
     ev = evaluate(model, hw, job, c, gpus)
     order = rank_order(ev, objective)
-    ev = take(ev, order)
+    if np.any(order[1:] < order[:-1]):  # already in rank order (a pinned layout): nothing to move
+        ev = take(ev, order)
     return SearchResult(evaluation=ev, evaluated=len(c), feasible=int(ev.fits.sum()),
                         search_seconds=time.perf_counter() - start, objective=objective)
 
