@@ -40,6 +40,8 @@ FLAGS = {
     "kv_heads": ("model", "kv_heads"), "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"),
     "seq_len": ("model", "seq_len"), "tied_embeddings": ("model", "tied_embeddings"),
     "dropout": ("model", "dropout"), "attention": ("model", "attention"),
+    **{k: ("model", k) for k in ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers",
+                                 "capacity_factor", "shared_expert_gate")},
     **{d.name: ("layout", d.name) for d in LAYOUT_DIMS},
     "steps": ("training", "steps"), "precision": ("training", "precision"), "lr": ("training", "lr"),
     "warmup_steps": ("training", "warmup_steps"), "grad_clip": ("training", "grad_clip"),
@@ -84,6 +86,15 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None)
     m.add_argument("--dropout", type=float)
     m.add_argument("--attention", choices=ATTENTION, help=_JOB["attention"].help)
+    moe = p.add_argument_group("mixture of experts (planner ModelSpec fields; experts 0: dense)")
+    for name, helptext in (("experts", "routed experts per MoE layer"), ("top-k", "experts each token goes to"),
+                           ("expert-ffn", "each expert's FFN width (default ffn_hidden)"),
+                           ("shared-experts", "always-on experts: one MLP of width shared_experts * expert_ffn"),
+                           ("dense-layers", "leading layers that keep the dense MLP")):
+        moe.add_argument(f"--{name}", type=int, help=helptext)
+    moe.add_argument("--capacity-factor", type=float, help="tokens per expert capped at this x the mean (0: dropless)")
+    moe.add_argument("--shared-expert-gate", action=argparse.BooleanOptionalAction, default=None,
+                     help="sigmoid gate on the shared MLP (Qwen-MoE)")
     lay = p.add_argument_group("layout (one flag per dimension of planner.core.layout.Layout)")
     for d in LAYOUT_DIMS:
         flags, kwargs = d.argparse_spec()
