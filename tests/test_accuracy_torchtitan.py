@@ -111,3 +111,20 @@ def test_the_last_pipeline_stage_keeps_every_outputs_logits_on_the_2024_stack():
     want = 7 * 2 * 8192 * model.vocab / 2
     frag = 1 + get_profile("h100-80g").efficiency.fragmentation  # the allocator's share on top of activations
     assert float(old.total[0] - new.total[0]) == pytest.approx(want * frag, rel=1e-6)
+
+
+def test_calibrate_from_published_megatron_rows(tmp_path, capsys):
+    """Megatron-style rows (megatron2021_table1.csv) are fitted like run records on the --base GPU;
+    the written profile predicts Table 1's published iteration times within 10% each."""
+    from planner.calibration.measured import published_measurements
+    from planner.calibration.validate import compare
+    from planner.cli.main import main
+    from planner.hardware import get_profile
+
+    table1 = str(CSV.parent / "megatron2021_table1.csv")
+    out = tmp_path / "a100-fit.toml"
+    assert main(["calibrate", "--published", table1, "--base", "a100-80g", "--factors", "matmul",
+                 "--out", str(out)]) == 0
+    assert "leave-one-out" in capsys.readouterr().out
+    points = [p for p in compare(published_measurements(table1), get_profile(str(out))) if p.quantity == "step_s"]
+    assert len(points) == 10 and all(abs(p.error) <= 0.10 for p in points)
