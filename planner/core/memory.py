@@ -157,6 +157,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # One layer's full activations for the micro-batch being recomputed (the working set).
     no_rc = layer_activation_bytes(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
     working = np.where((c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")), no_rc, 0.0)
+    working = working + context_parallel_working(model, c, job, sw)
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
     tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence
@@ -201,7 +202,10 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         acts = acts + np.where(is_first, mask, 0.0)
         # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
         logits = np.where(tp > 1, sw.logit_bytes_tp, sw.logit_bytes) * tokens * model.vocab / tp
-        acts = acts + np.where(is_last, logits, 0.0)
+        # torch.distributed.pipelining keeps each micro-batch's output on the last stage for the step's
+        # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
+        kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
+        acts = acts + np.where(is_last, logits + np.where(pp > 1, kept, 0.0), 0.0)
         # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in
         # 16-bit). Under pipelining a stack that does not reshard between micro-batches (FSDP2 in
         # torchtitan) keeps the stage's weights gathered and its gradients unsharded (fp32).
@@ -215,6 +219,20 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     for mem in stages[1:]:
         peak = _pick_larger(peak, mem)
     return peak, tuple(stages)
+
+
+def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> np.ndarray:
+    """What one layer's context-parallel attention holds at once, per GPU (transient, the layer
+    being run backward). torch (``_templated_ring_attention_backward``): the all-gathered K/V of
+    the whole sequence at the exchanged width (planner.core.steptime.context_parallel_exchange),
+    dQ, dK, dV accumulated in ``cp_grad_bytes`` and dK/dV concatenated for the send and received
+    (4 more local tensors). gather: the gathered K/V and their gradient, both whole-sequence."""
+    st, e = sw.stack, ACT_BYTES[job.precision]
+    width = model.hidden if st.cp_kv_heads == "query" else model.kv_hidden
+    local = c.micro_batch * model.seq_len / c.cp / c.tp  # this GPU's tokens, per TP rank's heads
+    gathered = 2 * e * local * c.cp * width
+    extra = np.where(st.cp_exchange == "torch", 7 * st.cp_grad_bytes * local * model.hidden, gathered)
+    return np.where(c.cp > 1, gathered + extra, 0.0)
 
 
 def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first, is_last) -> np.ndarray:

@@ -194,25 +194,43 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
     calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
     return _LayerTimes(fwd, bwd, recompute, calls * collective, calls,
-                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd), ep_comm)
+                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm)
 
 
 def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, sw: Software,
-                              attn_fwd: np.ndarray, attn_bwd: np.ndarray) -> np.ndarray:
-    """Exposed time of context parallel's K/V exchange per layer per micro-batch.
+                              attn_fwd: np.ndarray, attn_bwd: np.ndarray, hbm: float) -> np.ndarray:
+    """Exposed time of context parallel's K/V exchange per layer per micro-batch, with the
+    element-wise work it adds. Each rank holds 1/cp of the sequence and needs every earlier
+    token's keys and values: 2 * s * width values per sequence, split by TP (width h_kv, or h
+    where the model repeats K/V to the query heads before attention: the stack's ``cp_kv_heads``),
+    over the cp ranks (stride tp: inside a node while tp*cp fits). A full recompute exchanges again.
 
-    Each rank holds 1/cp of the sequence and needs every earlier token's keys and values: it
-    receives the other ranks' K and V (2 * s * h_kv values per sequence, split by TP) in the
-    forward, and in the backward receives them again and returns their gradients (twice the
-    bytes), over the cp ranks (stride tp: inside a node while tp*cp fits). Ring attention passes the
-    chunks while it computes (Liu et al. 2023; Megatron-Core and Transformer Engine): the stack's
-    ``cp_overlap`` of the attention time hides them; torchtitan's default all-gathers them first
-    (cp_overlap 0). A full recompute exchanges again."""
-    act = ACT_BYTES[job.precision]
-    kv = 2 * act * c.micro_batch * model.seq_len * model.kv_hidden / c.tp
+    gather: the forward receives the other ranks' K/V, the backward receives them again and
+    returns their gradients; the stack's ``cp_overlap`` of the attention time hides them (ring
+    attention passes the chunks while it computes: Liu et al. 2023; Megatron-Core/TE).
+    torch: ``_templated_ring_attention`` (torch.distributed.tensor.experimental, rotate method
+    allgather) issues one all-gather before the local chunk's attention (1/cp of it) and waits
+    after it; the backward all-gathers K/V again and passes each step's dK/dV (cp_grad_bytes per
+    value) to the next rank, waited after the next step's attention: cp sends, the last exposed.
+    Each of the cp - 1 remote steps merges the partial output in fp32 (forward) and accumulates
+    dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element."""
+    st, act, cp = sw.stack, ACT_BYTES[job.precision], c.cp.astype(float)
+    grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
+    width = model.hidden if st.cp_kv_heads == "query" else model.kv_hidden
+    kv = 2 * act * c.micro_batch * model.seq_len * width / c.tp
     gather = comm.group_collective(links, kv, c.cp, c.tp, 1.0)
-    fwd = np.maximum(0.0, gather - sw.stack.cp_overlap * attn_fwd)
-    bwd = np.maximum(0.0, 2 * gather - sw.stack.cp_overlap * attn_bwd)
+    if st.cp_exchange == "gather":
+        fwd = np.maximum(0.0, gather - st.cp_overlap * attn_fwd)
+        bwd = np.maximum(0.0, (1 + grad_bytes / act) * gather - st.cp_overlap * attn_bwd)
+    else:
+        grads = grad_bytes / act * kv / np.maximum(cp, 1)  # one rank's dK/dV
+        across = c.cp * c.tp > links.gpus_per_node  # the ring leaves the node somewhere: that hop sets the pace
+        send = np.where(across, grads / links.inter_bw + links.inter_lat, grads / links.intra_bw + links.intra_lat)
+        step_f, step_b = st.cp_overlap * attn_fwd / cp, st.cp_overlap * attn_bwd / cp
+        elems = c.micro_batch * model.seq_len / cp * model.hidden / c.tp  # the local attention output
+        fwd = np.maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
+        bwd = (np.maximum(0.0, gather - step_b) + (cp - 1) * np.maximum(0.0, send - step_b) + send
+               + (cp - 1) * st.cp_accumulate_bytes * elems / hbm)
     return np.where(c.cp > 1, fwd + bwd + np.where(c.recompute == 2, fwd, 0.0), 0.0)
 
 
