@@ -154,10 +154,11 @@ def context_parallel_section(csv: Path) -> list[str]:
         f"worst {m.max():.1%}.",
         "",
         "Not explained: Llama 3 8B at cp 4 and 8 ran slower per step of the ring than at cp 2 (same local "
-        "shapes, 32K tokens per GPU, all inside one node). Measured, each remote step costs about 90 ms per "
-        "layer more at cp 4 and 8 than the counted exchange and merges (about 65% of that step's attention "
-        "time), and nothing at cp 2; no per-step term fits both, so the planner is fast there. The 405B cp 8 "
-        "memory (84.9 GiB, 7.8 GiB above cp 4, within 5 GiB of the card's 89.4 GiB) grows more than the "
+        "shapes, 32K tokens per GPU, all inside one node). Measured, each remote step of the ring costs about 60 ms "
+        "per layer more at cp 4 and 8 than the modelled exchange and merges (about 40% of that step's attention "
+        "time), while at cp 2 the model is already 6% slow; no per-step term fits both, so the planner is fast "
+        "at cp 4 and 8. The 405B cp 8 "
+        "memory (84.9 GiB, 7.8 GiB above cp 4) grows more than the "
         "gathered K/V and fp32 gradients counted here (1.1 GiB from cp 4 to cp 8).",
     ]
     return lines
