@@ -161,8 +161,16 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
     tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence
+    # What does not depend on the stage: ZeRO's divisors by stage (dense, routed experts), the
+    # memory outside the allocator, the offload flags.
+    divisors = {k: (np.where(c.zero_stage >= k, dp, 1), np.where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
+    outside = outside_allocator(hw, c)
+    offload_opt, offload_par = c.offload >= 1, c.offload == 2
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
+        if stages and not np.any(pp > 1):  # one stage: first, fullest and last are the same
+            stages.append(stages[0])
+            continue
         is_first, is_last = index == 0, index == pp - 1
         params = stage_params(model, pp, layers, is_first, is_last)
         # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
@@ -172,8 +180,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         ratio = np.where(shard > 0, experts / np.where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
 
         def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
-            return bytes_ * ((1 - ratio) / np.where(c.zero_stage >= stage, dp, 1)
-                             + ratio / np.where(c.zero_stage >= stage, dp / c.ep, 1))
+            return bytes_ * ((1 - ratio) / divisors[stage][0] + ratio / divisors[stage][1])
 
         # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
         # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
@@ -189,7 +196,6 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
         # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
         # leave only the gathered layers (``gather`` below) on the GPU.
-        offload_opt, offload_par = c.offload >= 1, c.offload == 2
         host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
         grads = np.where(offload_opt, grads * e / gb, grads)
         optim = np.where(offload_opt, 0.0, optim)
@@ -213,7 +219,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         gather = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
         if not sw.stack.reshard_in_pipeline:
             gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
-        other = outside_allocator(hw, c) + gather + eff.fragmentation * (acts + grads + gather)
+        other = outside + gather + eff.fragmentation * (acts + grads + gather)
         stages.append(Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights)))
     peak = stages[0]
     for mem in stages[1:]:

@@ -220,12 +220,15 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         (("sharding", "zero_stage", "ep"),
          lambda c: (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))),
     )
-    c, pending = _Product(mesh_cols, codes, gb, batch_ok), dict(enumerate(rules))
-    for d in [*free, None]:  # the product grows a dimension at a time; each rule applies once its columns exist
-        if d is not None:
-            c.extend(d.name)
-        ready = [i for i, (needs, _) in pending.items() if d is None or all(c.has(n) for n in needs)]
-        c.keep([pending.pop(i)[1] for i in ready])
+    # The product grows a dimension at a time; each rule applies once the columns it reads exist
+    # (at the last step when one of them is no dimension of the product).
+    names = [d.name for d in free]
+    at = [max((names.index(n) for n in needs if n in names), default=0)
+          if all(n in names or n in mesh_cols for n in needs) else len(names) - 1 for needs, _ in rules]
+    c = _Product(mesh_cols, codes, gb, batch_ok)
+    for step, name in enumerate(names):
+        c.extend(name)
+        c.keep([rule for (_, rule), when in zip(rules, at) if when == step])
     c = c.candidates()
     if len(c) == 0:
         return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
@@ -276,9 +279,6 @@ class _Product:
         if k > 1:
             self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
             self._read = {}
-
-    def has(self, name: str) -> bool:
-        return name in self._bits or name in self._mesh
 
     def keep(self, rules: list) -> None:
         if rules:
@@ -333,14 +333,22 @@ def moe_sequence_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray | bo
     return (c.tp == 1) | c.sequence_parallel if model.moe else True
 
 
+def one_of(column: np.ndarray, values) -> np.ndarray:
+    """``np.isin`` for the few values of a layout dimension: one comparison each (isin sorts)."""
+    out = np.zeros(np.shape(column), dtype=bool)
+    for v in values:
+        out |= column == v
+    return out
+
+
 def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
     """The layouts the software stack can run: its ZeRO stages, its pipeline schedules, and
     interleaving only where it has an interleaved schedule (planner/stacks.py)."""
     schedules = [SCHEDULES.index(s) for s in stack.schedules]
-    ok = np.isin(c.zero_stage, stack.zero_stages) & (np.isin(c.schedule, schedules) | (c.pp == 1))
+    ok = one_of(c.zero_stage, stack.zero_stages) & (one_of(c.schedule, schedules) | (c.pp == 1))
     # Offload: the modes the stack has; the optimizer's needs ZeRO >= 1 (DeepSpeed's ZeRO-Offload,
     # Megatron's distributed optimizer), the parameters' ZeRO-3 (they are streamed in per layer).
-    ok &= np.isin(c.offload, [OFFLOAD.index(m) for m in stack.offload])
+    ok &= one_of(c.offload, [OFFLOAD.index(m) for m in stack.offload])
     ok &= (c.offload == 0) | (c.zero_stage >= np.where(c.offload == 2, 3, 1))
     return ok & ((c.vpp == 1) | stack.interleaved)
 
@@ -395,7 +403,7 @@ def searched_by_default(c: Candidates, job: Job, model: ModelSpec) -> np.ndarray
     keep = ~(c.sequence_parallel & (c.tp == 1))
     for d in LAYOUT_DIMS:
         if d.searched is not None:
-            keep &= np.isin(getattr(c, d.name), d.encode(list(d.searched(job, model))))
+            keep &= one_of(getattr(c, d.name), d.encode(list(d.searched(job, model))))
     return keep
 
 
