@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from planner.calibration.measured import from_published, load_measurements, published_measurements  # noqa: E402
 from planner.calibration.published import load_table2  # noqa: E402
-from planner.calibration.validate import QUANTITIES, Point, compare, plot, summary  # noqa: E402
 from planner.calibration.torchtitan import context_parallel_section, one_f_one_b_section  # noqa: E402
+from planner.calibration.validate import QUANTITIES, Point, compare, plot, summary  # noqa: E402
 from planner.hardware import load_profile_file  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"

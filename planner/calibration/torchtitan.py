@@ -57,10 +57,11 @@ def leave_one_out(runs: list[TorchtitanRun]) -> np.ndarray:
 
 def _stack_file(name: str, folder: Path, **changes: float) -> str:
     """A copy of stack ``name`` with some [overlap] factors changed (the stack loader reads files)."""
+    import tomllib
+
     import tomli_w
 
     from planner.stacks import get_stack
-    import tomllib
 
     data = tomllib.loads(Path(get_stack(name).path).read_text())
     data.pop("aliases", None)
@@ -94,8 +95,9 @@ def fit_cp_overlap(runs: list[TorchtitanRun]) -> tuple[float, np.ndarray, np.nda
 def calibrated_profile_toml(x, runs: list[TorchtitanRun], errors: np.ndarray, loo: np.ndarray, name: str) -> str:
     """The 500 W H100 profile with the fitted clock's efficiencies and the fitted per-block overhead
     (a profile's own factor, which wins over the stack's), plus [provenance]."""
-    import tomli_w
     import tomllib
+
+    import tomli_w
 
     base = get_profile(CLOCKED)
     data = tomllib.loads(Path(base.path).read_text())
