@@ -214,6 +214,8 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     value) to the next rank, waited after the next step's attention: cp sends, the last exposed.
     Each of the cp - 1 remote steps merges the partial output in fp32 (forward) and accumulates
     dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element."""
+    if not np.any(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
+        return np.zeros(len(c))
     st, act, cp = sw.stack, ACT_BYTES[job.precision], c.cp.astype(float)
     grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
     width = model.hidden if st.cp_kv_heads == "query" else model.kv_hidden
@@ -281,7 +283,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
     ag3 = over(zcoll, param_bytes, 1.0)
-    rs3 = over(zcoll, grad_bytes, 1.0) + replica_ar
+    rs3 = rs if zcoll is comm.group_collective else over(zcoll, grad_bytes, 1.0) + replica_ar  # the same call
     hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
@@ -294,7 +296,9 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
-    ag_step = over(comm.group_collective, trained * act, 1.0)
+    step_bytes = trained * act
+    same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # then the same call as ag3
+    ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
     ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
     zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
