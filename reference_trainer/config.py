@@ -351,7 +351,7 @@ def _check_layout(config: RunConfig) -> None:
 
 # ModelSpec variants of released models this trainer does not build (planner/core/model.py counts
 # them): each must keep its default here.
-UNBUILT_SPEC = {"router_bias": False, "qkv_bias": False, "qk_norm": "none", "kv_lora_rank": 0, "q_lora_rank": 0}
+UNBUILT_SPEC = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0}
 
 
 def _check_moe(config: RunConfig) -> None:
@@ -360,8 +360,9 @@ def _check_moe(config: RunConfig) -> None:
     for name, default in UNBUILT_SPEC.items():
         _require(getattr(spec, name) == default, f"model.{name}={getattr(spec, name)!r}: the reference trainer does "
                                                  f"not build this variant; leave it at {default!r}")
-    _require(spec.head_dim * spec.heads == spec.hidden, f"model.head_dim={spec.head_dim}: the reference trainer "
-                                                        f"builds head_dim = hidden/heads = {spec.hidden // spec.heads}")
+    if spec.qk_norm != "none":
+        _require(lay.tp == 1, f"layout.tp={lay.tp}: model.qk_norm={spec.qk_norm!r} runs with tp = 1 here (its "
+                              "norm weights would need their gradients summed over the tensor-parallel ranks)")
     if not spec.experts:
         _require(lay.ep == 1, f"layout.ep={lay.ep}: expert parallel needs an MoE model (model.experts > 0)")
         return

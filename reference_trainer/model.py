@@ -38,8 +38,9 @@ ROPE_THETA = 10000.0  # RoFormer (Su et al. 2021)
 ATTENTION_KINDS = ("flash", "standard")  # fused SDPA kernel (no T x T stored) or explicit softmax
 
 
-def make_norm(spec: ModelSpec) -> nn.Module:
-    return nn.LayerNorm(spec.hidden) if spec.arch == "gpt" else nn.RMSNorm(spec.hidden, eps=RMS_EPS)
+def make_norm(spec: ModelSpec, width: int | None = None) -> nn.Module:
+    width = width or spec.hidden
+    return nn.LayerNorm(width) if spec.arch == "gpt" else nn.RMSNorm(width, eps=RMS_EPS)
 
 
 def rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,12 +94,19 @@ class AttentionCore(nn.Module):
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, dropout: float, attention: str):
         super().__init__()
-        h, hd = spec.hidden, spec.head_dim
+        h, hd = spec.hidden, spec.head_dim  # head_dim: hidden/heads, or explicit (Qwen3: q wider than h)
         self.head_dim = hd
         self.q_per_kv = spec.heads // spec.kv_heads
-        self.wqkv = nn.Linear(h, h + 2 * spec.kv_hidden, bias=spec.has_bias)  # grouped per KV head
+        # grouped per KV head; biases: gpt's, or on q, k, v only (Qwen1.5/2's qkv_bias)
+        self.wqkv = nn.Linear(h, spec.q_width + 2 * spec.kv_hidden, bias=spec.has_bias or spec.qkv_bias)
         self.core = AttentionCore(attention, dropout)
-        self.wo = nn.Linear(h, h, bias=spec.has_bias)
+        self.wo = nn.Linear(spec.q_width, h, bias=spec.has_bias)
+        # QK-norm before RoPE: over all of q and of k (OLMoE), or per head (Qwen3)
+        self.qk_norm = spec.qk_norm
+        if spec.qk_norm != "none":
+            full = spec.qk_norm == "full"
+            self.q_norm = make_norm(spec, spec.q_width if full else hd)
+            self.k_norm = make_norm(spec, spec.kv_hidden if full else hd)
         self.drop = nn.Dropout(dropout)
         self.rope = not spec.learned_positions
         self.positions: torch.Tensor | None = None  # global token positions (context parallel: GPT.set_positions)
@@ -114,6 +122,10 @@ class Attention(nn.Module):
         qkv = self.wqkv(x).view(b, t, -1, (g + 2) * hd)  # (B, T, nkv_local, (g+2)*hd)
         q, k, v = qkv.split([g * hd, hd, hd], dim=-1)
         q = q.reshape(b, t, -1, hd)  # (B, T, nh_local, hd)
+        if self.qk_norm == "full":  # over every head's channels (tensor parallel refused with it)
+            q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
+        elif self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             cos, sin, pos = self.rope_cos, self.rope_sin, self.positions
             q, k = apply_rope(q, cos, sin, pos), apply_rope(k, cos, sin, pos)

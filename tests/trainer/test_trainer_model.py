@@ -35,7 +35,7 @@ def test_parameter_count_equals_the_planners(spec):
     assert count(GPT(spec)) == spec.params
 
 
-@pytest.mark.parametrize("name", ["gpt3-125m", "gpt3-1.3b", "llama2-70b", "llama3-8b"])
+@pytest.mark.parametrize("name", ["gpt3-125m", "gpt3-1.3b", "llama2-70b", "llama3-8b"])  # dense
 def test_parameter_count_of_presets(name):
     spec = get_preset(name)
     with torch.device("meta"):  # shapes only: no memory, no init
@@ -142,14 +142,20 @@ def test_moe_parameter_count_over_expert_parallel_ranks_equals_the_planners(spec
     assert total == spec.params
 
 
-@pytest.mark.parametrize("name", ["mixtral-8x7b", "mixtral-8x22b"])
+def _moe_presets() -> list[str]:
+    from planner.core.presets import presets
+
+    return sorted(n for n, s in presets().items() if s.experts)
+
+
+@pytest.mark.parametrize("name", _moe_presets())
 def test_moe_preset_parameter_counts(name):
-    try:
-        spec = get_preset(name)
-    except Exception as exc:  # noqa: BLE001  (a preset the planner does not ship yet)
-        pytest.skip(str(exc))
-    if spec.qk_norm != "none" or spec.qkv_bias or spec.kv_lora_rank:
-        pytest.skip("an attention variant the reference trainer does not build")
+    """Every MoE preset the trainer builds (all but multi-head latent attention and DeepSeek-V3's
+    routing bias): Mixtral, OLMoE (QK-norm), Qwen-MoE (q/k/v biases, gated shared expert), Qwen3
+    (explicit head_dim, per-head QK-norm)."""
+    spec = get_preset(name)
+    if spec.kv_lora_rank or spec.router_bias:
+        pytest.skip("multi-head latent attention / routing bias: not built by the reference trainer")
     with torch.device("meta"):
         assert count(GPT(spec)) == spec.params
 
@@ -190,3 +196,31 @@ def test_capacity_drops_the_slots_past_each_experts_capacity():
     kept = sorted(t for e in range(4) for t in [i for i in range(16) if choice[i] == e][:4])
     assert sorted(token.tolist()) == kept
     assert torch.bincount(expert, minlength=4).max() <= 4
+
+
+@pytest.mark.parametrize("variant", [{"head_dim": 24}, {"qkv_bias": True}, {"qk_norm": "full"},
+                                     {"qk_norm": "head", "head_dim": 8}, {"arch": "gpt", "qk_norm": "head"}],
+                         ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
+def test_attention_variant_parameter_counts(variant):
+    """Explicit head_dim (q wider than hidden), q/k/v biases, QK-norm over all channels or per head."""
+    spec = ModelSpec(**{"arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "vocab": 64,
+                        "seq_len": 16, **variant})
+    model = GPT(spec)
+    assert count(model) == spec.params
+    model.init_weights(1)
+    assert model(torch.randint(0, 64, (2, 16))).shape == (2, 16, 64)
+
+
+def test_per_head_qk_norm_makes_attention_scale_free():
+    """With RMS QK-norm per head, scaling the q/k projection weights leaves the output unchanged
+    (the norm undoes it): the norm is applied to q and k, before attention."""
+    spec = ModelSpec(arch="llama", layers=1, hidden=32, heads=4, vocab=64, seq_len=16, qk_norm="head")
+    model = GPT(spec)
+    model.init_weights(1)
+    x = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    before = model(x)
+    attn = model.layers["0"].attn
+    with torch.no_grad():
+        rows = attn.wqkv.weight.view(spec.kv_heads, -1, spec.hidden)  # per KV group: [q heads, k, v]
+        rows[:, : (attn.q_per_kv + 1) * spec.head_dim] *= 3.0  # q and k rows, not v
+    torch.testing.assert_close(model(x), before, rtol=1e-4, atol=1e-4)

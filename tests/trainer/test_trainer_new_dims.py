@@ -21,7 +21,14 @@ from tests.trainer.test_trainer_equivalence import assert_same_curve  # noqa: E4
 # capacity factor (drops depend on the micro-batch's tokens: its layouts keep micro_batch 2 and cp 1).
 MOE_LLAMA = {**TINY_LLAMA, "experts": 4, "top_k": 2, "expert_ffn": 64, "shared_experts": 1, "dense_layers": 1}
 MOE_GPT = {**TINY_GPT, "experts": 4, "top_k": 1, "expert_ffn": 64, "capacity_factor": 1.25}
-ONE = [("moe-llama-1", MOE_LLAMA, {"dp": 1}, None), ("moe-gpt-1", MOE_GPT, {"dp": 1}, None)]
+# Attention variants of released MoE models: explicit head_dim with q/k/v biases (Qwen1.5/2, Qwen3
+# shapes), per-head QK-norm with a gated shared expert (Qwen-MoE).
+VARIANT = {**TINY_LLAMA, "head_dim": 24, "qkv_bias": True}
+QWEN_MOE = {**TINY_LLAMA, "qk_norm": "head", "experts": 4, "top_k": 2, "expert_ffn": 32, "shared_experts": 2,
+            "shared_expert_gate": True}
+ONE = [("moe-llama-1", MOE_LLAMA, {"dp": 1}, None), ("moe-gpt-1", MOE_GPT, {"dp": 1}, None),
+       ("variant-1", VARIANT, {"dp": 1}, None), ("qwen-moe-1", QWEN_MOE, {"dp": 1}, None)]
+OWN_REFERENCES = {r[0] for r in ONE}
 TWO = [  # name, model, layout, reference
     ("gpt-cp2", TINY_GPT, {"dp": 1, "cp": 2}, "gpt-1"),  # context parallel alone, flash attention
     ("llama-cp2-std", {**TINY_LLAMA, "attention": "standard"}, {"dp": 1, "cp": 2, "recompute": "selective"},
@@ -30,6 +37,8 @@ TWO = [  # name, model, layout, reference
     ("llama-dp2-zero3-offload", TINY_LLAMA, {"dp": 2, "zero_stage": 3, "offload": "optimizer"}, "llama-1"),
     ("moe-llama-dp2-ep2", MOE_LLAMA, {"dp": 2, "ep": 2}, "moe-llama-1"),  # DDP for the rest, all-to-all
     ("moe-gpt-dp2-ep2-zero3", MOE_GPT, {"dp": 2, "ep": 2, "zero_stage": 3}, "moe-gpt-1"),  # FSDP2, capacity
+    ("variant-tp2", VARIANT, {"tp": 2, "sequence_parallel": True}, "variant-1"),  # wider q split by tp
+    ("qwen-moe-cp2-ep2", QWEN_MOE, {"dp": 1, "cp": 2, "ep": 2}, "qwen-moe-1"),  # ep over the cp ranks
 ]
 FOUR = [
     ("llama-dp2-cp2-zero3", TINY_LLAMA, {"dp": 2, "cp": 2, "zero_stage": 3, "recompute": "full"}, "llama-1"),
@@ -53,7 +62,7 @@ def one_new(tmp_path_factory):
 
 
 def _reference(single_sweep, one_new, name):
-    if name.startswith("moe-"):
+    if name in OWN_REFERENCES:
         assert one_new[1].returncode == 0, explain(one_new[1])
         return one_new[0] / name
     return single_sweep[0] / name
