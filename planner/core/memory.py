@@ -155,8 +155,10 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     act_layer = layer_activation_bytes(model, c, job, sw=sw)
     # One layer's full activations for the micro-batch being recomputed (the working set).
-    no_rc = layer_activation_bytes(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
-    working = np.where((c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")), no_rc, 0.0)
+    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
+    no_rc = (layer_activation_bytes(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
+             if recomputed.any() else 0.0)
+    working = np.where(recomputed, no_rc, 0.0)
     working = working + context_parallel_working(model, c, job, sw)
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
@@ -166,6 +168,18 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     divisors = {k: (np.where(c.zero_stage >= k, dp, 1), np.where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
     outside = outside_allocator(hw, c)
     offload_opt, offload_par = c.offload >= 1, c.offload == 2
+    # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3), per micro-batch in flight.
+    mask_per_flight = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden
+    mask_split = np.where(c.sequence_parallel, tp, 1)
+    # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
+    logits = np.where(tp > 1, sw.logit_bytes_tp, sw.logit_bytes) * tokens * model.vocab / tp
+    # torch.distributed.pipelining keeps each micro-batch's output on the last stage for the step's
+    # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
+    kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
+    last_extra = logits + np.where(pp > 1, kept, 0.0)
+    # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in 16-bit).
+    block = (model.layer_params - model.layer_expert_params) / tp + model.layer_expert_params / (tp * c.ep)
+    gather_blocks = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
         if stages and not np.any(pp > 1):  # one stage: first, fullest and last are the same
@@ -202,21 +216,11 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         weights = np.where(offload_par, 0.0, weights)
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
         acts = layers * act_layer * flight + working
-        # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3).
-        mask = ((1.0 if model.has_dropout else 0.0) * tokens * model.hidden * flight
-                / np.where(c.sequence_parallel, tp, 1))
-        acts = acts + np.where(is_first, mask, 0.0)
-        # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
-        logits = np.where(tp > 1, sw.logit_bytes_tp, sw.logit_bytes) * tokens * model.vocab / tp
-        # torch.distributed.pipelining keeps each micro-batch's output on the last stage for the step's
-        # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
-        kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
-        acts = acts + np.where(is_last, logits + np.where(pp > 1, kept, 0.0), 0.0)
-        # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in
-        # 16-bit). Under pipelining a stack that does not reshard between micro-batches (FSDP2 in
-        # torchtitan) keeps the stage's weights gathered and its gradients unsharded (fp32).
-        block = (model.layer_params - model.layer_expert_params) / tp + model.layer_expert_params / (tp * c.ep)
-        gather = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
+        acts = acts + np.where(is_first, mask_per_flight * flight / mask_split, 0.0)
+        acts = acts + np.where(is_last, last_extra, 0.0)
+        # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
+        # keeps the stage's weights gathered and its gradients unsharded (fp32).
+        gather = gather_blocks
         if not sw.stack.reshard_in_pipeline:
             gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
         other = outside + gather + eff.fragmentation * (acts + grads + gather)
