@@ -8,12 +8,22 @@ calibrated one (after), for a fit on the step time alone and for a fit on the pa
 exposed TP / DP communication, bubble, optimizer; planner.core.step_parts). Targets (issue 13):
 step time <= 10% mean after calibration; compute, TP communication and bubble each within 10
 points of the measured share. The figures move with machine load: run it on a quiet machine.
-``--reuse`` keeps an existing probe and grid under --out and only refits.
+``--reuse`` keeps an existing probe and grid under --out and only refits; ``--parts`` prints the
+fit on the parts only.
+
+``--mechanism`` measures what the tensor-parallel terms stand on, on this machine (torch needed):
+the training thread's host time per TP collective (the same tiny GPT eager and under DTensor TP
+on a one-rank mesh, so the collectives cost nothing and DTensor's dispatch and redistribute
+remain; the planner books this cost, ``tp_collective_overhead_s``, as compute, where the trace
+sees it), and, over two gloo processes, the all-reduces of one micro-batch's forward and backward
+with recompute none and full, with and without torch's checkpoint early stop.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +45,7 @@ def planner(*args: str) -> None:
 
 def split(runs):
     """Even grid index: calibrate on it; odd: held out (the grid is ordered in pairs of like runs)."""
-    index = lambda r: int(r.label.split("-", 1)[0])  # noqa: E731
+    index = lambda r: int(r.label.split("-", 1)[0])
     return [r for r in runs if index(r) % 2 == 0], [r for r in runs if index(r) % 2 == 1]
 
 
@@ -65,6 +75,96 @@ def report(name, test, base, calibrated) -> None:
                   f"after (before: mean {b.mean() * 100:5.1f}pp, worst {b.max() * 100:5.1f}pp)")
 
 
+TINY = {"name": "tiny", "arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 16,
+        "dropout": 0.0}
+SHAPES = {"gpt-s": {"name": "gpt-s", "arch": "gpt", "layers": 4, "hidden": 128, "heads": 4, "vocab": 512,
+                    "seq_len": 128, "dropout": 0.0},
+          "llama-m": {"name": "llama-m", "arch": "llama", "layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4,
+                      "vocab": 1024, "seq_len": 128}}
+
+
+def host_cost_per_collective(repeats: int = 5, iters: int = 30) -> None:
+    """Forward + backward of a tiny GPT, eager vs DTensor TP on a one-rank mesh (one thread)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from planner.core.model import ModelSpec
+    from reference_trainer.model import GPT
+    from reference_trainer.parallel import apply_tp
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29555")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.set_num_threads(1)
+    spec = ModelSpec(**TINY)
+    eager, tp = GPT(spec), GPT(spec)
+    eager.init_weights(0)
+    tp.init_weights(0)
+    apply_tp(tp, init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)), False)
+    x = torch.randint(0, spec.vocab, (1, spec.seq_len))
+
+    def median_s(m) -> float:
+        times = []
+        for _ in range(iters + 5):
+            t = time.perf_counter()
+            m(x).float().sum().backward()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[5:])
+
+    runs = [(median_s(eager), median_s(tp)) for _ in range(repeats)]
+    e, d = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+    calls = 4 * spec.layers + 3  # 2 forward + 2 backward per GPT layer; embedding, head gather, head grad
+    print(f"host time per TP collective: eager {e * 1e3:.2f} ms, DTensor TP {d * 1e3:.2f} ms per step of "
+          f"{calls} collectives -> {(d - e) / calls * 1e3:.2f} ms each (booked as compute by the trace)")
+    dist.destroy_process_group()
+
+
+def count_collectives() -> None:
+    """Under torchrun, 2 processes: gloo all-reduces per micro-batch, forward and backward."""
+    import collections
+    import contextlib
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    from planner.core.model import ModelSpec
+    from reference_trainer.model import GPT
+    from reference_trainer.parallel import apply_recompute, apply_tp
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    for name, shape in SHAPES.items():
+        spec = ModelSpec(**shape)
+        for recompute, early in (("none", True), ("full", True), ("full", False)):
+            model = GPT(spec)
+            model.init_weights(0)
+            apply_tp(model, mesh, False)
+            apply_recompute(model, recompute)
+            x = torch.randint(0, spec.vocab, (2, spec.seq_len))
+            with set_checkpoint_early_stop(False) if not early else contextlib.nullcontext():
+                with torch.profiler.profile() as forward:
+                    loss = model(x).float().logsumexp(-1).mean()
+                with torch.profiler.profile() as backward:
+                    loss.backward()
+            counted = [collections.Counter(e.name for e in p.events())["gloo:all_reduce"] for p in (forward, backward)]
+            if dist.get_rank() == 0:
+                print(f"{name:8} recompute {recompute:4} early stop {'on ' if early else 'off'}: all-reduces "
+                      f"forward {counted[0]}, backward {counted[1]} ({spec.layers} layers)")
+            del model
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def mechanism() -> None:
+    host_cost_per_collective()
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    __file__, "--count-collectives"], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", default="cpu")
@@ -72,7 +172,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--factors", help="comma-separated factors (default: those the runs exercise)")
     ap.add_argument("--reuse", action="store_true")
+    ap.add_argument("--parts", action="store_true", help="only the fit on the parts of the step")
+    ap.add_argument("--mechanism", action="store_true", help="measure the TP host cost and collective counts")
+    ap.add_argument("--count-collectives", action="store_true", help=argparse.SUPPRESS)  # torchrun's workers
     a = ap.parse_args()
+    if a.count_collectives:
+        return count_collectives()
+    if a.mechanism:
+        return mechanism()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     probe, grid = out / "probed.toml", out / "grid"
@@ -87,7 +194,8 @@ def main() -> None:
         print("skipped", line)
     train, test = split(runs)
     factors = tuple(a.factors.split(",")) if a.factors else None
-    for name, parts in (("fit on step time", False), ("fit on the parts of the step", True)):
+    fits = (("fit on step time", False), ("fit on the parts of the step", True))
+    for name, parts in fits[1:] if a.parts else fits:
         fit = calibrate(train, base, factors, parts=parts)
         print(f"\n== {name}: calibrated on {len(train)} runs")
         print(describe_fit(fit, train))
