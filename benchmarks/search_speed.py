@@ -108,7 +108,7 @@ def throughput(repeat: int) -> None:
 def pinned_estimates(repeat: int) -> None:
     cases = [("33B on 128 A100 (its best layout)", resolve_params(33e9)[0], "a100-80g", Job(), 128, None),
              ("Llama 3 405B on 16,384 H100, pp 16 interleaved", get_preset("llama3-405b"), "h100-80g", Job(), 16384,
-              dict(tp=8, pp=16, vpp=2, cp=1)),
+              {"tp": 8, "pp": 16, "vpp": 2, "cp": 1}),
              ("DeepSeek-V3 on 2,048 H100 (its best layout)", deepseek_v3(), "h100-80g", Job(), 2048, None)]
     worst = 0.0
     for label, model, gpu, job, gpus, want in cases:
@@ -120,7 +120,8 @@ def pinned_estimates(repeat: int) -> None:
             row = next(i for i in range(len(c)) if all(getattr(c, k)[i] == v for k, v in want.items()))
         lay = ev.candidates.layout(row)
         pins = Pins(**{name: getattr(lay, name) for name in Pins.__slots__})
-        med, low, p = timed(lambda: plan(model, hw, job, gpus, pins), 50 * repeat)
+        med, low, p = timed(lambda model=model, hw=hw, job=job, gpus=gpus, pins=pins: plan(model, hw, job, gpus, pins),
+                            50 * repeat)
         worst = max(worst, med)
         print(f"one pinned estimate, {label}: median {ms(med)} (min {ms(low)})"
               f"{'' if p.fits else ' (does not fit: nearest fit searched)'}", flush=True)
