@@ -137,21 +137,24 @@ def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = Fals
     return plan_export(values, fmt, opts, force=force)
 
 
-def pictures(values: Mapping[str, object]) -> tuple[list, list]:
+def pictures(values: Mapping[str, object], best=None) -> tuple[list, list]:
     """(memory vs micro-batch rows, step-time parts vs GPUs rows) for the plan of these inputs
-    (planner.decisions.pictures); empty lists when there is no fitting plan."""
+    (planner.decisions.pictures); empty lists when there is no fitting plan. ``best``: that plan's
+    best estimate when the caller has it (``compute(values).best``), else it is planned here."""
     from planner.core.options import build_inputs
     from planner.core.plan import plan
     from planner.decisions import pictures as pic
 
     try:
         x = build_inputs(values)
-        p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, str(values.get("sort") or "time"), top=0, ops=x.ops)
+        if best is None:
+            best = plan(x.model, x.hardware, x.job, x.gpus, x.pins, str(values.get("sort") or "time"), top=0,
+                        ops=x.ops).best
     except PlannerError:
         return [], []
-    if not p.fits:
+    if not best.fits:
         return [], []
-    return pic.memory_vs_micro_batch(x, p.best), pic.breakdown_vs_gpus(x)
+    return pic.memory_vs_micro_batch(x, best), pic.breakdown_vs_gpus(x)
 
 
 # --- figures for the page -----------------------------------------------------------------------

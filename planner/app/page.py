@@ -38,8 +38,8 @@ def cached_sweep(values: dict) -> tuple[explore.SweepPoint, ...]:
 
 
 @st.cache_data(show_spinner="Drawing the pictures...", max_entries=128)
-def cached_pictures(values: dict) -> tuple[list, list]:
-    return explore.pictures(values)
+def cached_pictures(values: dict, _best=None) -> tuple[list, list]:  # _best: compute(values).best, not hashed
+    return explore.pictures(values, _best)
 
 
 def init_state() -> None:
@@ -195,7 +195,7 @@ def show_does_not_fit(view: explore.View, j: dict) -> None:
                 "recompute. What would make it fit:\n" + "\n".join(f"- {h}" for h in fit_hints(view.best)))
 
 
-def plan_tab(j: dict, values: dict | None = None) -> None:
+def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
     from planner.app import charts
 
     left, right = st.columns(2)
@@ -224,7 +224,7 @@ def plan_tab(j: dict, values: dict | None = None) -> None:
                "micro-batch; the gaps are the bubble." + (f" Drawn with the first {drawn} of {lay['grad_accum']} "
                                                           "micro-batches." if drawn < lay["grad_accum"] else ""))
     if values is not None:
-        mem_rows, time_rows = cached_pictures(values)
+        mem_rows, time_rows = cached_pictures(values, best)
         left, right = st.columns(2)
         with left:
             st.subheader("Memory vs micro-batch")
@@ -424,7 +424,8 @@ def page() -> None:
     tabs = st.tabs(TABS, key="_tabs", on_change="rerun", default=st.session_state["_first_tab"])
     current = next((name for name, t in zip(TABS, tabs) if t.open), TABS[0])
     st.query_params.from_dict({**query, **({"tab": current} if current != TABS[0] else {})})
-    draw = {"Plan": lambda: plan_tab(j, explore_state.mapping_from_state(state)), "Layouts": lambda: layouts_tab(view),
+    draw = {"Plan": lambda: plan_tab(j, explore_state.mapping_from_state(state), view.best),
+            "Layouts": lambda: layouts_tab(view),
             "Hardware": lambda: hardware_tab(state, j), "Runs": lambda: runs_tab(state),
             "Export": lambda: export_tab(state, view)}
     for name, tab in zip(TABS, tabs):
