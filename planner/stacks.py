@@ -41,6 +41,7 @@ class Stack:
     logit_bytes_compiled: float  # the same when torch.compile fuses the loss
     logit_bytes_tp: float  # the same with the vocabulary split across TP ranks (loss parallel)
     selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
+    recompute_early_stop: bool  # full recompute stops at the layer's last saved tensor (its last TP collective not redone)
     # Overlap (fractions)
     dp_overlap: float  # of the last micro-batch's backward that hides the DP gradient reduction
     zero3_overlap: float  # of compute that hides ZeRO-3 / FSDP parameter gathers and gradient reduce-scatters
@@ -99,6 +100,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "logit_bytes_compiled": ("logit_bytes_compiled", "float", (2.0, 32.0)),
     "logit_bytes_tp": ("logit_bytes_tp", "float", (2.0, 32.0)),
     "selective": ("selective", "str", SELECTIVE),
+    "recompute_early_stop": ("recompute_early_stop", "bool", None),
     "dp_overlap": ("dp_overlap", "float", (0.0, 1.0)),
     "zero3_overlap": ("zero3_overlap", "float", (0.0, 1.0)),
     "tp_overlap": ("tp_overlap", "float", (0.0, 1.0)),

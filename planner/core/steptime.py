@@ -191,9 +191,14 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
+    # torch's non-reentrant checkpoint stops recomputing once the layer's saved tensors are back,
+    # before its last collective (the MLP output's all-reduce, or reduce-scatter: half of one); the
+    # host work around the collectives (tp_calls: DTensor's dispatch) is all redone up to there.
     collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
+    again = 2 - sw.stack.recompute_early_stop * np.where(c.sequence_parallel, 0.5, 1.0)
     calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
-    return _LayerTimes(fwd, bwd, recompute, calls * collective, calls,
+    sent = np.where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
+    return _LayerTimes(fwd, bwd, recompute, sent * collective, calls,
                        context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm)
 
 
