@@ -4,7 +4,8 @@ The page turns its widgets into that mapping (planner.app.state.mapping_from_sta
 through ``st.cache_data`` (so each input is computed once), and draws what they return. The mapping
 goes to the same builder as the CLI's parsed flags (planner.core.options.build_inputs), which is
 what makes the page's figures and `planner estimate` agree. One explorer update evaluates one
-table of layouts; the plan, its runners-up, the nearest fit and the pin suggestions are read off it.
+table of layouts; the plan, its runners-up, the nearest fit and the pin suggestions are read off it
+(pins whose own layouts fit: only those layouts, as `planner estimate` does).
 """
 
 from __future__ import annotations
@@ -66,18 +67,20 @@ class Problem:
 
 def compute(values: Mapping[str, object], top: int = TOP_LAYOUTS) -> View | Problem:
     """The plan for a mapping of declared names, or the reason there is none (never raises
-    PlannerError). One table is evaluated; everything shown is selected from it."""
+    PlannerError). One table is evaluated (or, for pins that fit, their layouts only); everything
+    shown is selected from it."""
     from planner.core.options import build_inputs
-    from planner.core.plan import evaluate_table, plan_from_table
+    from planner.core.plan import evaluate_table, plan_from_table, plan_of_pins
 
     objective = str(values.get("sort") or "time")
     try:
         x = build_inputs(values)
-        table = evaluate_table(x.model, x.hardware, x.job, x.gpus, x.pins, objective)
+        p = plan_of_pins(x.model, x.hardware, x.job, x.gpus, x.pins, objective, top, x.ops)  # pins that fit
+        table = evaluate_table(x.model, x.hardware, x.job, x.gpus, x.pins, objective) if p is None else None
     except PlannerError as exc:
         return Problem(message=str(exc), field=exc.field)
     try:
-        p = plan_from_table(table, x.model, x.hardware, x.job, x.gpus, x.pins, top, x.ops)
+        p = p or plan_from_table(table, x.model, x.hardware, x.job, x.gpus, x.pins, top, x.ops)
     except PlannerError as exc:
         return Problem(message=str(exc), field=exc.field, suggestions=pin_suggestions(table, x))
     r = p.result

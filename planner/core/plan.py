@@ -48,21 +48,28 @@ def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None,
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
          objective: str = "time", top: int = 5, ops: Operations = Operations()) -> Plan:
     """The best layout with these pins, its runners-up and, when it does not fit, the nearest
-    layout that does (from the table of ``evaluate_table``).
-
-    With pins, their own search comes first: its layouts are the table's rows with these pins, in
-    the same order (``enumerate_layouts``), so when its best fits the plan is the same without
-    evaluating the table (a pinned estimate evaluates one layout). Otherwise, or when the pins'
-    search refuses them, the table's path decides and says why."""
-    if pins.pinned():
-        try:
-            result = search(model, hw, job, gpus, pins, objective)
-        except PlannerError:
-            result = None
-        if result is not None and result.evaluation.fits[0]:
-            return _plan(result, None, model, hw, job, pins, top, ops)
+    layout that does (from the table of ``evaluate_table``): ``plan_of_pins`` when that answers,
+    else from the table, whose path also says why pins are refused."""
+    quick = plan_of_pins(model, hw, job, gpus, pins, objective, top, ops)
+    if quick is not None:
+        return quick
     return plan_from_table(evaluate_table(model, hw, job, gpus, pins, objective), model, hw, job, gpus, pins,
                            top, ops)
+
+
+def plan_of_pins(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
+                 objective: str = "time", top: int = 5, ops: Operations = Operations()) -> Plan | None:
+    """``plan``, from the pins' own search alone, when there are pins and their best layout fits;
+    else None. Its layouts are the table's rows with these pins, in the same order
+    (``enumerate_layouts``), so the plan is the same without evaluating the table (a pinned
+    estimate evaluates one layout); the table is needed for the nearest fit and for the reasons."""
+    if not pins.pinned():
+        return None
+    try:
+        result = search(model, hw, job, gpus, pins, objective)
+    except PlannerError:
+        return None
+    return _plan(result, None, model, hw, job, pins, top, ops) if result.evaluation.fits[0] else None
 
 
 def evaluate_table(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
