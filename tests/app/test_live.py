@@ -1,6 +1,6 @@
-"""The explorer's live view (planner.app.live): TensorBoard event files read without tensorboard,
-checked against files encoded here by hand from the format's definition and against
-TensorBoard's own writer and reader; the plan beside each figure is `planner validate`'s; the
+"""The explorer's live view (planner.app.live; planner.calibration.run_series reads the files):
+TensorBoard event files read without tensorboard, checked against files encoded here by hand from
+the format's definition and against TensorBoard's own writer and reader; the plan beside each figure is `planner validate`'s; the
 measured parts are split as validate splits them; and the Runs tab draws it (AppTest)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from planner.app import live
+from planner.calibration import run_series
 
 RUNS = Path(__file__).resolve().parent / "data" / "runs"
 TINY = RUNS / "tiny-cpu"  # a committed CPU record: config names the a100-80g profile, dp1 tp1 pp1
@@ -59,7 +60,7 @@ def test_hand_encoded_events_read_back_with_a_half_written_tail(tmp_path):
     events.append(scalar_event(3, "step_time_s/measured", 0.25, tensor=True))
     path = write_events(tmp_path, events)
     path.write_bytes(path.read_bytes() + framed(scalar_event(4, "train/loss", 4.0))[:-7])  # still being written
-    series, newest = live.read_events(tmp_path)
+    series, newest = run_series.read_events(tmp_path)
     assert series == {"train/loss": [(1, 5.5), (2, 5.0), (3, 4.5)], "step_time_s/measured": [(3, 0.25)]}
     assert newest == 1.7e9
 
@@ -67,7 +68,7 @@ def test_hand_encoded_events_read_back_with_a_half_written_tail(tmp_path):
 def test_a_resumed_run_keeps_the_later_value_of_a_step(tmp_path):
     write_events(tmp_path, [scalar_event(s, "train/loss", 5.0) for s in (1, 2)], name="events.out.tfevents.1.h")
     write_events(tmp_path, [scalar_event(s, "train/loss", 4.0) for s in (2, 3)], name="events.out.tfevents.2.h")
-    assert live.read_events(tmp_path)[0]["train/loss"] == [(1, 5.0), (2, 4.0), (3, 4.0)]
+    assert run_series.read_events(tmp_path)[0]["train/loss"] == [(1, 5.0), (2, 4.0), (3, 4.0)]
 
 
 def test_tensorboards_own_writer_and_reader_agree_with_the_live_view(tmp_path):
@@ -85,7 +86,7 @@ def test_tensorboards_own_writer_and_reader_agree_with_the_live_view(tmp_path):
     writer.close()
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
-    series, newest = live.read_events(tmp_path)
+    series, newest = run_series.read_events(tmp_path)
     for tag in ("train/loss", "gpu/power_w"):
         assert series[tag] == [(e.step, e.value) for e in acc.Scalars(tag)]
     assert newest == 1.7e9 + 7
@@ -97,8 +98,8 @@ def test_the_csv_fallback_and_the_runs_listed(tmp_path):
     lines = (TINY / "steps.csv").read_text().splitlines()
     (run / "steps.csv").write_text("\n".join(lines[:4]) + "\n" + lines[4][:15])  # a line half written
     write_events(tmp_path / "runs" / "events-only" / "tensorboard", [scalar_event(1, "train/loss", 6.0)])
-    assert sorted(live.live_runs(tmp_path / "runs")) == ["csv-only", "events-only"]
-    got = live.read_run(run)
+    assert sorted(run_series.live_runs(tmp_path / "runs")) == ["csv-only", "events-only"]
+    got = run_series.read_run(run)
     header = lines[0].split(",")
     third = dict(zip(header, lines[3].split(",")))
     assert got.source.endswith("steps.csv") and [s for s, _ in got.series["train/loss"]] == [1, 2, 3]
@@ -152,7 +153,7 @@ def test_the_trainers_predicted_tags_stand_in_without_a_config(tmp_path):
               scalar_event(2, "breakdown_s/bubble_predicted", 0.0625),
               scalar_event(2, "breakdown_s/pp_comm_predicted", 0.0625)]
     write_events(tmp_path / "run" / "tensorboard", events)
-    got = live.read_run(tmp_path / "run")
+    got = run_series.read_run(tmp_path / "run")
     plan, said = live.current_plan(tmp_path / "run", None, got.series)
     assert plan.figures == {"step_s": 0.25, "bubble": 0.125} and "event file" in said
 
