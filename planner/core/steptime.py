@@ -360,7 +360,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     # That fixed cost is host work on the training thread (DTensor's redistribute and dispatch, the
-    # collective's enqueue: ~0.56 ms per collective on one CPU core, README "Calibration"), which a
+    # collective's enqueue: 0.6-0.8 ms per collective on one CPU core, README "Calibration"), which a
     # trace books as compute, not as a wait: it is compute here too; the link time is TP's.
     tp_host = layers_pace * lt.tp_calls * e.tp_collective_overhead_s * busy
     tp_mb = layers_pace * lt.tp_comm * busy
