@@ -216,24 +216,29 @@ def operations_lines(e: Estimate) -> list[str]:
     return [""] + out if out else []
 
 
-TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "cp", "mb", "accum", "zero", "recompute", "sp", "mem GiB", "step s",
-                "MFU", "bubble", "comm", "time")
+TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "mb", "accum", "zero", "shard", "recompute", "sp", "offload",
+                "mem GiB", "step s", "MFU", "bubble", "comm", "time")
+# Columns left out when every row holds their default (a dense model has ep 1 everywhere).
+_QUIET = {"ep": 1, "shard": "full", "offload": "none"}
 
 
 def table_rows(estimates: list[Estimate]) -> list[tuple]:
     rows = []
     for i, e in enumerate(estimates, 1):
         lay = e.layout
-        rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.micro_batch, lay.grad_accum, lay.zero_stage,
-                     lay.recompute, "on" if lay.sequence_parallel else "off", f"{e.memory.total_bytes / GIB:.1f}",
-                     f"{e.time.step_s:.3g}", f"{e.mfu:.1%}", _pct(e.bubble_fraction), _pct(e.comm_fraction),
-                     fmt_days(e.train.days)))
+        rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.micro_batch, lay.grad_accum, lay.zero_stage,
+                     lay.sharding, lay.recompute, "on" if lay.sequence_parallel else "off", lay.offload,
+                     f"{e.memory.total_bytes / GIB:.1f}", f"{e.time.step_s:.3g}", f"{e.mfu:.1%}",
+                     _pct(e.bubble_fraction), _pct(e.comm_fraction), fmt_days(e.train.days)))
     return rows
 
 
 def table(estimates: list[Estimate], indent: str = "") -> str:
     rows = [TABLE_HEADER, *table_rows(estimates)]
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(TABLE_HEADER))]
+    keep = [i for i, name in enumerate(TABLE_HEADER)
+            if name not in _QUIET or any(r[i] != _QUIET[name] for r in rows[1:])]
+    rows = [tuple(r[i] for i in keep) for r in rows]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(keep))]
     return "\n".join(indent + "  ".join(str(v).rjust(w) for v, w in zip(r, widths)) for r in rows)
 
 
