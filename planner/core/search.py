@@ -258,6 +258,9 @@ def _bits(count: int) -> int:
     return max(count - 1, 0).bit_length()
 
 
+_CANDIDATE_PROPERTIES = {name: v for name, v in vars(Candidates).items() if isinstance(v, property)}
+
+
 class _Product:
     """The layouts enumerated so far: the mesh rows times the values of the dimensions added, in
     lexicographic order (a meshgrid's, flattened), read like ``Candidates`` (columns by name, and
@@ -307,9 +310,8 @@ class _Product:
     def __getattr__(self, name: str) -> np.ndarray:
         if name.startswith("_"):
             raise AttributeError(name)
-        prop = getattr(Candidates, name, None)
-        if isinstance(prop, property):  # m, gpus, shard_group, ...: as Candidates computes them
-            return prop.fget(self)
+        if name in _CANDIDATE_PROPERTIES:  # m, gpus, shard_group, ...: as Candidates computes them
+            return _CANDIDATE_PROPERTIES[name].fget(self)
         key = "column " + name
         if key not in self._read:
             self._read[key] = self._column(name)
