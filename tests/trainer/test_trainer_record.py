@@ -53,7 +53,7 @@ def test_a_real_record_validates(record, single_sweep):
     (("breakdown_s", "bubble"), None, "field 'breakdown_s.bubble' is missing"),
     (("tokens_per_s",), "fast", "field 'tokens_per_s' has type str, expected number"),
     (("model", "layers"), 4.5, "field 'model.layers' has type float, expected integer"),
-    (("mfu",), 7.0, "field 'mfu'=7.0 out of range"),
+    (("mfu",), -1.0, "field 'mfu'=-1.0 out of range"),
     (("schema_version",), 2, "field 'schema_version' is 2, expected 1"),
     (("layout",), [], "layout: expected an object"),
     (("per_rank",), "x", "field 'per_rank' has type str, expected array"),
