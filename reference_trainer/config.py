@@ -61,6 +61,7 @@ class TrainingConfig:
     init_loss_scale: float = 2.0**16  # fp16 only: the dynamic loss scaler's start and growth interval
     loss_scale_growth_interval: int = 2000
     mode: str = JOB_DEFAULTS["mode"]  # pretrain | full-finetune (train everything) | lora (frozen model + adapters)
+    moe_aux_loss_coef: float = 0.0  # Switch load-balancing loss per MoE layer (0: off); e.g. 0.01 (Fedus et al. 2022)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -300,6 +301,9 @@ def _check_training(config: RunConfig) -> None:
              f"training.warmup_steps={tr.warmup_steps}: between 0 and steps={tr.steps}")
     _require(tr.lr > 0 and tr.eps > 0 and tr.weight_decay >= 0 and tr.grad_clip >= 0,
              "training: lr and eps must be > 0, weight_decay and grad_clip >= 0")
+    _require(tr.moe_aux_loss_coef >= 0, f"training.moe_aux_loss_coef={tr.moe_aux_loss_coef}: zero (off) or more")
+    _require(tr.moe_aux_loss_coef == 0 or config.layout.pp == 1,
+             f"training.moe_aux_loss_coef={tr.moe_aux_loss_coef}: the load-balancing loss runs with pp = 1 here")
     _require(tr.max_nonfinite_steps >= 1, f"training.max_nonfinite_steps={tr.max_nonfinite_steps}: at least 1")
     _require(tr.mode in MODES, f"training.mode={tr.mode!r}: one of {', '.join(MODES)}")
     if tr.mode == "lora":

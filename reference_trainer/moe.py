@@ -11,7 +11,11 @@ One MoE layer's MLP (planner/core/model.py counts the same parameters):
 - capacity_factor > 0: each expert takes at most ceil(cf * tokens * top_k / experts) of this rank's
   micro-batch's token slots, first come first served in token order (Switch Transformer, Fedus et
   al. 2022, Sec. 2.2); the others are dropped (their residual passes unchanged). 0: dropless.
-No auxiliary load-balancing loss: losses stay comparable with a one-process run.
+- auxiliary load-balancing loss (``training.moe_aux_loss_coef``, default 0: off, so losses stay
+  comparable with a one-process run): Switch Transformer's coef * E * sum_e f_e * P_e per MoE
+  layer (Fedus et al. 2022, eqs. 4-6), f_e the share of this rank's N*k token slots the router
+  sent to expert e (before capacity drops), P_e the mean router probability of e; added to the
+  loss that backward starts from, not to the reported loss.
 
 Expert parallel (GShard, Lepikhin et al. 2020): rank r of an ep group holds experts
 [r*E/ep, (r+1)*E/ep). Each rank sorts its token slots by expert, sends each ep peer the rows for
@@ -102,6 +106,8 @@ class MoE(nn.Module):
         self.shared = mlp_cls(spec, dropout, width) if width else None
         self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if spec.shared_expert_gate else None
         self.group: dist.ProcessGroup | None = None  # the ep group, set by reference_trainer.parallel
+        self.aux_coef = 0.0  # training.moe_aux_loss_coef, set by the stepper
+        self.aux_loss: torch.Tensor | None = None  # this forward's load-balancing loss (aux_coef > 0)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (N, C) -> (token, expert, weight) of every kept slot, sorted by expert (stable)."""
@@ -109,6 +115,9 @@ class MoE(nn.Module):
         probs = self.router(x).float().softmax(dim=-1)  # (N, E)
         weight, expert = probs.topk(self.k, dim=-1)  # (N, k)
         weight = weight / weight.sum(dim=-1, keepdim=True)
+        if self.aux_coef > 0:  # Switch Transformer eqs. 4-6, over the top-k slots
+            share = torch.bincount(expert.reshape(-1), minlength=e).float() / (n * self.k)  # f_e
+            self.aux_loss = self.aux_coef * e * (share * probs.mean(dim=0)).sum()
         token = torch.arange(n, device=x.device).repeat_interleave(self.k)
         expert, weight = expert.reshape(-1), weight.reshape(-1)  # (N*k,)
         order = torch.argsort(expert, stable=True)

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from reference_trainer import faults
 from reference_trainer.config import TrainingConfig
 from reference_trainer.model import loss_fn
-from reference_trainer.moe import expert_param_names, reduce_expert_grads
+from reference_trainer.moe import MoE, expert_param_names, reduce_expert_grads
 from reference_trainer.parallel import Parts, build_schedule, local_tensor, replication, settle_grads, unwrap
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -103,6 +103,9 @@ class Stepper:
         self._raw_losses: list[torch.Tensor] = []
         self._inject = False
         self.norm_groups = self._norm_groups()
+        self.moes = [m for module in parts.modules for m in module.modules() if isinstance(m, MoE)]
+        for moe in self.moes:
+            moe.aux_coef = tr.moe_aux_loss_coef
         if layout.pp > 1:
             parts.schedule = build_schedule(parts.modules, parts.stage_ids, parts.num_stages, parts.mesh, layout,
                                             self.m, self._pipeline_loss, device)
@@ -150,6 +153,8 @@ class Stepper:
                 with self._sync(model, last=k == self.m - 1), self.autocast():
                     loss = loss_fn(model(x), y)
                     self._raw_losses.append(loss.detach() * (float("inf") if self._inject else 1.0))
+                    if self.tr.moe_aux_loss_coef > 0:  # load balancing: in the gradient, not the reported loss
+                        loss = loss + sum(m.aux_loss for m in self.moes if m.aux_loss is not None)
                 self._scaled(loss).backward()
         if self._raw_losses and self.tp_rank == 0:
             return torch.stack(self._raw_losses).float().sum()

@@ -224,3 +224,20 @@ def test_per_head_qk_norm_makes_attention_scale_free():
         rows = attn.wqkv.weight.view(spec.kv_heads, -1, spec.hidden)  # per KV group: [q heads, k, v]
         rows[:, : (attn.q_per_kv + 1) * spec.head_dim] *= 3.0  # q and k rows, not v
     torch.testing.assert_close(model(x), before, rtol=1e-4, atol=1e-4)
+
+
+def test_load_balancing_loss_is_switchs_formula():
+    """coef * E * sum_e f_e * P_e (Fedus et al. 2022, eqs. 4-6), computed by hand over the top-k slots."""
+    spec = ModelSpec(arch="llama", layers=1, hidden=16, heads=2, vocab=32, seq_len=8, experts=4, top_k=2)
+    model = GPT(spec)
+    model.init_weights(5)
+    moe = model.layers["0"].mlp
+    moe.aux_coef = 0.01
+    x = torch.randn(3, 8, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        moe(x)
+        probs = torch.softmax(x.reshape(-1, 16) @ moe.router.weight.T, dim=-1)  # (24, 4)
+    chosen = probs.topk(2, dim=-1).indices
+    f = torch.tensor([(chosen == e).sum().item() / (24 * 2) for e in range(4)])
+    expected = 0.01 * 4 * float((f * probs.mean(dim=0)).sum())
+    assert moe.aux_loss.item() == pytest.approx(expected, rel=1e-5)

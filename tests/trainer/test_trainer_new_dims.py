@@ -27,7 +27,8 @@ VARIANT = {**TINY_LLAMA, "head_dim": 24, "qkv_bias": True}
 QWEN_MOE = {**TINY_LLAMA, "qk_norm": "head", "experts": 4, "top_k": 2, "expert_ffn": 32, "shared_experts": 2,
             "shared_expert_gate": True}
 ONE = [("moe-llama-1", MOE_LLAMA, {"dp": 1}, None), ("moe-gpt-1", MOE_GPT, {"dp": 1}, None),
-       ("variant-1", VARIANT, {"dp": 1}, None), ("qwen-moe-1", QWEN_MOE, {"dp": 1}, None)]
+       ("variant-1", VARIANT, {"dp": 1}, None), ("qwen-moe-1", QWEN_MOE, {"dp": 1}, None),
+       ("moe-llama-aux", MOE_LLAMA, {"dp": 1}, None)]  # with the load-balancing loss (training section below)
 OWN_REFERENCES = {r[0] for r in ONE}
 TWO = [  # name, model, layout, reference
     ("gpt-cp2", TINY_GPT, {"dp": 1, "cp": 2}, "gpt-1"),  # context parallel alone, flash attention
@@ -52,7 +53,9 @@ FOUR = [
 
 def _sweep(tmp_path_factory, label: str, runs: list, nproc: int):
     folder = tmp_path_factory.mktemp(label)
-    configs = [write_config(folder, name, model, layout) for name, model, layout, _ in runs]
+    configs = [write_config(folder, name, model, layout, **({"training": {"moe_aux_loss_coef": 0.01}}
+                                                            if name.endswith("-aux") else {}))
+               for name, model, layout, _ in runs]
     return folder / "runs", run_trainer(configs, nproc)
 
 
@@ -206,6 +209,8 @@ def test_bad_new_dimensions_give_one_line(tmp_path, layout, model, checkpoint, m
     (MOE_LLAMA, {"dp": 2, "ep": 4}, "layout.ep=4: must divide dp*cp=2*1=2"),
     ({**MOE_LLAMA, "experts": 6}, {"dp": 4, "ep": 4}, "layout.ep=4: must divide model experts=6"),
     (MOE_LLAMA, {"tp": 2}, "layout.tp=2: the reference trainer runs MoE models with tp = 1"),
+    (MOE_LLAMA, {"pp": 2, "training": {"moe_aux_loss_coef": 0.01}},
+     "training.moe_aux_loss_coef=0.01: the load-balancing loss runs with pp = 1 here"),
     ({**MOE_LLAMA, "router_bias": True}, {"dp": 1}, "model.router_bias=True: the reference trainer does not build"),
 ])
 def test_bad_moe_layouts_give_one_line(tmp_path, model, layout, message):
@@ -213,7 +218,17 @@ def test_bad_moe_layouts_give_one_line(tmp_path, model, layout, message):
 
     from reference_trainer.config import ConfigError, build_config
 
-    path = write_config(tmp_path, "bad", model, layout)
+    training = layout.pop("training", {})
+    path = write_config(tmp_path, "bad", model, layout, training=training)
     with pytest.raises(ConfigError) as err:
         build_config(yaml.safe_load(path.read_text()))
     assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.slow
+def test_load_balancing_loss_moves_the_gradient_not_the_reported_loss(one_new):
+    runs, proc = one_new
+    assert proc.returncode == 0, explain(proc)
+    plain, aux = runs / "moe-llama-1", runs / "moe-llama-aux"
+    assert column(aux, "loss")[0] == column(plain, "loss")[0]  # the reported loss is the LM loss
+    assert column(aux, "grad_norm")[0] != pytest.approx(column(plain, "grad_norm")[0], rel=1e-6)
