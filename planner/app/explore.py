@@ -157,7 +157,9 @@ def pictures(values: Mapping[str, object], best=None) -> tuple[list, list]:
         return [], []
     if not best.fits:
         return [], []
-    return pic.memory_vs_micro_batch(x, best), pic.breakdown_vs_gpus(x)
+    # The free search by time at this count is the plan itself when nothing is pinned.
+    free = not x.pins.pinned() and str(values.get("sort") or "time") == "time"
+    return pic.memory_vs_micro_batch(x, best), pic.breakdown_vs_gpus(x, known={x.gpus: best} if free else None)
 
 
 # --- figures for the page -----------------------------------------------------------------------

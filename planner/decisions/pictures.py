@@ -106,9 +106,10 @@ def memory_vs_micro_batch(x, best, sizes=(1, 2, 4, 8, 16, 32)) -> list[dict]:
     return rows
 
 
-def breakdown_vs_gpus(x, counts=None) -> list[dict]:
+def breakdown_vs_gpus(x, counts=None, known=None) -> list[dict]:
     """The step-time parts of the best layout at GPU counts around the plan's (halving and doubling),
-    layout searched freely at each count; the global batch is the plan's."""
+    layout searched freely at each count; the global batch is the plan's. ``known``: {GPU count: the
+    best estimate of that free search (by time)} a caller already has."""
     from planner.core.plan import plan
     from planner.core.report import TIME_PARTS
 
@@ -117,12 +118,12 @@ def breakdown_vs_gpus(x, counts=None) -> list[dict]:
     rows = []
     for n in counts:
         try:
-            p = plan(x.model, x.hardware, x.job, n, ops=x.ops, top=0)
+            best = (known or {}).get(n) or plan(x.model, x.hardware, x.job, n, ops=x.ops, top=0).best
         except PlannerError:  # a count no layout splits into: left out
             continue
-        if not p.fits:
+        if not best.fits:
             continue
-        t = p.best.time
+        t = best.time
         rows += [{"GPUs": n, "part": label, "seconds": getattr(t, key)} for key, label in TIME_PARTS
                  if getattr(t, key, 0) > 0]
     return rows
