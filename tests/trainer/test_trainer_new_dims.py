@@ -232,3 +232,25 @@ def test_load_balancing_loss_moves_the_gradient_not_the_reported_loss(one_new):
     plain, aux = runs / "moe-llama-1", runs / "moe-llama-aux"
     assert column(aux, "loss")[0] == column(plain, "loss")[0]  # the reported loss is the LM loss
     assert column(aux, "grad_norm")[0] != pytest.approx(column(plain, "grad_norm")[0], rel=1e-6)
+
+
+def test_a_timed_exchange_is_exposed_communication_not_compute():
+    """Context parallel on the CPU: the K/V all-gather blocks the thread inside its mark
+    (rt:cp_comm, 40-90 us) while gloo's worker runs it (45-88); the cat after it (aten::cat
+    90-95) and the matmuls before are compute. A nested aten op inside the mark (aten::empty_like
+    40-42, the receive buffers) is waiting, not compute; the exchange is not tensor-parallel."""
+    from reference_trainer import profiler
+
+    class Event:
+        def __init__(self, name, start, end):
+            self.name, self.device_type = name, torch.autograd.DeviceType.CPU
+            self.time_range = type("R", (), {"start": start, "end": end})()
+
+    events = [Event("rt:step", 0, 120), Event("rt:fwd_bwd", 0, 110), Event("aten::mm", 0, 40),
+              Event("rt:cp_comm", 40, 90), Event("aten::empty_like", 40, 42), Event("gloo:all_gather", 45, 88),
+              Event("aten::cat", 90, 95)]
+    out = profiler.analyse(events, "cpu")
+    assert out["busy_s"] == pytest.approx(45e-6)  # 0-40 and 90-95
+    assert out["comm_exposed_s"] == pytest.approx(50e-6)  # the whole mark
+    assert out["comm_exposed_tp_s"] == 0.0
+    assert out["comm_total_s"] == pytest.approx(43e-6)
