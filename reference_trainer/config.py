@@ -32,7 +32,7 @@ OPS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Operations)}
 # dimension declared in planner.core.layout (context parallel, ...) is accepted in a config and as
 # a flag, and refused unless it keeps its default: a new dimension needs no trainer edit to parse.
 TRAINER_DIMS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "global_batch", "zero_stage", "recompute",
-                "sequence_parallel", "schedule", "offload")
+                "sequence_parallel", "schedule", "offload", "sharding")
 LAYOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
 TOKEN_DTYPES = ("uint16", "uint32")
 # A tiny shape that trains in seconds on a CPU (the default when no model is given).
@@ -351,6 +351,11 @@ def _check_layout(config: RunConfig) -> None:
     _check_cp(config)
     _check_offload(config)
     _check_moe(config)
+    if config.layout.sharding == "hybrid":  # the planner's rules (planner.core.search)
+        lay = config.layout
+        _require(lay.zero_stage >= 1, f"layout.sharding=hybrid: shards ZeRO states; needs zero_stage >= 1 "
+                                      f"(got {lay.zero_stage})")
+        _require(lay.ep == 1, f"layout.sharding=hybrid: not combined with expert parallel (ep={lay.ep})")
 
 
 # ModelSpec variants of released models this trainer does not build (planner/core/model.py counts

@@ -171,16 +171,39 @@ def apply_recompute(module: GPT, recompute: str) -> None:
             block.attn.core = checkpoint_wrapper(block.attn.core, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
+def hybrid_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh | None:
+    """``sharding: hybrid`` (HSDP; the planner's ``Layout.zero_group``): ZeRO shards over this
+    rank's dp*cp peers inside its node, min(dp*cp, local_world_size // tp) of them, and replicates
+    across nodes (FSDP2 on a 2-D mesh: replicate x shard, gradients reduce-scattered inside the
+    node, all-reduced across). None with full sharding. Every rank builds the whole mesh."""
+    if layout.sharding != "hybrid":
+        return None
+    import os
+
+    from reference_trainer.config import ConfigError
+
+    n = layout.dp * layout.cp
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    group = min(n, max(1, local // layout.tp))
+    if n % group:
+        raise ConfigError(f"layout.sharding=hybrid: dp*cp={n} ranks do not split into whole nodes of {group} "
+                          f"(local world size {local} / tp={layout.tp})")
+    ranks = mesh.mesh.reshape(layout.pp, n // group, group, layout.tp)
+    full = DeviceMesh(mesh.device_type, ranks, mesh_dim_names=("h_pp", "replicate", "shard_in_node", "h_tp"))
+    return full["replicate", "shard_in_node"]
+
+
 def apply_dp(module: GPT, mesh: DeviceMesh, zero_stage: int, tp: int, compute_dtype: torch.dtype | None,
-             ep: int = 1) -> nn.Module:
+             ep: int = 1, hybrid: DeviceMesh | None = None) -> nn.Module:
     """ZeRO 0: DDP (everything replicated, gradients all-reduced, overlapped with backward).
     ZeRO 1-3: FSDP2, which always shards parameters, gradients and optimizer states across dp;
     the stages differ in when parameters are gathered and gradients reduced (README.md).
 
     DDP cannot hold tensor-parallel DTensor parameters (its DTensor bridge swaps parameters at
     every forward, which breaks tied and optimizer-held ones), so ZeRO 0 with tp > 1 is FSDP2 in
-    hybrid mode with a shard group of one: replicated over dp, gradients all-reduced, as DDP."""
-    dp_mesh = grad_mesh(mesh)
+    hybrid mode with a shard group of one: replicated over dp, gradients all-reduced, as DDP.
+    ``hybrid`` (ZeRO 1-3 with sharding hybrid): the 2-D mesh FSDP2 shards over instead."""
+    dp_mesh = hybrid if hybrid is not None and zero_stage >= 1 else grad_mesh(mesh)
     # Expert parallel: each rank's experts are its own; their gradients are reduced over the
     # expert-data-parallel group by the stepper (reference_trainer/moe.py), not over dp*cp.
     names = set(expert_param_names(module)) if ep > 1 else set()
@@ -262,6 +285,7 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
     meta = lora is None if meta is None else meta and lora is None
     pp_rank = mesh.get_local_rank("pp")
     experts = expert_groups(mesh, layout)
+    hybrid = hybrid_mesh(mesh, layout)
     modules, ids = build_stages(spec, layout, pp_rank, seed=seed, attention=attention, meta=meta,
                                 ep_rank=experts.ep_rank)
     wrapped, positions = [], None
@@ -283,7 +307,7 @@ def parallelize(spec: ModelSpec, layout: Layout, mesh: DeviceMesh, device: torch
         ddp = layout.zero_stage == 0 and layout.tp == 1
         if meta and ddp:
             materialize(module, device, seed)
-        wrapped.append(apply_dp(module, mesh, layout.zero_stage, layout.tp, compute_dtype, layout.ep))
+        wrapped.append(apply_dp(module, mesh, layout.zero_stage, layout.tp, compute_dtype, layout.ep, hybrid))
         if meta and not ddp:
             materialize(wrapped[-1], device, seed)
     group = tied_embedding_group(mesh, layout) if spec.tied_embeddings else None

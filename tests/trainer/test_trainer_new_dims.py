@@ -190,6 +190,7 @@ def test_offloaded_adamw_steps_like_adamw_from_a_separate_host_copy():
     ({"dp": 1, "cp": 3}, TINY_GPT, {}, "layout.cp=3: seq_len=64 must divide into 2*cp=6"),
     ({"dp": 1, "offload": "params"}, TINY_GPT, {}, "layout.offload='params': the reference trainer offloads"),
     ({"dp": 1, "offload": "optimizer"}, TINY_GPT, {"interval": 2}, "checkpoint.interval=2: checkpoints are not"),
+    ({"dp": 2, "sharding": "hybrid"}, TINY_GPT, {}, "layout.sharding=hybrid: shards ZeRO states; needs zero_stage >= 1"),
     ({"tp": 4, "cp": 2, "sequence_parallel": True}, {**TINY_GPT, "seq_len": 12}, {},
      "layout.sequence_parallel: tp=4 must divide the tokens per cp rank seq_len/cp=6"),
 ])
@@ -254,3 +255,36 @@ def test_a_timed_exchange_is_exposed_communication_not_compute():
     assert out["comm_exposed_s"] == pytest.approx(50e-6)  # the whole mark
     assert out["comm_exposed_tp_s"] == 0.0
     assert out["comm_total_s"] == pytest.approx(43e-6)
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_on_two_loopback_nodes_matches_one_process(tmp_path, single_sweep):
+    """sharding: hybrid (HSDP) on 2 "nodes" of 2 ranks (torchrun's c10d rendezvous on loopback):
+    ZeRO shards over the 2 ranks of a node and replicates across nodes (FSDP2's 2-D mesh), alone
+    and with context parallel."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.trainer.helpers import RUN_TIMEOUT_S, trainer_env
+
+    runs = [("hsdp-gpt-dp4-zero3", TINY_GPT, {"dp": 4, "zero_stage": 3, "sharding": "hybrid"}, "gpt-1"),
+            ("hsdp-llama-dp2-cp2-zero2", TINY_LLAMA, {"dp": 2, "cp": 2, "zero_stage": 2, "sharding": "hybrid"},
+             "llama-1")]
+    configs = [a for name, model, layout, _ in runs for a in ("--config", str(write_config(tmp_path, name, model,
+                                                                                              layout)))]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hsdp",
+           "-m", "reference_trainer", *configs]
+    nodes = [subprocess.Popen(cmd, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [node.communicate(timeout=RUN_TIMEOUT_S) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, out[-2000:] + err[-2000:]
+    for name, _, _, reference in runs:
+        assert_same_curve(tmp_path / "runs" / name, single_sweep[0] / reference)
+        rec = json.loads((tmp_path / "runs" / name / "record.json").read_text())
+        assert rec["layout"]["sharding"] == "hybrid" and rec["hardware"]["nodes"] == 2
