@@ -1,0 +1,84 @@
+"""The shortcuts of the search give what the long way gives (no timing is asserted here).
+
+- the enumeration, grown a dimension at a time and pruned as it grows, equals the full product of
+  the mesh and every dimension's values (itertools.product, lexicographic) filtered afterwards;
+- a plan with pins (the pins' own layouts only) equals the plan selected from the widened table;
+- ``take`` (stacked gathers) equals indexing every column on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.core import search as S
+from planner.core.layout import LAYOUT_DIMS, Candidates, Job, default_global_batch
+from planner.core.plan import evaluate_table, plan, plan_from_table
+from planner.core.presets import get_preset
+from planner.core.search import Pins, enumerate_layouts, take
+from planner.hardware import get_profile
+
+CASES = [("llama2-7b", 64, Job()), ("llama2-7b", 8, Job(attention="standard", global_batch=256)),
+         ("mixtral-8x7b", 128, Job()), ("llama2-7b", 1, Job(mode="full-finetune"))]
+
+
+def full_product(model, gpus: int, job: Job) -> dict[str, np.ndarray]:
+    """Every (mesh row, value of each searched dimension), in order, then the rules: the long way."""
+    stack = S.get_stack(job.stack)
+    mesh = S._mesh(model, gpus, Pins(), stack.uneven_interleave)
+    free = [d for d in LAYOUT_DIMS if d.searched is not None]
+    names = ["dp", "tp", "pp", "vpp", "cp"] + [d.name for d in free]
+    rows = [(*m, *v) for m in mesh for v in itertools.product(*(d.encode(list(d.searched(job, model))) for d in free))]
+    cols = {name: np.array([r[i] for r in rows]) for i, name in enumerate(names)}
+    dp, mb = cols["dp"], cols["micro_batch"]
+    if job.global_batch is not None:
+        gb = np.full_like(dp, job.global_batch)
+        keep = gb % (dp * mb) == 0
+    else:
+        target = job.batch_tokens_target(gpus)
+        gb = default_global_batch(model, dp * mb, target)
+        near = gb * model.seq_len <= 1.5 * target
+        keep = near if near.any() else (gb == dp * mb) & (mb == 1)
+    c = Candidates(**cols, global_batch=gb)
+    keep &= ~(c.sequence_parallel & (c.tp == 1))
+    keep &= (c.vpp == 1) | (c.m % c.pp == 0)
+    keep &= ~((c.schedule == 1) & (c.vpp > 1))
+    keep &= S.runs_on_stack(c, stack) & S.expert_parallel_ok(model, c)
+    keep &= np.asarray(S.moe_sequence_parallel_ok(model, c))
+    keep &= (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))
+    return c.take(np.flatnonzero(keep)).columns()
+
+
+@pytest.mark.parametrize("name,gpus,job", CASES)
+def test_enumeration_is_the_filtered_full_product(name, gpus, job):
+    model = get_preset(name)
+    got = enumerate_layouts(model, gpus, job)[0].columns()
+    want = full_product(model, gpus, job)
+    assert len(got["dp"]) == len(want["dp"]) > 0
+    for key in want:
+        assert np.array_equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("pins", [Pins(tp=2), Pins(pp=2, micro_batch=2), Pins(zero_stage=3, recompute="full"),
+                                  Pins(tp=8, pp=8, micro_batch=64)])
+def test_a_plan_with_pins_is_the_tables_selection(pins):
+    model, hw, job = get_preset("llama2-13b"), get_profile("a100-40g"), Job()
+    quick = plan(model, hw, job, 64, pins, top=3)
+    slow = plan_from_table(evaluate_table(model, hw, job, 64, pins), model, hw, job, 64, pins, top=3)
+    assert quick.to_json() == slow.to_json()
+    assert [e.to_json() for e in quick.runners_up] == [e.to_json() for e in slow.runners_up]
+
+
+def test_take_is_indexing_each_column():
+    model, hw, job = get_preset("llama2-7b"), get_profile("a100-80g"), Job()
+    ev = S.search(model, hw, job, 64).evaluation
+    index = np.random.default_rng(0).permutation(len(ev.candidates))[: len(ev.candidates) // 2]
+    got = take(ev, index)
+    for name, column in ev.candidates.columns().items():
+        assert np.array_equal(getattr(got.candidates, name), column[index])
+    for part, taken in ((ev.memory, got.memory), (ev.time, got.time)):
+        for f in part.__slots__:
+            assert np.array_equal(getattr(taken, f), getattr(part, f)[index]), f
+    assert np.array_equal(got.tokens_per_step, ev.tokens_per_step[index])
