@@ -279,7 +279,9 @@ class _Product:
     def extend(self, name: str) -> None:
         k = len(self._codes[name])
         self._bits[name] = _bits(k)
-        if k > 1:
+        if k == 0:  # a dimension with no value: no layout
+            self._code, self._read = self._code[:0], {}
+        elif k > 1:
             self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
             self._read = {}
 
