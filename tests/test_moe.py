@@ -202,3 +202,21 @@ def test_the_gemms_timed_are_the_flops_mfu_counts(name):
         per_layer += [attention + routed] * model.moe_layers
     assert sum(per_layer) == pytest.approx(2 * tokens * (model.matmul_params_per_token
                                                                  - model.vocab * model.hidden), rel=1e-9)
+
+
+def test_exposed_all_to_all_per_layer_by_hand():
+    """Dropless routing, ep 8 in one node, no recompute: dispatch + combine forward and backward
+    (4 transfers of tokens x top_k x h x 2 bytes) and one exchange of token counts (8 experts x
+    8 bytes) per forward; full recompute adds one forward's worth (2 transfers + counts)."""
+    links = comm.Links.of(H100)
+    c = one(dp=8, ep=8, micro_batch=1)
+    job = Job(expert_imbalance=1.0)
+    data = 4096 * 2 * 4096 * 2 * 7 / 8 / links.intra_bw + links.intra_lat
+    counts = 8 * 8 * 7 / 8 / links.intra_bw + links.intra_lat
+    none = float(moe.exposed_all_to_all(MIXTRAL, job, c, links, 2, np.array([False]))[0])
+    full = float(moe.exposed_all_to_all(MIXTRAL, job, c, links, 2, np.array([True]))[0])
+    assert none == pytest.approx(4 * data + counts, rel=1e-12)
+    assert full == pytest.approx(6 * data + 2 * counts, rel=1e-12)
+    padded = MIXTRAL.replace(capacity_factor=1.0)  # capacity-limited: buffers of known size, no count exchange
+    assert float(moe.exposed_all_to_all(padded, job, c, links, 2, np.array([False]))[0]) == pytest.approx(4 * data,
+                                                                                                          rel=1e-12)

@@ -15,7 +15,8 @@ Conventions (stated in the README):
   local and a rank's total expert work is exactly its tokens x top_k.
 - The all-to-all is not overlapped with compute (Megatron-Core's --overlap-moe-expert-parallel-comm
   and DeepSeek's DualPipe hide it; not modelled): four per MoE layer per micro-batch (dispatch
-  and combine, forward and backward), two more when the forward is recomputed.
+  and combine, forward and backward), two more when the forward is recomputed, and under dropless
+  routing one latency-bound exchange of token counts per forward.
 - MFU counts active parameters: 6 x (attention, router, shared and top_k experts' weights) per
   token (planner.core.model.ModelSpec.matmul_params_per_token).
 """
@@ -81,6 +82,19 @@ def all_to_all_time(model: ModelSpec, job: Job, c: Candidates, links: comm.Links
     tokens = c.micro_batch * model.seq_len / c.cp / c.tp
     bytes_ = elem_bytes * tokens * routed_per_token(model) * model.hidden * imbalance(job, c)
     return comm.all_to_all(links, bytes_, c.ep, c.tp)
+
+
+def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, elem_bytes: float,
+                       recompute_full: np.ndarray) -> np.ndarray:
+    """Expert parallel's exposed time per MoE layer per micro-batch: dispatch and combine in the
+    forward and again (their gradients) in the backward, once more forward when it is recomputed;
+    dropless routing first exchanges each rank's token counts per expert (a latency-bound
+    collective of ep x experts integers: Megatron-Core's alltoall dispatcher gathers them, the
+    reference trainer all-to-alls them), in every forward."""
+    data = all_to_all_time(model, job, c, links, elem_bytes)
+    counts = comm.all_to_all(links, 8.0 * model.experts, c.ep, c.tp) if model.capacity_factor == 0 else 0.0
+    forwards = 1 + recompute_full
+    return np.where(c.ep > 1, forwards * (2 * data + counts) + 2 * data, 0.0)
 
 
 def activation_extra_per_token(model: ModelSpec, job: Job, c: Candidates, elem_bytes: float) -> np.ndarray:

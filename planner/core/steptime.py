@@ -174,8 +174,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         ew_moe = _elementwise_bytes(model, c, job, sw, ffn=width)[0] + moe.permute_bytes(model, job, c, act)
         ew_layer = (1 - share) * ew_layer + share * ew_moe
         cast_elements = (1 - share) * cast_elements + share * fp8_cast_elements(model, width)
-        a2a = moe.all_to_all_time(model, job, c, links, act)
-        ep_comm = share * (4 + 2 * (c.recompute == 2)) * a2a
+        ep_comm = share * moe.exposed_all_to_all(model, job, c, links, act, c.recompute == 2)
     gemms = timed(attention_gemms) + mlp
     cast = sw.fp8_cast_bytes * tokens * cast_elements / c.tp / hbm if fp8 else 0.0
     # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
