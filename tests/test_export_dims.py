@@ -100,8 +100,6 @@ def test_torchtitan_hybrid_sharding_is_hsdp(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["--format", "deepspeed", "--preset", "llama-7b", "--gpus", "32", "--tp", "1", "--pp", "1", "--zero", "2",
       "--sharding", "hybrid"], "sharding='hybrid'"),
-    (["--format", "torchrun", "--preset", "llama-7b", "--gpus", "32", "--sharding", "hybrid",
-      "--stack", "megatron-core"], "sharding='hybrid'"),
 ])
 def test_hybrid_sharding_a_format_cannot_express(capsys, argv, needle):
     code, out, err = run(capsys, "export", *argv)
@@ -139,8 +137,10 @@ def test_megatron_uneven_pipeline_stages_as_a_layout(capsys):
 @pytest.mark.parametrize("argv, want", [
     (["--preset", "llama-7b", "--seq-len", "8192", "--gpus", "16", "--cp", "2", "--stack", "fsdp2"], {"cp": 2}),
     ([*FINETUNE_ONE_GPU, "--offload", "optimizer", "--stack", "deepspeed-zero"], {"offload": "optimizer"}),
+    (["--preset", "llama-7b", "--gpus", "32", "--sharding", "hybrid", "--zero", "3", "--stack", "fsdp2"],
+     {"sharding": "hybrid"}),
 ])
-def test_trainer_run_config_with_cp_or_offload_is_accepted_by_the_trainer(capsys, argv, want):
+def test_trainer_run_config_with_cp_offload_or_hybrid_is_accepted_by_the_trainer(capsys, argv, want):
     from tests.test_export import heredoc_yaml
 
     config_mod = pytest.importorskip("reference_trainer.config")
@@ -153,3 +153,11 @@ def test_trainer_run_config_with_cp_or_offload_is_accepted_by_the_trainer(capsys
     assert all(f"--{k} {v}" in launch for k, v in want.items())
     if "offload" in want:  # the trainer writes no checkpoint with its optimizer offloaded
         assert raw["checkpoint"]["interval"] == 0
+
+
+def test_trainer_unbuilt_variants_are_the_trainers():
+    """The export refuses exactly the model variants the reference trainer refuses."""
+    from planner.export.rules import TRAINER_UNBUILT
+
+    config_mod = pytest.importorskip("reference_trainer.config")
+    assert TRAINER_UNBUILT == config_mod.UNBUILT_SPEC

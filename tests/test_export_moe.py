@@ -90,7 +90,8 @@ def test_torchtitan_flavors_of_released_moe_models(preset, name, flavor):
 @pytest.mark.parametrize("argv, needle", [
     (["--format", "deepspeed", "--preset", "mixtral-8x7b", "--gpus", "64", "--tp", "1", "--pp", "1", "--ep", "8",
       "--stack", "megatron-core"], "ep=8"),
-    (["--format", "torchrun", "--preset", "olmoe-1b-7b", "--gpus", "8"], "qk_norm='full'"),
+    (["--format", "torchrun", "--preset", "olmoe-1b-7b", "--gpus", "8", "--tp", "2"], "tp=2"),
+    (["--format", "torchrun", "--preset", "deepseek-v2-lite", "--gpus", "8"], "kv_lora_rank=512"),
     (["--format", "torchrun", "--preset", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--stack", "fsdp2"], "tp=2"),
     (["--format", "torchtitan", "--preset", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--zero", "0",
       "--stack", "megatron-core"], "zero_stage=0"),

@@ -144,6 +144,8 @@ def planner_run_line(e: Estimate, steps: int) -> str:
         argv += ["--ep", lay.ep]
     if lay.offload != "none":
         argv += ["--offload", lay.offload]
+    if lay.sharding != "full":
+        argv += ["--sharding", lay.sharding]
     return shlex.join(["planner", "run", *map(str, argv)])
 
 

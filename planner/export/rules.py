@@ -69,25 +69,23 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if getattr(lay, "offload", "none") == "params":
         out.append(PlannerError("offload", "params", "the reference trainer offloads the optimizer (states and fp32 "
                                 "masters) only; pin --offload optimizer or none, or use --format deepspeed"))
-    if getattr(lay, "sharding", "full") != "full":
-        out.append(PlannerError("sharding", lay.sharding, "the reference trainer shards ZeRO over all data-parallel "
-                                "ranks; pin --sharding full"))
     return out + _trainer_model_checks(lay, m)
 
 
-# Model variants the reference trainer does not build (reference_trainer/config.py), with their defaults.
-TRAINER_UNBUILT = {"router_bias": False, "qkv_bias": False, "qk_norm": "none", "kv_lora_rank": 0, "q_lora_rank": 0}
+# Model variants the reference trainer does not build (reference_trainer/config.py UNBUILT_SPEC, kept
+# equal by tests/test_export_dims.py), with their defaults.
+TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
-    """The reference trainer's model rules: no attention variants; MoE (reference_trainer/moe.py) with tp = 1."""
+    """The reference trainer's model rules: no latent attention or routing bias; QK-norm and MoE
+    (reference_trainer/moe.py) with tp = 1."""
     out = [PlannerError(name, getattr(m, name), "the reference trainer does not build this variant; use "
                         "--format megatron or torchtitan") for name, default in TRAINER_UNBUILT.items()
            if getattr(m, name, default) != default]
-    head_dim = getattr(m, "head_dim", None)
-    if head_dim and head_dim * m.heads != m.hidden:
-        out.append(PlannerError("head_dim", head_dim, f"the reference trainer builds head_dim = hidden/heads = "
-                                f"{m.hidden // m.heads}; use --format megatron or torchtitan"))
+    if getattr(m, "qk_norm", "none") != "none" and lay.tp > 1:
+        out.append(PlannerError("tp", lay.tp, f"the reference trainer runs qk_norm={m.qk_norm!r} with tp = 1; "
+                                "pin --tp 1"))
     if _experts(m) and lay.tp > 1:
         out.append(PlannerError("tp", lay.tp, "the reference trainer runs MoE models with tp = 1 (no expert-tensor "
                                 "parallel); pin --tp 1"))
