@@ -99,6 +99,7 @@ class ProfileConfig:
     hardware_profile: str | None = None  # planner profile for MFU; None: the GPU found, if a profile names it
     peak_tflops: float | None = None  # explicit peak per device (e.g. a CPU), overrides the profile
     tensorboard: bool = False  # TensorBoard event files under runs/<run_name>/tensorboard (rank 0)
+    metrics_port: int | None = None  # Prometheus text endpoint /metrics on rank 0 (0: any free port)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -444,6 +445,9 @@ def _check_checkpoint_and_profile(config: RunConfig) -> None:
     p = config.profile
     _require(p.warmup_steps >= 0 and p.trace_steps >= 0, "profile.warmup_steps and trace_steps: zero or more")
     _require(p.nvml_interval_s > 0, f"profile.nvml_interval_s={p.nvml_interval_s}: greater than zero")
+    _require(p.metrics_port is None or (isinstance(p.metrics_port, int) and not isinstance(p.metrics_port, bool)
+                                        and 0 <= p.metrics_port <= 65535),
+             f"profile.metrics_port={p.metrics_port!r}: a port from 0 (any free one) to 65535, or null")
     _require(p.peak_tflops is None or p.peak_tflops > 0, f"profile.peak_tflops={p.peak_tflops}: greater than zero")
     if p.hardware_profile is not None:
         from planner.hardware import get_profile

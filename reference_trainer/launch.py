@@ -49,6 +49,7 @@ FLAGS = {
     "checkpoint_interval": ("checkpoint", "interval"), "keep_last": ("checkpoint", "keep_last"),
     "auto_resume": ("checkpoint", "auto_resume"), "checkpoint_dir": ("checkpoint", "dir"),
     "gpu": ("profile", "hardware_profile"), "peak_tflops": ("profile", "peak_tflops"),
+    "metrics_port": ("profile", "metrics_port"), "tensorboard": ("profile", "tensorboard"),
     "trace_steps": ("profile", "trace_steps"), "profile_warmup_steps": ("profile", "warmup_steps"),
     "mode": ("training", "mode"), "lora_r": ("lora", "r"), "lora_alpha": ("lora", "alpha"),
     "lora_targets": ("lora", "targets"),
@@ -122,6 +123,10 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--gpu", help="planner hardware profile whose peak FLOP/s gives the MFU")
     pr.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per device, instead of a profile")
     pr.add_argument("--trace-steps", type=int, help="steps traced with torch.profiler")
+    pr.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=None,
+                    help="TensorBoard event files under runs/<run-name>/tensorboard (rank 0)")
+    pr.add_argument("--metrics-port", type=int,
+                    help="serve Prometheus text metrics at http://<host>:PORT/metrics from rank 0 (0: any free port)")
     pr.add_argument("--profile-warmup-steps", type=int, help="steps left out of the timing statistics")
     pr.add_argument("--run-name", help="runs/<run-name>/ (default: model, layout and time)")
     pr.add_argument("--runs-dir")

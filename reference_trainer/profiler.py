@@ -310,8 +310,9 @@ class Board:
     same layout (tag ``.../predicted``), so drift from the plan shows while the run goes.
     ``open`` returns a reason instead when tensorboard is not installed."""
 
-    def __init__(self, folder, prediction: dict[str, float] | None):
+    def __init__(self, folder, prediction: dict[str, float] | None, metrics=None):
         self.folder, self.prediction, self.writer = folder, prediction, None
+        self.metrics = metrics  # a reference_trainer.metrics.MetricsServer, or None
 
     def open(self) -> str | None:
         try:
@@ -322,9 +323,9 @@ class Board:
         return None
 
     def write(self, row: dict, analysis: dict | None, nvml_memory_bytes: float | None = None) -> None:
-        if self.writer is None:
+        if self.writer is None and self.metrics is None:
             return
-        w, step, pred = self.writer, row["step"], self.prediction or {}
+        step, pred = row["step"], self.prediction or {}
         scalars = {"train/loss": row["loss"], "train/lr": row["lr"], "train/grad_norm": row["grad_norm"],
                    "train/loss_scale": row["loss_scale"], "throughput/tokens_per_s": row["tokens_per_s"],
                    "step_time_s/measured": row["step_s"], "step_time_s/predicted": pred.get("step_s"),
@@ -341,11 +342,18 @@ class Board:
         for part in STEPTIME_FIELDS:
             if f"{part}_s" in pred:
                 scalars[f"breakdown_s/{part}_predicted"] = pred[f"{part}_s"]
+        if self.metrics is not None:
+            self.metrics.update(scalars, step)
+        if self.writer is None:
+            return
         for tag, value in scalars.items():
             if value is not None and math.isfinite(value):
-                w.add_scalar(tag, value, step)
+                self.writer.add_scalar(tag, value, step)
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()

@@ -167,7 +167,8 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
     nvml_reason = nvml.start()
     if nvml_reason:
         log(nvml_reason)
-    board = _open_board(config, device, world, log) if rank == 0 and config.profile.tensorboard else None
+    watched = config.profile.tensorboard or config.profile.metrics_port is not None
+    board = _open_board(config, device, world, log) if rank == 0 and watched else None
     state["board"] = board
     loop = _Loop(config=config, device=device, log=log, parts=parts, stepper=stepper, ckpt=ckpt, guard=guard,
                  batches=batches, pin=pin, nvml=nvml, csv=csv, board=board)
@@ -339,10 +340,22 @@ def _open_board(config: RunConfig, device: torch.device, world: int, log: Log):
     prediction, why = profiler.predicted(config, name, world)
     if why:
         log(why)
-    board = profiler.Board(config.run_dir / "tensorboard", prediction)
-    why = board.open()
+    metrics = None
+    if config.profile.metrics_port is not None:
+        from reference_trainer.metrics import MetricsServer
+
+        metrics = MetricsServer({"run": config.run_name})
+        try:
+            port = metrics.start(config.profile.metrics_port)
+            log(f"metrics: http://{socket.gethostname()}:{port}/metrics (Prometheus text format)")
+        except OSError as exc:
+            log(f"metrics endpoint not started: port {config.profile.metrics_port}: {exc}")
+            metrics = None
+    board = profiler.Board(config.run_dir / "tensorboard", prediction, metrics)
+    why = board.open() if config.profile.tensorboard else None
     if why:
         log(why)
+    if board.writer is None and board.metrics is None:
         return None
     return board
 

@@ -36,7 +36,7 @@ def single_sweep(tmp_path_factory):
         write_config(folder, "gpt-memmap", TINY_GPT, {"dp": 1}, data={"path": str(tokens), "workers": 1},
                      training={"steps": 10}),
         write_config(folder, "gpt-tensorboard", TINY_GPT, {"dp": 1},
-                     profile={"tensorboard": True, "hardware_profile": str(CPU_PROFILE)}),
+                     profile={"tensorboard": True, "metrics_port": 0, "hardware_profile": str(CPU_PROFILE)}),
         write_config(folder, "fp16-overflow", TINY_GPT, {"dp": 1}, training={"steps": 5, "precision": "fp16"}),
         write_config(folder, "stop-nonfinite", TINY_GPT, {"dp": 1}, training={"max_nonfinite_steps": 2}),
     ]

@@ -39,3 +39,6 @@ def test_tensorboard_events_read_back_with_predicted_and_measured(single_sweep):
     validated = next(p for p in compare([rec], get_profile(str(CPU_PROFILE))) if p.quantity == "step_s")
     assert len(predicted) == 1 and predicted.pop() == pytest.approx(validated.predicted, rel=1e-6)
     assert len(acc.Scalars("breakdown_s/compute")) == 1  # one traced step (profile.trace_steps = 1)
+
+    # The Prometheus endpoint (profile.metrics_port: 0, any free port) started beside it and closed.
+    assert "/metrics (Prometheus text format)" in proc.stdout + proc.stderr
