@@ -9,7 +9,8 @@ layer, generalised below to GQA, gated MLPs and flash attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, make_dataclass
 
 import numpy as np
 
@@ -29,6 +30,18 @@ GRAD_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 4, "fp8": 4}
 # AdamW: fp32 momentum + variance (8), plus the fp32 master weights (4) under mixed precision.
 OPTIMIZER_BYTES = {"fp32": 8, "tf32": 8, "fp16": 12, "bf16": 12, "fp8": 12}
 ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+
+
+# The parameter counts the memory and step-time models read per stage: ModelSpec's properties,
+# which recount the whole model on every read, read once per model (the same numbers).
+Counts = make_dataclass("Counts", [(n, float) for n in ("layer_params", "layer_expert_params", "embedding_params",
+                                                        "norm_params", "head_params")], frozen=True, slots=True)
+
+
+@functools.lru_cache(maxsize=256)
+def counts(model: ModelSpec) -> Counts:
+    """``model``'s per-layer, embedding, norm and head parameters, remembered (a ModelSpec is frozen)."""
+    return Counts(*(getattr(model, f) for f in Counts.__slots__))
 
 
 def fp8_weight_bytes(sw: Software) -> float:
@@ -61,13 +74,15 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
     (``activation_bytes_per_layer``); for an MoE the mean over its layers, an MoE layer keeping
     its MLP's tensors at the routed width (planner.core.moe.moe_mlp_width) plus the permuted
     expert inputs and the router's logits (planner.core.moe.activation_extra_per_token)."""
-    dense = activation_bytes_per_layer(model, c, job, recompute, sw)
     if not model.moe:
-        return dense
+        return activation_bytes_per_layer(model, c, job, recompute, sw)
     from planner.core import moe
 
     rc = c.recompute if recompute is None else recompute
-    routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=moe.moe_mlp_width(model, job, c))
+    # The dense and the MoE layer in one pass: row 0 at the dense MLP's width, row 1 at the routed
+    # width (element by element the same arithmetic as two calls; integer widths are exact in float64).
+    width = np.stack([np.full(len(c), float(model.ffn_hidden)), moe.moe_mlp_width(model, job, c)])
+    dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
     tokens = c.micro_batch * model.seq_len / c.cp
     extra = np.where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
     return ((model.layers - model.moe_layers) * dense + model.moe_layers * (routed + extra)) / model.layers
@@ -178,7 +193,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
     last_extra = logits + np.where(pp > 1, kept, 0.0)
     # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in 16-bit).
-    block = (model.layer_params - model.layer_expert_params) / tp + model.layer_expert_params / (tp * c.ep)
+    n = counts(model)
+    block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
     gather_blocks = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
     stages = []
     for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
@@ -189,8 +205,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         params = stage_params(model, pp, layers, is_first, is_last)
         # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
         # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
-        experts = layers * model.layer_expert_params / (tp * c.ep)
-        shard = (params - layers * model.layer_expert_params) / tp + experts
+        experts = layers * n.layer_expert_params / (tp * c.ep)
+        shard = (params - layers * n.layer_expert_params) / tp + experts
         ratio = np.where(shard > 0, experts / np.where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
 
         def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
@@ -248,9 +264,10 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
 def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first, is_last) -> np.ndarray:
     """Parameters of a pipeline stage: its layers, the embedding on the first, the final norm and
     the head on the last (a tied head is a copy there when pp > 1)."""
-    head = model.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
-    return (layers * model.layer_params + np.where(is_first, model.embedding_params, 0)
-            + np.where(is_last, model.norm_params + head, 0))
+    n = counts(model)
+    head = n.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
+    return (layers * n.layer_params + np.where(is_first, n.embedding_params, 0)
+            + np.where(is_last, n.norm_params + head, 0))
 
 
 def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:

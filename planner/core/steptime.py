@@ -17,7 +17,7 @@ from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import SHARDING, Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, stage_params
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
@@ -378,7 +378,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
                                    stage_params(model, pp, first, True, pp == 1)),
                         stage_params(model, pp, last, pp == 1, True))
     # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
-    expert_layers = np.maximum(np.maximum(fullest, first), last) * model.layer_expert_params
+    expert_layers = np.maximum(np.maximum(fullest, first), last) * counts(model).layer_expert_params
     experts = expert_layers / (c.tp * c.ep)
     shard = (params - expert_layers) / c.tp + experts
     expert_share = 0.0 if job.lora else experts / shard
