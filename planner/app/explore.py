@@ -364,12 +364,47 @@ class SweepPoint:
 def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
           profiles: Sequence[str] | None = None) -> tuple[SweepPoint, ...]:
     """Training seconds per token of the fastest fitting layout, per profile and GPU count. Per token,
-    so the result does not depend on the tokens to train (days = tokens x this / 86400)."""
-    c = _comparison(values, counts, profiles)
-    precision = {o.hardware.name: o.job.precision for o in c.options}
-    return tuple(SweepPoint(profile=p.gpu, precision=precision[p.gpu], gpus=p.gpus,
-                            seconds_per_token=p.best.train.seconds / p.best.train.tokens if p.best else math.nan)
-                 for p in c.rows)
+    so the result does not depend on the tokens to train (days = tokens x this / 86400).
+
+    The same best layouts as `planner compare` (a free search by time per profile and count), found
+    with less work: each count's layouts enumerated once for the profiles that run the same job,
+    each profile's counts evaluated together and the step time only where the memory fits
+    (planner.core.search.fastest_fitting)."""
+    from planner.core.options import build_inputs
+    from planner.core.results import estimate_at
+    from planner.core.search import enumerate_layouts, fastest_fitting
+    from planner.decisions.decide import options_for
+    from planner.hardware import get_profile, gpu_profile_names
+
+    x = build_inputs({**values, "gpus": 1})
+    hws = [get_profile(name) for name in profiles or gpu_profile_names()]
+    job = x.job.replace(price_usd_per_gpu_hour=None)
+    counts = sorted(set(counts))
+    tables: dict = {}  # (count, job): its layouts, or None where the count has none
+    points = []
+    for o in options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws)):
+        for n in counts:
+            if (n, o.job) not in tables:
+                try:
+                    tables[n, o.job] = enumerate_layouts(x.model, n, o.job)[0]
+                except PlannerError:
+                    tables[n, o.job] = None
+        try:
+            best = fastest_fitting(x.model, o.hardware, o.job,
+                                   {n: tables[n, o.job] for n in counts if tables[n, o.job] is not None})
+        except PlannerError:
+            best = {}
+        for n in counts:
+            seconds = math.nan
+            if n in best:
+                try:
+                    e = estimate_at(best[n], 0, x.model, o.hardware, o.job, o.ops)
+                    seconds = e.train.seconds / e.train.tokens
+                except PlannerError:  # e.g. an MTBF too short for this many GPUs: this count only
+                    pass
+            points.append(SweepPoint(profile=o.hardware.name, precision=o.job.precision, gpus=n,
+                                     seconds_per_token=seconds))
+    return tuple(points)
 
 
 def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:

@@ -43,11 +43,11 @@ class Evaluation:
     @property
     def fits(self) -> np.ndarray:
         """In GPU memory, and what is offloaded in the host memory of its node."""
-        return (self.memory.total <= self.capacity_bytes) & (self.host_bytes_per_node <= self.host_capacity_bytes)
+        return _fits(self.memory, self.candidates, self.capacity_bytes, self.host_capacity_bytes, self.gpus_per_node)
 
     @property
     def host_bytes_per_node(self) -> np.ndarray:
-        return self.memory.host * np.minimum(self.candidates.gpus, self.gpus_per_node)
+        return _host_bytes_per_node(self.memory, self.candidates, self.gpus_per_node)
 
     @property
     def step_s(self) -> np.ndarray:
@@ -98,14 +98,50 @@ class Evaluation:
         return self.gpu_hours * self.price_usd_per_gpu_hour
 
 
-def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
-    """``hw`` is the hardware profile; the job's software stack adds its factors here."""
+def _host_bytes_per_node(mem: Memory, c: Candidates, gpus_per_node: int) -> np.ndarray:
+    return mem.host * np.minimum(c.gpus, gpus_per_node)
+
+
+def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpus_per_node: int) -> np.ndarray:
+    return (mem.total <= capacity) & (_host_bytes_per_node(mem, c, gpus_per_node) <= host_capacity)
+
+
+def _effective(hw: HardwareProfile, job: Job):
+    """The job's software and the profile with the stack's factors."""
     sw = software(job)
     hw = effective(hw, sw.stack, job.async_tp)
     if not job.overlap_grad_reduce:
         hw = hw.with_efficiency(hw.efficiency.replace(dp_overlap=0.0))
+    return sw, hw
+
+
+def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
+    """``hw`` is the hardware profile; the job's software stack adds its factors here."""
+    sw, hw = _effective(hw, job)
     mem, stages = memory(model, hw, job, c, sw)
-    st = step_time(model, hw, job, c, sw)
+    return _evaluation(model, hw, job, c, gpus, sw, mem, stages, step_time(model, hw, job, c, sw))
+
+
+def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+                     gpus: int) -> tuple[Evaluation | None, np.ndarray]:
+    """``evaluate`` of the layouts of ``c`` that fit (None when none does), and their rows in ``c``:
+    the memory of every layout, the step time only of those that fit (all that the fastest fitting
+    layout needs). Each row's numbers are those ``evaluate`` gives it: every formula works row by row."""
+    sw, hw = _effective(hw, job)
+    mem, stages = memory(model, hw, job, c, sw)
+    rows = np.flatnonzero(_fits(mem, c, hw.gpu.memory_bytes, hw.network.host_memory_bytes, hw.network.gpus_per_node))
+    if len(rows) == 0:
+        return None, rows
+    if len(rows) < len(c):
+        c = c.take(rows)
+        parts = [type(m)(*(getattr(m, f)[rows] for f in m.__slots__)) for m in (mem, *stages)]
+        mem, stages = parts[0], tuple(parts[1:])
+    return _evaluation(model, hw, job, c, gpus, sw, mem, stages, step_time(model, hw, job, c, sw)), rows
+
+
+def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int, sw, mem: Memory,
+                stages: tuple[Memory, ...], st: StepTime) -> Evaluation:
+    """The Evaluation of memory ``mem`` (peak stage; ``stages``) and step time ``st`` (``hw`` effective)."""
     tokens = c.global_batch * model.seq_len
     per_token = model_flops_per_token(model, job)
     price = job.price_usd_per_gpu_hour if job.price_usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour

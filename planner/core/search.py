@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.core.evaluate import Evaluation, evaluate
+from planner.core.evaluate import Evaluation, evaluate, evaluate_fitting
 from planner.core.layout import (
     DIMS,
     GPU_FACTORS,
@@ -225,6 +225,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     names = [d.name for d in free]
     at = [max((names.index(n) for n in needs if n in names), default=0)
           if all(n in names or n in mesh_cols for n in needs) else len(names) - 1 for needs, _ in rules]
+    if all(len(v) <= 1 for v in codes.values()):  # nothing multiplies the mesh rows: every rule at once
+        at = [len(names) - 1] * len(rules)
     c = _Product(mesh_cols, codes, gb, batch_ok)
     for step, name in enumerate(names):
         c.extend(name)
@@ -307,6 +309,8 @@ class _Product:
         if name in ("global_batch", "batch_ok"):
             table = self._gb if name == "global_batch" else self._batch_ok
             return table[self._index("mesh"), self._index("micro_batch")]
+        if len(self._codes[name]) == 1:  # one value: no field in the code
+            return np.full(len(self._code), self._codes[name][0])
         return self._codes[name][self._index(name)]
 
     def __getattr__(self, name: str) -> np.ndarray:
@@ -438,11 +442,42 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
     ev = evaluate(model, hw, job, c, gpus)
-    order = rank_order(ev, objective)
+    require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
+    order = rank_order(ev, objective) if len(c) > 1 else np.zeros(1, dtype=np.int64)  # one layout: its own order
     if np.any(order[1:] < order[:-1]):  # already in rank order (a pinned layout): nothing to move
         ev = take(ev, order)
     return SearchResult(evaluation=ev, evaluated=len(c), feasible=int(ev.fits.sum()),
                         search_seconds=time.perf_counter() - start, objective=objective)
+
+
+def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
+                    tables: dict[int, Candidates]) -> dict[int, Evaluation]:
+    """For each GPU count, the layout a free ``search`` by time ranks first, when it fits: a one-row
+    Evaluation (its ``gpus`` the count). ``tables``: {count: ``enumerate_layouts``' layouts}, which
+    profiles running the same job share. The counts' layouts are evaluated together, the step time
+    only for those that fit: each row's numbers, and so each count's order, are the search's."""
+    if not hw.gpu.supports(job.precision):
+        have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
+        raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
+                                                       f"choose one of {', '.join(have)}")
+    counts, parts = [], []
+    for n, c in tables.items():  # as ``search`` keeps them: hybrid where the group fits in a node is full
+        c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(hw.network.gpus_per_node) < c.shard_group)))
+        if len(c):
+            counts.append(n)
+            parts.append(c)
+    if not parts:
+        return {}
+    together = Candidates(**{name: np.concatenate([getattr(c, name) for c in parts]) for name in DIMS})
+    segment = np.repeat(np.arange(len(parts)), [len(c) for c in parts])
+    ev, rows = evaluate_fitting(model, hw, job, together, 0)
+    if ev is None:
+        return {}
+    # The rank order of the fitting rows, all counts at once: within a count it is that count's own
+    # (the keys are per row and the sort stable), so each count's first row is its search's first.
+    order = rank_order(ev, "time")
+    found, first = np.unique(segment[rows][order], return_index=True)
+    return {counts[k]: dataclasses.replace(take(ev, order[i:i + 1]), gpus=counts[k]) for k, i in zip(found, first)}
 
 
 def select(result: SearchResult, index: np.ndarray) -> SearchResult:
