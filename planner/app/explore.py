@@ -372,7 +372,7 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
     (planner.core.search.fastest_fitting)."""
     from planner.core.options import build_inputs
     from planner.core.results import estimate_at
-    from planner.core.search import enumerate_layouts, fastest_fitting
+    from planner.core.search import counts_table, enumerate_layouts, fastest_fitting
     from planner.decisions.decide import options_for
     from planner.hardware import get_profile, gpu_profile_names
 
@@ -380,7 +380,7 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
     hws = [get_profile(name) for name in profiles or gpu_profile_names()]
     job = x.job.replace(price_usd_per_gpu_hour=None)
     counts = sorted(set(counts))
-    tables: dict = {}  # (count, job): its layouts, or None where the count has none
+    tables: dict = {}  # (count, job): its layouts (None: none); (job, GPUs per node): all counts' table
     points = []
     for o in options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws)):
         for n in counts:
@@ -389,9 +389,12 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
                     tables[n, o.job] = enumerate_layouts(x.model, n, o.job)[0]
                 except PlannerError:
                     tables[n, o.job] = None
+        gpn = o.hardware.network.gpus_per_node
+        if (o.job, gpn) not in tables:
+            tables[o.job, gpn] = counts_table({n: tables[n, o.job] for n in counts if tables[n, o.job] is not None},
+                                              gpn)
         try:
-            best = fastest_fitting(x.model, o.hardware, o.job,
-                                   {n: tables[n, o.job] for n in counts if tables[n, o.job] is not None})
+            best = fastest_fitting(x.model, o.hardware, o.job, tables[o.job, gpn])
         except PlannerError:
             best = {}
         for n in counts:

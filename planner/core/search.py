@@ -418,14 +418,20 @@ def searched_by_default(c: Candidates, job: Job, model: ModelSpec) -> np.ndarray
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     """Fitting layouts first; within each group by the objective, then by memory; layouts that
     do not fit by how much they exceed capacity."""
+    return np.lexsort(_rank_keys(ev, objective))
+
+
+def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rank_order``'s sort keys, least significant first (``np.lexsort``'s order)."""
     require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
     primary = {"time": ev.train_seconds, "cost": ev.cost_usd, "memory": ev.memory.total}[objective]
-    primary = np.where(ev.fits, primary, np.inf)
+    fits = ev.fits
+    primary = np.where(fits, primary, np.inf)
     # Layouts within 0.1% of each other on the objective are a tie: prefer less memory. Layouts
     # that do not fit come last, those closest to fitting first.
     bucket = np.round(np.log(primary, where=np.isfinite(primary), out=np.full_like(primary, np.inf)) / 1e-3)
-    second = np.where(ev.fits, ev.step_s, ev.memory.total)
-    return np.lexsort((ev.memory.total, second, bucket))
+    second = np.where(fits, ev.step_s, ev.memory.total)
+    return ev.memory.total, second, bucket
 
 
 def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -450,34 +456,49 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
                         search_seconds=time.perf_counter() - start, objective=objective)
 
 
-def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
-                    tables: dict[int, Candidates]) -> dict[int, Evaluation]:
-    """For each GPU count, the layout a free ``search`` by time ranks first, when it fits: a one-row
-    Evaluation (its ``gpus`` the count). ``tables``: {count: ``enumerate_layouts``' layouts}, which
-    profiles running the same job share. The counts' layouts are evaluated together, the step time
-    only for those that fit: each row's numbers, and so each count's order, are the search's."""
-    if not hw.gpu.supports(job.precision):
-        have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
-        raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
-                                                       f"choose one of {', '.join(have)}")
+def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[list[int], Candidates, np.ndarray]:
+    """The layouts of several GPU counts as one table, as ``search`` keeps them (hybrid sharding
+    where the group fits in a node is full sharding, dropped): (the counts with layouts, the
+    table, each row's index in those counts). ``tables``: {count: ``enumerate_layouts``' layouts}."""
     counts, parts = [], []
-    for n, c in tables.items():  # as ``search`` keeps them: hybrid where the group fits in a node is full
-        c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(hw.network.gpus_per_node) < c.shard_group)))
+    for n, c in tables.items():
+        c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(gpus_per_node) < c.shard_group)))
         if len(c):
             counts.append(n)
             parts.append(c)
     if not parts:
-        return {}
+        return [], Candidates.empty(), np.zeros(0, dtype=np.int64)
     together = Candidates(**{name: np.concatenate([getattr(c, name) for c in parts]) for name in DIMS})
-    segment = np.repeat(np.arange(len(parts)), [len(c) for c in parts])
+    return counts, together, np.repeat(np.arange(len(parts)), [len(c) for c in parts])
+
+
+def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
+                    table: tuple[list[int], Candidates, np.ndarray]) -> dict[int, Evaluation]:
+    """For each GPU count, the layout a free ``search`` by time ranks first, when it fits: a one-row
+    Evaluation (its ``gpus`` the count). ``table``: ``counts_table`` at the profile's GPUs per node
+    (profiles running the same job share it). The counts' layouts are evaluated together, the step
+    time only for those that fit: each row's numbers, and so each count's order, are the search's."""
+    if not hw.gpu.supports(job.precision):
+        have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
+        raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
+                                                       f"choose one of {', '.join(have)}")
+    counts, together, segment = table
+    if not counts:
+        return {}
     ev, rows = evaluate_fitting(model, hw, job, together, 0)
     if ev is None:
         return {}
-    # The rank order of the fitting rows, all counts at once: within a count it is that count's own
-    # (the keys are per row and the sort stable), so each count's first row is its search's first.
-    order = rank_order(ev, "time")
-    found, first = np.unique(segment[rows][order], return_index=True)
-    return {counts[k]: dataclasses.replace(take(ev, order[i:i + 1]), gpus=counts[k]) for k, i in zip(found, first)}
+    # Each count's first row in ``rank_order`` (its keys: objective bucket, step time, memory; then
+    # the row's place): the rows with each key at its count's least, the first of them.
+    segment = segment[rows]  # ascending: the counts' rows are contiguous
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+    best = np.ones(len(rows), dtype=bool)
+    for key in _rank_keys(ev, "time")[::-1]:  # most significant first
+        key = np.where(best, key, np.inf)
+        best &= key == np.minimum.reduceat(key, starts)[np.searchsorted(starts, np.arange(len(rows)), "right") - 1]
+    found, first = np.unique(segment[best], return_index=True)
+    first = np.flatnonzero(best)[first]
+    return {counts[k]: dataclasses.replace(take(ev, first[j:j + 1]), gpus=counts[k]) for j, k in enumerate(found)}
 
 
 def select(result: SearchResult, index: np.ndarray) -> SearchResult:
@@ -510,6 +531,8 @@ def _take_columns(columns: list[np.ndarray], index: np.ndarray) -> list[np.ndarr
     index = np.asarray(index)
     if index.dtype == bool:
         index = np.flatnonzero(index)
+    if len(index) <= 16:  # a few rows: stacking would copy every column whole
+        return [col[index] for col in columns]
     n = len(columns[0])
     out = [None] * len(columns)
     for dtype in (np.float64, np.int64):
