@@ -127,7 +127,7 @@ def _in_blocks(f, c: Candidates):
     """``f(c)`` (a dataclass of columns, or a tuple of them), computed a block of rows at a time."""
     if len(c) <= BLOCK_ROWS:
         return f(c)
-    parts = [f(c.take(slice(i, i + BLOCK_ROWS))) for i in range(0, len(c), BLOCK_ROWS)]
+    parts = [_checked(f(b), len(b)) for b in (c.take(slice(i, i + BLOCK_ROWS)) for i in range(0, len(c), BLOCK_ROWS))]
     return _join(parts, [min(BLOCK_ROWS, len(c) - i) for i in range(0, len(c), BLOCK_ROWS)])
 
 
@@ -147,11 +147,11 @@ def _columns_ok(value, n: int) -> bool:
 
 
 def _memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw) -> tuple[Memory, tuple[Memory, ...]]:
-    return _in_blocks(lambda b: _checked(memory(model, hw, job, b, sw), len(b)), c)
+    return _in_blocks(lambda b: memory(model, hw, job, b, sw), c)
 
 
 def _step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw) -> StepTime:
-    return _in_blocks(lambda b: _checked(step_time(model, hw, job, b, sw), len(b)), c)
+    return _in_blocks(lambda b: step_time(model, hw, job, b, sw), c)
 
 
 def _checked(value, n: int):

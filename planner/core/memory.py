@@ -82,6 +82,8 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
     # The dense and the MoE layer in one pass: row 0 at the dense MLP's width, row 1 at the routed
     # width (element by element the same arithmetic as two calls; integer widths are exact in float64).
     width = np.stack([np.full(len(c), float(model.ffn_hidden)), moe.moe_mlp_width(model, job, c)])
+    if np.ndim(rc) == 2:  # several recompute columns (rows of rc): each width against each
+        width = width[:, None, :]
     dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
     tokens = c.micro_batch * model.seq_len / c.cp
     extra = np.where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
@@ -101,7 +103,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
     Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
-    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full);
+    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full; rows of
+    such columns give rows of results);
     ``ffn`` the MLP width (an MoE layer's routed width per token).
 
     Some of these are kept only for a weight gradient: the inputs of QKV, of the output
@@ -168,11 +171,14 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
     tp, dp, pp = c.tp.astype(float), c.zero_group(hw.network.gpus_per_node).astype(float), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
-    act_layer = layer_activation_bytes(model, c, job, sw=sw)
-    # One layer's full activations for the micro-batch being recomputed (the working set).
+    # One layer's full activations for the micro-batch being recomputed (the working set): the
+    # layer's activations without recompute, computed beside those with it (recompute as two rows).
     recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
-    no_rc = (layer_activation_bytes(model, c, job, recompute=np.zeros_like(c.recompute), sw=sw)
-             if recomputed.any() else 0.0)
+    if recomputed.any():
+        act_layer, no_rc = layer_activation_bytes(model, c, job, np.stack([c.recompute, np.zeros_like(c.recompute)]),
+                                                  sw=sw)
+    else:
+        act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
     working = np.where(recomputed, no_rc, 0.0)
     working = working + context_parallel_working(model, c, job, sw)
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
@@ -183,6 +189,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     divisors = {k: (np.where(c.zero_stage >= k, dp, 1), np.where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
     outside = outside_allocator(hw, c)
     offload_opt, offload_par = c.offload >= 1, c.offload == 2
+    offloads = bool(offload_opt.any())
     # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3), per micro-batch in flight.
     mask_per_flight = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden
     mask_split = np.where(c.sequence_parallel, tp, 1)
@@ -226,10 +233,13 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
         # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
         # leave only the gathered layers (``gather`` below) on the GPU.
-        host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
-        grads = np.where(offload_opt, grads * e / gb, grads)
-        optim = np.where(offload_opt, 0.0, optim)
-        weights = np.where(offload_par, 0.0, weights)
+        if offloads:
+            host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
+            grads = np.where(offload_opt, grads * e / gb, grads)
+            optim = np.where(offload_opt, 0.0, optim)
+            weights = np.where(offload_par, 0.0, weights)
+        else:  # nothing offloaded: the same values as the lines above give
+            host = np.zeros(len(c))
         flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
         acts = layers * act_layer * flight + working
         acts = acts + np.where(is_first, mask_per_flight * flight / mask_split, 0.0)

@@ -74,6 +74,23 @@ def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float, fp8:
     return np.maximum(compute, traffic)
 
 
+def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem_bytes: float,
+               fp8: bool = False) -> np.ndarray:
+    """``sum(gemm_time(g, ...) for g in gs)`` for ``rows`` layouts, the GEMMs as the rows of one
+    array: one pass instead of one per GEMM, the same numbers (each element sees the same
+    operations, in float64, where integer sizes are exact; the GEMMs are added in order)."""
+    shape = (len(gs), rows)
+    dims = [np.empty(shape) for _ in range(4)]
+    for i, g in enumerate(gs):
+        for out, value in zip(dims, (g.m, g.n, g.k, g.count)):
+            out[i] = value
+    times = gemm_time(Gemm(*dims), hw, peak, elem_bytes, fp8)
+    total = 0
+    for t in times:
+        total = total + t
+    return total
+
+
 def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
                        ffn: np.ndarray | float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes of the element-wise kernels of one layer's forward per micro-batch per GPU:
@@ -153,7 +170,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     peak = linear_peak(hw, job.precision)
     fp8 = sw.fp8 and hw.gpu.supports("fp8")
     def timed(gs: list[Gemm]) -> np.ndarray:
-        return sum(gemm_time(g, hw, peak, 1 if fp8 else act, fp8) for g in gs)
+        return gemms_time(gs, len(c), hw, peak, 1 if fp8 else act, fp8)
 
     gs = layer_gemms(model, c.micro_batch, c.tp, c.cp)
     attention_gemms, dense_mlp = gs[:2], gs[2:]  # QKV and projection; MLP in and out
@@ -279,32 +296,40 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         routed = collective(links, bytes_ * expert_share, group // c.ep, c.tp * c.ep, passes)
         return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
 
-    ar = over(comm.group_collective, grad_bytes, 2.0)
-    replica_ar = np.where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
-                          0.0) * busy
-    rs = over(comm.group_collective, grad_bytes, 1.0) + replica_ar
+    # Each ZeRO stage's time is computed only when some layout has that stage (np.select below
+    # reads a stage's value only for those layouts; 0.0 stands in for the others).
+    zero = c.zero_stage
+    has0, has12, has3 = np.any(zero == 0), np.any((zero == 1) | (zero == 2)), np.any(zero >= 3)
+    ar = over(comm.group_collective, grad_bytes, 2.0) if has0 else 0.0
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
-    ag3 = over(zcoll, param_bytes, 1.0)
-    rs3 = rs if zcoll is comm.group_collective else over(zcoll, grad_bytes, 1.0) + replica_ar  # the same call
+    replica_ar = np.where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
+                          0.0) * busy if has12 or has3 else 0.0
+    rs = (over(comm.group_collective, grad_bytes, 1.0) + replica_ar
+          if has12 or (has3 and zcoll is comm.group_collective) else 0.0)
+    ag3 = over(zcoll, param_bytes, 1.0) if has3 or has12 else 0.0  # ZeRO-1/2's step gather may be this call
+    rs3 = (rs if zcoll is comm.group_collective else over(zcoll, grad_bytes, 1.0) + replica_ar) if has3 else 0.0
     hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
     # the current block's compute. The first gather and the last reduce-scatter of a pass have
     # nothing to hide behind: one block's worth. A stack that keeps a pipeline stage's weights
     # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
-    edge = (ag3 + rs3) / np.maximum(layers_pace, 1)
-    each = np.maximum(0.0, 2 * ag3 + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
-    once = np.maximum(0.0, ag3 + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
-    zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
+    zero3 = ag_step = zero2 = 0.0
+    if has3:
+        edge = (ag3 + rs3) / np.maximum(layers_pace, 1)
+        each = np.maximum(0.0, 2 * ag3 + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
+        once = np.maximum(0.0, ag3 + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
+        zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
-    step_bytes = trained * act
-    same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # then the same call as ag3
-    ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
-    ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
-    zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
+    if has12:
+        step_bytes = trained * act
+        same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # the same call as ag3
+        ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
+        ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
+        zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
     return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
                      [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
 
@@ -393,11 +418,14 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, zg, 1)
                       + expert_share / np.where(c.zero_stage >= 1, zg / c.ep, 1))
     optimizer = held * optim_bytes_per_param / hbm * slow
-    offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, zg, 1),
-                            optim_bytes_per_param, layers_pace * lt.forward * slow,
-                            layers_pace * lt.backward * slow)
-    optimizer = np.where(c.offload >= 1, offload.optimizer, optimizer)
-    dp = dp + offload.params
+    if np.any(c.offload >= 1):
+        offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, zg, 1),
+                                optim_bytes_per_param, layers_pace * lt.forward * slow,
+                                layers_pace * lt.backward * slow)
+        optimizer = np.where(c.offload >= 1, offload.optimizer, optimizer)
+        dp = dp + offload.params
+    else:  # nothing offloaded: the same sum with offload_times' zeros
+        dp = dp + 0.0
 
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
