@@ -112,16 +112,20 @@ def main() -> None:
         print(f"{label:42s} {ms(c):>8s} {ms(new):>10s} {ms(seen):>10s} {ms(cpu):>9s}  {verdict(new)}", flush=True)
     print("\nHardware tab (every profile; the sweep: every profile x 10 GPU counts)")
     state = explore_state.defaults()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     explore.compare_hardware(explore_state.comparison_mapping(state), 256)
-    compare = time.perf_counter() - start
-    start = time.perf_counter()
-    explore.sweep(explore_state.sweep_mapping({**state, "params": 13.0}))
-    sweep = time.perf_counter() - start
+    compare, compare_cpu = time.perf_counter() - start, time.process_time() - cpu0
+    sweeps, sweeps_cpu = [], []
+    for params in (13.0, 33.0, 70.0):  # each a model not seen before
+        start, cpu0 = time.perf_counter(), time.process_time()
+        explore.sweep(explore_state.sweep_mapping({**state, "params": params}))
+        sweeps.append(time.perf_counter() - start)
+        sweeps_cpu.append(time.process_time() - cpu0)
+    sweep, sweep_cpu = statistics.median(sweeps), statistics.median(sweeps_cpu)
     new_gpus, seen_gpus, cpu_gpus = page_times("gpus", [256, 512, 64], tab="Hardware")
     new_model, seen_model, cpu_model = page_times("params", [13.0, 70.0], tab="Hardware")
-    print(f"{'compare every profile at one GPU count':42s} {ms(compare):>8s}")
-    print(f"{'days-vs-GPUs sweep':42s} {ms(sweep):>8s}")
+    print(f"{'compare every profile at one GPU count':42s} {ms(compare):>8s} {'':>10s} {'':>10s} {ms(compare_cpu):>9s}")
+    print(f"{'days-vs-GPUs sweep (13B, 33B, 70B: median)':42s} {ms(sweep):>8s} {'':>10s} {'':>10s} {ms(sweep_cpu):>9s}")
     print(f"{'GPUs changed, Hardware tab open':42s} {'':>8s} {ms(new_gpus):>10s} {ms(seen_gpus):>10s} "
           f"{ms(cpu_gpus):>9s}  {verdict(new_gpus)}")
     print(f"{'model changed, Hardware tab open':42s} {'':>8s} {ms(new_model):>10s} {ms(seen_model):>10s} "

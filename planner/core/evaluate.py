@@ -167,15 +167,16 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
     return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw))
 
 
-def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
-                     gpus: int) -> tuple[Evaluation | None, np.ndarray]:
-    """``evaluate`` of the layouts of ``c`` that fit (None when none does), and their rows in ``c``:
-    the memory of every layout, the step time only of those that fit (all that the fastest fitting
-    layout needs), a block of rows at a time. Each row's numbers are those ``evaluate`` gives it:
-    every formula works row by row."""
+def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
+                     c: Candidates) -> list[tuple[Evaluation, np.ndarray]]:
+    """``evaluate`` of the layouts of ``c`` that fit, a block of rows at a time: (the block's
+    fitting layouts' Evaluation, their rows in ``c``) for each block where some fit. The memory of
+    every layout, the step time only of those that fit (all that the fastest fitting layout
+    needs); the blocks are not joined. Each row's numbers are those ``evaluate`` gives it: every
+    formula works row by row. The Evaluations' ``gpus`` is 0: set it where a row is used."""
     sw, hw = _effective(hw, job)
-    kept, rows, sizes = [], [], []
-    for i in range(0, max(len(c), 1), BLOCK_ROWS):
+    out = []
+    for i in range(0, len(c), BLOCK_ROWS):
         b = c.take(slice(i, i + BLOCK_ROWS))
         mem, stages = _checked(memory(model, hw, job, b, sw), len(b))
         fit = np.flatnonzero(_fits(mem, b, hw.gpu.memory_bytes, hw.network.host_memory_bytes,
@@ -185,18 +186,9 @@ def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candida
         if len(fit) < len(b):
             b = b.take(fit)
             mem, *stages = [type(m)(*(getattr(m, f)[fit] for f in m.__slots__)) for m in (mem, *stages)]
-        kept.append((b, (mem, tuple(stages)), _checked(step_time(model, hw, job, b, sw), len(b))))
-        rows.append(fit + i)
-        sizes.append(len(b))
-    if not kept:
-        return None, np.zeros(0, dtype=np.int64)
-    if len(kept) == 1:
-        b, (mem, stages), st = kept[0]
-    else:
-        b = Candidates(**{name: np.concatenate([getattr(k[0], name) for k in kept]) for name in c.columns()})
-        mem, stages = _join([k[1] for k in kept], sizes)
-        st = _join([k[2] for k in kept], sizes)
-    return _evaluation(model, hw, job, b, gpus, sw, mem, stages, st), np.concatenate(rows)
+        st = _checked(step_time(model, hw, job, b, sw), len(b))
+        out.append((_evaluation(model, hw, job, b, 0, sw, mem, tuple(stages), st), fit + i))
+    return out
 
 
 def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int, sw, mem: Memory,

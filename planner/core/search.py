@@ -485,20 +485,31 @@ def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
     counts, together, segment = table
     if not counts:
         return {}
-    ev, rows = evaluate_fitting(model, hw, job, together, 0)
-    if ev is None:
+    blocks = evaluate_fitting(model, hw, job, together)
+    if not blocks:
         return {}
     # Each count's first row in ``rank_order`` (its keys: objective bucket, step time, memory; then
-    # the row's place): the rows with each key at its count's least, the first of them.
+    # the row's place): the rows with each key at its count's least, the first of them. The blocks
+    # hold the fitting rows in table order, so their keys joined are in that order too.
+    keys = [np.concatenate(k) for k in zip(*(_rank_keys(ev, "time") for ev, _ in blocks))]
+    rows = np.concatenate([r for _, r in blocks])
     segment = segment[rows]  # ascending: the counts' rows are contiguous
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+    owner = np.searchsorted(starts, np.arange(len(rows)), "right") - 1
     best = np.ones(len(rows), dtype=bool)
-    for key in _rank_keys(ev, "time")[::-1]:  # most significant first
+    for key in keys[::-1]:  # most significant first
         key = np.where(best, key, np.inf)
-        best &= key == np.minimum.reduceat(key, starts)[np.searchsorted(starts, np.arange(len(rows)), "right") - 1]
+        best &= key == np.minimum.reduceat(key, starts)[owner]
     found, first = np.unique(segment[best], return_index=True)
     first = np.flatnonzero(best)[first]
-    return {counts[k]: dataclasses.replace(take(ev, first[j:j + 1]), gpus=counts[k]) for j, k in enumerate(found)}
+    ends = np.cumsum([len(r) for _, r in blocks])
+    out = {}
+    for k, j in zip(found, first):
+        b = int(np.searchsorted(ends, j, "right"))
+        ev = blocks[b][0]
+        local = j - (ends[b - 1] if b else 0)
+        out[counts[k]] = dataclasses.replace(take(ev, np.array([local])), gpus=counts[k])
+    return out
 
 
 def select(result: SearchResult, index: np.ndarray) -> SearchResult:
