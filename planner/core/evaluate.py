@@ -11,7 +11,7 @@ import numpy as np
 
 from planner.core.flops import model_flops_per_token, recompute_flops_per_token
 from planner.core.layout import Candidates, Job
-from planner.core.memory import Memory, memory
+from planner.core.memory import Memory, hardware_read, memory
 from planner.core.model import ModelSpec
 from planner.core.steptime import StepTime, reference_peak, step_time
 from planner.hardware import HardwareProfile
@@ -167,18 +167,24 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
     return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw))
 
 
-def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
-                     c: Candidates) -> list[tuple[Evaluation, np.ndarray]]:
+def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+                     shared: dict | None = None) -> list[tuple[Evaluation, np.ndarray]]:
     """``evaluate`` of the layouts of ``c`` that fit, a block of rows at a time: (the block's
     fitting layouts' Evaluation, their rows in ``c``) for each block where some fit. The memory of
     every layout, the step time only of those that fit (all that the fastest fitting layout
     needs); the blocks are not joined. Each row's numbers are those ``evaluate`` gives it: every
-    formula works row by row. The Evaluations' ``gpus`` is 0: set it where a row is used."""
+    formula works row by row. The Evaluations' ``gpus`` is 0: set it where a row is used.
+    ``shared``: a dict kept for one ``c`` (and model and job) across profiles; a block's memory is
+    computed once for the profiles that read the same of the hardware (memory.hardware_read)."""
     sw, hw = _effective(hw, job)
     out = []
+    shared = {} if shared is None else shared
     for i in range(0, len(c), BLOCK_ROWS):
         b = c.take(slice(i, i + BLOCK_ROWS))
-        mem, stages = _checked(memory(model, hw, job, b, sw), len(b))
+        key = (model, job, hardware_read(hw), i)
+        if key not in shared:
+            shared[key] = _checked(memory(model, hw, job, b, sw), len(b))
+        mem, stages = shared[key]
         fit = np.flatnonzero(_fits(mem, b, hw.gpu.memory_bytes, hw.network.host_memory_bytes,
                                    hw.network.gpus_per_node))
         if len(fit) == 0:

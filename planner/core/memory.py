@@ -158,6 +158,13 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     return per_token * c.micro_batch * s / c.cp  # context parallel: each GPU keeps 1/cp of the tokens
 
 
+def hardware_read(hw: HardwareProfile) -> tuple:
+    """All that ``memory`` reads of the hardware: profiles equal in these (and the same model, job
+    and layouts) have the same memory to the bit. Keep it in step with ``memory``."""
+    e = hw.efficiency
+    return hw.network.gpus_per_node, e.fragmentation, e.cuda_context_bytes, e.comm_buffer_bytes
+
+
 def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
            sw: Software | None = None) -> tuple[Memory, tuple[Memory, ...]]:
     """Peak memory per GPU, and the memory of the three stages that can hold the peak: the first

@@ -456,10 +456,11 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
                         search_seconds=time.perf_counter() - start, objective=objective)
 
 
-def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[list[int], Candidates, np.ndarray]:
+def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[list[int], Candidates, np.ndarray, dict]:
     """The layouts of several GPU counts as one table, as ``search`` keeps them (hybrid sharding
     where the group fits in a node is full sharding, dropped): (the counts with layouts, the
-    table, each row's index in those counts). ``tables``: {count: ``enumerate_layouts``' layouts}."""
+    table, each row's index in those counts, a dict for what profiles evaluating it share).
+    ``tables``: {count: ``enumerate_layouts``' layouts}."""
     counts, parts = [], []
     for n, c in tables.items():
         c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(gpus_per_node) < c.shard_group)))
@@ -467,25 +468,26 @@ def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[lis
             counts.append(n)
             parts.append(c)
     if not parts:
-        return [], Candidates.empty(), np.zeros(0, dtype=np.int64)
+        return [], Candidates.empty(), np.zeros(0, dtype=np.int64), {}
     together = Candidates(**{name: np.concatenate([getattr(c, name) for c in parts]) for name in DIMS})
-    return counts, together, np.repeat(np.arange(len(parts)), [len(c) for c in parts])
+    return counts, together, np.repeat(np.arange(len(parts)), [len(c) for c in parts]), {}
 
 
 def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
-                    table: tuple[list[int], Candidates, np.ndarray]) -> dict[int, Evaluation]:
+                    table: tuple[list[int], Candidates, np.ndarray, dict]) -> dict[int, Evaluation]:
     """For each GPU count, the layout a free ``search`` by time ranks first, when it fits: a one-row
     Evaluation (its ``gpus`` the count). ``table``: ``counts_table`` at the profile's GPUs per node
-    (profiles running the same job share it). The counts' layouts are evaluated together, the step
-    time only for those that fit: each row's numbers, and so each count's order, are the search's."""
+    (profiles running the same job share it, and the memory of its layouts where they read the
+    same of the hardware). The counts' layouts are evaluated together, the step time only for those
+    that fit: each row's numbers, and so each count's order, are the search's."""
     if not hw.gpu.supports(job.precision):
         have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
         raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
                                                        f"choose one of {', '.join(have)}")
-    counts, together, segment = table
+    counts, together, segment, shared = table
     if not counts:
         return {}
-    blocks = evaluate_fitting(model, hw, job, together)
+    blocks = evaluate_fitting(model, hw, job, together, shared)
     if not blocks:
         return {}
     # Each count's first row in ``rank_order`` (its keys: objective bucket, step time, memory; then
