@@ -349,6 +349,11 @@ def one_of(column: np.ndarray, values) -> np.ndarray:
     return out
 
 
+def without_redundant_hybrid(c: Candidates, gpus_per_node: int) -> Candidates:
+    """Drop hybrid-sharded layouts whose group fits in one node: there hybrid is full sharding."""
+    return c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(gpus_per_node) < c.shard_group)))
+
+
 def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
     """The layouts the software stack can run: its ZeRO stages, its pipeline schedules, and
     interleaving only where it has an interleaved schedule (planner/stacks.py)."""
@@ -444,7 +449,7 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
                                                        f"choose one of {', '.join(have)}")
     c, why = enumerate_layouts(model, gpus, job, pins, widen)
     if len(c) and pins.sharding is None:  # hybrid where the group fits in a node is full sharding
-        c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(hw.network.gpus_per_node) < c.shard_group)))
+        c = without_redundant_hybrid(c, hw.network.gpus_per_node)
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
     ev = evaluate(model, hw, job, c, gpus)
@@ -463,7 +468,7 @@ def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[lis
     ``tables``: {count: ``enumerate_layouts``' layouts}."""
     counts, parts = [], []
     for n, c in tables.items():
-        c = c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(gpus_per_node) < c.shard_group)))
+        c = without_redundant_hybrid(c, gpus_per_node)
         if len(c):
             counts.append(n)
             parts.append(c)
