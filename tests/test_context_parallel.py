@@ -135,3 +135,23 @@ def test_the_exchange_grows_with_the_query_heads_under_torchtitan():
     torch_ = evaluate_one(model, lay, Job(stack="fsdp2", precision="bf16"), gpu="h100-80g")
     gqa = evaluate_one(model, lay, Job(stack="reference", precision="bf16"), gpu="h100-80g")
     assert float(torch_.time.cp_comm[0]) > 10 * float(gqa.time.cp_comm[0])
+
+
+def test_the_exchange_is_as_wide_as_the_heads_not_the_residual_stream():
+    """Qwen3-30B-A3B: hidden 2048, but 32 query heads x 128 = 4096 wide (4 K/V heads x 128 = 512).
+    torchtitan's repeat_kv exchanges K/V at the query heads' 4096, and its backward holds dQ at
+    4096, dK/dV at 4096 and their send/receive copies, all fp32 (2 x 4096 x 2 bytes gathered per
+    token, (4096 + 6 x 4096) x 4 bytes local); the reference trainer gathers them at the K/V
+    heads' 512."""
+    from planner.core.memory import context_parallel_working
+    from planner.stacks import software
+
+    model = get_preset("qwen3-30b-a3b").replace(seq_len=65536)
+    c = Candidates.from_layouts([Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=3,
+                                        recompute="full")])
+    local = 65536 / 4
+    want = 2 * 2 * local * 4 * 4096 + (4096 + 6 * 4096) * 4 * local
+    assert float(context_parallel_working(model, c, FSDP2, software(FSDP2))[0]) == pytest.approx(want, rel=1e-12)
+    ref = Job(stack="reference")
+    assert float(context_parallel_working(model, c, ref, software(ref))[0]) == pytest.approx(
+        2 * (2 * 2 * local * 4 * 512), rel=1e-12)

@@ -264,6 +264,15 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     return peak, tuple(stages)
 
 
+def exchanged_kv_width(model: ModelSpec, sw: Software) -> float:
+    """Width of K (and of V, their mean) as context parallel exchanges them: at the K/V heads, or
+    repeated to the query heads before attention (the stack's ``cp_kv_heads`` = "query", torchtitan's
+    ``repeat_kv``): heads * (qk + v head widths) / 2, which is ``hidden`` for standard attention."""
+    if sw.stack.cp_kv_heads == "query":
+        return (model.q_width + model.attn_out_width) / 2
+    return model.kv_hidden
+
+
 def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> np.ndarray:
     """What one layer's context-parallel attention holds at once, per GPU (transient, the layer
     being run backward). torch (``_templated_ring_attention_backward``): the all-gathered K/V of
@@ -271,10 +280,12 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     dQ, dK, dV accumulated in ``cp_grad_bytes`` and dK/dV concatenated for the send and received
     (4 more local tensors). gather: the gathered K/V and their gradient, both whole-sequence."""
     st, e = sw.stack, ACT_BYTES[job.precision]
-    width = model.hidden if st.cp_kv_heads == "query" else model.kv_hidden
+    width = exchanged_kv_width(model, sw)
     local = c.micro_batch * model.seq_len / c.cp / c.tp  # this GPU's tokens, per TP rank's heads
     gathered = 2 * e * local * c.cp * width
-    extra = np.where(st.cp_exchange == "torch", 7 * st.cp_grad_bytes * local * model.hidden, gathered)
+    # dQ (query width), dK and dV (exchanged width), fp32, and their copies for the send and receive
+    grads = model.q_width + 2 * width + 4 * width
+    extra = np.where(st.cp_exchange == "torch", st.cp_grad_bytes * local * grads, gathered)
     return np.where(c.cp > 1, gathered + extra, 0.0)
 
 

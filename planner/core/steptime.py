@@ -17,7 +17,7 @@ from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import SHARDING, Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, stage_params
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, exchanged_kv_width, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
@@ -239,7 +239,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
         return np.zeros(len(c))
     st, act, cp = sw.stack, ACT_BYTES[job.precision], c.cp.astype(float)
     grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
-    width = model.hidden if st.cp_kv_heads == "query" else model.kv_hidden
+    width = exchanged_kv_width(model, sw)
     kv = 2 * act * c.micro_batch * model.seq_len * width / c.tp
     gather = comm.group_collective(links, kv, c.cp, c.tp, 1.0)
     if st.cp_exchange == "gather":
@@ -250,7 +250,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
         across = c.cp * c.tp > links.gpus_per_node  # the ring leaves the node somewhere: that hop sets the pace
         send = np.where(across, grads / links.inter_bw + links.inter_lat, grads / links.intra_bw + links.intra_lat)
         step_f, step_b = st.cp_overlap * attn_fwd / cp, st.cp_overlap * attn_bwd / cp
-        elems = c.micro_batch * model.seq_len / cp * model.hidden / c.tp  # the local attention output
+        elems = c.micro_batch * model.seq_len / cp * model.attn_out_width / c.tp  # the local attention output
         fwd = np.maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
         bwd = (np.maximum(0.0, gather - step_b) + (cp - 1) * np.maximum(0.0, send - step_b) + send
                + (cp - 1) * st.cp_accumulate_bytes * elems / hbm)
