@@ -128,6 +128,11 @@ def apply_tp(module: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
         plan[f"{p}.attn.wo"] = RowwiseParallel(output_layouts=between)
         plan.update({f"{p}.mlp.{n}": ColwiseParallel() for n in mlp_in})
         plan[f"{p}.mlp.{mlp_out}"] = RowwiseParallel(output_layouts=between)
+        if not sp and len(mlp_in) > 1:
+            # One DTensor input shared by gate and up: their input gradients (each a partial sum)
+            # add up before the single all-reduce at the MLP's boundary, as Megatron's one
+            # column-parallel region does, instead of one all-reduce per projection.
+            plan[f"{p}.mlp"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
         if sp:
             for norm, sub in (("attn_norm", "attn"), ("mlp_norm", "mlp")):
                 plan[f"{p}.{norm}"] = SequenceParallel()

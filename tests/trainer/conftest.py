@@ -56,6 +56,7 @@ def two_sweep(tmp_path_factory):
         write_config(folder, "gpt-dp2-zero2", {**TINY_GPT, "attention": "standard"}, {"dp": 2, "zero_stage": 2}),
         write_config(folder, "llama-dp2-zero3", TINY_LLAMA, {"dp": 2, "zero_stage": 3, "recompute": "full"}),
         write_config(folder, "llama-tp2", TINY_LLAMA, {"tp": 2, "sequence_parallel": True, "recompute": "selective"}),
+        write_config(folder, "llama-tp2-nosp", TINY_LLAMA, {"tp": 2}),
         write_config(folder, "gpt-pp2-interleaved", TINY_GPT, {"pp": 2, "vpp": 2}),
         write_config(folder, "gpt-pp2-m1", TINY_GPT, {"pp": 2, "schedule": "gpipe", "micro_batch": 8}, **pipe),
         write_config(folder, "gpt-pp2-m8", TINY_GPT, {"pp": 2, "schedule": "gpipe", "micro_batch": 1}, **pipe),
