@@ -45,3 +45,8 @@ def test_op_level_selective_recomputes_every_second_matmul():
     total = h * h + 2 * h * kv + h * h + 3 * h * f
     assert op_sac_recomputed_share(m) == pytest.approx(recomputed / total, rel=1e-12)
     assert 0.36 < recomputed / total < 0.37
+    # Heads wider than the residual stream (Qwen3 style: hidden 2048, 32 heads x 128, 4 K/V heads,
+    # ffn 6144): wk 2048x512, wo 4096x2048, w3 2048x6144 of 2048x(4096+512+512) + 4096x2048 + 3x2048x6144
+    # = (512 + 4096 + 6144) / (5120 + 4096 + 18432) = 7/18.
+    wide = m.replace(hidden=2048, heads=32, head_dim=128, kv_heads=4, ffn_hidden=6144)
+    assert op_sac_recomputed_share(wide) == pytest.approx(7 / 18, rel=1e-12)

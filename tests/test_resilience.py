@@ -32,6 +32,13 @@ def test_lora_gqa_targets_use_the_kv_width():
     assert trainable_params(get_preset("llama3-8b"), job) == 32 * 16 * (4096 + 1024)
 
 
+def test_lora_targets_take_the_heads_width_not_the_residual_streams():
+    # Qwen3-30B-A3B (hidden 2048; 32 query heads and 4 K/V heads of 128): q_proj is 2048 -> 4096,
+    # o_proj 4096 -> 2048, v_proj 2048 -> 512; 48 layers, r = 8: 8 x (6144 + 6144 + 2560) per layer.
+    job = Job(mode="lora", lora_r=8, lora_targets=("q_proj", "o_proj", "v_proj"))
+    assert trainable_params(get_preset("qwen3-30b-a3b"), job) == 48 * 8 * (6144 + 6144 + 2560)
+
+
 def test_lora_rank_larger_than_the_matrix_is_refused():
     with pytest.raises(PlannerError) as err:
         trainable_params(get_preset("llama-7b"), Job(mode="lora", lora_r=5000))

@@ -12,8 +12,11 @@ from planner.errors import require
 
 def target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     """(d_in, d_out) of each LoRA-targetable matrix of one layer."""
-    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
-    shapes = {"q_proj": (h, h), "k_proj": (h, hkv), "v_proj": (h, hkv), "o_proj": (h, h),
+    h, f = model.hidden, model.ffn_hidden
+    # the attention projections at the heads' widths (h, h_kv, h_kv, h for standard attention;
+    # Qwen3's 32 heads x 128 on a 2048 residual stream make q_proj 2048 x 4096)
+    shapes = {"q_proj": (h, model.q_width), "k_proj": (h, model.k_width), "v_proj": (h, model.v_width),
+              "o_proj": (model.attn_out_width, h),
               "up_proj": (h, f), "down_proj": (f, h)}
     if model.gated_mlp:
         shapes["gate_proj"] = (h, f)

@@ -106,10 +106,11 @@ def op_sac_recomputed_share(model: ModelSpec) -> float:
     forward order wq, wk, wv, wo, w1, w3, w2 for a gated MLP: wk, wo and w3 are recomputed; for a
     GELU MLP fused QKV, proj, fc1, fc2: proj and fc2) (torchtitan parallelize_llama,
     _apply_ac_to_transformer_block, "op" policy)."""
-    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    h, f = model.hidden, model.ffn_hidden
+    q, k, v, o = model.q_width, model.k_width, model.v_width, model.attn_out_width  # h, hkv, hkv, h when standard
     if model.gated_mlp:
-        return (h * hkv + h * h + f * h) / (2 * h * h + 2 * h * hkv + 3 * f * h)
-    return (h * h + f * h) / (h * (h + 2 * hkv) + h * h + 2 * f * h)
+        return (h * k + o * h + f * h) / (h * (q + k + v) + o * h + 3 * f * h)
+    return (o * h + f * h) / (h * (q + k + v) + o * h + 2 * f * h)
 
 
 def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective: str = "attention",
