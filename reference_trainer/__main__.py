@@ -1,7 +1,11 @@
 """``python -m reference_trainer --config run.yaml [--config next.yaml ...]``: train, under torchrun or
 as a single process. Several configs run one after another in the same processes (a sweep; they
 must need the same number of processes). Every config is checked before torch is imported or
-any process group starts; a bad one prints one line and exits with code 2."""
+any process group starts; a bad one prints one line and exits with code 2.
+
+``python -m reference_trainer trace FILE [--step N]``: book a recorded torch.profiler / Kineto
+Chrome trace (``.json`` or ``.json.gz``) by the profiler's rules and print one JSON line per step
+(seconds); a file it cannot read prints one line and exits with code 2."""
 
 from __future__ import annotations
 
@@ -10,7 +14,34 @@ import os
 import sys
 
 
+def trace_main(argv: list[str]) -> int:
+    """The ``trace`` subcommand (reference_trainer/README.md, "Reading a recorded trace")."""
+    import json
+
+    from reference_trainer.profiler import PROFILER_STEP, TraceError, analyse_trace, load_trace
+
+    parser = argparse.ArgumentParser(prog="python -m reference_trainer trace",
+                                     description="Book a recorded torch.profiler/Kineto Chrome trace by the "
+                                                 "profiler's rules: one JSON line per step, in seconds.")
+    parser.add_argument("file", help="Chrome trace JSON (.json or .json.gz) from export_chrome_trace or Kineto")
+    parser.add_argument("--step", default=None,
+                        help="only this step: N or ProfilerStep#N (default: every ProfilerStep#N in the trace)")
+    args = parser.parse_args(argv)
+    step = f"{PROFILER_STEP}{args.step}" if args.step is not None and args.step.isdigit() else args.step
+    try:
+        booked = analyse_trace(load_trace(args.file), step)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, figures in booked.items():
+        print(json.dumps({"step": name, **figures}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["trace"]:
+        return trace_main(argv[1:])
     from reference_trainer.config import ConfigError, launched_world_size, load_config, validate
 
     parser = argparse.ArgumentParser(prog="python -m reference_trainer", description=__doc__)

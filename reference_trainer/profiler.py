@@ -1,7 +1,8 @@
 """Where a step's time goes, from torch.profiler traces of a few steps; memory; an NVML sampler.
 
 A traced step is cut into intervals (profiler timestamps, one clock per process):
-- busy: compute: ``aten::`` ops on the CPU (gloo), or non-NCCL kernels on the GPU;
+- busy: compute: ``aten::`` ops on the CPU (gloo), or non-NCCL kernels on the GPU (copies and fills,
+  ``Memcpy``/``Memset``, are neither compute nor communication);
 - collectives: ``gloo:*`` events on gloo's worker threads (the main thread's ``c10d::allreduce_``
   only records the enqueue), or NCCL collective kernels;
 - receives: ``gloo:recv``, or NCCL SendRecv kernels (pipeline parallel);
@@ -17,20 +18,28 @@ waits (on the CPU, where a wait blocks the thread); the rest of the exposed comm
 parallel's (DDP's and FSDP2's collectives do not go through ``wait_tensor``).
 A receive lasts until its peer has sent, so the idle time includes the transfer, which neither
 gloo nor NCCL lets us tell apart from waiting; with small activations it is a small part.
+
+The same rules (``classify``, then ``book``) read a recorded trace: ``analyse_trace`` books a Chrome
+trace written by torch.profiler's ``export_chrome_trace`` or Kineto, step by step (``ProfilerStep#N``),
+where an NCCL send-receive kernel launched by an all-to-all is a collective, not pipeline traffic.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import os
 import resource
 import threading
 import time
-
-import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from pathlib import Path
+from typing import NamedTuple
 
 from planner.core.step_parts import STEPTIME_FIELDS
+
+# torch is imported where it is used, so reading a recorded trace (``python -m reference_trainer
+# trace FILE``) starts without it.
 
 STEP_MARK = "rt:step"
 FWD_BWD_MARK = "rt:fwd_bwd"
@@ -40,6 +49,32 @@ WAIT_OPS = ("_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
 # The trainer's own blocking exchanges (reference_trainer/exchange.py): context parallel's K/V
 # gather and expert parallel's all-to-all. Their marks span the wait on the training thread.
 EXCHANGE_MARKS = ("rt:cp_comm", "rt:all_to_all")
+# GPU memory traffic (the names torch.profiler and Kineto give copies and fills): neither compute
+# nor communication, as HolisticTraceAnalysis books them ("MEMORY" kernels).
+GPU_MEMORY_OPS = ("Memcpy", "Memset")
+# Collectives that NCCL runs as grouped sends and receives (one SendRecv kernel): the c10d op that
+# launched the kernel tells them from pipeline point-to-point, where a recorded trace names it.
+GROUPED_P2P_COLLECTIVES = ("all_to_all", "alltoall")
+
+
+class Span(NamedTuple):
+    """One traced event: name, start and end (microseconds), whether it ran on the GPU, and for
+    an NCCL kernel the communication op that launched it when the trace says (``nccl:all_to_all``,
+    Kineto's ``Collective name``), else None."""
+
+    name: str
+    start: float
+    end: float
+    gpu: bool = False
+    launcher: str | None = None
+
+
+def spans(events) -> list[Span]:
+    """torch.profiler FunctionEvents (``prof.events()``) as spans."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    return [Span(e.name, float(e.time_range.start), float(e.time_range.end), e.device_type == cuda) for e in events]
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -95,23 +130,23 @@ def clip(intervals: list[tuple[float, float]], window: tuple[float, float]) -> l
     return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
 
 
-def classify(events, device_type: str) -> dict[str, list[tuple[float, float]]]:
-    """Busy, collective, point-to-point and wait intervals (microseconds) plus the marks' windows."""
+def classify(spans: list[Span], device_type: str) -> dict[str, list[tuple[float, float]]]:
+    """Busy, collective, point-to-point and wait intervals (microseconds) plus the marks' windows.
+    The one definition of what a traced event is, for the live profiler and recorded traces."""
     busy, coll, p2p, waits, exch, marks = [], [], [], [], [], {}
-    for e in events:
-        span = (float(e.time_range.start), float(e.time_range.end))
-        name = e.name
+    for s in spans:
+        span, name = (s.start, s.end), s.name
         if name in (STEP_MARK, FWD_BWD_MARK):
             marks[name] = span
         elif name in EXCHANGE_MARKS:
             exch.append(span)
-        elif device_type == "cuda" and e.device_type == torch.autograd.DeviceType.CUDA:
-            kind = nccl_kind(name)
+        elif device_type == "cuda" and s.gpu:
+            kind = nccl_kind(name, s.launcher)
             if kind == "p2p":
                 p2p.append(span)
             elif kind == "collective":
                 coll.append(span)
-            elif kind is None:
+            elif kind is None and not name.startswith(GPU_MEMORY_OPS):
                 busy.append(span)
         elif device_type == "cpu":
             if name == RECV_GLOO:
@@ -127,26 +162,32 @@ def classify(events, device_type: str) -> dict[str, list[tuple[float, float]]]:
             "waits": waits, "exchange": exch, "marks": marks}
 
 
-def nccl_kind(kernel: str) -> str | None:
+def nccl_kind(kernel: str, launcher: str | None = None) -> str | None:
     """An NCCL kernel's role from its name (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``,
     ``ncclDevKernel_SendRecv``, ``ncclKernel_ReduceScatter_...``): "p2p" for receives and
     send-receives (pipeline parallel), "send" for a lone send (the receiver books the wait),
-    "collective" for the rest; None for a kernel that is not NCCL's (compute)."""
+    "collective" for the rest, and for a send-receive that an all-to-all launched (``launcher``,
+    known in recorded traces); None for a kernel that is not NCCL's (compute)."""
     if "nccl" not in kernel.lower():
         return None
+    if launcher is not None and any(c in launcher.lower() for c in GROUPED_P2P_COLLECTIVES):
+        return "collective"
     if "SendRecv" in kernel or "Recv" in kernel:
         return "p2p"
     return "send" if "Send" in kernel else "collective"
 
 
 def analyse(events, device_type: str) -> dict[str, float]:
-    """Seconds of one traced step: communication total/exposed (and its tensor-parallel part),
-    pipeline idle, fwd-bwd window."""
-    c = classify(events, device_type)
-    step = c["marks"].get(STEP_MARK)
-    fb = c["marks"].get(FWD_BWD_MARK)
-    if step is None or fb is None:
-        return {}
+    """Seconds of one step traced live (torch.profiler FunctionEvents), in the windows of the
+    trainer's marks (rt:step, rt:fwd_bwd); empty without them."""
+    c = classify(spans(events), device_type)
+    step, fb = c["marks"].get(STEP_MARK), c["marks"].get(FWD_BWD_MARK)
+    return {} if step is None or fb is None else book(c, step, fb)
+
+
+def book(c: dict, step: tuple[float, float], fb: tuple[float, float]) -> dict[str, float]:
+    """Seconds of one step from classified intervals: communication total/exposed (and its
+    tensor-parallel part), communication while nothing computes, pipeline idle, the windows."""
     coll_step = clip(c["coll"], step)
     coll_fb, p2p_fb, busy_fb, waits_fb = clip(c["coll"], fb), clip(c["p2p"], fb), clip(c["busy"], fb), clip(
         c["waits"], fb)
@@ -154,23 +195,135 @@ def analyse(events, device_type: str) -> dict[str, float]:
     exch_fb = clip(c["exchange"], fb)
     exposed = subtract(union(waiting_tails(coll_fb, busy_fb) + waits_fb + exch_fb), idle)
     tp_exposed = subtract(waits_fb, idle)
+    alone = subtract(union(coll_step), clip(c["busy"], step))  # HolisticTraceAnalysis's non-overlapped comm
     return {"comm_total_s": length(coll_step) / 1e6, "comm_exposed_s": length(exposed) / 1e6,
             "comm_exposed_tp_s": length(tp_exposed) / 1e6, "bubble_s": length(idle) / 1e6,
             "fwd_bwd_s": (fb[1] - fb[0]) / 1e6, "busy_s": length(busy_fb) / 1e6,
-            "step_window_s": (step[1] - step[0]) / 1e6}
+            "step_window_s": (step[1] - step[0]) / 1e6, "comm_alone_s": length(alone) / 1e6}
+
+
+# --- recorded traces (torch.profiler's export_chrome_trace, Kineto) ------------------------------
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+PROFILER_STEP = "ProfilerStep#"
+
+
+class TraceError(ValueError):
+    """A file that is not a Chrome trace this reader can book (one line: the file and why)."""
+
+
+def load_trace(path) -> list[dict]:
+    """The events of a Chrome trace JSON (``.json`` or ``.json.gz``), as torch.profiler's
+    ``export_chrome_trace`` and Kineto write it: ``{"traceEvents": [...]}`` or a bare list."""
+    path = Path(path)
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read a JSON trace ({type(exc).__name__}: {exc})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: no 'traceEvents' list (a Chrome trace from torch.profiler is expected)")
+    return [e for e in events if isinstance(e, dict)]
+
+
+def _complete(events: list[dict]) -> list[dict]:
+    """Complete events with a name, numeric times and args as a dict; without the GPU-timeline
+    copies of CPU annotations (gpu_user_annotation), which would duplicate the marks."""
+    return [{**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}} for e in events
+            if e.get("ph") == "X" and isinstance(e.get("name"), str) and isinstance(e.get("ts"), (int, float))
+            and isinstance(e.get("dur", 0), (int, float)) and e.get("cat") != "gpu_user_annotation"]
+
+
+def trace_spans(events: list[dict]) -> list[Span]:
+    """Complete events ("ph": "X"; "ts"/"dur" in microseconds) as spans: GPU work (categories
+    kernel, gpu_memcpy, gpu_memset) on the GPU, the rest (cpu_op, user_annotation, cuda_runtime,
+    gpu_user_annotation, ...) not. An NCCL kernel's launcher is Kineto's ``Collective name`` when
+    written, else the innermost ``nccl:*`` op around its launch (the cuda_runtime event with the
+    kernel's correlation id, on the same process and thread)."""
+    xs = _complete(events)
+    launches = {e["args"]["correlation"]: e for e in xs if e.get("cat") == "cuda_runtime" and "correlation" in e["args"]}
+    comm_ops = [e for e in xs if e["name"].startswith("nccl:") and e.get("cat") not in GPU_CATEGORIES]
+
+    def launcher(kernel: dict) -> str | None:
+        args = kernel["args"]
+        if args.get("Collective name"):
+            return str(args["Collective name"])
+        run = launches.get(args.get("correlation"))
+        if run is None:
+            return None
+        around = [o for o in comm_ops if (o.get("pid"), o.get("tid")) == (run.get("pid"), run.get("tid"))
+                  and o["ts"] <= run["ts"] <= o["ts"] + o.get("dur", 0)]
+        return max(around, key=lambda o: o["ts"])["name"] if around else None
+
+    out = []
+    for e in xs:
+        gpu = e.get("cat") in GPU_CATEGORIES
+        who = launcher(e) if gpu and "nccl" in e["name"].lower() else None
+        out.append(Span(e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), gpu, who))
+    return out
+
+
+def trace_steps(events: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each ``ProfilerStep#N`` annotation (what ``torch.profiler.profile.step()`` writes) -> its
+    window: the span on the GPU of the work launched inside it (kernels, copies and fills whose
+    cuda_runtime launch, matched by correlation id, starts within the annotation on any thread
+    of its process), as HolisticTraceAnalysis assigns kernels to iterations; the annotation's own
+    span when it launched no GPU work (a CPU trace)."""
+    xs = _complete(events)
+    gpu_by_corr = {}
+    for e in xs:
+        if e.get("cat") in GPU_CATEGORIES and "correlation" in e["args"]:
+            gpu_by_corr.setdefault(e["args"]["correlation"], []).append(e)
+    runs = [e for e in xs if e.get("cat") == "cuda_runtime" and e["args"].get("correlation") in gpu_by_corr]
+    steps = {}
+    for m in (e for e in xs if e["name"].startswith(PROFILER_STEP)):
+        lo, hi = float(m["ts"]), float(m["ts"]) + float(m.get("dur", 0))
+        work = [k for r in runs if r.get("pid") == m.get("pid") and lo <= r["ts"] < hi
+                for k in gpu_by_corr[r["args"]["correlation"]]]
+        steps[m["name"]] = ((min(k["ts"] for k in work), max(k["ts"] + k.get("dur", 0) for k in work))
+                            if work else (lo, hi))
+    return steps
+
+
+def analyse_trace(events: list[dict], step: str | None = None) -> dict[str, dict[str, float]]:
+    """Seconds of each step of a recorded trace (or of ``step`` alone, e.g. "ProfilerStep#5"),
+    booked by the same ``classify``/``book`` rules as the live profiler. Windows: the trainer's
+    own marks (rt:step, rt:fwd_bwd) when the trace has them (a trace of this trainer; one step,
+    named by rt:step); otherwise each ProfilerStep#N's window (``trace_steps``) serves as both the
+    step and the forward-backward window, since a recorded trace does not say where forward-
+    backward ends: the optimizer's and other work's time then counts as forward-backward too."""
+    sp = trace_spans(events)
+    c = classify(sp, "cuda" if any(s.gpu for s in sp) else "cpu")
+    if STEP_MARK in c["marks"] and FWD_BWD_MARK in c["marks"]:
+        windows = {STEP_MARK: (c["marks"][STEP_MARK], c["marks"][FWD_BWD_MARK])}
+    else:
+        windows = {name: (w, w) for name, w in trace_steps(events).items()}
+    if step is not None:
+        if step not in windows:
+            raise TraceError(f"step {step!r} not in the trace (steps found: {', '.join(windows) or 'none'})")
+        windows = {step: windows[step]}
+    if not windows:
+        raise TraceError("no step in the trace: neither ProfilerStep#N annotations nor the marks rt:step, rt:fwd_bwd")
+    return {name: book(c, w_step, w_fb) for name, (w_step, w_fb) in windows.items()}
 
 
 def tracer(device_type: str):
+    from torch.profiler import ProfilerActivity, profile
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     return profile(activities=activities)
 
 
 def mark(name: str):
+    from torch.profiler import record_function
+
     return record_function(name)
 
 
 # --- memory and CPU ---------------------------------------------------------------------------
-def peak_memory(device: torch.device) -> dict[str, object]:
+def peak_memory(device) -> dict[str, object]:
+    import torch
+
     if device.type == "cuda":
         return {"kind": "cuda", "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
                 "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
@@ -189,7 +342,7 @@ class NvmlSampler:
     """A daemon thread sampling GPU utilisation, memory used and power; energy from the
     counter's difference. ``start`` returns a reason string instead when NVML is unavailable."""
 
-    def __init__(self, device: torch.device, interval_s: float):
+    def __init__(self, device, interval_s: float):
         self.device, self.interval_s = device, interval_s
         self.samples: list[tuple[float, float, float]] = []  # (utilisation %, memory used bytes, power W)
         self._stop = threading.Event()
@@ -220,6 +373,8 @@ class NvmlSampler:
     def _find_handle(self, pynvml):
         """The NVML handle of this process's GPU: by PCI bus id (right under CUDA_VISIBLE_DEVICES),
         else by CUDA index."""
+        import torch
+
         props = torch.cuda.get_device_properties(self.device)
         bus = getattr(props, "pci_bus_id", None)
         if bus is not None:
