@@ -11,7 +11,9 @@ points of the measured share. The figures move with machine load: run it on a qu
 ``--reuse`` keeps an existing probe and grid under --out and only refits; ``--parts`` prints the
 fit on the parts only.
 
-``--mechanism`` measures what the tensor-parallel terms stand on, on this machine (torch needed):
+``--mechanism`` measures what the tensor-parallel and optimizer terms stand on, on this machine
+(torch needed): the optimizer window's host cost per parameter tensor, plain and as DTensors
+(``optimizer_tensor_overhead_s``, the stack's ``dtensor_optimizer_ratio``);
 the training thread's host time per TP collective (the same tiny GPT eager and under DTensor TP
 on a one-rank mesh, so the collectives cost nothing and DTensor's dispatch and redistribute
 remain; the planner books this cost, ``tp_collective_overhead_s``, as compute, where the trace
@@ -33,6 +35,7 @@ import numpy as np
 
 from planner.calibration.calibrate import calibrate, describe_fit, predict_step_s
 from planner.calibration.measured import load_measurements
+from planner.calibration.profile_grid import held_out
 from planner.calibration.validate import compare
 from planner.hardware import load_profile_file
 
@@ -43,10 +46,10 @@ def planner(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "planner", *args], check=True)
 
 
-def split(runs):
-    """Even grid index: calibrate on it; odd: held out (the grid is ordered in pairs of like runs)."""
-    index = lambda r: int(r.label.split("-", 1)[0])
-    return [r for r in runs if index(r) % 2 == 0], [r for r in runs if index(r) % 2 == 1]
+def split(runs, grid: str = "cpu"):
+    """The first run of each pair of like runs: calibrate on it; the second: held out (found by
+    the run's configuration, planner.calibration.profile_grid.held_out)."""
+    return [r for r in runs if not held_out(r.label, grid)], [r for r in runs if held_out(r.label, grid)]
 
 
 def share_errors(runs, profile) -> dict[str, list[float]]:
@@ -112,12 +115,66 @@ def host_cost_per_collective(repeats: int = 5, iters: int = 30) -> None:
             times.append(time.perf_counter() - t)
         return statistics.median(times[5:])
 
+    optimizer_host_cost(init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)))
     runs = [(median_s(eager), median_s(tp)) for _ in range(repeats)]
     e, d = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     calls = 4 * spec.layers + 3  # 2 forward + 2 backward per GPT layer; embedding, head gather, head grad
     print(f"host time per TP collective: eager {e * 1e3:.2f} ms, DTensor TP {d * 1e3:.2f} ms per step of "
           f"{calls} collectives -> {(d - e) / calls * 1e3:.2f} ms each (booked as compute by the trace)")
     dist.destroy_process_group()
+
+
+def optimizer_window_s(model, iters: int = 20) -> float:
+    """Median seconds of the trainer's optimizer window on ``model`` (reference_trainer/step.py:
+    the gradient norm's foreach kernel, clipping's foreach multiply, torch.optim.AdamW, whose CPU
+    default is its single-tensor loop, zero_grad), gradients set beforehand."""
+    import torch
+
+    from reference_trainer.parallel import local_tensor
+
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+    times = []
+    for _ in range(iters + 3):
+        for p in params:
+            p.grad = torch.full_like(p, 1e-3)
+        t = time.perf_counter()
+        grads = [local_tensor(p.grad) for p in params]
+        torch.stack(torch._foreach_norm(grads, 2.0)).double().pow(2).sum()
+        torch._foreach_mul_(grads, 0.9)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[3:])
+
+
+def optimizer_host_cost(mesh) -> None:
+    """Host cost per parameter tensor of the optimizer window (planner: optimizer_tensor_overhead_s
+    and the stack's dtensor_optimizer_ratio): two GPTs with the same 52 tensors and 0.24M / 3.3M
+    parameters give the per-parameter slope; the small one's remainder, per tensor, is the
+    per-tensor cost, plain and as DTensors (tensor parallel on a one-rank mesh), one thread."""
+    from planner.core.model import ModelSpec
+    from reference_trainer.model import GPT
+    from reference_trainer.parallel import apply_tp
+
+    def built(hidden: int, tp: bool):
+        spec = ModelSpec(**{**TINY, "hidden": hidden, "seq_len": 128, "vocab": 512})
+        model = GPT(spec)
+        model.init_weights(0)
+        if tp:
+            apply_tp(model, mesh, False)
+        return model, len(list(model.parameters())), sum(p.numel() for p in model.parameters())
+
+    costs = {}
+    for tp in (False, True):
+        (small, n, p_small), (large, _, p_large) = built(64, tp), built(256, tp)
+        t_small, t_large = optimizer_window_s(small), optimizer_window_s(large)
+        per_param = (t_large - t_small) / (p_large - p_small)
+        costs[tp] = (t_small - per_param * p_small) / n
+        print(f"optimizer window, {'DTensor' if tp else 'plain'} parameters: {t_small * 1e3:.2f} ms ({n} tensors, "
+              f"{p_small / 1e6:.2f}M params), {t_large * 1e3:.2f} ms ({p_large / 1e6:.2f}M) -> "
+              f"{costs[tp] * 1e6:.1f} us per tensor + {per_param * 1e9:.2f} ns per parameter")
+    print(f"DTensor / plain per-tensor cost: {costs[True] / max(costs[False], 1e-9):.1f}x (dtensor_optimizer_ratio)")
 
 
 def count_collectives() -> None:
@@ -192,7 +249,7 @@ def main() -> None:
     runs, skipped = load_measurements([str(grid)])
     for line in skipped:
         print("skipped", line)
-    train, test = split(runs)
+    train, test = split(runs, "cpu-ci" if a.grid == "cpu-ci" else "cpu")
     factors = tuple(a.factors.split(",")) if a.factors else None
     fits = (("fit on step time", False), ("fit on the parts of the step", True))
     for name, parts in fits[1:] if a.parts else fits:

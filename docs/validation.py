@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.calibration.measured import from_published, load_measurements, published_measurements  # noqa: E402
+from planner.calibration.profile_grid import held_out  # noqa: E402
 from planner.calibration.published import load_table2  # noqa: E402
 from planner.calibration.torchtitan import context_parallel_section, one_f_one_b_section  # noqa: E402
 from planner.calibration.validate import QUANTITIES, Point, compare, plot, summary  # noqa: E402
@@ -110,7 +111,7 @@ def build(out: Path, plots: bool) -> str:
     runs, skipped = load_measurements([str(CPU_RUNS)])
     if skipped:
         raise SystemExit("bad committed CPU records: " + "; ".join(skipped))
-    held = [r for r in runs if int(r.label[:2]) % 2 == 1]
+    held = [r for r in runs if held_out(r.label)]  # the second of each pair of like runs (profile_grid)
     probed = load_profile_file(CPU_RUNS / "probed.toml")
     calibrated = load_profile_file(CPU_CALIBRATED)
     prov = tomllib.loads(CPU_CALIBRATED.read_text())["provenance"]
@@ -167,8 +168,10 @@ def build(out: Path, plots: bool) -> str:
         "and mixes, three tiny models, micro-batch 1-8, recompute none or full), committed under "
         "`benchmarks/runs/cpu-2core/`. The machine was measured by `planner probe` "
         "(`benchmarks/runs/cpu-2core/probed.toml`); `planner calibrate` fitted "
-        f"{', '.join(prov['factors'])} on the {len(runs) - len(held)} even-numbered runs "
-        "(`hardware_profiles/calibrated/cpu-2core.toml`). The odd-numbered runs are held out:",
+        f"{', '.join(prov['factors'])} (`--parts`) on the first run of each pair of like runs, "
+        f"{len(runs) - len(held)} runs (`hardware_profiles/calibrated/cpu-2core.toml`; "
+        "`planner.calibration.profile_grid.held_out`: both halves see one process, dp, tp, pp, mixes, "
+        "full recompute and every model shape). The second of each pair is held out:",
         "",
         "| held-out run | measured s | probed profile | calibrated profile |",
         "|---|---|---|---|",

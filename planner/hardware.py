@@ -81,6 +81,9 @@ class Efficiency:
     # Fixed cost of one tensor-parallel collective on the critical path (kernel launch, framework
     # dispatch: DTensor redistribution in eager PyTorch); TP issues 4-6 per layer per micro-batch.
     tp_collective_overhead_s: float = 0.0
+    # Host work per parameter tensor per optimizer step (an eager optimizer's per-tensor ops: the
+    # gradient norm, clipping, AdamW's single-tensor loop, zero_grad); 0 for fused optimizers.
+    optimizer_tensor_overhead_s: float = 0.0
     # Parallel efficiency of the extra threads when a process has a CPU host's cores to itself
     # (1: two threads run twice as fast as one). Only profiles with compute_slots use it.
     thread_scaling: float = 1.0
@@ -184,6 +187,7 @@ EFFICIENCY_KEYS = {
     "zero3_overlap": Key(float, **_SHARE), "tp_overlap": Key(float, **_SHARE),
     "thread_scaling": Key(float, **_SHARE), "fragmentation": Key(float, 0.0, 10.0),
     "layer_overhead_s": Key(float, 0, 10, unit="s"), "tp_collective_overhead_s": Key(float, 0, 10, unit="s"),
+    "optimizer_tensor_overhead_s": Key(float, 0, 10, unit="s"),
     "step_overhead_s": Key(float, 0, 3600, unit="s"), "step_jitter": Key(float, 0.0, 1.0),
     "cuda_context_gib": Key(float, 0, 1e3, unit="GiB", scale=GIB),
     "comm_buffer_gib": Key(float, 0, 1e3, unit="GiB", scale=GIB),

@@ -63,6 +63,7 @@ class Stack:
     reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
     offload: tuple[str, ...]  # the CPU offload modes it runs (none always)
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
+    dp_bucket_bytes: float  # ZeRO 0-2 gradient bucket; the last one is reduced after the backward (0: one bucket)
     # Pipeline
     schedules: tuple[str, ...]
     interleaved: bool
@@ -73,6 +74,8 @@ class Stack:
     layer_overhead_s: float  # per layer per micro-batch per pass that the GPU waits for (launch, dispatch)
     step_overhead_s: float  # per optimizer step
     tp_collective_overhead_s: float  # per tensor-parallel collective
+    optimizer_tensor_overhead_s: float  # host work per parameter tensor per optimizer step (norm, clip, AdamW, zero_grad)
+    dtensor_optimizer_ratio: float  # the same for a DTensor parameter (TP or FSDP2), relative to a plain tensor's
     # torch.compile
     compiles: bool  # --compile means something on this stack
     # fp8
@@ -119,6 +122,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "hierarchical": ("hierarchical", "bool", None),
     "reshard_in_pipeline": ("reshard_in_pipeline", "bool", None),
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
+    "dp_bucket_mib": ("dp_bucket_bytes", "mib", (0.0, 1e6)),
     "offload": ("offload", "strs", ("none", "optimizer", "params")),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe")),
     "interleaved": ("interleaved", "bool", None),
@@ -128,6 +132,8 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "layer_overhead_us": ("layer_overhead_s", "us", (0.0, 1e5)),
     "step_overhead_ms": ("step_overhead_s", "ms", (0.0, 1e5)),
     "tp_collective_overhead_us": ("tp_collective_overhead_s", "us", (0.0, 1e5)),
+    "optimizer_tensor_overhead_us": ("optimizer_tensor_overhead_s", "us", (0.0, 1e5)),
+    "dtensor_optimizer_ratio": ("dtensor_optimizer_ratio", "float", (1.0, 100.0)),
     "compiles": ("compiles", "bool", None),
     "fp8_recipe": ("fp8_recipe", "str", FP8_RECIPES),
     "fp8_cast_bytes": ("fp8_cast_bytes", "float", (0.0, 64.0)),
@@ -142,11 +148,11 @@ def _value(where: str, key: str, value: object, kind: str, allowed: object) -> o
     def bad(what: str) -> PlannerError:
         return PlannerError(f"{where}: {key}", repr(value), what)
 
-    if kind in ("float", "us", "ms"):
+    if kind in ("float", "us", "ms", "mib"):
         low, high = allowed
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             raise bad(f"a number from {low:g} to {high:g}")
-        return float(value) * {"float": 1.0, "us": 1e-6, "ms": 1e-3}[kind]
+        return float(value) * {"float": 1.0, "us": 1e-6, "ms": 1e-3, "mib": 2.0**20}[kind]
     if kind == "str":
         if value not in allowed:
             raise bad(f"one of {', '.join(allowed)}")
@@ -231,7 +237,7 @@ def get_stack(name: str) -> Stack:
 # Software factors a stack sets and a hardware profile may also set (a calibrated profile, fitted
 # on runs of one stack, keeps its own): the hardware profile wins only where its file names them.
 SHARED_FACTORS = ("dp_overlap", "zero3_overlap", "tp_overlap", "layer_overhead_s", "step_overhead_s",
-                  "tp_collective_overhead_s")
+                  "tp_collective_overhead_s", "optimizer_tensor_overhead_s")
 
 
 def effective(hw, stack: Stack, async_tp: bool = False):

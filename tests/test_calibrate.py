@@ -137,3 +137,30 @@ def test_compare_errors_are_relative_or_in_points():
     assert all(p.error == pytest.approx(1 / 1.1 - 1) for p in step)
     s = summary(points)
     assert s["step_s"]["mean_abs_error"] == pytest.approx(1 - 1 / 1.1)
+
+
+def test_each_half_of_the_cpu_grid_sees_every_mechanism():
+    """The grid's pairs (planner.calibration.profile_grid): the calibrated half and the held-out
+    half each hold one process, dp, tp, pp, a mix with pp, full recompute and every model shape."""
+    from planner.calibration.profile_grid import GRIDS, held_out, run_name
+
+    halves: dict[bool, list[tuple]] = {False: [], True: []}
+    for i, (model, dp, tp, pp, mb, _, rc) in enumerate(GRIDS["cpu"]):
+        halves[held_out(run_name(i, model, dp, tp, pp, mb, rc))].append((model, dp, tp, pp, rc))
+    for runs in halves.values():
+        assert len(runs) == 7
+        assert any(dp == tp == pp == 1 for _, dp, tp, pp, _ in runs)
+        assert any(dp > 1 for _, dp, _, _, _ in runs) and any(tp > 1 for _, _, tp, _, _ in runs)
+        assert any(pp > 1 for _, _, _, pp, _ in runs) and any(pp > 1 and dp * tp > 1 for _, dp, tp, pp, _ in runs)
+        assert any(rc == "full" for *_, rc in runs)
+        assert {m for m, *_ in runs} == {"gpt-s", "llama-m", "gpt-l"}
+
+
+def test_held_out_finds_a_run_by_its_configuration_not_its_index():
+    from planner.calibration.profile_grid import held_out
+
+    # The committed records were named under the earlier order: their indices no longer say the half.
+    assert held_out("03-llama-m-dp1tp2pp1-mb4-full") is False
+    assert held_out("02-gpt-s-dp1tp2pp1-mb8-none") is True
+    with pytest.raises(PlannerError, match="not a run of grid cpu"):
+        held_out("00-gpt-xl-dp1tp1pp1-mb4-none")

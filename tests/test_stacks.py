@@ -192,3 +192,21 @@ def test_a_v100_trains_in_fp16_with_standard_attention_and_says_so(capsys):
     assert "no bf16" in out["model_note"] and "FlashAttention needs an Ampere" in out["model_note"]
     assert cli_main(["estimate", "--params", "7B", "--gpu", "a100-80g", "--precision", "fp8"]) == 2
     assert "fp8" in capsys.readouterr().err
+
+
+# Each framework's data-parallel gradient bucket, from its documentation: torch DDP bucket_cap_mb
+# (25), torchtitan apply_ddp (replicate, bucket_cap_mb=100), Megatron-Core
+# DistributedDataParallelConfig.bucket_size (max(40M, 1M x dp) parameters, fp32 main gradients),
+# DeepSpeed allreduce/reduce_bucket_size (5e8 elements, 16-bit), Megatron-LM 2021 (one buffer).
+@pytest.mark.parametrize("stack, bucket_bytes", [
+    ("reference", 25 * 2**20), ("fsdp2", 100 * 2**20), ("fsdp2-2024", 100 * 2**20),
+    ("megatron-core", 40e6 * 4), ("deepspeed-zero", 5e8 * 2), ("megatron-2021", 0.0)])
+def test_each_stack_names_its_frameworks_gradient_bucket(stack, bucket_bytes):
+    assert get_stack(stack).dp_bucket_bytes == pytest.approx(bucket_bytes, rel=1e-3)
+
+
+def test_only_the_reference_stack_pays_per_tensor_optimizer_work_under_dtensor():
+    for name in stack_names():
+        s = get_stack(name)
+        assert s.optimizer_tensor_overhead_s == 0.0  # machine-specific: a calibrated profile sets it
+        assert s.dtensor_optimizer_ratio == (4.0 if name == "reference" else 1.0)

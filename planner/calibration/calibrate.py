@@ -37,6 +37,7 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     "tp_overlap": (0.0, 1.0, False),
     "layer_overhead_s": (1e-7, 0.05, True),
     "tp_collective_overhead_s": (1e-7, 0.05, True),
+    "optimizer_tensor_overhead_s": (1e-7, 0.01, True),
     "thread_scaling": (0.0, 1.0, False),
     "step_overhead_s": (1e-6, 10.0, True),
 }
@@ -46,7 +47,9 @@ def default_factors(runs: list[Measurement], base: HardwareProfile) -> tuple[str
     """The factors these runs can inform: the always-present ones, plus link bandwidth when any
     run communicates, the TP collective overhead when any uses tensor parallel, flash attention's
     efficiency when any uses it, and thread scaling on a CPU host when a process had cores to
-    spare. A factor no run exercises cannot be fitted."""
+    spare. A factor no run exercises cannot be fitted. ``optimizer_tensor_overhead_s`` is fitted only
+    when named (--factors): it is 1-3% of a small model's step, which the step times cannot tell
+    from the other per-step costs (benchmarks/calibration_cpu.py --mechanism measures it)."""
     factors = ["matmul", "memory", "layer_overhead_s"]
     if any(r.gpus > 1 for r in runs):
         factors.append("intra_node_bw")

@@ -26,18 +26,22 @@ CPU_MODELS = {
     "gpt-l": ["--arch", "gpt", "--layers", "8", "--hidden", "256", "--heads", "8", "--vocab", "1024",
               "--seq-len", "256", "--dropout", "0"],
 }
-# (model, dp, tp, pp, micro_batch, global_batch, recompute). Ordered in pairs of like runs, so that
-# even-indexed runs (to calibrate on) and odd-indexed runs (held out) cover the same kinds:
-# one process, dp, tp, pp and mixes, 1-4 processes, micro-batch 1-8, recompute none and full.
+# (model, dp, tp, pp, micro_batch, global_batch, recompute). Ordered in pairs of like runs: the
+# first of each pair (even index) is calibrated on, the second (odd index) held out, and both
+# halves see every mechanism: one process, dp, tp, pp, two-dimensional mixes with pp, full
+# recompute (with tp in one half, with dp in both), and each model shape (gpt-s, llama-m, gpt-l).
+# The pairs were chosen by what the runs exercise, before any error was looked at; an earlier
+# order put all three full-recompute runs in the held-out half. ``held_out`` finds a run's half
+# by its configuration, so records named under that order split the same way.
 GRIDS: dict[str, list[tuple[str, int, int, int, int, int, str]]] = {
     "cpu": [
-        ("gpt-s", 1, 1, 1, 4, 16, "none"), ("gpt-s", 2, 1, 1, 2, 16, "none"),
-        ("gpt-s", 1, 2, 1, 8, 16, "none"), ("llama-m", 1, 2, 1, 4, 8, "full"),
-        ("gpt-s", 1, 1, 2, 1, 16, "none"), ("llama-m", 1, 1, 2, 2, 16, "none"),
-        ("llama-m", 1, 1, 1, 2, 8, "none"), ("gpt-l", 1, 1, 1, 1, 4, "none"),
-        ("llama-m", 2, 1, 1, 4, 16, "none"), ("gpt-s", 2, 2, 1, 4, 16, "full"),
-        ("llama-m", 2, 1, 2, 2, 16, "none"), ("gpt-l", 2, 1, 1, 2, 8, "full"),
-        ("gpt-l", 1, 2, 2, 2, 8, "none"), ("gpt-l", 1, 1, 2, 4, 16, "none"),
+        ("gpt-s", 1, 1, 1, 4, 16, "none"), ("llama-m", 1, 1, 1, 2, 8, "none"),  # one process
+        ("llama-m", 2, 1, 1, 4, 16, "none"), ("gpt-s", 2, 1, 1, 2, 16, "none"),  # dp
+        ("llama-m", 1, 2, 1, 4, 8, "full"), ("gpt-s", 1, 2, 1, 8, 16, "none"),  # tp
+        ("gpt-s", 1, 1, 2, 1, 16, "none"), ("llama-m", 1, 1, 2, 2, 16, "none"),  # pp
+        ("gpt-s", 2, 2, 1, 4, 16, "full"), ("gpt-l", 2, 1, 1, 2, 8, "full"),  # dp, full recompute
+        ("gpt-l", 1, 2, 2, 2, 8, "none"), ("llama-m", 2, 1, 2, 2, 16, "none"),  # pp with tp or dp (4 processes)
+        ("gpt-l", 1, 1, 1, 1, 4, "none"), ("gpt-l", 1, 1, 2, 4, 16, "none"),  # gpt-l alone and in pp
     ],
 }
 GRIDS["cpu-ci"] = GRIDS["cpu"][:10]
@@ -57,6 +61,21 @@ GRIDS["gpu"] = [
 MODELS = {**CPU_MODELS, **GPU_MODELS}
 
 
+def run_name(i: int, model: str, dp: int, tp: int, pp: int, mb: int, rc: str) -> str:
+    return f"{i:02d}-{model}-dp{dp}tp{tp}pp{pp}-mb{mb}-{rc}"
+
+
+def held_out(label: str, grid: str = "cpu") -> bool:
+    """Whether the run named ``label`` (``NN-model-dpXtpYppZ-mbM-recompute``, its folder name) is
+    the held-out one of its pair in ``grid``: found by its configuration, not its index."""
+    halves = {run_name(i, m, dp, tp, pp, mb, rc).split("-", 1)[1]: i % 2 == 1
+              for i, (m, dp, tp, pp, mb, _, rc) in enumerate(GRIDS[grid])}
+    key = label.split("-", 1)[-1]
+    if key not in halves:
+        raise PlannerError("run", label, f"not a run of grid {grid} (NN-model-dpXtpYppZ-mbM-recompute)")
+    return halves[key]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GridRun:
     name: str
@@ -70,7 +89,7 @@ def grid_runs(grid: str, steps: int, runs_dir: Path, profile: str | None) -> lis
         raise PlannerError("steps", steps, "at least 4 (the first steps are warm-up, left out of the timing)")
     out = []
     for i, (model, dp, tp, pp, mb, gb, rc) in enumerate(GRIDS[grid]):
-        name = f"{i:02d}-{model}-dp{dp}tp{tp}pp{pp}-mb{mb}-{rc}"
+        name = run_name(i, model, dp, tp, pp, mb, rc)
         precision = "bf16" if grid.startswith("gpu") else "fp32"
         argv = [*MODELS[model], "--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--micro-batch", str(mb),
                 "--global-batch", str(gb), "--recompute", rc, "--precision", precision, "--steps", str(steps),

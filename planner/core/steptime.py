@@ -311,12 +311,21 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     ag3 = over(zcoll, param_bytes, 1.0) if has3 or has12 else 0.0  # ZeRO-1/2's step gather may be this call
     rs3 = (rs if zcoll is comm.group_collective else over(zcoll, grad_bytes, 1.0) + replica_ar) if has3 else 0.0
     hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
+    # Bucketed reduction (torch DDP, Megatron-Core, DeepSpeed; Li et al. 2020, PyTorch Distributed,
+    # Sec. 3.2.3): buckets fill in reverse parameter order and each is reduced once its gradients
+    # are ready, so the last one (the first layers and the embedding) starts only when the backward
+    # ends: at least that bucket is exposed, and a model that fits in one bucket is all exposed.
+    # The stack's ``dp_bucket_bytes`` (0: one bucket, reduced after the backward).
+    bucket = sw.stack.dp_bucket_bytes
+    last_bucket = grad_bytes if bucket <= 0 else np.minimum(grad_bytes, bucket)
+    ar_last = over(comm.group_collective, last_bucket, 2.0) if has0 else 0.0
+    rs_last = over(comm.group_collective, last_bucket, 1.0) if has12 else 0.0
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
     # the current block's compute. The first gather and the last reduce-scatter of a pass have
     # nothing to hide behind: one block's worth. A stack that keeps a pipeline stage's weights
     # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
-    zero3 = ag_step = zero2 = 0.0
+    zero3 = ag_step = zero1 = zero2 = 0.0
     if has3:
         edge = (ag3 + rs3) / np.maximum(layers_pace, 1)
         each = np.maximum(0.0, 2 * ag3 + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
@@ -329,9 +338,53 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # the same call as ag3
         ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
         ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
-        zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * np.maximum(0.0, rs - hidden) + ag_step
+        zero1 = np.maximum(rs_last, rs - hidden)
+        zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * zero1 + ag_step
+        zero1 = zero1 + ag_step
     return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
-                     [np.maximum(0.0, ar - hidden), np.maximum(0.0, rs - hidden) + ag_step, zero2], zero3)
+                     [np.maximum(ar_last, ar - hidden), zero1, zero2], zero3)
+
+
+def param_tensors(model: ModelSpec) -> tuple[float, float, float]:
+    """Parameter tensors, each its own optimizer entry: (per layer, the first stage's beyond its
+    layers, the last stage's beyond its layers), laid out as PyTorch modules hold them
+    (reference_trainer/model.py, torchtitan): fused QKV and one Linear per other matrix, each
+    bias and norm weight a tensor of its own; an MoE layer's experts stacked, one tensor per
+    matrix, plus the router. The embedding and learned positions on the first stage; the final
+    norm and an untied head on the last (a tied head is a copy there when pp > 1, not counted)."""
+    norm = model.norm_params // model.hidden  # LayerNorm: weight and bias; RMSNorm: weight
+    biases = 2 if model.has_bias else (1 if model.qkv_bias else 0)
+    attention = 2 + biases + (2 if model.qk_norm != "none" else 0)
+    mlp = (3 if model.gated_mlp else 2) + (2 if model.has_bias else 0)
+    router = model.moe_layers / model.layers if model.moe else 0.0
+    per_layer = 2 * norm + attention + mlp + router
+    return per_layer, 1.0 + model.learned_positions, norm + (0.0 if model.tied_embeddings else 1.0)
+
+
+def optimizer_host_time(model: ModelSpec, hw: HardwareProfile, c: Candidates, sw: Software, links: comm.Links,
+                        first: np.ndarray, fullest: np.ndarray, last: np.ndarray, busy) -> np.ndarray:
+    """Host work of the optimizer step that no byte count sees, on the stage with the most tensors:
+    an eager optimizer's per-tensor ops (the gradient norm's and clipping's foreach kernels,
+    torch.optim.AdamW's single-tensor loop on a CPU, zero_grad) at the profile's
+    ``optimizer_tensor_overhead_s`` each, times the stack's ``dtensor_optimizer_ratio`` where the
+    parameters are DTensors (tensor parallel, or ZeRO >= 1 sharded by FSDP2: every op dispatched
+    through DTensor; benchmarks/calibration_cpu.py --mechanism measures both on a host); then the
+    collectives of the step: the gradient norm's all-reduce over every rank (a few bytes: latency)
+    and, with tied embeddings under pp > 1, the embedding gradient's all-reduce between the first
+    and last stages (Narayanan et al. 2021, Sec. 4: Megatron-LM sums them there too)."""
+    e, act_grad = hw.efficiency, 4.0  # the tied gradient summed in fp32 (main gradients)
+    per_layer, embed, head = param_tensors(model)
+    tensors = np.where(c.pp > 1, np.maximum(np.maximum(first * per_layer + embed, fullest * per_layer),
+                                            last * per_layer + head), first * per_layer + embed + head)
+    dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
+    ratio = np.where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
+    host = tensors * e.optimizer_tensor_overhead_s * ratio
+    norm = comm.group_collective(links, np.full(len(c), 16.0), c.gpus, np.ones(len(c)), 2.0)
+    tied_bytes = act_grad * model.vocab * model.hidden / c.tp
+    tied = np.where((c.pp > 1) & model.tied_embeddings,
+                    comm.group_collective(links, tied_bytes, np.full(len(c), 2), c.gpus // c.pp * (c.pp - 1), 2.0),
+                    0.0)
+    return (host + norm + tied) * busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +448,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     p, v = c.pp, c.vpp.astype(float)
     p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len / c.cp * model.hidden, c.tp, c.shard_group) * busy
     pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
-    bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb)
+    # On a CPU host whose cores the processes time-share (busy > 1), the pipeline's fill and drain
+    # leave about half the stages idle: the working ones get their cores back and run those
+    # micro-batches up to ``busy`` times faster (one thread each, so never faster than alone).
+    ramp = np.maximum(1.0, np.asarray(busy) / 2) / busy
+    bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
@@ -418,6 +475,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, zg, 1)
                       + expert_share / np.where(c.zero_stage >= 1, zg / c.ep, 1))
     optimizer = held * optim_bytes_per_param / hbm * slow
+    optimizer = optimizer + optimizer_host_time(model, hw, c, sw, links, first, fullest, last, busy)
     if np.any(c.offload >= 1):
         offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, zg, 1),
                                 optim_bytes_per_param, layers_pace * lt.forward * slow,
