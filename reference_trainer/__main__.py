@@ -18,7 +18,7 @@ def trace_main(argv: list[str]) -> int:
     """The ``trace`` subcommand (reference_trainer/README.md, "Reading a recorded trace")."""
     import json
 
-    from reference_trainer.profiler import PROFILER_STEP, TraceError, analyse_trace, load_trace
+    from reference_trainer.trace import PROFILER_STEP, TraceError, analyse_trace, load_trace
 
     parser = argparse.ArgumentParser(prog="python -m reference_trainer trace",
                                      description="Book a recorded torch.profiler/Kineto Chrome trace by the "

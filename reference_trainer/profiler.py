@@ -5,7 +5,7 @@ A traced step is cut into intervals (profiler timestamps, one clock per process)
   ``Memcpy``/``Memset``, are neither compute nor communication);
 - collectives: ``gloo:*`` events on gloo's worker threads (the main thread's ``c10d::allreduce_``
   only records the enqueue), or NCCL collective kernels;
-- receives: ``gloo:recv``, or NCCL SendRecv kernels (pipeline parallel);
+- receives: ``gloo:recv``, or NCCL SendRecv kernels (pipeline parallel) that no all-to-all launched;
 - waits: DTensor's ``_c10d_functional::wait_tensor`` (tensor parallel's collectives). It can sit
   inside another op (``aten::add`` of a residual whose input is still being all-reduced), so its
   span is cut out of the compute intervals: the innermost op decides, and waiting is never compute.
@@ -19,21 +19,20 @@ parallel's (DDP's and FSDP2's collectives do not go through ``wait_tensor``).
 A receive lasts until its peer has sent, so the idle time includes the transfer, which neither
 gloo nor NCCL lets us tell apart from waiting; with small activations it is a small part.
 
-The same rules (``classify``, then ``book``) read a recorded trace: ``analyse_trace`` books a Chrome
-trace written by torch.profiler's ``export_chrome_trace`` or Kineto, step by step (``ProfilerStep#N``),
-where an NCCL send-receive kernel launched by an all-to-all is a collective, not pipeline traffic.
+NCCL runs an all-to-all as grouped sends and receives (one ``SendRecv`` kernel, the kernel of pipeline
+point-to-point too): the communication op around the kernel's launch (``launching_op``) tells them
+apart, so a SendRecv launched by an all-to-all is a collective and one launched by send/recv stays a
+receive. The same rules (``classify``, ``book``, ``launching_op``) read a recorded trace
+(reference_trainer/trace.py: ``python -m reference_trainer trace FILE``).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import os
 import resource
 import threading
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 from planner.core.step_parts import STEPTIME_FIELDS
@@ -52,15 +51,18 @@ EXCHANGE_MARKS = ("rt:cp_comm", "rt:all_to_all")
 # GPU memory traffic (the names torch.profiler and Kineto give copies and fills): neither compute
 # nor communication, as HolisticTraceAnalysis books them ("MEMORY" kernels).
 GPU_MEMORY_OPS = ("Memcpy", "Memset")
-# Collectives that NCCL runs as grouped sends and receives (one SendRecv kernel): the c10d op that
-# launched the kernel tells them from pipeline point-to-point, where a recorded trace names it.
+# Collectives that NCCL runs as grouped sends and receives (one SendRecv kernel): the op that
+# launched the kernel tells them from pipeline point-to-point (send, recv, batch_isend_irecv).
 GROUPED_P2P_COLLECTIVES = ("all_to_all", "alltoall")
+# CPU ops that launch communication: ProcessGroupNCCL's annotations (``nccl:all_to_all``, ``nccl:send
+# 0->1``), the c10d ops (``c10d::alltoall_base_``, ``c10d::recv_``) and functional collectives.
+COMM_OPS = ("nccl:", "c10d::", "_c10d_functional::", "c10d_functional::")
 
 
 class Span(NamedTuple):
     """One traced event: name, start and end (microseconds), whether it ran on the GPU, and for
-    an NCCL kernel the communication op that launched it when the trace says (``nccl:all_to_all``,
-    Kineto's ``Collective name``), else None."""
+    an NCCL kernel the communication op that launched it (``launching_op``; in a recorded trace
+    also Kineto's ``Collective name``), else None."""
 
     name: str
     start: float
@@ -69,12 +71,40 @@ class Span(NamedTuple):
     launcher: str | None = None
 
 
+def launching_op(ops: list[tuple[str, float, float]], launch_us: float) -> str | None:
+    """The innermost communication op (a name starting with ``COMM_OPS``) among ``ops`` (name,
+    start, end: the CPU ops of the thread that launched a kernel) whose span holds the launch;
+    None when no communication op was running (innermost: the latest to start). The one rule for
+    live and recorded traces."""
+    around = [(a, name) for name, a, b in ops if a <= launch_us <= b and name.startswith(COMM_OPS)]
+    return max(around)[1] if around else None
+
+
 def spans(events) -> list[Span]:
-    """torch.profiler FunctionEvents (``prof.events()``) as spans."""
+    """torch.profiler FunctionEvents (``prof.events()``) as spans. A GPU kernel's
+    ``linked_correlation_id`` is the id of the CPU op that was innermost when it was launched
+    (torch/autograd/profiler.py ``_parse_kineto_results`` fills ``FunctionEvent.kernels`` from the
+    same link; those ``Kernel`` records carry no start time): an NCCL kernel's launcher is the
+    communication op around that op's start on its thread (``launching_op``)."""
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
-    return [Span(e.name, float(e.time_range.start), float(e.time_range.end), e.device_type == cuda) for e in events]
+    ops = {e.id: e for e in events if e.device_type != cuda and not e.linked_correlation_id}
+    comm: dict[int, list[tuple[str, float, float]]] = {}
+    for e in ops.values():
+        if e.name.startswith(COMM_OPS):
+            comm.setdefault(e.thread, []).append((e.name, float(e.time_range.start), float(e.time_range.end)))
+
+    def launcher(kernel) -> str | None:
+        op = ops.get(kernel.linked_correlation_id) if kernel.linked_correlation_id else None
+        return None if op is None else launching_op(comm.get(op.thread, []), float(op.time_range.start))
+
+    out = []
+    for e in events:
+        gpu = e.device_type == cuda
+        who = launcher(e) if gpu and "nccl" in e.name.lower() else None
+        out.append(Span(e.name, float(e.time_range.start), float(e.time_range.end), gpu, who))
+    return out
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -166,8 +196,8 @@ def nccl_kind(kernel: str, launcher: str | None = None) -> str | None:
     """An NCCL kernel's role from its name (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``,
     ``ncclDevKernel_SendRecv``, ``ncclKernel_ReduceScatter_...``): "p2p" for receives and
     send-receives (pipeline parallel), "send" for a lone send (the receiver books the wait),
-    "collective" for the rest, and for a send-receive that an all-to-all launched (``launcher``,
-    known in recorded traces); None for a kernel that is not NCCL's (compute)."""
+    "collective" for the rest, and for any NCCL kernel that an all-to-all launched (``launcher``:
+    the op that launched it, ``launching_op``); None for a kernel that is not NCCL's (compute)."""
     if "nccl" not in kernel.lower():
         return None
     if launcher is not None and any(c in launcher.lower() for c in GROUPED_P2P_COLLECTIVES):
@@ -200,111 +230,6 @@ def book(c: dict, step: tuple[float, float], fb: tuple[float, float]) -> dict[st
             "comm_exposed_tp_s": length(tp_exposed) / 1e6, "bubble_s": length(idle) / 1e6,
             "fwd_bwd_s": (fb[1] - fb[0]) / 1e6, "busy_s": length(busy_fb) / 1e6,
             "step_window_s": (step[1] - step[0]) / 1e6, "comm_alone_s": length(alone) / 1e6}
-
-
-# --- recorded traces (torch.profiler's export_chrome_trace, Kineto) ------------------------------
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-PROFILER_STEP = "ProfilerStep#"
-
-
-class TraceError(ValueError):
-    """A file that is not a Chrome trace this reader can book (one line: the file and why)."""
-
-
-def load_trace(path) -> list[dict]:
-    """The events of a Chrome trace JSON (``.json`` or ``.json.gz``), as torch.profiler's
-    ``export_chrome_trace`` and Kineto write it: ``{"traceEvents": [...]}`` or a bare list."""
-    path = Path(path)
-    try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{path}: cannot read a JSON trace ({type(exc).__name__}: {exc})") from None
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise TraceError(f"{path}: no 'traceEvents' list (a Chrome trace from torch.profiler is expected)")
-    return [e for e in events if isinstance(e, dict)]
-
-
-def _complete(events: list[dict]) -> list[dict]:
-    """Complete events with a name, numeric times and args as a dict; without the GPU-timeline
-    copies of CPU annotations (gpu_user_annotation), which would duplicate the marks."""
-    return [{**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}} for e in events
-            if e.get("ph") == "X" and isinstance(e.get("name"), str) and isinstance(e.get("ts"), (int, float))
-            and isinstance(e.get("dur", 0), (int, float)) and e.get("cat") != "gpu_user_annotation"]
-
-
-def trace_spans(events: list[dict]) -> list[Span]:
-    """Complete events ("ph": "X"; "ts"/"dur" in microseconds) as spans: GPU work (categories
-    kernel, gpu_memcpy, gpu_memset) on the GPU, the rest (cpu_op, user_annotation, cuda_runtime,
-    gpu_user_annotation, ...) not. An NCCL kernel's launcher is Kineto's ``Collective name`` when
-    written, else the innermost ``nccl:*`` op around its launch (the cuda_runtime event with the
-    kernel's correlation id, on the same process and thread)."""
-    xs = _complete(events)
-    launches = {e["args"]["correlation"]: e for e in xs if e.get("cat") == "cuda_runtime" and "correlation" in e["args"]}
-    comm_ops = [e for e in xs if e["name"].startswith("nccl:") and e.get("cat") not in GPU_CATEGORIES]
-
-    def launcher(kernel: dict) -> str | None:
-        args = kernel["args"]
-        if args.get("Collective name"):
-            return str(args["Collective name"])
-        run = launches.get(args.get("correlation"))
-        if run is None:
-            return None
-        around = [o for o in comm_ops if (o.get("pid"), o.get("tid")) == (run.get("pid"), run.get("tid"))
-                  and o["ts"] <= run["ts"] <= o["ts"] + o.get("dur", 0)]
-        return max(around, key=lambda o: o["ts"])["name"] if around else None
-
-    out = []
-    for e in xs:
-        gpu = e.get("cat") in GPU_CATEGORIES
-        who = launcher(e) if gpu and "nccl" in e["name"].lower() else None
-        out.append(Span(e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), gpu, who))
-    return out
-
-
-def trace_steps(events: list[dict]) -> dict[str, tuple[float, float]]:
-    """Each ``ProfilerStep#N`` annotation (what ``torch.profiler.profile.step()`` writes) -> its
-    window: the span on the GPU of the work launched inside it (kernels, copies and fills whose
-    cuda_runtime launch, matched by correlation id, starts within the annotation on any thread
-    of its process), as HolisticTraceAnalysis assigns kernels to iterations; the annotation's own
-    span when it launched no GPU work (a CPU trace)."""
-    xs = _complete(events)
-    gpu_by_corr = {}
-    for e in xs:
-        if e.get("cat") in GPU_CATEGORIES and "correlation" in e["args"]:
-            gpu_by_corr.setdefault(e["args"]["correlation"], []).append(e)
-    runs = [e for e in xs if e.get("cat") == "cuda_runtime" and e["args"].get("correlation") in gpu_by_corr]
-    steps = {}
-    for m in (e for e in xs if e["name"].startswith(PROFILER_STEP)):
-        lo, hi = float(m["ts"]), float(m["ts"]) + float(m.get("dur", 0))
-        work = [k for r in runs if r.get("pid") == m.get("pid") and lo <= r["ts"] < hi
-                for k in gpu_by_corr[r["args"]["correlation"]]]
-        steps[m["name"]] = ((min(k["ts"] for k in work), max(k["ts"] + k.get("dur", 0) for k in work))
-                            if work else (lo, hi))
-    return steps
-
-
-def analyse_trace(events: list[dict], step: str | None = None) -> dict[str, dict[str, float]]:
-    """Seconds of each step of a recorded trace (or of ``step`` alone, e.g. "ProfilerStep#5"),
-    booked by the same ``classify``/``book`` rules as the live profiler. Windows: the trainer's
-    own marks (rt:step, rt:fwd_bwd) when the trace has them (a trace of this trainer; one step,
-    named by rt:step); otherwise each ProfilerStep#N's window (``trace_steps``) serves as both the
-    step and the forward-backward window, since a recorded trace does not say where forward-
-    backward ends: the optimizer's and other work's time then counts as forward-backward too."""
-    sp = trace_spans(events)
-    c = classify(sp, "cuda" if any(s.gpu for s in sp) else "cpu")
-    if STEP_MARK in c["marks"] and FWD_BWD_MARK in c["marks"]:
-        windows = {STEP_MARK: (c["marks"][STEP_MARK], c["marks"][FWD_BWD_MARK])}
-    else:
-        windows = {name: (w, w) for name, w in trace_steps(events).items()}
-    if step is not None:
-        if step not in windows:
-            raise TraceError(f"step {step!r} not in the trace (steps found: {', '.join(windows) or 'none'})")
-        windows = {step: windows[step]}
-    if not windows:
-        raise TraceError("no step in the trace: neither ProfilerStep#N annotations nor the marks rt:step, rt:fwd_bwd")
-    return {name: book(c, w_step, w_fb) for name, (w_step, w_fb) in windows.items()}
 
 
 def tracer(device_type: str):

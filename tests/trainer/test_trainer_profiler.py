@@ -1,8 +1,10 @@
-"""The profiler: interval arithmetic, communication on a dp=2 run, the pipeline bubble, NVML."""
+"""The profiler: interval arithmetic, communication on a dp=2 run, the pipeline bubble, NVML; the
+recorded-trace reader (reference_trainer/trace.py) and the live path on the same recorded steps."""
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -10,7 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reference_trainer import profiler  # noqa: E402
+from torch.autograd.profiler_util import FunctionEvent  # noqa: E402
+
+from reference_trainer import profiler, trace  # noqa: E402
 from reference_trainer.record import load_record  # noqa: E402
 from tests.trainer.helpers import explain  # noqa: E402
 
@@ -31,13 +35,16 @@ def test_waiting_tails():
     assert profiler.waiting_tails(ops, busy) == [(10, 18), (31, 40)]
 
 
-class _Event:
-    """What profiler.classify reads of a torch.profiler FunctionEvent."""
+_ids = itertools.count(1)
 
-    def __init__(self, name, start, end, device="cpu"):
-        self.name = name
-        self.time_range = type("R", (), {"start": start, "end": end})()
-        self.device_type = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
+
+def _Event(name, start, end, device="cpu", *, id=None, thread=1, linked=0):
+    """A real torch.profiler FunctionEvent, as ``prof.events()`` holds them: a CPU op has its own
+    id and ``linked_correlation_id`` 0; a GPU kernel links to the id of the CPU op that was
+    innermost at its launch (torch/autograd/profiler.py ``_parse_kineto_results``)."""
+    return FunctionEvent(id=next(_ids) if id is None else id, name=name, thread=thread, start_us=start, end_us=end,
+                         device_type=torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU,
+                         linked_correlation_id=linked)
 
 
 def test_a_wait_nested_inside_an_op_is_communication():
@@ -98,7 +105,7 @@ def test_the_same_timeline_as_a_chrome_trace_is_booked_the_same():
     chrome = [{"ph": "X", "cat": "kernel" if e["device"] == "cuda" else "user_annotation", "name": e["name"],
                "pid": 0 if e["device"] == "cuda" else 1, "tid": 7 if e["device"] == "cuda" else 1,
                "ts": e["start"], "dur": e["end"] - e["start"]} for e in data["events"]]
-    assert profiler.analyse_trace(chrome) == {"rt:step": live}
+    assert trace.analyse_trace(chrome) == {"rt:step": live}
 
 
 # Recorded traces (tests/trainer/fixtures/README.md): one ProfilerStep each, trimmed from
@@ -109,13 +116,18 @@ def test_the_same_timeline_as_a_chrome_trace_is_booked_the_same():
 # kernels, printed to 0.01; compute_us and window_us: get_temporal_breakdown's compute_time and
 # kernel_time (the span of the step's kernels). With HTA's default ns rounding the DDP trace reads
 # 13.86% and 37544 us instead (each kernel rounded inwards to whole microseconds).
+# kernels: the step's NCCL kernels by Kineto's "Collective name" or else the nccl:* annotation
+# around their launch; launchers: by the annotation alone, what a live FunctionEvent links to
+# (the counts the fixtures' README gives, 7 SendRecv kernels under nccl:all_to_all).
 RECORDED = {
     "kineto_ddp_allreduce_a100.json.gz": {"step": "ProfilerStep#5", "comm_total_us": 12300.029, "overlap_pct": 14.31,
                                           "compute_us": 38429.422, "window_us": 213532.750,
-                                          "kernels": {"allreduce": 5, "broadcast": 2}},
+                                          "kernels": {"allreduce": 5, "broadcast": 2},
+                                          "launchers": {"nccl:all_reduce": 5, "nccl:broadcast": 2}},
     "kineto_alltoall_allreduce_a100.json.gz": {"step": "ProfilerStep#1010", "comm_total_us": 21122.0,
                                                "overlap_pct": 41.71, "compute_us": 47024.0, "window_us": 76422.0,
-                                               "kernels": {"nccl:all_to_all": 7, "nccl:all_reduce": 3}},
+                                               "kernels": {"nccl:all_to_all": 7, "nccl:all_reduce": 3},
+                                               "launchers": {"nccl:all_to_all": 7, "nccl:all_reduce": 3}},
 }
 
 
@@ -142,7 +154,7 @@ def test_recorded_nccl_kernels_are_classified_by_their_launching_op(name):
     events = _trace(name)
     op = _launching_comm_op(events)
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    launcher = {(s.name, s.start): s.launcher for s in profiler.trace_spans(events) if s.gpu}
+    launcher = {(s.name, s.start): s.launcher for s in trace.trace_spans(events) if s.gpu}
     seen = {}
     for k in kernels:
         kind = profiler.nccl_kind(k["name"], launcher[(k["name"], float(k["ts"]))])
@@ -180,7 +192,7 @@ def _independent_booking(events: list[dict]) -> tuple[float, float]:
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_recorded_step_is_booked_as_hta_and_an_independent_count_say(name):
     hta, events = RECORDED[name], _trace(name)
-    out = profiler.analyse_trace(events)
+    out = trace.analyse_trace(events)
     assert list(out) == [hta["step"]]
     got = {k: v * 1e6 for k, v in out[hta["step"]].items()}  # microseconds
     total, exposed = _independent_booking(events)
@@ -194,6 +206,83 @@ def test_recorded_step_is_booked_as_hta_and_an_independent_count_say(name):
     assert got["comm_exposed_s"] == pytest.approx(exposed, abs=0.01)
     assert 0 < got["comm_exposed_s"] <= got["comm_alone_s"] <= got["comm_total_s"]
     assert got["bubble_s"] == 0.0 and got["comm_exposed_tp_s"] == 0.0
+
+
+def test_live_sendrecv_is_booked_by_the_op_that_launched_it():
+    # Hand-laid GPU step: compute kernels 0-20 and 60-70; two NCCL SendRecv kernels. The first
+    # (30-50) was launched inside c10d::alltoall_base_ / nccl:all_to_all on the training thread
+    # (expert parallel's all_to_all_single), the second (75-90) inside c10d::recv_ / nccl:recv 1<-0
+    # (pipeline parallel). Each kernel links to the innermost CPU op at its launch.
+    a2a, recv = _Event("nccl:all_to_all", 4, 6), _Event("nccl:recv 1<-0", 64, 66)
+    events = [_Event("rt:step", 0, 100), _Event("rt:fwd_bwd", 0, 100), _Event("c10d::alltoall_base_", 3, 8), a2a,
+              _Event("c10d::recv_", 63, 68), recv, _Event("aten::mm", 1, 2), _Event("aten::mm", 58, 59),
+              _Event("gemm", 0, 20, "cuda"), _Event("ncclDevKernel_SendRecv", 30, 50, "cuda", linked=a2a.id),
+              _Event("gemm", 60, 70, "cuda"), _Event("ncclDevKernel_SendRecv", 75, 90, "cuda", linked=recv.id)]
+    assert [s.launcher for s in profiler.spans(events) if s.gpu and "nccl" in s.name] == ["nccl:all_to_all",
+                                                                                        "nccl:recv 1<-0"]
+    out = profiler.analyse(events, "cuda")
+    # The all-to-all is a collective: 20 us, ends at 50 while nothing computes since 20: exposed
+    # 30-50 (from its own start). The receive ends at 90, compute ended at 70: idle 75-90.
+    assert out["comm_total_s"] == pytest.approx(20e-6) and out["comm_exposed_s"] == pytest.approx(20e-6)
+    assert out["bubble_s"] == pytest.approx(15e-6) and out["busy_s"] == pytest.approx(30e-6)
+    # Unlinked (by name alone), both SendRecv kernels were receives: 35 us of idle, no communication.
+    unlinked = [_Event(e.name, e.time_range.start, e.time_range.end, "cuda" if e.device_type != torch.autograd.
+                       DeviceType.CPU else "cpu") for e in events]
+    before = profiler.analyse(unlinked, "cuda")
+    assert before["bubble_s"] == pytest.approx(35e-6) and before["comm_total_s"] == 0.0
+
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _as_live_events(events: list[dict], link: bool = True) -> list[FunctionEvent]:
+    """A recorded step as torch.profiler's live FunctionEvents (what ``_parse_kineto_results``
+    builds): CPU ops and annotations with their External id; each GPU kernel, copy and fill linked
+    to the CPU op that was innermost on the launching thread at its cudaLaunchKernel (Kineto's
+    link; these traces record the launch by correlation id). The marks rt:step and rt:fwd_bwd span
+    the step's GPU work, read here from the raw JSON."""
+    xs = [e for e in events if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation"]
+    ops = [e for e in xs if e.get("cat") in ("cpu_op", "user_annotation")]
+    by_tid: dict = {}
+    for o in ops:
+        by_tid.setdefault(o["tid"], []).append(o)
+    launch = {e["args"]["correlation"]: e for e in xs if e.get("cat") == "cuda_runtime"}
+
+    def innermost(r: dict) -> int:
+        around = [o for o in by_tid.get(r["tid"], []) if o["ts"] <= r["ts"] <= o["ts"] + o["dur"]]
+        return max(around, key=lambda o: o["ts"])["args"]["External id"] if around else 0
+
+    live = [_Event(o["name"], o["ts"], o["ts"] + o["dur"], id=o["args"]["External id"], thread=o["tid"]) for o in ops]
+    gpu = [e for e in xs if e.get("cat") in GPU_CATEGORIES]
+    for k in gpu:
+        linked = innermost(launch[k["args"]["correlation"]]) if link and "nccl" in k["name"].lower() else 0
+        live.append(_Event(k["name"], k["ts"], k["ts"] + k["dur"], "cuda", id=k["args"]["correlation"], thread=k["tid"],
+                           linked=linked))
+    lo, hi = min(k["ts"] for k in gpu), max(k["ts"] + k["dur"] for k in gpu)
+    return live + [_Event(profiler.STEP_MARK, lo, hi, id=-1), _Event(profiler.FWD_BWD_MARK, lo, hi, id=-2)]
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_live_booking_of_a_recorded_step_equals_the_trace_readers(name):
+    # The live path on the recorded step rebuilt as FunctionEvents: the same figures as the trace
+    # reader (which agrees with HTA above), the all-to-all's SendRecv kernels booked as collectives.
+    hta, events = RECORDED[name], _trace(name)
+    live_events = _as_live_events(events)
+    live = profiler.analyse(live_events, "cuda")
+    assert live == trace.analyse_trace(events)[hta["step"]]
+    assert live["step_window_s"] * 1e6 == pytest.approx(hta["window_us"], abs=0.01)
+    assert live["comm_total_s"] * 1e6 == pytest.approx(hta["comm_total_us"], abs=0.01)
+    assert live["busy_s"] * 1e6 == pytest.approx(hta["compute_us"], abs=0.01)
+    assert live["bubble_s"] == 0.0
+    launchers = [s.launcher for s in profiler.spans(live_events) if s.gpu and "nccl" in s.name.lower()]
+    assert {who: launchers.count(who) for who in set(launchers)} == hta["launchers"]
+    # Unlinked (the name-only rule), the all-to-all's kernels become pipeline receives: only the
+    # all-reduces' kernel time is communication, and the step shows idle time.
+    before = profiler.analyse(_as_live_events(events, link=False), "cuda")
+    sendrecv = [e for e in events if e.get("cat") == "kernel" and "SendRecv" in e["name"]]
+    nccl = sum(e["dur"] for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+    assert before["comm_total_s"] * 1e6 == pytest.approx(nccl - sum(e["dur"] for e in sendrecv), abs=0.01)
+    assert (before["bubble_s"] > 0) == bool(sendrecv)
 
 
 def test_trace_command_prints_a_step_and_rejects_bad_files(tmp_path, capsys):
