@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from reference_trainer import exchange, faults, profiler, record
+from reference_trainer.board import Board, predicted
 from reference_trainer.checkpoint import Checkpointer
 from reference_trainer.config import ConfigError, RunConfig, config_to_dict
 from reference_trainer.data import TokenSource, make_loader, split
@@ -337,7 +338,7 @@ def _open_board(config: RunConfig, device: torch.device, world: int, log: Log):
     """TensorBoard event files under the run folder, with the planner's prediction beside the
     measured figures; None (and a line saying why) without tensorboard."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
-    prediction, why = profiler.predicted(config, name, world)
+    prediction, why = predicted(config, name, world)
     if why:
         log(why)
     metrics = None
@@ -351,7 +352,7 @@ def _open_board(config: RunConfig, device: torch.device, world: int, log: Log):
         except OSError as exc:
             log(f"metrics endpoint not started: port {config.profile.metrics_port}: {exc}")
             metrics = None
-    board = profiler.Board(config.run_dir / "tensorboard", prediction, metrics)
+    board = Board(config.run_dir / "tensorboard", prediction, metrics)
     why = board.open() if config.profile.tensorboard else None
     if why:
         log(why)

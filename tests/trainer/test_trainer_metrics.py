@@ -28,7 +28,7 @@ def test_exposition_by_hand():
 
 def test_the_board_serves_what_it_writes_over_http(tmp_path):
     pytest.importorskip("torch")
-    from reference_trainer.profiler import Board
+    from reference_trainer.board import Board
 
     server = MetricsServer({"run": "t"})
     port = server.start(0, host="127.0.0.1")
