@@ -34,7 +34,6 @@ import threading
 import time
 from typing import NamedTuple
 
-
 # torch is imported where it is used, so reading a recorded trace (``python -m reference_trainer
 # trace FILE``) starts without it.
 
