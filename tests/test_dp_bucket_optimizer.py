@@ -102,13 +102,17 @@ def test_the_gradient_norm_is_all_reduced_over_every_rank():
     assert float(two.optimizer[0] - one.optimizer[0]) == pytest.approx(ring_s(H100, 16, 2), rel=1e-6)
 
 
-@pytest.mark.parametrize("dp, ramp", [(1, 1.0), (2, 0.5)])
-def test_a_time_shared_host_runs_the_pipeline_fill_and_drain_with_the_idle_stages_cores(dp, ramp):
-    # 2 cores: pp2 (2 processes, one core each) keeps its pace in the bubble; pp2 x dp2 (4 processes,
-    # 2 per core) runs the fill and drain with half of them idle, at one process per core: twice as fast.
+@pytest.mark.parametrize("dp, slots", [(1, 4 + 1), (2, 4)])
+def test_a_time_shared_host_keeps_its_cores_busy_through_the_pipeline_fill_and_drain(dp, slots):
+    # 2 cores, pp2, m = 4 micro-batches. pp2 alone (2 processes, a core each): the 1F1B step is
+    # m + p - 1 = 5 micro-batch slots. pp2 x dp2 (4 processes, 2 per core): while one stage idles in
+    # the fill and drain, the other's 2 processes have the 2 cores to themselves and run twice as
+    # fast, so the cores never idle and the step is the work, 4 processes x m / 2 cores = m slots
+    # at the shared pace (the bubble, (p-1) slots at half that pace, is absorbed by the stage that
+    # runs alone). X: one micro-batch at the shared pace, from the bubble.
     cpu = load_profile_file("benchmarks/runs/cpu-2core/probed.toml")
     lay = Layout(dp=dp, tp=1, pp=2, micro_batch=2, global_batch=8 * dp)
     t = times(SMALL, lay, hw=cpu, step_jitter=0.0, step_overhead_s=0.0)
-    m = 4
-    per_micro_batch = float(t.compute[0] + t.other[0] + t.tp_comm[0] + t.pp_comm[0]) / m
-    assert float(t.bubble[0]) == pytest.approx((2 - 1) * per_micro_batch * ramp, rel=1e-9)
+    x = float(t.bubble[0]) / (1.0 if dp == 1 else 0.5)
+    pipeline = float(t.compute[0] + t.other[0] + t.tp_comm[0] + t.pp_comm[0] + t.bubble[0])
+    assert pipeline == pytest.approx(slots * x, rel=1e-9)

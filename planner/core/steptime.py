@@ -451,8 +451,13 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # On a CPU host whose cores the processes time-share (busy > 1), the pipeline's fill and drain
     # leave about half the stages idle: the working ones get their cores back and run those
     # micro-batches up to ``busy`` times faster (one thread each, so never faster than alone).
+    # Each stage runs (p-1)/v micro-batches' worth of its work in that phase, where the others
+    # idle: the bubble shortens by ``ramp``, and so do those micro-batches (``runs``: the
+    # micro-batches' worth of time at the shared pace). A host with a core per process (busy 1),
+    # and every GPU, keeps m and the whole bubble.
     ramp = np.maximum(1.0, np.asarray(busy) / 2) / busy
     bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
+    runs = np.maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
@@ -487,9 +492,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
 
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
-    busy_s = m * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
+    busy_s = runs * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
     stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(c.gpus.astype(float)))
-    return StepTime(compute=m * (compute_mb - overhead_mb), tp_comm=m * tp_mb, cp_comm=m * cp_mb, ep_comm=m * ep_mb,
-                    pp_comm=m * pp_mb,
+    return StepTime(compute=runs * (compute_mb - overhead_mb), tp_comm=runs * tp_mb, cp_comm=runs * cp_mb,
+                    ep_comm=runs * ep_mb, pp_comm=runs * pp_mb,
                     dp_comm=dp,
-                    bubble=bubble, optimizer=optimizer, other=m * overhead_mb + e.step_overhead_s + stragglers)
+                    bubble=bubble, optimizer=optimizer, other=runs * overhead_mb + e.step_overhead_s + stragglers)
