@@ -249,7 +249,7 @@ def main() -> None:
     runs, skipped = load_measurements([str(grid)])
     for line in skipped:
         print("skipped", line)
-    train, test = split(runs, "cpu-ci" if a.grid == "cpu-ci" else "cpu")
+    train, test = split(runs, a.grid)
     factors = tuple(a.factors.split(",")) if a.factors else None
     fits = (("fit on step time", False), ("fit on the parts of the step", True))
     for name, parts in fits[1:] if a.parts else fits:
