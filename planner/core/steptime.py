@@ -3,8 +3,10 @@
 Per micro-batch and pipeline stage: GEMMs at a size-dependent fraction of peak (bounded below by
 their memory traffic, the roofline), attention core, element-wise kernels as bytes over HBM
 bandwidth, tensor-parallel collectives; then the pipeline (1F1B, interleaved, GPipe) with its
-bubble and point-to-point sends, the data-parallel gradient reduction with the part hidden
-behind backward, and the optimizer step as memory-bound work.
+bubble and point-to-point sends (on a CPU host whose processes share cores, the stage that runs
+alone in the fill and drain runs faster), the data-parallel gradient reduction with the part
+hidden behind backward (never the last bucket), and the optimizer step as memory-bound work plus
+its host work per parameter tensor and its all-reduces.
 """
 
 from __future__ import annotations
