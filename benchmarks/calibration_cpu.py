@@ -241,6 +241,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     probe, grid = out / "probed.toml", out / "grid"
     start = time.perf_counter()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start ({os.cpu_count()} cores): "
+          "other work on the cores slows the runs, two-thread ones most")
     if not (a.reuse and probe.exists()):
         planner("probe", "--out", str(probe), "--nprocs", "2")
     if not (a.reuse and grid.exists()):
@@ -257,7 +260,8 @@ def main() -> None:
         print(f"\n== {name}: calibrated on {len(train)} runs")
         print(describe_fit(fit, train))
         report(name, test, base, base.with_efficiency(fit.efficiency))
-    print(f"total {time.perf_counter() - start:.0f} s")
+    load = os.getloadavg()
+    print(f"total {time.perf_counter() - start:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
 
 
 if __name__ == "__main__":
