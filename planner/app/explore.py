@@ -10,6 +10,7 @@ table of layouts; the plan, its runners-up, the nearest fit and the pin suggesti
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -320,24 +321,100 @@ class HardwareRow:
 
 def _comparison(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
     """`planner compare` (planner.decisions.decide.compare) for the job of ``values`` on every
-    profile, each at its own price per GPU-hour; never raises when nothing fits."""
+    profile, each at its own price per GPU-hour; never raises when nothing fits. The long way:
+    ``compare_hardware`` and ``sweep`` give its figures with less work."""
+    from planner.decisions.decide import compare
+
+    x, options = _options(values, profiles)
+    return compare(x.model, options, tuple(counts), strict=False)
+
+
+def _options(values: Mapping[str, object], profiles: Sequence[str] | None) -> tuple:
+    """(the inputs of ``values``, every profile as a `planner compare` option: its own price, the
+    precision it has)."""
     from planner.core.options import build_inputs
-    from planner.decisions.decide import compare, options_for
-    from planner.hardware import get_profile, gpu_profile_names
+    from planner.decisions.decide import options_for
+    from planner.hardware import get_profile
 
     x = build_inputs({**values, "gpus": 1})
-    hws = [get_profile(name) for name in profiles or gpu_profile_names()]
+    hws = [get_profile(name) for name in profiles or _gpu_profile_names()]
     job = x.job.replace(price_usd_per_gpu_hour=None)
-    return compare(x.model, options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws)), tuple(counts),
-                   strict=False)
+    return x, options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws))
+
+
+@functools.cache
+def _gpu_profile_names() -> tuple[str, ...]:
+    """planner.hardware.gpu_profile_names, once per process (it reads every profile file, and the
+    profiles it can name are fixed at the first look-up: planner.hardware._index)."""
+    from planner.hardware import gpu_profile_names
+
+    return tuple(gpu_profile_names())
+
+
+def _counts_table(model, option, counts: Sequence[int], tables: dict):
+    """The layouts of ``counts`` for an option's job and GPUs per node as one table
+    (planner.core.search.counts_table), kept in ``tables`` for the options that share them, and
+    the counts where enumerating failed (no valid layout)."""
+    from planner.core.search import counts_table, enumerate_layouts
+
+    for n in counts:
+        if (n, option.job) not in tables:
+            try:
+                tables[n, option.job] = enumerate_layouts(model, n, option.job)[0]
+            except PlannerError:
+                tables[n, option.job] = None
+    key = (option.job, option.hardware.network.gpus_per_node, tuple(counts))
+    if key not in tables:
+        tables[key] = counts_table({n: tables[n, option.job] for n in counts if tables[n, option.job] is not None},
+                                   key[1])
+    return tables[key]
+
+
+def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None = None) -> tuple:
+    """(option, planner.decisions.decide.Probe) for every option and count, counts ascending within
+    each option: what `planner compare` finds (``_comparison``), each count's best layout found by
+    planner.core.search.fastest_fitting_bounded (the same layout, with the step time of far fewer
+    layouts). A count without a valid layout is probed the long way, for its reason."""
+    from planner.core.results import estimate_at
+    from planner.core.search import fastest_fitting_bounded, least_memory
+    from planner.decisions.decide import Probe, probe
+    from planner.units import GIB
+
+    x, options = _options(values, profiles)
+    counts = sorted(set(counts))
+    tables: dict = {}
+    out = []
+    for o in options:
+        hw, cap = o.hardware, o.hardware.gpu.memory_bytes
+        table = _counts_table(x.model, o, counts, tables)
+        try:
+            best = fastest_fitting_bounded(x.model, hw, o.job, table) if table[0] else {}
+            least = least_memory(x.model, hw, o.job, table) if set(table[0]) - set(best) else {}
+        except PlannerError:  # the precision, say: every count the long way, for its reason
+            best, least = {}, {}
+        sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
+        for n in counts:
+            if n in best:
+                try:
+                    p = Probe(gpu=hw.name, gpus=n, best=estimate_at(best[n], 0, x.model, hw, o.job, o.ops),
+                              capacity_bytes=cap)
+                except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
+                    p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap, why=str(exc), error=exc)
+            elif n in least:
+                p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap, min_bytes=least[n],
+                          why=f"does not fit: the leanest of {sizes[n]} layouts needs {least[n] / GIB:.1f} GiB per "
+                              f"GPU, {hw.name} has {cap / GIB:.0f} GiB")
+            else:  # no valid layout: the search's own reason
+                p = probe(x.model, o, n)
+            out.append((o, p))
+    return tuple(out)
 
 
 def compare_hardware(values: Mapping[str, object], gpus: int,
                      profiles: Sequence[str] | None = None) -> tuple[HardwareRow, ...]:
     """The best fitting layout of the same job on ``gpus`` GPUs of each profile."""
-    c = _comparison(values, (gpus,), profiles)
     rows = []
-    for probe, option in zip(c.rows, c.options):  # one count: one row per option, in order
+    for option, probe in probes(values, (gpus,), profiles):  # one count: one row per option, in order
         e = probe.best
         base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
                 "capacity_bytes": probe.capacity_bytes}
@@ -368,35 +445,36 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
 
     The same best layouts as `planner compare` (a free search by time per profile and count), found
     with less work: each count's layouts enumerated once for the profiles that run the same job,
-    each profile's counts evaluated together and the step time only where the memory fits
-    (planner.core.search.fastest_fitting)."""
-    from planner.core.options import build_inputs
-    from planner.core.results import estimate_at
-    from planner.core.search import counts_table, enumerate_layouts, fastest_fitting
-    from planner.decisions.decide import options_for
-    from planner.hardware import get_profile, gpu_profile_names
+    each profile's counts evaluated together, their memory shared by the profiles that read the
+    same of the hardware, and the step time only of the fitting layouts whose floor leaves them a
+    chance (planner.core.search.fastest_fitting_bounded)."""
+    return tuple(p for points in _sweep_steps(values, counts, profiles) for p in points)
 
-    x = build_inputs({**values, "gpus": 1})
-    hws = [get_profile(name) for name in profiles or gpu_profile_names()]
-    job = x.job.replace(price_usd_per_gpu_hour=None)
+
+def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
+    """``sweep`` in steps of a few milliseconds each: yields the points each step adds (one
+    profile's, or none while a count's layouts are enumerated)."""
+    from planner.core.memory import hardware_read
+    from planner.core.results import estimate_at
+    from planner.core.search import fastest_fitting_bounded, least_memory
+
+    x, options = _options(values, profiles)
     counts = sorted(set(counts))
-    tables: dict = {}  # (count, job): its layouts (None: none); (job, GPUs per node): all counts' table
-    points = []
-    for o in options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws)):
+    tables: dict = {}
+    for o in options:
         for n in counts:
             if (n, o.job) not in tables:
-                try:
-                    tables[n, o.job] = enumerate_layouts(x.model, n, o.job)[0]
-                except PlannerError:
-                    tables[n, o.job] = None
-        gpn = o.hardware.network.gpus_per_node
-        if (o.job, gpn) not in tables:
-            tables[o.job, gpn] = counts_table({n: tables[n, o.job] for n in counts if tables[n, o.job] is not None},
-                                              gpn)
+                _counts_table(x.model, o, [n], tables)
+                yield ()
+        table = _counts_table(x.model, o, counts, tables)
+        if ("memory", o.job, hardware_read(o.hardware)) not in tables and table[0]:  # shared by some profiles
+            tables["memory", o.job, hardware_read(o.hardware)] = least_memory(x.model, o.hardware, o.job, table)
+            yield ()
         try:
-            best = fastest_fitting(x.model, o.hardware, o.job, tables[o.job, gpn])
+            best = fastest_fitting_bounded(x.model, o.hardware, o.job, table)
         except PlannerError:
             best = {}
+        points = []
         for n in counts:
             seconds = math.nan
             if n in best:
@@ -407,7 +485,47 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
                     pass
             points.append(SweepPoint(profile=o.hardware.name, precision=o.job.precision, gpus=n,
                                      seconds_per_token=seconds))
-    return tuple(points)
+        yield tuple(points)
+
+
+class SweepInProgress:
+    """``sweep`` computed a step at a time, so that the page can draw what is done and come back for
+    the rest: ``advance`` works until a deadline (one step at least), ``points`` is what is done."""
+
+    def __init__(self, values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
+                 profiles: Sequence[str] | None = None) -> None:
+        import threading
+
+        self._steps = _sweep_steps(values, counts, profiles)
+        self._lock = threading.Lock()  # sessions share one sweep: one advances it at a time
+        self.points: tuple[SweepPoint, ...] = ()
+        self.done = False
+        self.profiles = len(profiles or _gpu_profile_names())
+        self.error: PlannerError | None = None
+
+    def advance(self, deadline: float) -> None:
+        """Compute until ``time.perf_counter()`` passes ``deadline`` (a step begun runs to its end) or
+        the sweep is done; nothing when the deadline has passed or another session is advancing it."""
+        import time
+
+        if self.done or time.perf_counter() >= deadline or not self._lock.acquire(blocking=False):
+            return
+        try:
+            while not self.done:
+                try:
+                    self.points += next(self._steps)
+                except StopIteration:
+                    self.done = True
+                except PlannerError as exc:  # the inputs themselves (compute names them on the page)
+                    self.error, self.done = exc, True
+                if time.perf_counter() >= deadline:
+                    break
+        finally:
+            self._lock.release()
+
+    @property
+    def profiles_done(self) -> int:
+        return len({p.profile for p in self.points})
 
 
 def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:

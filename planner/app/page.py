@@ -32,9 +32,18 @@ def cached_hardware(values: dict, gpus: int) -> tuple[explore.HardwareRow, ...]:
     return explore.compare_hardware(values, gpus)
 
 
-@st.cache_data(show_spinner="Searching every profile at 8 to 4096 GPUs...", max_entries=64)
-def cached_sweep(values: dict) -> tuple[explore.SweepPoint, ...]:
-    return explore.sweep(values)
+# The days-vs-GPUs sweep (every profile x 10 GPU counts) is computed a step at a time: a page run
+# works on it until PAGE_BUDGET_S after it started and draws what is done; while it is not done,
+# its chart reruns alone (a fragment) every SWEEP_POLL_S, each run working SWEEP_SLICE_S on it.
+PAGE_BUDGET_S = 0.05
+SWEEP_SLICE_S = 0.06
+SWEEP_POLL_S = 0.1
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def sweep_in_progress(values: dict) -> explore.SweepInProgress:
+    """One sweep per input, shared by sessions (it is the same computation), kept as it advances."""
+    return explore.SweepInProgress(values)
 
 
 @st.cache_data(show_spinner="Drawing the pictures...", max_entries=128)
@@ -265,15 +274,8 @@ def layouts_tab(view: explore.View) -> None:
 
 
 def hardware_tab(state: dict, j: dict) -> None:
-    from planner.app import charts
-
     st.subheader("Days to train vs GPUs")
-    points = cached_sweep(explore_state.sweep_mapping(state))
-    rows = explore.sweep_rows(points, j["train"]["tokens"], state["precision"])
-    current = {"profile": state["gpu"], "GPUs": j["cluster"]["gpus"], "days": j["train"]["days"]}
-    st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
-    st.caption("Fastest fitting layout per point, layout searched freely; missing points: nothing fits. "
-               "A GPU without the chosen precision runs bf16 or fp16 (named in the legend). Ringed: the plan shown.")
+    chart = st.container()  # drawn last: the comparison first, then the sweep with the time left
     st.subheader(f"Hardware comparison on {state['gpus']} GPUs")
     number = st.column_config.NumberColumn
     st.dataframe(explore.hardware_table(cached_hardware(explore_state.comparison_mapping(state), int(state["gpus"]))),
@@ -283,6 +285,36 @@ def hardware_tab(state: dict, j: dict) -> None:
                                 "MFU %": number(format="%.1f"), "memory GiB": number(format="%.1f"),
                                 "capacity GiB": number(format="%.0f")})
     st.caption("Each profile at its own indicative price per GPU-hour; layouts searched freely.")
+    sweep = sweep_in_progress(explore_state.sweep_mapping(state))
+    current = {"profile": state["gpu"], "GPUs": j["cluster"]["gpus"], "days": j["train"]["days"]}
+    args = (sweep, j["train"]["tokens"], state["precision"], current)
+    with chart:
+        sweep.advance(st.session_state.get("_run_started", time.perf_counter()) + PAGE_BUDGET_S)
+        if sweep.done:
+            sweep_chart(*args)
+        else:  # the rest in runs of the chart alone, until it is done
+            st.fragment(sweep_chart, run_every=SWEEP_POLL_S)(*args, polling=True)
+
+
+def sweep_chart(sweep: explore.SweepInProgress, tokens: float, precision: str, current: dict,
+                polling: bool = False) -> None:
+    """The days-vs-GPUs chart of what the sweep has done; run as a fragment while it is not done
+    (each run advances it SWEEP_SLICE_S), and the page once more when it is."""
+    from planner.app import charts
+
+    if polling and "_run_started" not in st.session_state:  # a run of the fragment alone
+        if sweep.done:
+            st.rerun()  # the whole page once more: drawn without polling
+        sweep.advance(time.perf_counter() + SWEEP_SLICE_S)
+    rows = explore.sweep_rows(sweep.points, tokens, precision)
+    st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
+    if sweep.done:
+        st.caption("Fastest fitting layout per point, layout searched freely; missing points: nothing fits. "
+                   "A GPU without the chosen precision runs bf16 or fp16 (named in the legend). Ringed: the plan "
+                   "shown.")
+    else:
+        st.caption(f"Searching every profile at {explore.SWEEP_GPUS[0]} to {explore.SWEEP_GPUS[-1]:,} GPUs: "
+                   f"{sweep.profiles_done} of {sweep.profiles} profiles drawn so far...")
 
 
 @st.cache_data(show_spinner="Drawing the validation plot...", max_entries=32)
@@ -389,9 +421,11 @@ def export_tab(state: dict, view: explore.View) -> None:
 def main() -> None:
     st.set_page_config(page_title="planner: what-if explorer", layout="wide")
     start = time.perf_counter()
+    st.session_state["_run_started"] = start  # a page run (fragments run without it)
     try:
         page()
     finally:
+        del st.session_state["_run_started"]
         st.session_state["_run_ms"] = (time.perf_counter() - start) * 1e3
         st.caption(f"page computed and drawn in {st.session_state['_run_ms']:.0f} ms")
 

@@ -1,0 +1,227 @@
+"""The Hardware tab's shortcuts give what the long way gives, to the last bit (no timing is asserted).
+
+The long way is computed here, independently of the shortcut: a free ``planner.core.search.search``
+per (profile, GPU count), its first row when it fits (what `planner compare` and `planner estimate`
+report), and ``planner.decisions.decide.probe`` for the comparison table.
+
+- ``step_time_floor`` is under every layout's step time (so pruning by it never drops the best);
+- ``fastest_fitting_bounded`` picks each count's first row of the search, with the same numbers,
+  for dense, MoE, long-sequence (context parallel), fine-tuning, fp8 and other-stack jobs, and
+  when the floor is wrong or missing (it then evaluates everything);
+- the explorer's sweep, in one go or a few steps at a time, and its comparison table equal the
+  search per (profile, count);
+- ``on_distinct_rows`` equals the function on every row, and widens to the columns it reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import pytest
+
+from planner.app import explore
+from planner.app import state as explore_state
+from planner.core import search as S
+from planner.core.evaluate import _effective
+from planner.core.layout import Job
+from planner.core.presets import get_preset
+from planner.core.results import estimate_at
+from planner.core.steptime import step_time
+from planner.decisions.decide import options_for, probe
+from planner.hardware import get_profile
+
+
+def columns(ev) -> dict[str, np.ndarray]:
+    out = dict(ev.candidates.columns())
+    for name, part in (("mem", ev.memory), ("time", ev.time), *((f"stage{i}", s) for i, s in enumerate(ev.stage_memory))):
+        out.update({f"{name}.{f}": getattr(part, f) for f in part.__slots__})
+    out.update(train_seconds=ev.train_seconds, fits=ev.fits, mfu=ev.mfu)
+    return out
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k, x in a.items():
+        assert x.dtype == b[k].dtype and x.shape == b[k].shape, k
+        assert np.array_equal(x, b[k]), k
+
+
+def table_of(model, job, counts, hw):
+    return S.counts_table({n: S.enumerate_layouts(model, n, job)[0] for n in counts}, hw.network.gpus_per_node)
+
+
+CASES = [  # (preset, job, GPU counts, profiles)
+    ("llama2-7b", Job(), (8, 64, 512), ("a100-40g", "h100-pcie", "a6000")),
+    ("mixtral-8x7b", Job(), (16, 128), ("h100-80g", "a100-80g")),  # experts; 32K sequence: context parallel
+    ("llama3-8b", Job(mode="lora"), (1, 8, 32), ("a6000", "l40s")),
+    ("llama3-8b", Job(mode="full-finetune"), (1, 8), ("a6000", "h100-80g")),  # offload searched
+    ("llama2-7b", Job(precision="fp8", stack="megatron-core"), (16, 256), ("h100-80g", "a100-80g", "b200")),
+    ("deepseek-v2-lite", Job(stack="fsdp2"), (8, 64), ("gb200-nvl72", "mi300x")),
+    ("gpt3-1.3b", Job(attention="standard", stack="megatron-2021"), (8, 32), ("v100-32g",)),
+]
+
+
+def fallback_precision_job(job: Job, hw) -> Job:
+    return options_for([hw], job, precision_given=False)[0].job
+
+
+@pytest.mark.parametrize("name, job, counts, profiles", CASES)
+def test_floor_is_under_every_step_time(name, job, counts, profiles):
+    model = get_preset(name)
+    for gpu in profiles:
+        hw = get_profile(gpu)
+        j = fallback_precision_job(job, hw)
+        _, c, _, shared = table_of(model, j, counts, hw)
+        sw, eff = _effective(hw, j)
+        floor = S.step_time_floor(model, eff, j, c, sw, shared)
+        step = step_time(model, eff, j, c, sw).step
+        assert floor is not None and floor.shape == step.shape
+        assert np.all(floor <= step), (gpu, float(np.max(floor / step)))
+        assert np.all(floor > 0)
+
+
+@pytest.mark.parametrize("name, job, counts, profiles", CASES)
+def test_bounded_is_each_searchs_first(name, job, counts, profiles):
+    model = get_preset(name)
+    for gpu in profiles:
+        hw = get_profile(gpu)
+        j = fallback_precision_job(job, hw)
+        best = S.fastest_fitting_bounded(model, hw, j, table_of(model, j, counts, hw))
+        for n in counts:
+            r = S.search(model, hw, j, n)
+            if not r.feasible:
+                assert n not in best, (gpu, n)
+                continue
+            got = best[n]
+            assert got.gpus == n
+            assert_same(columns(S.take(r.evaluation, np.array([0]))), columns(got))
+
+
+def test_a_wrong_floor_is_caught_and_everything_evaluated(monkeypatch):
+    model, hw, job = get_preset("llama2-7b"), get_profile("h100-80g"), Job()
+    counts = (8, 64)
+    want = S.fastest_fitting_bounded(model, hw, job, table_of(model, job, counts, hw))
+    real = S.step_time_floor
+    monkeypatch.setattr(S, "step_time_floor", lambda *a: real(*a) * 3)  # over some step times
+    calls = []
+    monkeypatch.setattr(S, "fastest_fitting", lambda *a: calls.append(1) or real_fastest(*a))
+    got = S.fastest_fitting_bounded(model, hw, job, table_of(model, job, counts, hw))
+    assert calls and got.keys() == want.keys()
+    for n in want:
+        assert_same(columns(want[n]), columns(got[n]))
+
+
+real_fastest = S.fastest_fitting
+
+
+def test_a_cpu_host_has_no_floor_and_is_searched_whole():
+    model, hw, job = get_preset("gpt3-1.3b"), get_profile("cpu-2core"), Job(precision="fp32")
+    _, c, _, shared = table_of(model, job, (1, 2), hw)
+    sw, eff = _effective(hw, job)
+    assert S.step_time_floor(model, eff, job, c, sw, shared) is None
+    best = S.fastest_fitting_bounded(model, hw, job, table_of(model, job, (1, 2), hw))
+    for n in (1, 2):
+        r = S.search(model, hw, job, n)
+        assert (n in best) == bool(r.feasible)
+        if r.feasible:
+            assert_same(columns(S.take(r.evaluation, np.array([0]))), columns(best[n]))
+
+
+def search_seconds_per_token(model, option, n) -> float:
+    """The long way: a free search at this count, its first row when it fits, as an Estimate."""
+    r = S.search(model, option.hardware, option.job, n)
+    if not r.feasible:
+        return math.nan
+    e = estimate_at(r.evaluation, 0, model, option.hardware, option.job, option.ops)
+    return e.train.seconds / e.train.tokens
+
+
+@pytest.mark.parametrize("params", [13.0, 70.0])
+def test_sweep_is_the_search_per_profile_and_count(params):
+    values = explore_state.sweep_mapping({**explore_state.defaults(), "params": params})
+    counts, profiles = (8, 128, 4096), ("a100-40g", "h100-pcie", "a6000", "gb200-nvl72", "v100-16g")
+    x, options = explore._options(values, profiles)
+    want = [(o.hardware.name, o.job.precision, n, search_seconds_per_token(x.model, o, n))
+            for o in options for n in counts]
+    got = [(p.profile, p.precision, p.gpus, p.seconds_per_token) for p in explore.sweep(values, counts, profiles)]
+    assert len(got) == len(want) and any(math.isfinite(w[3]) for w in want)
+    for g, w in zip(got, want):
+        assert g[:3] == w[:3]
+        assert g[3] == w[3] or (math.isnan(g[3]) and math.isnan(w[3])), (g, w)
+
+
+def test_the_sweep_a_step_at_a_time_is_the_sweep():
+    values = explore_state.sweep_mapping({**explore_state.defaults(), "params": 7.0})
+    profiles = ("a100-80g", "v100-32g", "a6000")
+    whole = explore.sweep(values, explore.SWEEP_GPUS, profiles)
+    steps = explore.SweepInProgress(values, explore.SWEEP_GPUS, profiles)
+    steps.advance(0.0)  # a deadline already passed: no step
+    assert steps.points == () and not steps.done
+    runs = 0
+    while not steps.done and runs < 1000:
+        steps.advance(time.perf_counter() + 1e-4)  # a step or so each
+        runs += 1
+        assert steps.points == whole[:len(steps.points)]
+    assert steps.points == whole and steps.profiles_done == 3 and runs > 3
+
+
+def test_comparison_is_decides_probe_per_profile():
+    values = explore_state.comparison_mapping({**explore_state.defaults(), "params": 70.0})
+    profiles = ("a100-40g", "v100-16g", "h100-80g", "a6000", "gb200-nvl72")
+    for gpus in (8, 128):
+        x, options = explore._options(values, profiles)
+        got = explore.probes(values, (gpus,), profiles)
+        assert [o.hardware.name for o, _ in got] == list(profiles)
+        for (_, fast), o in zip(got, options):
+            slow = probe(x.model, o, gpus)  # planner.core.search.search, then estimate_at
+            assert (fast.gpu, fast.gpus, fast.capacity_bytes, fast.why, fast.min_bytes) == \
+                   (slow.gpu, slow.gpus, slow.capacity_bytes, slow.why, slow.min_bytes)
+            assert (fast.best is None) == (slow.best is None)
+            if slow.best is not None:
+                assert fast.best.to_json() == slow.best.to_json()
+    rows = explore.compare_hardware(values, 8, profiles)
+    assert any(not r.fits and r.note == "no layout fits" for r in rows)  # 70B on 8 small GPUs
+
+
+def test_distinct_rows_equal_every_row_and_widen():
+    model, job = get_preset("llama2-7b"), Job()
+    c, _ = S.enumerate_layouts(model, 64, job)
+    shared: dict = {}
+    f = lambda r: r.tp * 1000 + r.micro_batch * 10 + r.m  # m reads dp and global_batch
+    got = S.on_distinct_rows(f, c, shared, ("tp",))
+    assert np.array_equal(got, f(c))
+    assert any(set(k[1]) >= {"tp", "micro_batch", "dp", "global_batch"} for k in shared if k[0] == "distinct")
+    zero = S.on_distinct_rows(lambda r: r.zero_group(8) * 1.0, c, shared)
+    assert np.array_equal(zero, c.zero_group(8) * 1.0)
+
+
+def test_distinct_rows_of_a_table_with_a_wide_key():
+    c, _ = S.enumerate_layouts(get_preset("llama2-7b"), 512, Job())
+    rows, inverse = S._distinct_rows(c, tuple(c.columns()))  # every column: the sorting path
+    key = np.stack([getattr(c, n).astype(np.int64) for n in c.columns()], axis=1)
+    assert np.array_equal(key[rows][inverse], key)
+    assert len(np.unique(key, axis=0)) == len(rows)
+
+
+def test_the_floor_leaves_few_layouts_to_evaluate(monkeypatch):
+    """Not a timing: the shortcut's point is to evaluate the step time of a few layouts per count."""
+    model, hw, job = get_preset("llama2-7b"), get_profile("h100-80g"), Job()
+    table = table_of(model, job, (64, 512), hw)
+    evaluated = []
+    real = S._evaluate_rows
+    monkeypatch.setattr(S, "_evaluate_rows", lambda m, h, j, c, rows, sw: evaluated.append(len(rows)) or
+                        real(m, h, j, c, rows, sw))
+    S.fastest_fitting_bounded(model, hw, job, table)
+    assert 0 < sum(evaluated) < len(table[1]) / 4
+
+
+def test_options_name_every_gpu_profile_once():
+    from planner.hardware import gpu_profile_names
+
+    assert explore._gpu_profile_names() == tuple(gpu_profile_names())
+    _, options = explore._options(explore_state.comparison_mapping(explore_state.defaults()), None)
+    assert [o.hardware.name for o in options] == list(gpu_profile_names())
+    assert dataclasses.is_dataclass(options[0])
