@@ -36,7 +36,7 @@ def cached_hardware(values: dict, gpus: int) -> tuple[explore.HardwareRow, ...]:
 # works on it until PAGE_BUDGET_S after it started and draws what is done; while it is not done,
 # its chart reruns alone (a fragment) every SWEEP_POLL_S, each run working SWEEP_SLICE_S on it.
 PAGE_BUDGET_S = 0.05
-SWEEP_SLICE_S = 0.06
+SWEEP_SLICE_S = 0.05
 SWEEP_POLL_S = 0.1
 
 

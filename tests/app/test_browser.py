@@ -213,3 +213,13 @@ def test_a_layouts_row_click_pins_it_and_the_url_restores_it(browser_page):
     sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
     sync_api.expect(page.get_by_text("pinned:", exact=False)).to_be_visible()
     assert page.url.split("?")[1].split("&tab=")[0] == pinned.split("?")[1].split("&tab=")[0]
+
+
+def test_the_hardware_sweep_fills_in_by_itself(browser_page):
+    """The days-vs-GPUs sweep is computed a step at a time: its chart reruns alone (a fragment)
+    until every profile is drawn, with no click."""
+    page, server = browser_page
+    page.goto(f"{server}/?tab=Hardware&params=14")
+    sync_api.expect(page.get_by_text("Fastest fitting layout per point", exact=False)).to_be_visible(timeout=60_000)
+    sync_api.expect(page.get_by_text("profiles drawn so far", exact=False)).to_have_count(0)
+    sync_api.expect(page.get_by_role("heading", name="Hardware comparison on 128 GPUs")).to_be_visible()
