@@ -35,8 +35,8 @@ def cached_hardware(values: dict, gpus: int) -> tuple[explore.HardwareRow, ...]:
 # The days-vs-GPUs sweep (every profile x 10 GPU counts) is computed a step at a time: a page run
 # works on it until PAGE_BUDGET_S after it started and draws what is done; while it is not done,
 # its chart reruns alone (a fragment) every SWEEP_POLL_S, each run working SWEEP_SLICE_S on it.
-PAGE_BUDGET_S = 0.05
-SWEEP_SLICE_S = 0.05
+PAGE_BUDGET_S = 0.04
+SWEEP_SLICE_S = 0.04
 SWEEP_POLL_S = 0.1
 
 

@@ -607,9 +607,9 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
         return lt.forward + lt.backward + lt.recompute
 
     layer = on_distinct_rows(per_layer, c, shared, ("micro_batch", "tp", "cp", "recompute", "sequence_parallel"))
-    key = ("floor pace", head_layers(model, sw))
+    key = ("floor pace", model.layers, head_layers(model, sw))
     if key not in shared:  # micro-batches plus the bubble's share, times the fullest stage's layers
-        fullest = stage_layers_arrays(model.layers, c.pp, key[1])[1]
+        fullest = stage_layers_arrays(model.layers, c.pp, key[2])[1]
         shared[key] = (c.m.astype(float) + (c.pp - 1) / c.vpp.astype(float)) * fullest
     if "floor stragglers" not in shared:
         shared["floor stragglers"] = np.sqrt(2 * np.log(c.gpus.astype(float)))
@@ -678,6 +678,7 @@ def fastest_fitting_bounded(model: ModelSpec, hw: HardwareProfile, job: Job,
     fit = _fits(_MemoryTotals(total, host), together, hw_eff.gpu.memory_bytes, hw_eff.network.host_memory_bytes,
                 hw_eff.network.gpus_per_node)
     # The floor's rank bucket, as _rank_keys buckets train_seconds; none for a layout that does not fit.
+    floor = np.where(np.isnan(floor), 0.0, floor)  # no floor known: always evaluated
     tokens = (together.global_batch * model.seq_len).astype(float)
     seconds = job.train_tokens(model) / (tokens / (floor * (1 - FLOOR_MARGIN)) * job.packing_efficiency)
     bucket = np.where(fit, np.round(np.log(seconds) / 1e-3), np.inf)
