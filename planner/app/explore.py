@@ -375,6 +375,11 @@ def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequen
     each option: what `planner compare` finds (``_comparison``), each count's best layout found by
     planner.core.search.fastest_fitting_bounded (the same layout, with the step time of far fewer
     layouts). A count without a valid layout is probed the long way, for its reason."""
+    return tuple(p for step in _probe_steps(values, counts, profiles) for p in step)
+
+
+def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
+    """``probes`` an option at a time: yields each option's (option, probe) pairs."""
     from planner.core.results import estimate_at
     from planner.core.search import fastest_fitting_bounded, least_memory
     from planner.decisions.decide import Probe, probe
@@ -383,8 +388,8 @@ def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequen
     x, options = _options(values, profiles)
     counts = sorted(set(counts))
     tables: dict = {}
-    out = []
     for o in options:
+        out = []
         hw, cap = o.hardware, o.hardware.gpu.memory_bytes
         table = _counts_table(x.model, o, counts, tables)
         try:
@@ -407,27 +412,33 @@ def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequen
             else:  # no valid layout: the search's own reason
                 p = probe(x.model, o, n)
             out.append((o, p))
-    return tuple(out)
+        yield tuple(out)
 
 
 def compare_hardware(values: Mapping[str, object], gpus: int,
                      profiles: Sequence[str] | None = None) -> tuple[HardwareRow, ...]:
     """The best fitting layout of the same job on ``gpus`` GPUs of each profile."""
-    rows = []
-    for option, probe in probes(values, (gpus,), profiles):  # one count: one row per option, in order
-        e = probe.best
-        base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
-                "capacity_bytes": probe.capacity_bytes}
-        if e is None:
-            rows.append(HardwareRow(**base, fits=False, layout="", days=math.nan, gpu_hours=math.nan,
-                                    cost_usd=math.nan, energy_kwh=math.nan, mfu=math.nan,
-                                    memory_bytes=probe.min_bytes if probe.min_bytes is not None else math.nan,
-                                    note="no layout fits" if probe.min_bytes is not None else probe.why))
-            continue
-        rows.append(HardwareRow(**base, fits=True, layout=layout_text(e.layout.to_json()), days=e.train.days,
-                                gpu_hours=e.train.gpu_hours, cost_usd=e.train.cost_usd,
-                                energy_kwh=e.train.energy_kwh, mfu=e.mfu, memory_bytes=e.memory.total_bytes))
-    return tuple(rows)
+    return tuple(r for step in _compare_steps(values, gpus, profiles) for r in step)
+
+
+def _compare_steps(values: Mapping[str, object], gpus: int, profiles: Sequence[str] | None):
+    """``compare_hardware`` a profile at a time: yields each profile's row (in a tuple)."""
+    for step in _probe_steps(values, (gpus,), profiles):
+        yield tuple(_hardware_row(option, probe) for option, probe in step)
+
+
+def _hardware_row(option, probe) -> HardwareRow:
+    e = probe.best
+    base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
+            "capacity_bytes": probe.capacity_bytes}
+    if e is None:
+        return HardwareRow(**base, fits=False, layout="", days=math.nan, gpu_hours=math.nan, cost_usd=math.nan,
+                           energy_kwh=math.nan, mfu=math.nan,
+                           memory_bytes=probe.min_bytes if probe.min_bytes is not None else math.nan,
+                           note="no layout fits" if probe.min_bytes is not None else probe.why)
+    return HardwareRow(**base, fits=True, layout=layout_text(e.layout.to_json()), days=e.train.days,
+                       gpu_hours=e.train.gpu_hours, cost_usd=e.train.cost_usd, energy_kwh=e.train.energy_kwh,
+                       mfu=e.mfu, memory_bytes=e.memory.total_bytes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -488,24 +499,24 @@ def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
         yield tuple(points)
 
 
-class SweepInProgress:
-    """``sweep`` computed a step at a time, so that the page can draw what is done and come back for
-    the rest: ``advance`` works until a deadline (one step at least), ``points`` is what is done."""
+class InProgress:
+    """A computation made of steps (a generator yielding what each step adds, as a tuple), run a
+    few steps at a time so that the page can draw what is done and come back for the rest:
+    ``advance`` works until a deadline, ``items`` is what is done."""
 
-    def __init__(self, values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
-                 profiles: Sequence[str] | None = None) -> None:
+    def __init__(self, steps, total: int) -> None:
         import threading
 
-        self._steps = _sweep_steps(values, counts, profiles)
-        self._lock = threading.Lock()  # sessions share one sweep: one advances it at a time
-        self.points: tuple[SweepPoint, ...] = ()
+        self._steps = steps
+        self._lock = threading.Lock()  # sessions share one: one advances it at a time
+        self.items: tuple = ()
         self.done = False
-        self.profiles = len(profiles or _gpu_profile_names())
+        self.total = total  # profiles, for the page's "k of n so far"
         self.error: PlannerError | None = None
 
     def advance(self, deadline: float) -> None:
         """Compute until ``time.perf_counter()`` passes ``deadline`` (a step begun runs to its end) or
-        the sweep is done; nothing when the deadline has passed or another session is advancing it."""
+        it is done; nothing when the deadline has passed or another session is advancing it."""
         import time
 
         if self.done or time.perf_counter() >= deadline or not self._lock.acquire(blocking=False):
@@ -513,7 +524,7 @@ class SweepInProgress:
         try:
             while not self.done:
                 try:
-                    self.points += next(self._steps)
+                    self.items += next(self._steps)
                 except StopIteration:
                     self.done = True
                 except PlannerError as exc:  # the inputs themselves (compute names them on the page)
@@ -525,7 +536,19 @@ class SweepInProgress:
 
     @property
     def profiles_done(self) -> int:
-        return len({p.profile for p in self.points})
+        return len({item.profile for item in self.items})
+
+
+def sweep_in_progress(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
+                      profiles: Sequence[str] | None = None) -> InProgress:
+    """``sweep`` a step at a time (its ``items``: the SweepPoints done)."""
+    return InProgress(_sweep_steps(values, counts, profiles), len(profiles or _gpu_profile_names()))
+
+
+def comparison_in_progress(values: Mapping[str, object], gpus: int,
+                           profiles: Sequence[str] | None = None) -> InProgress:
+    """``compare_hardware`` a profile at a time (its ``items``: the HardwareRows done)."""
+    return InProgress(_compare_steps(values, gpus, profiles), len(profiles or _gpu_profile_names()))
 
 
 def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:

@@ -27,23 +27,24 @@ def cached_compute(values: dict) -> explore.View | explore.Problem:
     return explore.compute(values)
 
 
-@st.cache_data(show_spinner="Comparing hardware...", max_entries=128)
-def cached_hardware(values: dict, gpus: int) -> tuple[explore.HardwareRow, ...]:
-    return explore.compare_hardware(values, gpus)
-
-
-# The days-vs-GPUs sweep (every profile x 10 GPU counts) is computed a step at a time: a page run
-# works on it until PAGE_BUDGET_S after it started and draws what is done; while it is not done,
-# its chart reruns alone (a fragment) every SWEEP_POLL_S, each run working SWEEP_SLICE_S on it.
+# The Hardware tab's two views, every profile at one GPU count and every profile x 10 GPU counts,
+# are computed a profile (or a count's layouts) at a time: a page run works on them until
+# PAGE_BUDGET_S after it began and draws what is done; while they are not done, the tab's views
+# rerun alone (a fragment) every POLL_S, each run working SLICE_S on them.
 PAGE_BUDGET_S = 0.04
-SWEEP_SLICE_S = 0.04
-SWEEP_POLL_S = 0.1
+SLICE_S = 0.04
+POLL_S = 0.1
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def sweep_in_progress(values: dict) -> explore.SweepInProgress:
-    """One sweep per input, shared by sessions (it is the same computation), kept as it advances."""
-    return explore.SweepInProgress(values)
+def comparison_in_progress(values: dict, gpus: int) -> explore.InProgress:
+    """One per input, shared by sessions (the same computation), kept as it advances."""
+    return explore.comparison_in_progress(values, gpus)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def sweep_in_progress(values: dict) -> explore.InProgress:
+    return explore.sweep_in_progress(values)
 
 
 @st.cache_data(show_spinner="Drawing the pictures...", max_entries=128)
@@ -274,39 +275,33 @@ def layouts_tab(view: explore.View) -> None:
 
 
 def hardware_tab(state: dict, j: dict) -> None:
-    st.subheader("Days to train vs GPUs")
-    chart = st.container()  # drawn last: the comparison first, then the sweep with the time left
-    st.subheader(f"Hardware comparison on {state['gpus']} GPUs")
-    number = st.column_config.NumberColumn
-    st.dataframe(explore.hardware_table(cached_hardware(explore_state.comparison_mapping(state), int(state["gpus"]))),
-                 hide_index=True, width="stretch",
-                 column_config={"days": number(format="%.1f"), "GPU-hours": number(format="compact"),
-                                "cost $": number(format="compact"), "energy kWh": number(format="compact"),
-                                "MFU %": number(format="%.1f"), "memory GiB": number(format="%.1f"),
-                                "capacity GiB": number(format="%.0f")})
-    st.caption("Each profile at its own indicative price per GPU-hour; layouts searched freely.")
+    comparison = comparison_in_progress(explore_state.comparison_mapping(state), int(state["gpus"]))
     sweep = sweep_in_progress(explore_state.sweep_mapping(state))
     current = {"profile": state["gpu"], "GPUs": j["cluster"]["gpus"], "days": j["train"]["days"]}
-    args = (sweep, j["train"]["tokens"], state["precision"], current)
-    with chart:
-        sweep.advance(st.session_state.get("_run_started", time.perf_counter()) + PAGE_BUDGET_S)
-        if sweep.done:
-            sweep_chart(*args)
-        else:  # the rest in runs of the chart alone, until it is done
-            st.fragment(sweep_chart, run_every=SWEEP_POLL_S)(*args, polling=True)
+    args = (comparison, sweep, j["train"]["tokens"], state, current)
+    deadline = st.session_state.get("_run_started", time.perf_counter()) + PAGE_BUDGET_S
+    comparison.advance(deadline)  # the table first: it is one GPU count
+    sweep.advance(deadline)
+    if comparison.done and sweep.done:
+        hardware_views(*args)
+    else:  # the rest in runs of the views alone, until they are done
+        st.fragment(hardware_views, run_every=POLL_S)(*args, polling=True)
 
 
-def sweep_chart(sweep: explore.SweepInProgress, tokens: float, precision: str, current: dict,
-                polling: bool = False) -> None:
-    """The days-vs-GPUs chart of what the sweep has done; run as a fragment while it is not done
-    (each run advances it SWEEP_SLICE_S), and the page once more when it is."""
+def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, tokens: float, state: dict,
+                   current: dict, polling: bool = False) -> None:
+    """The days-vs-GPUs chart and the comparison table, as far as they are done; run as a fragment
+    while they are not (each run advances them SLICE_S), and the page once more when they are."""
     from planner.app import charts
 
     if polling and "_run_started" not in st.session_state:  # a run of the fragment alone
-        if sweep.done:
+        if comparison.done and sweep.done:
             st.rerun()  # the whole page once more: drawn without polling
-        sweep.advance(time.perf_counter() + SWEEP_SLICE_S)
-    rows = explore.sweep_rows(sweep.points, tokens, precision)
+        deadline = time.perf_counter() + SLICE_S
+        comparison.advance(deadline)
+        sweep.advance(deadline)
+    st.subheader("Days to train vs GPUs")
+    rows = explore.sweep_rows(sweep.items, tokens, state["precision"])
     st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
     if sweep.done:
         st.caption("Fastest fitting layout per point, layout searched freely; missing points: nothing fits. "
@@ -314,7 +309,17 @@ def sweep_chart(sweep: explore.SweepInProgress, tokens: float, precision: str, c
                    "shown.")
     else:
         st.caption(f"Searching every profile at {explore.SWEEP_GPUS[0]} to {explore.SWEEP_GPUS[-1]:,} GPUs: "
-                   f"{sweep.profiles_done} of {sweep.profiles} profiles drawn so far...")
+                   f"{sweep.profiles_done} of {sweep.total} profiles drawn so far...")
+    st.subheader(f"Hardware comparison on {state['gpus']} GPUs")
+    number = st.column_config.NumberColumn
+    st.dataframe(explore.hardware_table(comparison.items), hide_index=True, width="stretch",
+                 column_config={"days": number(format="%.1f"), "GPU-hours": number(format="compact"),
+                                "cost $": number(format="compact"), "energy kWh": number(format="compact"),
+                                "MFU %": number(format="%.1f"), "memory GiB": number(format="%.1f"),
+                                "capacity GiB": number(format="%.0f")})
+    st.caption("Each profile at its own indicative price per GPU-hour; layouts searched freely."
+               + ("" if comparison.done else f" Comparing: {comparison.profiles_done} of {comparison.total} "
+                                             "profiles so far..."))
 
 
 @st.cache_data(show_spinner="Drawing the validation plot...", max_entries=32)

@@ -140,21 +140,24 @@ def test_bad_link_values_are_named_and_defaults_used():
 
 def test_hardware_tab_compares_profiles():
     at = new_app({"tab": "Hardware", "params": "7", "gpus": "16"})
-    rows = at.dataframe[0].value
-    assert {"a100-80g", "a6000", "v100-32g"} <= set(rows["profile"])
-    assert set(rows.loc[rows["profile"] == "v100-32g", "precision"]) == {"fp16"}  # no bf16 on a V100
-    # The sweep fills in over page runs (in a browser its chart reruns alone until it is done).
-    drawn = []
+    # Both views fill in over page runs (in a browser they rerun alone until they are done).
+    drawn, compared = [], []
     for _ in range(100):
         spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
         drawn.append({r["profile"] for r in spec["layer"][0]["data"]["values"]})
+        compared.append(set(at.dataframe[0].value["profile"]) if len(at.dataframe[0].value) else set())
         if any(c.value.startswith("Fastest fitting layout per point") for c in at.caption):
             break
         assert any(c.value.startswith("Searching every profile") for c in at.caption)
         at.run()
         assert not at.exception, [e.message for e in at.exception]
-    assert all(a <= b for a, b in itertools.pairwise(drawn)) and len(drawn) > 1  # it grew, run by run
+    for seen in (drawn, compared):
+        assert all(a <= b for a, b in itertools.pairwise(seen)) and len(seen) > 1  # it grew, run by run
     assert {"a100-80g", "a6000", "v100-32g (fp16)"} <= drawn[-1]
+    assert not [c for c in at.caption if "profiles so far" in c.value]
+    rows = at.dataframe[0].value
+    assert {"a100-80g", "a6000", "v100-32g"} <= set(rows["profile"])
+    assert set(rows.loc[rows["profile"] == "v100-32g", "precision"]) == {"fp16"}  # no bf16 on a V100
 
 
 def test_runs_tab_compares_records_and_names_the_bad_ones(tmp_path, monkeypatch):

@@ -157,15 +157,20 @@ def test_the_sweep_a_step_at_a_time_is_the_sweep():
     values = explore_state.sweep_mapping({**explore_state.defaults(), "params": 7.0})
     profiles = ("a100-80g", "v100-32g", "a6000")
     whole = explore.sweep(values, explore.SWEEP_GPUS, profiles)
-    steps = explore.SweepInProgress(values, explore.SWEEP_GPUS, profiles)
+    steps = explore.sweep_in_progress(values, explore.SWEEP_GPUS, profiles)
     steps.advance(0.0)  # a deadline already passed: no step
-    assert steps.points == () and not steps.done
+    assert steps.items == () and not steps.done
     runs = 0
     while not steps.done and runs < 1000:
         steps.advance(time.perf_counter() + 1e-4)  # a step or so each
         runs += 1
-        assert steps.points == whole[:len(steps.points)]
-    assert steps.points == whole and steps.profiles_done == 3 and runs > 3
+        assert steps.items == whole[:len(steps.items)]
+    assert steps.items == whole and steps.profiles_done == 3 and runs > 3
+    values = explore_state.comparison_mapping({**explore_state.defaults(), "params": 7.0})
+    table = explore.comparison_in_progress(values, 64, profiles)
+    while not table.done:
+        table.advance(time.perf_counter() + 1e-4)
+    assert table.items == explore.compare_hardware(values, 64, profiles) and len(table.items) == 3
 
 
 def test_comparison_is_decides_probe_per_profile():
