@@ -512,7 +512,7 @@ class InProgress:
         self.items: tuple = ()
         self.done = False
         self.total = total  # profiles, for the page's "k of n so far"
-        self.error: PlannerError | None = None
+        self.error: Exception | None = None  # what stopped it before its end
 
     def advance(self, deadline: float) -> None:
         """Compute until ``time.perf_counter()`` passes ``deadline`` (a step begun runs to its end) or
@@ -527,8 +527,10 @@ class InProgress:
                     self.items += next(self._steps)
                 except StopIteration:
                     self.done = True
-                except PlannerError as exc:  # the inputs themselves (compute names them on the page)
+                except Exception as exc:  # a generator that raised is over: say so, never "done" quietly
                     self.error, self.done = exc, True
+                    if not isinstance(exc, PlannerError):
+                        raise
                 if time.perf_counter() >= deadline:
                     break
         finally:

@@ -36,13 +36,13 @@ SLICE_S = 0.04
 POLL_S = 0.1
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
+@st.cache_resource(show_spinner=False, max_entries=32)
 def comparison_in_progress(values: dict, gpus: int) -> explore.InProgress:
     """One per input, shared by sessions (the same computation), kept as it advances."""
     return explore.comparison_in_progress(values, gpus)
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
+@st.cache_resource(show_spinner=False, max_entries=8)  # one not done holds its layout tables (~60 MB at 70B)
 def sweep_in_progress(values: dict) -> explore.InProgress:
     return explore.sweep_in_progress(values)
 
@@ -300,6 +300,9 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
         deadline = time.perf_counter() + SLICE_S
         comparison.advance(deadline)
         sweep.advance(deadline)
+    for view in (comparison, sweep):
+        if view.error is not None:
+            st.warning(f"Part of this tab could not be computed: {view.error}")
     st.subheader("Days to train vs GPUs")
     rows = explore.sweep_rows(sweep.items, tokens, state["precision"])
     st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")

@@ -230,3 +230,16 @@ def test_options_name_every_gpu_profile_once():
     _, options = explore._options(explore_state.comparison_mapping(explore_state.defaults()), None)
     assert [o.hardware.name for o in options] == list(gpu_profile_names())
     assert dataclasses.is_dataclass(options[0])
+
+
+def test_a_computation_in_steps_that_fails_says_so():
+    def steps():
+        yield (1,)
+        raise ValueError("broken")
+
+    run = explore.InProgress(steps(), 1)
+    with pytest.raises(ValueError, match="broken"):
+        run.advance(time.perf_counter() + 10)
+    assert run.done and run.items == (1,) and isinstance(run.error, ValueError)
+    run.advance(time.perf_counter() + 10)  # stays as it was: the error, not a quiet end
+    assert run.items == (1,) and isinstance(run.error, ValueError)
