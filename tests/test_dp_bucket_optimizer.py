@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from planner.core.layout import Candidates, Job, Layout
@@ -98,8 +99,19 @@ def test_the_gradient_norm_is_all_reduced_over_every_rank():
     one = times(SMALL, Layout(dp=1, tp=1, pp=1, micro_batch=4, global_batch=8))
     two = times(SMALL, Layout(dp=2, tp=1, pp=1, micro_batch=4, global_batch=16))
     # Same micro-batch and held parameters per GPU (ZeRO 0): the optimizer differs by the norm's
-    # all-reduce of a few bytes (loss and squared norm, 16 bytes) over the 2 GPUs.
-    assert float(two.optimizer[0] - one.optimizer[0]) == pytest.approx(ring_s(H100, 16, 2), rel=1e-6)
+    # all-reduce of a few bytes (loss and squared norm, 16 bytes) over the 2 GPUs: latency up and
+    # down a tree of 2 ranks, 2 x 1 x the NVLink latency.
+    assert float(two.optimizer[0] - one.optimizer[0]) == pytest.approx(2 * H100.network.intra_latency_s, rel=1e-6)
+
+
+def test_a_tiny_all_reduce_over_thousands_of_gpus_costs_tree_latencies():
+    """16,384 GPUs in 2,048 nodes of 8: 2 x (log2 8 = 3 NVLink + log2 2048 = 11 network latencies)
+    (h100-80g: 5 us and 10 us): 0.25 ms, not a ring's 2 x (7 x 5 + 2047 x 10 us) = 41 ms."""
+    from planner.core import comm
+
+    links = comm.Links.of(H100)
+    got = float(comm.small_all_reduce(links, np.array([16384]), np.array([1]))[0])
+    assert got == pytest.approx(2 * (3 * 5e-6 + 11 * 10e-6), rel=1e-9)
 
 
 @pytest.mark.parametrize("dp, slots", [(1, 4 + 1), (2, 4)])

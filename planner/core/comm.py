@@ -57,6 +57,18 @@ def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride:
     return inside + across
 
 
+def small_all_reduce(links: Links, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """An all-reduce of a few bytes (a gradient norm, a loss) over ``size`` ranks ``stride`` apart:
+    latency only, up and down a tree, log2 of the ranks in a node and of the nodes (NCCL's trees
+    for small messages, Sanders et al. 2009 double binary trees; NCCL 2.4 release notes). A ring's
+    2(n-1) latencies would charge 16,384 GPUs ~40 ms for 16 bytes."""
+    size = np.asarray(size, dtype=float)
+    per_node = np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1)
+    k = np.minimum(size, per_node)
+    nodes = np.maximum(size / k, 1)
+    return 2 * (np.ceil(np.log2(k)) * links.intra_lat + np.ceil(np.log2(nodes)) * links.inter_lat)
+
+
 def tp_collective(links: Links, bytes_: np.ndarray, tp: np.ndarray, passes: float = 2.0) -> np.ndarray:
     """A tensor-parallel all-reduce (or its reduce-scatter + all-gather pair under sequence
     parallel: the same bytes) over contiguous ranks."""

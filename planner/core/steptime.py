@@ -381,7 +381,7 @@ def optimizer_host_time(model: ModelSpec, hw: HardwareProfile, c: Candidates, sw
     dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
     ratio = np.where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
     host = tensors * e.optimizer_tensor_overhead_s * ratio
-    norm = comm.group_collective(links, np.full(len(c), 16.0), c.gpus, np.ones(len(c)), 2.0)
+    norm = comm.small_all_reduce(links, c.gpus, np.ones(len(c)))
     tied_bytes = act_grad * model.vocab * model.hidden / c.tp
     tied = np.where((c.pp > 1) & model.tied_embeddings,
                     comm.group_collective(links, tied_bytes, np.full(len(c), 2), c.gpus // c.pp * (c.pp - 1), 2.0),
