@@ -57,6 +57,20 @@ def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride:
     return inside + across
 
 
+def group_coefficients(links: Links, size: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``group_collective`` as a line: (seconds per byte, seconds) of one pass, so that
+    group_collective(links, b, size, stride, passes) == passes * (b * per_byte + latency). A caller
+    timing several collectives over the same group (the data-parallel reduction, gathers, the
+    last bucket) computes the group's shape once. (k - 1)/k and (nodes - 1)/nodes vanish for a
+    group of one, as ``_ring``'s zero does."""
+    size = np.asarray(size, dtype=float)
+    per_node = np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1)
+    k = np.minimum(size, per_node)
+    nodes = np.maximum(np.floor(size / k), 1)
+    per_byte = (k - 1) / k / links.intra_bw + (nodes - 1) / nodes / k / links.inter_bw
+    return per_byte, (k - 1) * links.intra_lat + (nodes - 1) * links.inter_lat
+
+
 def small_all_reduce(links: Links, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
     """An all-reduce of a few bytes (a gradient norm, a loss) over ``size`` ranks ``stride`` apart:
     latency only, up and down a tree, log2 of the ranks in a node and of the nodes (NCCL's trees

@@ -212,11 +212,14 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     # torch's non-reentrant checkpoint stops recomputing once the layer's saved tensors are back,
     # before its last collective (the MLP output's all-reduce, or reduce-scatter: half of one); the
     # host work around the collectives (tp_calls: DTensor's dispatch) is all redone up to there.
-    collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
-    again = 2 - sw.stack.recompute_early_stop * np.where(c.sequence_parallel, 0.5, 1.0)
-    calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
-    sent = np.where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
-    return _LayerTimes(fwd, bwd, recompute, sent * collective, calls,
+    if np.any(c.tp > 1):
+        collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
+        again = 2 - sw.stack.recompute_early_stop * np.where(c.sequence_parallel, 0.5, 1.0)
+        calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
+        sent = np.where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0) * collective
+    else:  # no layout splits the layers: the same zeros
+        calls = sent = np.zeros(len(c))
+    return _LayerTimes(fwd, bwd, recompute, sent, calls,
                        context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm)
 
 
@@ -291,9 +294,26 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     group = np.where(hybrid, c.zero_group(links.gpus_per_node), group)
     replicas = np.where(hybrid, c.shard_group // group, 1)
 
+    moe_ = bool(np.any(expert_share))
+    lines: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # each group's collective as a line, computed once
+
+    def line(which: str) -> tuple[np.ndarray, np.ndarray]:
+        if which not in lines:
+            lines[which] = (comm.group_coefficients(links, group, c.tp) if which == "dense"
+                            else comm.group_coefficients(links, group // c.ep, c.tp * c.ep))
+        return lines[which]
+
     def over(collective, bytes_: np.ndarray, passes: float) -> np.ndarray:
+        if collective is comm.group_collective:  # the same figures as the call, from the group's line
+            per_byte, latency = line("dense")
+            dense = passes * (bytes_ * (1 - expert_share) * per_byte + latency)
+            if not moe_:
+                return dense * busy
+            per_byte, latency = line("routed")
+            routed = passes * (bytes_ * expert_share * per_byte + latency)
+            return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
         dense = collective(links, bytes_ * (1 - expert_share), group, c.tp, passes)
-        if not np.any(expert_share):
+        if not moe_:
             return dense * busy
         routed = collective(links, bytes_ * expert_share, group // c.ep, c.tp * c.ep, passes)
         return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
@@ -301,13 +321,14 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # Each ZeRO stage's time is computed only when some layout has that stage (np.select below
     # reads a stage's value only for those layouts; 0.0 stands in for the others).
     zero = c.zero_stage
-    has0, has12, has3 = np.any(zero == 0), np.any((zero == 1) | (zero == 2)), np.any(zero >= 3)
+    present = np.bincount(zero, minlength=4)
+    has0, has12, has3 = bool(present[0]), bool(present[1] or present[2]), bool(present[3:].any())
     ar = over(comm.group_collective, grad_bytes, 2.0) if has0 else 0.0
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
-    replica_ar = np.where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
-                          0.0) * busy if has12 or has3 else 0.0
+    replica_ar = (np.where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
+                           0.0) * busy if (has12 or has3) and np.any(replicas > 1) else 0.0)
     rs = (over(comm.group_collective, grad_bytes, 1.0) + replica_ar
           if has12 or (has3 and zcoll is comm.group_collective) else 0.0)
     ag3 = over(zcoll, param_bytes, 1.0) if has3 or has12 else 0.0  # ZeRO-1/2's step gather may be this call
@@ -319,8 +340,9 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # ends: at least that bucket is exposed, and a model that fits in one bucket is all exposed.
     # The stack's ``dp_bucket_bytes`` (0: one bucket, reduced after the backward).
     bucket = sw.stack.dp_bucket_bytes
-    last_bucket = grad_bytes if bucket <= 0 else np.minimum(grad_bytes, bucket)
-    ar_last = over(comm.group_collective, last_bucket, 2.0) if has0 else 0.0
+    whole = bucket <= 0 or bool(np.all(grad_bytes <= bucket))  # one bucket: the reduction itself
+    last_bucket = grad_bytes if whole else np.minimum(grad_bytes, bucket)
+    ar_last = (ar if whole else over(comm.group_collective, last_bucket, 2.0)) if has0 else 0.0
     rs_last = over(comm.group_collective, last_bucket, 1.0) if has12 else 0.0
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
@@ -343,8 +365,9 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         zero1 = np.maximum(rs_last, rs - hidden)
         zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * zero1 + ag_step
         zero1 = zero1 + ag_step
-    return np.select([c.zero_stage == 0, c.zero_stage == 1, c.zero_stage == 2],
-                     [np.maximum(ar_last, ar - hidden), zero1, zero2], zero3)
+    if not (has0 or has12):  # ZeRO-3 only (FSDP searches, most pinned estimates): no selection
+        return zero3 * np.ones(len(c))
+    return np.select([zero == 0, zero == 1, zero == 2], [np.maximum(ar_last, ar - hidden), zero1, zero2], zero3)
 
 
 def param_tensors(model: ModelSpec) -> tuple[float, float, float]:
@@ -375,18 +398,19 @@ def optimizer_host_time(model: ModelSpec, hw: HardwareProfile, c: Candidates, sw
     and, with tied embeddings under pp > 1, the embedding gradient's all-reduce between the first
     and last stages (Narayanan et al. 2021, Sec. 4: Megatron-LM sums them there too)."""
     e, act_grad = hw.efficiency, 4.0  # the tied gradient summed in fp32 (main gradients)
-    per_layer, embed, head = param_tensors(model)
-    tensors = np.where(c.pp > 1, np.maximum(np.maximum(first * per_layer + embed, fullest * per_layer),
-                                            last * per_layer + head), first * per_layer + embed + head)
-    dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
-    ratio = np.where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
-    host = tensors * e.optimizer_tensor_overhead_s * ratio
-    norm = comm.small_all_reduce(links, c.gpus, np.ones(len(c)))
-    tied_bytes = act_grad * model.vocab * model.hidden / c.tp
-    tied = np.where((c.pp > 1) & model.tied_embeddings,
-                    comm.group_collective(links, tied_bytes, np.full(len(c), 2), c.gpus // c.pp * (c.pp - 1), 2.0),
-                    0.0)
-    return (host + norm + tied) * busy
+    out = comm.small_all_reduce(links, c.gpus, np.ones(len(c)))
+    if e.optimizer_tensor_overhead_s > 0:  # (0 on the GPU profiles: nothing to count)
+        per_layer, embed, head = param_tensors(model)
+        tensors = np.where(c.pp > 1, np.maximum(np.maximum(first * per_layer + embed, fullest * per_layer),
+                                                last * per_layer + head), first * per_layer + embed + head)
+        dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
+        ratio = np.where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
+        out = out + tensors * e.optimizer_tensor_overhead_s * ratio
+    if model.tied_embeddings and np.any(c.pp > 1):
+        tied_bytes = act_grad * model.vocab * model.hidden / c.tp
+        tied = comm.group_collective(links, tied_bytes, np.full(len(c), 2), c.gpus // c.pp * (c.pp - 1), 2.0)
+        out = out + np.where(c.pp > 1, tied, 0.0)
+    return out * busy
 
 
 @dataclass(frozen=True, slots=True)
