@@ -54,3 +54,26 @@ def test_bubble_fraction_formula():
     assert float(bubble_fraction_ideal(np.array(8), np.array(1), np.array(32))) == pytest.approx(7 / 32)
     assert float(bubble_fraction_ideal(np.array(8), np.array(2), np.array(32))) == pytest.approx(7 / 64)
     assert float(bubble_fraction_ideal(np.array(1), np.array(1), np.array(4))) == 0.0
+
+
+def test_a_groups_line_gives_the_collectives_own_times():
+    """group_coefficients is group_collective written as passes * (bytes * per_byte + latency):
+    on random groups, strides and sizes the two agree, and one hand case: 16 ranks 1 apart on
+    8-GPU nodes reduce-scatter (1 pass) 1 GB as 7/8 over NVLink and 1/2 of an eighth over the network."""
+    import numpy as np
+
+    from planner.core import comm
+    from planner.hardware import get_profile
+
+    links = comm.Links.of(get_profile("h100-80g"))
+    rng = np.random.default_rng(1)
+    size = rng.choice([1, 2, 3, 4, 8, 16, 64, 1024], 300)
+    stride = rng.choice([1, 2, 4, 8, 16], 300)
+    b = rng.uniform(1, 1e10, 300)
+    per_byte, latency = comm.group_coefficients(links, size, stride)
+    for passes in (1.0, 2.0):
+        want = comm.group_collective(links, b, size, stride, passes)
+        assert np.allclose(passes * (b * per_byte + latency), want, rtol=1e-12, atol=0)
+    pb, lat = comm.group_coefficients(links, np.array([16]), np.array([1]))
+    hand = 7 / 8 * 1e9 / links.intra_bw + 1 / 2 * 1e9 / 8 / links.inter_bw + 7 * links.intra_lat + links.inter_lat
+    assert float(1e9 * pb[0] + lat[0]) == pytest.approx(hand, rel=1e-12)
