@@ -103,21 +103,6 @@ def days_vs_gpus(rows: Sequence[dict], current: dict | None) -> dict:
     return {"layer": layers}
 
 
-def live_steps(rows: Sequence[dict]) -> dict:
-    """One small line chart per quantity of a run's per-step CSV (independent y scales)."""
-    return {
-        "data": {"values": list(rows)},
-        "facet": {"field": "quantity", "type": "nominal", "title": None},
-        "columns": 2,
-        "spec": {"width": 300, "mark": "line",
-                 "encoding": {"x": {"field": "step", "type": "quantitative"},
-                              "y": {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}},
-                              "tooltip": [{"field": "step", "type": "quantitative"},
-                                          {"field": "value", "type": "quantitative", "format": ".4g"}]}},
-        "resolve": {"scale": {"y": "independent"}},
-    }
-
-
 def pipeline_timeline(rows: Sequence[dict]) -> dict:
     """The pipeline schedule: one lane per rank, a bar per forward (light) or backward (dark) of a
     micro-batch, labelled with its number; the gaps are the bubble (planner.decisions.pictures)."""

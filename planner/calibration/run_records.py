@@ -8,8 +8,6 @@ command line, and the per-step CSV of a run in progress.
 
 from __future__ import annotations
 
-import csv
-import math
 import os
 import shlex
 import tempfile
@@ -20,7 +18,6 @@ from pathlib import Path
 from planner.errors import PlannerError
 
 RECORD_FILE = "record.json"
-STEPS_FILE = "steps.csv"
 ROOTS_ENV = "PLANNER_RUNS_ROOTS"  # folders the explorer may read runs from, os.pathsep-separated
 
 
@@ -128,59 +125,3 @@ def plot_png(points: Sequence) -> bytes:
         path = Path(tmp) / "validate.png"
         plot(list(points), str(path))
         return path.read_bytes()
-
-
-# --- a run in progress: its per-step CSV ----------------------------------------------------------
-# What the live view plots -> the CSV columns that carry it (planner/calibration/record.py CSV_COLUMNS;
-# GPU utilisation and power where the CSV has them).
-ROLES = {
-    "loss": ("loss",),
-    "step time s": ("step_s",),
-    "tokens/s": ("tokens_per_s",),
-    "GPU utilisation %": ("gpu_util_percent", "gpu_util_pct", "gpu_util"),
-    "power W": ("power_w", "gpu_power_w"),
-}
-
-
-def steps_csv(folder: str | Path) -> Path | None:
-    path = Path(folder) / STEPS_FILE
-    return path if path.is_file() else None
-
-
-def live_runs(runs_dir: str | Path) -> list[str]:
-    """Run folders that have a per-step CSV (finished or still running), newest first."""
-    found = [p for p in Path(runs_dir).glob(f"*/{STEPS_FILE}") if p.is_file()]
-    return [p.parent.name for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
-
-
-def read_steps(path: str | Path) -> dict[str, list[float]]:
-    """The step number and each plotted quantity found, as columns. A line still being written
-    (short, or not numbers yet) is left out, so a live run reads cleanly."""
-    with open(path, newline="") as fh:
-        reader = csv.reader(fh)
-        header = [h.strip() for h in next(reader, [])]
-        if "step" not in header:
-            return {}
-        columns = {"step": header.index("step")}
-        for role, names in ROLES.items():
-            index = next((header.index(n) for n in names if n in header), None)
-            if index is not None:
-                columns[role] = index
-        out: dict[str, list[float]] = {k: [] for k in columns}
-        for row in reader:
-            if len(row) != len(header):
-                continue
-            try:
-                values = {k: float(row[c]) if row[c].strip() else math.nan for k, c in columns.items()}
-            except ValueError:
-                continue
-            for k, v in values.items():
-                out[k].append(v)
-    return out
-
-
-def step_rows(columns: dict[str, list[float]]) -> list[dict]:
-    """Long form (step, quantity, value) for one small chart per quantity; empty values left out."""
-    steps = columns.get("step", [])
-    return [{"step": s, "quantity": role, "value": v} for role in ROLES if role in columns
-            for s, v in zip(steps, columns[role]) if math.isfinite(v)]

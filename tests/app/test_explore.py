@@ -201,18 +201,6 @@ def test_runs_are_what_planner_validate_says_and_bad_records_are_named(tmp_path)
     assert run_records.compare(nameless, "h100-80g").points  # unless a profile is chosen
 
 
-def test_live_view_reads_a_csv_being_written(tmp_path):
-    run = tmp_path / "runs" / "live"
-    run.mkdir(parents=True)
-    lines = (RUNS / "tiny-cpu" / "steps.csv").read_text().splitlines()
-    (run / "steps.csv").write_text("\n".join(lines[:6]) + "\n" + lines[6][:20])  # a line half written
-    assert run_records.live_runs(tmp_path / "runs") == ["live"]
-    cols = run_records.read_steps(run_records.steps_csv(run))
-    assert cols["step"] == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert {"loss", "step time s", "tokens/s"} <= set(cols)
-    assert len(run_records.step_rows(cols)) == 3 * 5
-
-
 def test_planner_app_serves_the_packaged_page(tmp_path):
     from planner.cli import app as app_cli
     from planner.cli.main import build_parser
