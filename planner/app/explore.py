@@ -373,7 +373,7 @@ def _counts_table(model, option, counts: Sequence[int], tables: dict):
 def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None = None) -> tuple:
     """(option, planner.decisions.decide.Probe) for every option and count, counts ascending within
     each option: what `planner compare` finds (``_comparison``), each count's best layout found by
-    planner.core.search.fastest_fitting_bounded (the same layout, with the step time of far fewer
+    planner.core.bounded.fastest_fitting_bounded (the same layout, with the step time of far fewer
     layouts). A count without a valid layout is probed the long way, for its reason."""
     return tuple(p for step in _probe_steps(values, counts, profiles) for p in step)
 
@@ -381,7 +381,7 @@ def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequen
 def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
     """``probes`` an option at a time: yields each option's (option, probe) pairs."""
     from planner.core.results import estimate_at
-    from planner.core.search import fastest_fitting_bounded, least_memory
+    from planner.core.bounded import fastest_fitting_bounded, least_memory
     from planner.decisions.decide import Probe, probe
     from planner.units import GIB
 
@@ -458,7 +458,7 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
     with less work: each count's layouts enumerated once for the profiles that run the same job,
     each profile's counts evaluated together, their memory shared by the profiles that read the
     same of the hardware, and the step time only of the fitting layouts whose floor leaves them a
-    chance (planner.core.search.fastest_fitting_bounded)."""
+    chance (planner.core.bounded.fastest_fitting_bounded)."""
     return tuple(p for points in _sweep_steps(values, counts, profiles) for p in points)
 
 
@@ -467,7 +467,7 @@ def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
     profile's, or none while a count's layouts are enumerated)."""
     from planner.core.memory import hardware_read
     from planner.core.results import estimate_at
-    from planner.core.search import fastest_fitting_bounded, least_memory
+    from planner.core.bounded import fastest_fitting_bounded, least_memory
 
     x, options = _options(values, profiles)
     counts = sorted(set(counts))

@@ -24,6 +24,7 @@ import pytest
 
 from planner.app import explore
 from planner.app import state as explore_state
+from planner.core import bounded as B
 from planner.core import search as S
 from planner.core.evaluate import _effective
 from planner.core.layout import Job
@@ -76,7 +77,7 @@ def test_floor_is_under_every_step_time(name, job, counts, profiles):
         j = fallback_precision_job(job, hw)
         _, c, _, shared = table_of(model, j, counts, hw)
         sw, eff = _effective(hw, j)
-        floor = S.step_time_floor(model, eff, j, c, sw, shared)
+        floor = B.step_time_floor(model, eff, j, c, sw, shared)
         step = step_time(model, eff, j, c, sw).step
         assert floor is not None and floor.shape == step.shape
         assert np.all(floor <= step), (gpu, float(np.max(floor / step)))
@@ -89,7 +90,7 @@ def test_bounded_is_each_searchs_first(name, job, counts, profiles):
     for gpu in profiles:
         hw = get_profile(gpu)
         j = fallback_precision_job(job, hw)
-        best = S.fastest_fitting_bounded(model, hw, j, table_of(model, j, counts, hw))
+        best = B.fastest_fitting_bounded(model, hw, j, table_of(model, j, counts, hw))
         for n in counts:
             r = S.search(model, hw, j, n)
             if not r.feasible:
@@ -103,12 +104,12 @@ def test_bounded_is_each_searchs_first(name, job, counts, profiles):
 def test_a_wrong_floor_is_caught_and_everything_evaluated(monkeypatch):
     model, hw, job = get_preset("llama2-7b"), get_profile("h100-80g"), Job()
     counts = (8, 64)
-    want = S.fastest_fitting_bounded(model, hw, job, table_of(model, job, counts, hw))
-    real = S.step_time_floor
-    monkeypatch.setattr(S, "step_time_floor", lambda *a: real(*a) * 3)  # over some step times
+    want = B.fastest_fitting_bounded(model, hw, job, table_of(model, job, counts, hw))
+    real = B.step_time_floor
+    monkeypatch.setattr(B, "step_time_floor", lambda *a: real(*a) * 3)  # over some step times
     calls = []
-    monkeypatch.setattr(S, "fastest_fitting", lambda *a: calls.append(1) or real_fastest(*a))
-    got = S.fastest_fitting_bounded(model, hw, job, table_of(model, job, counts, hw))
+    monkeypatch.setattr(B, "fastest_fitting", lambda *a: calls.append(1) or real_fastest(*a))
+    got = B.fastest_fitting_bounded(model, hw, job, table_of(model, job, counts, hw))
     assert calls and got.keys() == want.keys()
     for n in want:
         assert_same(columns(want[n]), columns(got[n]))
@@ -121,8 +122,8 @@ def test_a_cpu_host_has_no_floor_and_is_searched_whole():
     model, hw, job = get_preset("gpt3-1.3b"), get_profile("cpu-2core"), Job(precision="fp32")
     _, c, _, shared = table_of(model, job, (1, 2), hw)
     sw, eff = _effective(hw, job)
-    assert S.step_time_floor(model, eff, job, c, sw, shared) is None
-    best = S.fastest_fitting_bounded(model, hw, job, table_of(model, job, (1, 2), hw))
+    assert B.step_time_floor(model, eff, job, c, sw, shared) is None
+    best = B.fastest_fitting_bounded(model, hw, job, table_of(model, job, (1, 2), hw))
     for n in (1, 2):
         r = S.search(model, hw, job, n)
         assert (n in best) == bool(r.feasible)
@@ -196,16 +197,16 @@ def test_distinct_rows_equal_every_row_and_widen():
     c, _ = S.enumerate_layouts(model, 64, job)
     shared: dict = {}
     f = lambda r: r.tp * 1000 + r.micro_batch * 10 + r.m  # m reads dp and global_batch
-    got = S.on_distinct_rows(f, c, shared, ("tp",))
+    got = B.on_distinct_rows(f, c, shared, ("tp",))
     assert np.array_equal(got, f(c))
     assert any(set(k[1]) >= {"tp", "micro_batch", "dp", "global_batch"} for k in shared if k[0] == "distinct")
-    zero = S.on_distinct_rows(lambda r: r.zero_group(8) * 1.0, c, shared)
+    zero = B.on_distinct_rows(lambda r: r.zero_group(8) * 1.0, c, shared)
     assert np.array_equal(zero, c.zero_group(8) * 1.0)
 
 
 def test_distinct_rows_of_a_table_with_a_wide_key():
     c, _ = S.enumerate_layouts(get_preset("llama2-7b"), 512, Job())
-    rows, inverse = S._distinct_rows(c, tuple(c.columns()))  # every column: the sorting path
+    rows, inverse = B._distinct_rows(c, tuple(c.columns()))  # every column: the sorting path
     key = np.stack([getattr(c, n).astype(np.int64) for n in c.columns()], axis=1)
     assert np.array_equal(key[rows][inverse], key)
     assert len(np.unique(key, axis=0)) == len(rows)
@@ -216,10 +217,10 @@ def test_the_floor_leaves_few_layouts_to_evaluate(monkeypatch):
     model, hw, job = get_preset("llama2-7b"), get_profile("h100-80g"), Job()
     table = table_of(model, job, (64, 512), hw)
     evaluated = []
-    real = S._evaluate_rows
-    monkeypatch.setattr(S, "_evaluate_rows", lambda m, h, j, c, rows, sw: evaluated.append(len(rows)) or
+    real = B._evaluate_rows
+    monkeypatch.setattr(B, "_evaluate_rows", lambda m, h, j, c, rows, sw: evaluated.append(len(rows)) or
                         real(m, h, j, c, rows, sw))
-    S.fastest_fitting_bounded(model, hw, job, table)
+    B.fastest_fitting_bounded(model, hw, job, table)
     assert 0 < sum(evaluated) < len(table[1]) / 4
 
 
