@@ -28,6 +28,7 @@ from planner.calibration.record import (  # noqa: F401  (re-exported: the traine
     load_record,
     validate_record,
 )
+from planner.core import step_parts
 
 
 # --- the per-step CSV -------------------------------------------------------------------------
@@ -101,9 +102,11 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _rank_breakdown(r: dict) -> dict:
+def _rank_breakdown(r: dict, sync_wait: float, pp: int) -> dict:
     """One rank's seconds per step: the timers' means over the measured steps; communication
-    and idle as the fraction of the forward-backward window the traced steps found."""
+    and idle as the fraction of the forward-backward window the traced steps found; the wait
+    for other ranks in the optimizer window's collectives (``sync_wait``, from
+    step_parts.sync_waits) booked out of optimizer into bubble (pp > 1) or other."""
     fb, step = r["fwd_bwd_s"], r["step_s"]
     traced = [a for a in r["traced"] if a]
     out = {"step": step, "data_wait": r["data_wait_s"], "optimizer": r["optimizer_s"],
@@ -120,6 +123,8 @@ def _rank_breakdown(r: dict) -> dict:
     # the context-parallel K/V gather and its gradient's reduction; expert parallel's all-to-all.
     out["cp_comm"], out["all_to_all"] = r.get("cp_comm_s", 0.0), r.get("all_to_all_s", 0.0)
     out["compute"] = fb - (out["comm_exposed"] or 0.0) - (out["bubble"] or 0.0)
+    out = step_parts.book_sync_wait(out, sync_wait, pp)
+    out["sync_wait"] = sync_wait
     return out
 
 
@@ -148,7 +153,7 @@ def _peak(config, env: dict) -> tuple[float | None, str | None]:
 
 
 BREAKDOWN_KEYS = ("compute", "comm_total", "comm_exposed", "comm_exposed_tp", "cp_comm", "all_to_all", "data_wait",
-                  "bubble", "optimizer", "other")
+                  "bubble", "optimizer", "other", "sync_wait")
 
 
 def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dict], start_step: int,
@@ -158,7 +163,8 @@ def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dic
     measured = [r for r in this_launch[warmup_steps:] if not r["traced"]] or this_launch
     times = [r["step_s"] for r in measured]
     median = statistics.median(times)
-    per_rank = [_rank_breakdown(r) for r in ranks]
+    waits = step_parts.sync_waits([r.get("sync_steps_s", []) for r in ranks])  # none on a rebuild: 0
+    per_rank = [_rank_breakdown(r, w, config.layout.pp) for r, w in zip(ranks, waits)]
     breakdown = _breakdown(per_rank)
     traced_any = breakdown["comm_exposed"] is not None
     nvml = _nvml_summary(ranks)
@@ -172,10 +178,7 @@ def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dic
                         "mean": sum(times) / len(times)},
         **_throughput(config, median, len(ranks), env),
         "breakdown_s": breakdown,
-        "breakdown_source": ("timers on every measured step; communication and bubble from torch.profiler on the "
-                             "traced steps, as fractions of the forward-backward window; means over the measured "
-                             "steps and over ranks"
-                             if traced_any else "timers only (no traced step: communication and bubble unknown)"),
+        "breakdown_source": _source(traced_any, config.layout.pp, len(ranks)),
         **_shares(config.layout, breakdown, per_rank, ranks, median),
         "per_rank": [{"rank": r["rank"], "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "cp_rank": r.get("cp_rank", 0),
                       "tp_rank": r["tp_rank"],
@@ -188,6 +191,18 @@ def build_record(*, config, config_dict: dict, ranks: list[dict], rows: list[dic
     }
     rec["flags"] = _flags(rec)
     return validate_record(rec)
+
+
+def _source(traced: bool, pp: int, world: int) -> str:
+    """How ``breakdown_s`` was measured, and whose numbers it holds."""
+    how = ("timers on every measured step; communication and bubble from torch.profiler on the traced steps, "
+           "as fractions of the forward-backward window" if traced else
+           "timers only (no traced step: communication and bubble unknown)")
+    wait = step_parts.sync_wait_part(pp)
+    return (f"{how}; the wait for other ranks in the optimizer window's collectives across stages (sync_wait: "
+            f"their time beyond the fastest rank's, step by step) booked as {wait}, not optimizer; means over the "
+            f"measured steps and over all {world} ranks (per_rank holds each rank's; steps.csv holds rank 0's "
+            f"timers)")
 
 
 def _header(config, config_dict: dict, status: str, message: str | None, env: dict, ranks: list[dict],
@@ -358,6 +373,8 @@ def summary(rec: dict) -> str:
              f"compute {fmt(b['compute'])}, comm exposed {fmt(b['comm_exposed'])} of {fmt(b['comm_total'])}, "
              f"bubble {fmt(b['bubble'])}, data {fmt(b['data_wait'])}, optimizer {fmt(b['optimizer'])}, "
              f"other {fmt(b['other'])}; bubble {pct(rec['bubble_fraction'])}, comm {pct(rec['comm_share'])}",
+             f"waiting for other ranks after backward {fmt(b.get('sync_wait'))} (mean over ranks), booked as "
+             f"{step_parts.sync_wait_part(rec['layout']['pp'])}",
              f"peak memory {rec['memory']['peak_allocated_bytes'] / 2**20:.0f} MiB ({rec['memory']['kind']})"]
     lines += [f"check {f['check']}: {f['value']:.3g} > {f['limit']}: {f['advice']}" for f in rec["flags"]]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,9 @@ class StepResult:
     skipped: bool
     fwd_bwd_s: float = 0.0
     optimizer_s: float = 0.0
+    # Seconds inside ``update``'s collectives across pipeline stages: their own cost (microseconds
+    # for the packed all-reduce) plus waiting for the slowest rank (on a pipeline, the drain).
+    sync_s: float = 0.0
 
 
 class Stepper:
@@ -102,6 +106,7 @@ class Stepper:
         self.stage_ranks = layout.dp * layout.cp * layout.tp  # ranks that run each pipeline stage
         self._raw_losses: list[torch.Tensor] = []
         self._inject = False
+        self._sync_s = 0.0  # seconds in this update's cross-stage collectives
         self.norm_groups = self._norm_groups()
         self.moes = [m for module in parts.modules for m in module.modules() if isinstance(m, MoE)]
         for moe in self.moes:
@@ -185,7 +190,8 @@ class Stepper:
         grads = [local_tensor(p.grad) for p in tied if p.grad is not None]
         if self.parts.tied_group is not None:
             for g in grads:
-                dist.all_reduce(g, group=self.parts.tied_group)
+                with self._timed_sync():
+                    dist.all_reduce(g, group=self.parts.tied_group)
         elif len(grads) == 2:
             grads[0].add_(grads[1])
             grads[1].copy_(grads[0])
@@ -215,8 +221,23 @@ class Stepper:
                 total += torch.stack(norms).double().pow(2).sum() / r
         return total
 
+    @contextlib.contextmanager
+    def _timed_sync(self):
+        """Times a collective of ``update`` across pipeline stages (the tied gradients' all-reduce,
+        the loss scaler's unscale and overflow flag, the packed loss and norm). A rank that
+        finished backward early waits in the first of them for the slowest rank (and, on a loaded
+        host, a little in the next): the record books its time beyond the fastest rank's as
+        bubble (pp > 1) or other, not optimizer (planner.core.step_parts.sync_waits). The expert
+        and tensor-parallel reductions before them stay inside a stage: not timed."""
+        t0 = time.perf_counter()
+        yield
+        if self.device.type == "cuda":  # NCCL returns once queued: the wait is on the stream
+            torch.cuda.synchronize(self.device)
+        self._sync_s += time.perf_counter() - t0
+
     def update(self, loss_sum: torch.Tensor, step: int) -> StepResult:
         lr = lr_at(step, self.tr)
+        self._sync_s = 0.0
         if self.parts.experts is not None:
             for module in self.parts.modules:
                 reduce_expert_grads(module, self.parts.experts)
@@ -224,9 +245,11 @@ class Stepper:
         self._sum_tied_grads()
         if self.scaler is not None:
             for opt in self.optimizers:
-                self.scaler.unscale_(opt)  # the overflow flag is all-reduced over the world
+                with self._timed_sync():  # its local unscale too: about the same on every rank
+                    self.scaler.unscale_(opt)  # the overflow flag is all-reduced over the world
         packed = torch.stack([loss_sum.double(), self._local_sq_norm()])
-        dist.all_reduce(packed)
+        with self._timed_sync():
+            dist.all_reduce(packed)
         # Every (dp, cp) rank's micro-batch losses: cp ranks each hold the mean over T/cp tokens.
         loss = float(packed[0]) / (self.layout.dp * self.layout.cp * self.m)
         norm = math.sqrt(float(packed[1])) if math.isfinite(float(packed[1])) else float("nan")
@@ -249,7 +272,8 @@ class Stepper:
             scale = float(self.scaler.get_scale())
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        return StepResult(loss=loss, grad_norm=norm, lr=lr, loss_scale=scale, skipped=skipped)
+        return StepResult(loss=loss, grad_norm=norm, lr=lr, loss_scale=scale, skipped=skipped,
+                          sync_s=self._sync_s)
 
 
 class NonFiniteGuard:

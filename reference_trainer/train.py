@@ -303,6 +303,7 @@ def _one_step(loop: _Loop, i: int, traced: bool):
     row = {"step": i + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
            "loss_scale": result.loss_scale, "skipped": int(result.skipped), "step_s": t3 - t0,
            "data_wait_s": t1 - t0, "fwd_bwd_s": t2 - t1, "optimizer_s": t3 - t2,
+           "sync_wait_s": result.sync_s,  # inside optimizer_s: the cross-stage collectives, mostly waiting
            "tokens_per_s": tokens_per_step / (t3 - t0), "traced": int(prof is not None), **loop.nvml.latest(),
            **exchange.take()}
     return row, result, analysis
@@ -369,9 +370,10 @@ def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s)
     return {"rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "dp_rank": mesh.get_local_rank("dp"),
             "cp_rank": mesh.get_local_rank("cp"), "tp_rank": mesh.get_local_rank("tp"), "hostname": socket.gethostname(),
             "step_s": mean("step_s"), "data_wait_s": mean("data_wait_s"), "fwd_bwd_s": mean("fwd_bwd_s"),
-            "optimizer_s": mean("optimizer_s"), "cp_comm_s": part("cp_comm_s"), "all_to_all_s": part("all_to_all_s"), "traced": analyses, "memory": profiler.peak_memory(device),
+            "optimizer_s": mean("optimizer_s"), "sync_wait_s": part("sync_wait_s"), "cp_comm_s": part("cp_comm_s"),
+            "all_to_all_s": part("all_to_all_s"), "traced": analyses, "memory": profiler.peak_memory(device),
             "wall_s": time.perf_counter() - wall0, "cpu_s": profiler.cpu_times() - cpu0, "nvml": nvml,
-            "checkpoint_s": save_s}
+            "checkpoint_s": save_s, "sync_steps_s": [r.get("sync_wait_s") or 0.0 for r in measured]}
 
 
 def _environment(device: torch.device) -> dict:

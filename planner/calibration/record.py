@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 RECORD_JSON = "record.json"
 STEPS_CSV = "steps.csv"
 CSV_COLUMNS = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped", "step_s", "data_wait_s", "fwd_bwd_s",
-               "optimizer_s", "tokens_per_s", "traced", "gpu_util_percent", "power_w")
+               "optimizer_s", "sync_wait_s", "tokens_per_s", "traced", "gpu_util_percent", "power_w")
 
 NUM, INT, STR, BOOL, DICT, LIST = "number", "integer", "string", "boolean", "object", "array"
 OPT = "?"  # suffix: the field may be null
@@ -63,7 +63,9 @@ SCHEMA: dict[str, object] = {
 }
 
 # Fields a record may lack (added after schema version 1 was first written); checked when present.
-OPTIONAL: dict[str, str] = {"per_rank": LIST}
+# A dotted name is a field of an object (``breakdown_s.sync_wait``: records before it booked the
+# wait for other ranks in the optimizer window's collectives as optimizer).
+OPTIONAL: dict[str, str] = {"per_rank": LIST, "breakdown_s.sync_wait": NUM}
 
 _TYPES = {NUM: (int, float), INT: (int,), STR: (str,), BOOL: (bool,), DICT: (dict,), LIST: (list,)}
 
@@ -103,7 +105,13 @@ def validate_record(data: dict) -> dict:
         for name, default in ADDED_LAYOUT.items():
             data["layout"].setdefault(name, default)
     _check(data, SCHEMA, "")
-    _check(data, {k: v for k, v in OPTIONAL.items() if k in data}, "")
+    for name, kind in OPTIONAL.items():
+        *outer, key = name.split(".")
+        holder = data
+        for part in outer:
+            holder = holder[part]
+        if key in holder:
+            _check(holder, {key: kind}, ".".join(outer))
     if data["schema_version"] != SCHEMA_VERSION:
         raise ValueError(f"run record: field 'schema_version' is {data['schema_version']}, expected {SCHEMA_VERSION}")
     if not data["step_time_s"]["median"] > 0:

@@ -12,11 +12,15 @@ Two parts cannot be told apart in a measurement, and the comparison merges them 
   trace sees one wait (neither gloo nor NCCL separates the transfer from the waiting for it);
 - tensor- and data-parallel communication when both run and the trace cannot attribute every
   collective (on a GPU, NCCL kernels carry no process group): compared as their sum then.
+
+A rank that finishes backward before the others waits in the first collective across stages
+after it, inside the optimizer's timer: that wait is bubble (pp > 1: the drain) or other
+(stragglers), never optimizer (``sync_waits``, ``book_sync_wait``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -43,11 +47,11 @@ PARTS: tuple[Part, ...] = (
     Part(name="bubble", communication=False,
          definition="pipeline idle: a stage waiting for its neighbour at fill, drain and between micro-batches"),
     Part(name="optimizer", communication=False,
-         definition="after backward: gradient norm and clipping (with their all-reduce) and the AdamW update"),
+         definition="after backward: gradient norm and clipping (their all-reduce's own cost) and AdamW"),
     Part(name="data_wait", communication=False,
          definition="waiting for the next batch from the data loader"),
     Part(name="other", communication=False,
-         definition="the rest: per-step and per-micro-batch host overheads, launch latency"),
+         definition="the rest: per-step and per-micro-batch host overheads, launch latency, stragglers"),
 )
 NAMES: tuple[str, ...] = tuple(p.name for p in PARTS)
 COMMUNICATION: tuple[str, ...] = tuple(p.name for p in PARTS if p.communication)
@@ -68,6 +72,45 @@ COMPARED: dict[str, tuple[str, ...]] = {
     "bubble": ("bubble", "pp_comm"), "optimizer": ("optimizer",), "data_wait": ("data_wait",),
     "other": ("other",),
 }
+
+
+def sync_waits(sync_s: Sequence[Sequence[float]]) -> list[float]:
+    """Per rank, the mean seconds per step it waited for other ranks after backward.
+
+    ``sync_s[rank][step]``: the time each rank spent in the optimizer window's collectives across
+    pipeline stages (reference_trainer/step.py times them), over the same steps on every rank.
+    Beyond their own cost it is waiting for the slowest rank; the rank that arrives last waits
+    for no one, so its time is that cost: each step's smallest over ranks (on a pipeline, the
+    first stage's, which runs the last backward). Steps past the shortest list are left out."""
+    steps = min((len(s) for s in sync_s), default=0)
+    if steps == 0:
+        return [0.0] * len(sync_s)
+    waits = [0.0] * len(sync_s)
+    for i in range(steps):
+        floor = min(s[i] for s in sync_s)
+        for r, s in enumerate(sync_s):
+            waits[r] += (s[i] - floor) / steps
+    return waits
+
+
+def sync_wait_part(pp: int) -> str:
+    """Where that wait belongs. With pp > 1 the stages that finished backward early wait for the
+    first stage's drain: pipeline idle, the bubble the planner predicts ((p-1)/v micro-batches,
+    planner.core.steptime). Otherwise it is waiting for a slower rank: the stragglers of other."""
+    return "bubble" if pp > 1 else "other"
+
+
+def book_sync_wait(parts: Mapping[str, float | None], wait_s: float, pp: int) -> dict[str, float | None]:
+    """One rank's parts with ``wait_s`` moved out of optimizer (its timer spans the wait) into
+    ``sync_wait_part(pp)``; the sum is unchanged. An unmeasured bubble (None: no traced step)
+    stays None, and the wait leaves the optimizer all the same (the record keeps it as sync_wait)."""
+    out = dict(parts)
+    wait_s = min(wait_s, out["optimizer"] or 0.0)  # never more than the window it was timed in
+    out["optimizer"] = (out["optimizer"] or 0.0) - wait_s
+    target = sync_wait_part(pp)
+    if out.get(target) is not None:
+        out[target] += wait_s
+    return out
 
 
 def predicted_parts(step_time, index: int = 0, step_overhead_s: float | None = None) -> dict[str, float]:

@@ -68,3 +68,43 @@ def test_untraced_records_compare_only_their_timers():
     parts = step_parts.measured_parts({**BREAKDOWN, "comm_exposed": None, "bubble": None}, 2, 1)
     assert parts["compute"] is None and parts["optimizer"] == 0.005
     assert set(step_parts.compared(dict.fromkeys(step_parts.NAMES, 1.0), parts)) == {"optimizer", "data_wait", "other"}
+
+
+# The optimizer window's first cross-rank synchronisation (reference_trainer/step.py times it):
+# hand-made per-rank timers of a pp2 run whose last stage finished backward 140 ms early.
+def test_sync_wait_is_the_time_beyond_the_fastest_ranks():
+    # Two steps of two ranks. Rank 0 (first stage) arrives last: its 2 and 4 ms are the
+    # collectives' own cost; rank 1 waited 140 and 120 ms beyond it.
+    assert step_parts.sync_waits([[0.002, 0.004], [0.142, 0.124]]) == pytest.approx([0.0, 0.130])
+    # Per step, not per mean: which rank is fastest may change from step to step (pp 1 stragglers).
+    assert step_parts.sync_waits([[0.001, 0.011], [0.011, 0.001]]) == pytest.approx([0.005, 0.005])
+    assert step_parts.sync_waits([[0.5], [0.5], [0.5]]) == [0.0, 0.0, 0.0]  # nobody waited
+    assert step_parts.sync_waits([[0.1, 0.2], []]) == [0.0, 0.0]  # a rank without steps (a rebuilt record)
+    assert step_parts.sync_waits([]) == []
+
+
+def test_the_drain_moves_from_optimizer_to_bubble_and_the_step_keeps_its_sum():
+    last_stage = {"compute": 1.392, "comm_exposed": 0.0, "bubble": 0.108, "optimizer": 0.1535, "data_wait": 0.001,
+                  "other": 0.0}
+    booked = step_parts.book_sync_wait(last_stage, 0.140, pp=2)
+    assert booked["optimizer"] == pytest.approx(0.0135) and booked["bubble"] == pytest.approx(0.248)
+    assert booked["compute"] == 1.392 and booked["other"] == 0.0
+    assert sum(booked.values()) == pytest.approx(sum(last_stage.values()))
+    assert last_stage["optimizer"] == 0.1535  # the input is left as it was
+
+
+def test_without_a_pipeline_the_wait_is_a_straggler():
+    rank = {"compute": 0.3, "comm_exposed": 0.01, "bubble": 0.0, "optimizer": 0.025, "data_wait": 0.0, "other": 0.002}
+    booked = step_parts.book_sync_wait(rank, 0.005, pp=1)
+    assert booked["optimizer"] == pytest.approx(0.020) and booked["other"] == pytest.approx(0.007)
+    assert booked["bubble"] == 0.0
+    assert step_parts.sync_wait_part(1) == "other" and step_parts.sync_wait_part(4) == "bubble"
+
+
+def test_an_untraced_bubble_stays_unknown_and_the_wait_never_exceeds_its_window():
+    untraced = {"compute": 1.5, "comm_exposed": None, "bubble": None, "optimizer": 0.15, "data_wait": 0.0, "other": 0.0}
+    booked = step_parts.book_sync_wait(untraced, 0.14, pp=2)
+    assert booked["bubble"] is None and booked["optimizer"] == pytest.approx(0.01)
+    # Means over different steps can put the wait past the optimizer window: clipped to it.
+    clipped = step_parts.book_sync_wait({**untraced, "bubble": 0.1}, 0.2, pp=2)
+    assert clipped["optimizer"] == 0.0 and clipped["bubble"] == pytest.approx(0.25)
