@@ -135,7 +135,9 @@ def measured_parts(breakdown: Mapping[str, float | None], tp: int, dp: int,
     The record books pipeline point-to-point waits in ``bubble`` (pp_comm None: merged), and the
     exposed collectives of the forward-backward window in ``comm_exposed``; its tensor-parallel
     share ``comm_exposed_tp`` comes from functional-collective waits, which block the thread on a
-    CPU only. With one kind of parallelism the whole exposed time is that kind's."""
+    CPU only. With one kind of parallelism the whole exposed time is that kind's. Its optimizer
+    and bubble (or other) hold the wait for other ranks after backward as ``book_sync_wait``
+    books it; a record without ``sync_wait`` (written before) kept that wait in optimizer."""
     exposed = breakdown.get("comm_exposed")
     if exposed is None:  # no traced step: compute still holds the communication; only timers known
         return {**{p: None for p in NAMES}, "_comm": None, "optimizer": breakdown.get("optimizer"),
