@@ -86,15 +86,16 @@ def spans(events) -> list[Span]:
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
-    ops = {e.id: e for e in events if e.device_type != cuda and not e.linked_correlation_id}
+    link = lambda e: getattr(e, "linked_correlation_id", 0)  # noqa: E731 (absent before torch 2.1)
+    ops = {getattr(e, "id", None): e for e in events if e.device_type != cuda and not link(e)}
     comm: dict[int, list[tuple[str, float, float]]] = {}
     for e in ops.values():
         if e.name.startswith(COMM_OPS):
-            comm.setdefault(e.thread, []).append((e.name, float(e.time_range.start), float(e.time_range.end)))
+            comm.setdefault(getattr(e, "thread", 0), []).append((e.name, float(e.time_range.start), float(e.time_range.end)))
 
     def launcher(kernel) -> str | None:
-        op = ops.get(kernel.linked_correlation_id) if kernel.linked_correlation_id else None
-        return None if op is None else launching_op(comm.get(op.thread, []), float(op.time_range.start))
+        op = ops.get(link(kernel)) if link(kernel) else None
+        return None if op is None else launching_op(comm.get(getattr(op, "thread", 0), []), float(op.time_range.start))
 
     out = []
     for e in events:

@@ -129,10 +129,9 @@ def test_a_pp2_runs_drain_is_bubble_not_optimizer(two_sweep):
     for r in (first, last):  # booked, not dropped: each rank's parts still add up to its step
         parts = sum(r[k] for k in ("compute", "comm_exposed", "bubble", "optimizer", "data_wait", "other"))
         assert parts == pytest.approx(r["step"], rel=1e-6)
-    # The stages hold about half the model each (embedding + 2 layers; 2 layers + the tied head) and
-    # run the same optimizer window at the same moment: once the drain is out of the last stage's,
-    # the two are within a small factor (before: 5-9x here; 14x on the CPU grid's gpt-l pp2, issue 13).
-    assert last["optimizer"] < 3 * first["optimizer"]
+    # (How much smaller the last stage's optimizer window gets is a timing, measured in the
+    # helper's report and benchmarks/calibration_cpu.py, not asserted here: 193 -> 12.5 ms on the
+    # CPU grid's gpt-l pp2, against 11.7 ms for the same model without a pipeline.)
     assert flat["breakdown_s"]["sync_wait"] >= 0.0 and flat["bubble_fraction"] == 0.0  # pp1: stragglers, in other
     for row in steps(runs / "gpt-pp2-m1"):  # rank 0's timers: the sync is inside the optimizer window
         assert 0.0 < float(row["sync_wait_s"]) <= float(row["optimizer_s"])
