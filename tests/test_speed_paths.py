@@ -21,21 +21,8 @@ from planner.core.layout import Job
 from planner.core.presets import get_preset
 from planner.core.search import Pins, counts_table, enumerate_layouts, fastest_fitting, search, take
 from planner.hardware import get_profile
-
-
-def columns(ev) -> dict[str, np.ndarray]:
-    out = dict(ev.candidates.columns())
-    for name, part in (("mem", ev.memory), ("time", ev.time), *((f"stage{i}", s) for i, s in enumerate(ev.stage_memory))):
-        out.update({f"{name}.{f}": getattr(part, f) for f in part.__slots__})
-    out.update(train_seconds=ev.train_seconds, fits=ev.fits, mfu=ev.mfu)
-    return out
-
-
-def same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
-        assert np.array_equal(a[k], b[k]), k
+from tests.helpers import assert_same as same
+from tests.helpers import columns
 
 
 @pytest.mark.parametrize("name, gpus, job", [("mixtral-8x7b", 512, Job(attention="standard")),

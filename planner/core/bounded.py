@@ -15,7 +15,7 @@ import numpy as np
 from planner.core.evaluate import Evaluation
 from planner.core.layout import DIMS, Candidates, Job
 from planner.core.model import ModelSpec
-from planner.core.search import _rank_keys, fastest_fitting, take
+from planner.core.search import _rank_keys, fastest_fitting, first_per_segment, take
 from planner.hardware import HardwareProfile
 
 # --- the sweep's shortcut: a floor under each layout's step time ------------------------------------
@@ -224,14 +224,6 @@ def _first_of_each(ev: Evaluation, rows: np.ndarray, segment: np.ndarray) -> lis
     if len(where) == 0:
         return []
     keys = [k[where] for k in _rank_keys(ev, "time")]
-    segment = segment[rows[where]]
-    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-    owner = np.searchsorted(starts, np.arange(len(where)), "right") - 1
-    best = np.ones(len(where), dtype=bool)
-    for key in keys[::-1]:  # most significant first
-        key = np.where(best, key, np.inf)
-        best &= key == np.minimum.reduceat(key, starts)[owner]
-    found, first = np.unique(segment[best], return_index=True)
-    first = np.flatnonzero(best)[first]
+    found, first = first_per_segment(keys, segment[rows[where]])
     return [(int(k), (float(keys[2][j]), float(keys[1][j]), float(keys[0][j]), int(rows[where[j]])), int(where[j]))
             for k, j in zip(found, first)]

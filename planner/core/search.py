@@ -478,6 +478,20 @@ def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[lis
     return counts, together, np.repeat(np.arange(len(parts)), [len(c) for c in parts]), {}
 
 
+def first_per_segment(keys: list[np.ndarray], segment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows grouped in contiguous segments (``segment``: each row's label, ascending), the
+    segments and the index of each one's first row by ``keys`` (least significant first, as
+    ``_rank_keys`` gives them): the rows with every key at their segment's least, the first of them."""
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+    owner = np.searchsorted(starts, np.arange(len(segment)), "right") - 1
+    best = np.ones(len(segment), dtype=bool)
+    for key in keys[::-1]:  # most significant first
+        key = np.where(best, key, np.inf)
+        best &= key == np.minimum.reduceat(key, starts)[owner]
+    found, first = np.unique(segment[best], return_index=True)
+    return found, np.flatnonzero(best)[first]
+
+
 def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
                     table: tuple[list[int], Candidates, np.ndarray, dict]) -> dict[int, Evaluation]:
     """For each GPU count, the layout a free ``search`` by time ranks first, when it fits: a one-row
@@ -500,15 +514,7 @@ def fastest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job,
     # hold the fitting rows in table order, so their keys joined are in that order too.
     keys = [np.concatenate(k) for k in zip(*(_rank_keys(ev, "time") for ev, _ in blocks))]
     rows = np.concatenate([r for _, r in blocks])
-    segment = segment[rows]  # ascending: the counts' rows are contiguous
-    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-    owner = np.searchsorted(starts, np.arange(len(rows)), "right") - 1
-    best = np.ones(len(rows), dtype=bool)
-    for key in keys[::-1]:  # most significant first
-        key = np.where(best, key, np.inf)
-        best &= key == np.minimum.reduceat(key, starts)[owner]
-    found, first = np.unique(segment[best], return_index=True)
-    first = np.flatnonzero(best)[first]
+    found, first = first_per_segment(keys, segment[rows])  # ascending: the counts' rows are contiguous
     ends = np.cumsum([len(r) for _, r in blocks])
     out = {}
     for k, j in zip(found, first):

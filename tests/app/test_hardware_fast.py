@@ -33,21 +33,7 @@ from planner.core.results import estimate_at
 from planner.core.steptime import step_time
 from planner.decisions.decide import options_for, probe
 from planner.hardware import get_profile
-
-
-def columns(ev) -> dict[str, np.ndarray]:
-    out = dict(ev.candidates.columns())
-    for name, part in (("mem", ev.memory), ("time", ev.time), *((f"stage{i}", s) for i, s in enumerate(ev.stage_memory))):
-        out.update({f"{name}.{f}": getattr(part, f) for f in part.__slots__})
-    out.update(train_seconds=ev.train_seconds, fits=ev.fits, mfu=ev.mfu)
-    return out
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k, x in a.items():
-        assert x.dtype == b[k].dtype and x.shape == b[k].shape, k
-        assert np.array_equal(x, b[k]), k
+from tests.helpers import assert_same, columns
 
 
 def table_of(model, job, counts, hw):
