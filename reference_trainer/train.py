@@ -370,7 +370,7 @@ def _rank_summary(rows, analyses, warm, device, mesh, wall0, cpu0, nvml, save_s)
     return {"rank": dist.get_rank(), "pp_rank": mesh.get_local_rank("pp"), "dp_rank": mesh.get_local_rank("dp"),
             "cp_rank": mesh.get_local_rank("cp"), "tp_rank": mesh.get_local_rank("tp"), "hostname": socket.gethostname(),
             "step_s": mean("step_s"), "data_wait_s": mean("data_wait_s"), "fwd_bwd_s": mean("fwd_bwd_s"),
-            "optimizer_s": mean("optimizer_s"), "sync_wait_s": part("sync_wait_s"), "cp_comm_s": part("cp_comm_s"),
+            "optimizer_s": mean("optimizer_s"), "cp_comm_s": part("cp_comm_s"),
             "all_to_all_s": part("all_to_all_s"), "traced": analyses, "memory": profiler.peak_memory(device),
             "wall_s": time.perf_counter() - wall0, "cpu_s": profiler.cpu_times() - cpu0, "nvml": nvml,
             "checkpoint_s": save_s, "sync_steps_s": [r.get("sync_wait_s") or 0.0 for r in measured]}

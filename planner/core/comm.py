@@ -39,6 +39,11 @@ def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: floa
     return np.where(n > 1, steps / np.maximum(n, 1) * bytes_ / bw + steps * lat, 0.0)
 
 
+def in_node(links: Links, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """Ranks of a group of ``size`` ranks ``stride`` apart that share one node (ranks fill nodes in order)."""
+    return np.minimum(size, np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1))
+
+
 def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray,
                      passes: float) -> np.ndarray:
     """Time of a collective over ``size`` ranks spaced ``stride`` apart (ranks fill nodes in order).
@@ -48,9 +53,7 @@ def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride:
     (one NIC share per GPU), and the result is gathered inside the node again.
     """
     size = np.asarray(size)
-    gpn = links.gpus_per_node
-    per_node = np.maximum(gpn // np.maximum(stride, 1), 1)
-    k = np.minimum(size, per_node)
+    k = in_node(links, size, stride)
     nodes = np.maximum(size // k, 1)
     inside = _ring(bytes_, k, links.intra_bw, links.intra_lat, passes)
     across = _ring(bytes_ / k, nodes, links.inter_bw, links.inter_lat, passes)
@@ -64,8 +67,7 @@ def group_coefficients(links: Links, size: np.ndarray, stride: np.ndarray) -> tu
     last bucket) computes the group's shape once. (k - 1)/k and (nodes - 1)/nodes vanish for a
     group of one, as ``_ring``'s zero does."""
     size = np.asarray(size, dtype=float)
-    per_node = np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1)
-    k = np.minimum(size, per_node)
+    k = in_node(links, size, stride)
     nodes = np.maximum(np.floor(size / k), 1)
     per_byte = (k - 1) / k / links.intra_bw + (nodes - 1) / nodes / k / links.inter_bw
     return per_byte, (k - 1) * links.intra_lat + (nodes - 1) * links.inter_lat
@@ -77,8 +79,7 @@ def small_all_reduce(links: Links, size: np.ndarray, stride: np.ndarray) -> np.n
     for small messages, Sanders et al. 2009 double binary trees; NCCL 2.4 release notes). A ring's
     2(n-1) latencies would charge 16,384 GPUs ~40 ms for 16 bytes."""
     size = np.asarray(size, dtype=float)
-    per_node = np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1)
-    k = np.minimum(size, per_node)
+    k = in_node(links, size, stride)
     nodes = np.maximum(size / k, 1)
     return 2 * (np.ceil(np.log2(k)) * links.intra_lat + np.ceil(np.log2(nodes)) * links.inter_lat)
 
@@ -122,8 +123,7 @@ def all_to_all(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.nd
     over NVLink, the n - k outside over the GPU's NIC share, concurrently: the slower tier sets
     the time, plus one latency per tier used (NCCL issues the n - 1 sends together)."""
     size = np.asarray(size, dtype=float)
-    per_node = np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1)
-    k = np.minimum(size, per_node)
+    k = in_node(links, size, stride)
     n = np.maximum(size, 1.0)
     inside = bytes_ * (k - 1) / n / links.intra_bw + np.where(k > 1, links.intra_lat, 0.0)
     across = bytes_ * (size - k) / n / links.inter_bw + np.where(size > k, links.inter_lat, 0.0)

@@ -295,27 +295,22 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     replicas = np.where(hybrid, c.shard_group // group, 1)
 
     moe_ = bool(np.any(expert_share))
+    groups = {"dense": (group, c.tp), "routed": (group // c.ep, c.tp * c.ep)}  # (size, stride)
     lines: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # each group's collective as a line, computed once
 
-    def line(which: str) -> tuple[np.ndarray, np.ndarray]:
-        if which not in lines:
-            lines[which] = (comm.group_coefficients(links, group, c.tp) if which == "dense"
-                            else comm.group_coefficients(links, group // c.ep, c.tp * c.ep))
-        return lines[which]
+    def one(collective, bytes_: np.ndarray, which: str, passes: float) -> np.ndarray:
+        if collective is not comm.group_collective:
+            return collective(links, bytes_, *groups[which], passes)
+        if which not in lines:  # the same figures as the call, from the group's line
+            lines[which] = comm.group_coefficients(links, *groups[which])
+        per_byte, latency = lines[which]
+        return passes * (bytes_ * per_byte + latency)
 
     def over(collective, bytes_: np.ndarray, passes: float) -> np.ndarray:
-        if collective is comm.group_collective:  # the same figures as the call, from the group's line
-            per_byte, latency = line("dense")
-            dense = passes * (bytes_ * (1 - expert_share) * per_byte + latency)
-            if not moe_:
-                return dense * busy
-            per_byte, latency = line("routed")
-            routed = passes * (bytes_ * expert_share * per_byte + latency)
-            return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
-        dense = collective(links, bytes_ * (1 - expert_share), group, c.tp, passes)
+        dense = one(collective, bytes_ * (1 - expert_share), "dense", passes)
         if not moe_:
             return dense * busy
-        routed = collective(links, bytes_ * expert_share, group // c.ep, c.tp * c.ep, passes)
+        routed = one(collective, bytes_ * expert_share, "routed", passes)
         return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
 
     # Each ZeRO stage's time is computed only when some layout has that stage (np.select below
@@ -513,8 +508,6 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
                                 layers_pace * lt.backward * slow)
         optimizer = np.where(c.offload >= 1, offload.optimizer, optimizer)
         dp = dp + offload.params
-    else:  # nothing offloaded: the same sum with offload_times' zeros
-        dp = dp + 0.0
 
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).

@@ -85,7 +85,7 @@ def test_a_record_from_before_sync_wait_still_loads(record):
 def _rank(rank: int, pp_rank: int, optimizer_s: float, sync_wait_s: float) -> dict:
     """A rank's summary as train._rank_summary writes it: hand-made timers, one traced step."""
     return {"rank": rank, "pp_rank": pp_rank, "step_s": 1.62, "data_wait_s": 0.001, "fwd_bwd_s": 1.45,
-            "optimizer_s": optimizer_s, "sync_wait_s": sync_wait_s, "sync_steps_s": [sync_wait_s],
+            "optimizer_s": optimizer_s, "sync_steps_s": [sync_wait_s],
             "cp_comm_s": 0.0, "all_to_all_s": 0.0,
             "traced": [{"fwd_bwd_s": 1.0, "step_window_s": 1.1, "comm_exposed_s": 0.0, "comm_exposed_tp_s": 0.0,
                         "bubble_s": 0.1, "comm_total_s": 0.011}]}
