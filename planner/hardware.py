@@ -50,6 +50,11 @@ class Network:
     pcie_bytes_per_s: float = 25e9
     host_memory_bytes: float = 512 * GIB
     host_memory_bytes_per_s: float = 100e9
+    # Point-to-point (a pipeline stage's send to the next), achieved, inside a node. None: the
+    # collectives' link figures (on GPUs NCCL's send/recv runs over the same NVLink at the same
+    # latency). A probed CPU host sets both: gloo's send costs ~80 us where its all-reduce costs ~1 ms.
+    p2p_bytes_per_s: float | None = None
+    p2p_latency_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -175,6 +180,8 @@ NODE_KEYS = {
     "pcie_gb_per_s": Key(float, 0.1, 1e4, unit="GB/s per GPU per direction, achieved", scale=GB, default=25e9),
     "host_memory_gib": Key(float, 1, 1e6, unit="GiB per node", scale=GIB, default=512 * GIB),
     "host_memory_gb_per_s": Key(float, 1, 1e5, unit="GB/s per node", scale=GB, default=100e9),
+    "p2p_gb_per_s": Key(float, 1e-3, 1e6, unit="GB/s per GPU per direction, achieved", scale=GB, default=None),
+    "p2p_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=None),
 }
 # Physical ranges of the efficiency factors (the fit's bounds, planner/calibration/calibrate.py,
 # lie inside them). Defaults are the Efficiency dataclass's, filled in by efficiency_from_table.
@@ -229,7 +236,8 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
                       intra_latency_s=n["intra_node_latency_us"], inter_latency_s=n["inter_node_latency_us"],
                       description=n["description"], compute_slots=n["compute_slots"],
                       pcie_bytes_per_s=n["pcie_gb_per_s"], host_memory_bytes=n["host_memory_gib"],
-                      host_memory_bytes_per_s=n["host_memory_gb_per_s"])
+                      host_memory_bytes_per_s=n["host_memory_gb_per_s"],
+                      p2p_bytes_per_s=n["p2p_gb_per_s"], p2p_latency_s=n["p2p_latency_us"])
     return HardwareProfile(name=name, description=top["description"], gpu=gpu, network=network,
                            efficiency=efficiency_from_table(top["efficiency"], f"{path} [efficiency]"),
                            price_usd_per_gpu_hour=top["price_usd_per_gpu_hour"], source=g["source"],

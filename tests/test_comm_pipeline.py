@@ -7,7 +7,8 @@ from planner.core import comm
 from planner.core.pipeline import bubble_fraction_ideal, stage_layer_counts, stage_layer_ranges
 from planner.errors import PlannerError
 
-LINKS = comm.Links(intra_bw=200e9, inter_bw=20e9, intra_lat=5e-6, inter_lat=10e-6, gpus_per_node=8)
+LINKS = comm.Links(intra_bw=200e9, inter_bw=20e9, intra_lat=5e-6, inter_lat=10e-6, gpus_per_node=8,
+                   p2p_bw=200e9, p2p_lat=5e-6)
 
 
 def test_ring_allreduce_inside_a_node():
@@ -77,3 +78,38 @@ def test_a_groups_line_gives_the_collectives_own_times():
     pb, lat = comm.group_coefficients(links, np.array([16]), np.array([1]))
     hand = 7 / 8 * 1e9 / links.intra_bw + 1 / 2 * 1e9 / 8 / links.inter_bw + 7 * links.intra_lat + links.inter_lat
     assert float(1e9 * pb[0] + lat[0]) == pytest.approx(hand, rel=1e-12)
+
+
+def test_a_send_inside_a_node_costs_the_point_to_point_figures():
+    # One 1 MB activation: 1e6 / 4e9 s + 80 us = 330 us, not the collectives' 1e6 / 200e9 + 5 us.
+    links = comm.Links(intra_bw=200e9, inter_bw=20e9, intra_lat=5e-6, inter_lat=10e-6, gpus_per_node=8,
+                       p2p_bw=4e9, p2p_lat=80e-6)
+    t = comm.p2p(links, np.array([1e6]), np.array([1]), np.array([2]))
+    assert float(t[0]) == pytest.approx(330e-6, rel=1e-12)
+    # Across nodes (stride 8 >= 8 GPUs per node) the NIC sets it: 1e6 / 20e9 + 10 us, as before.
+    t = comm.p2p(links, np.array([1e6]), np.array([1]), np.array([8]))
+    assert float(t[0]) == pytest.approx(60e-6, rel=1e-12)
+
+
+def test_profiles_without_point_to_point_figures_send_at_the_collectives_figures():
+    from planner.hardware import get_profile
+
+    hw = get_profile("h100-80g")
+    links = comm.Links.of(hw)
+    assert hw.network.p2p_bytes_per_s is None and hw.network.p2p_latency_s is None
+    assert links.p2p_bw == hw.network.intra_bytes_per_s * hw.efficiency.intra_node_bw
+    assert links.p2p_lat == hw.network.intra_latency_s
+
+
+def test_the_committed_cpu_probe_sends_at_its_measured_point_to_point_figures():
+    # benchmarks/runs/cpu-2core/probed.toml: gloo's ping-pong gave 78 us for 4 KB and 4.1 ms for
+    # 16 MB per send; its all-reduce ~2.4 ms for 4 KB. A pipeline send must cost the former.
+    from pathlib import Path
+
+    from planner.hardware import load_profile_file
+
+    hw = load_profile_file(Path(__file__).parent.parent / "benchmarks/runs/cpu-2core/probed.toml")
+    links = comm.Links.of(hw)
+    small = float(comm.p2p(links, np.array([4096.0]), np.array([1]), np.array([1]))[0])
+    large = float(comm.p2p(links, np.array([2.0**24]), np.array([1]), np.array([1]))[0])
+    assert small == pytest.approx(78.3e-6, rel=0.1) and large == pytest.approx(4.14e-3, rel=0.1)

@@ -207,6 +207,8 @@ def test_a_profile_file_is_converted_to_base_units(tmp_path):
     ("memory_gib = 80", 'memory_gib = "lots"', ("[gpu] memory_gib='lots'", "GiB")),
     ("memory_gib = 80", "memory_gib = -80", ("[gpu] memory_gib=-80",)),
     ("gpus_per_node = 8", "gpus_per_node = 0", ("[node] gpus_per_node=0", "from 1 to 1,024")),
+    ("gpus_per_node = 8", "gpus_per_node = 8\np2p_gb_per_s = 0", ("[node] p2p_gb_per_s=0", "[0.001, 1,000,000]")),
+    ("gpus_per_node = 8", "gpus_per_node = 8\np2p_latency_us = -1", ("[node] p2p_latency_us=-1", "[0, 1,000,000]")),
     ("gpus_per_node = 8", "gpus_per_node = -8", ("gpus_per_node=-8",)),
     ("gpus_per_node = 8", "gpus_per_node = 8.5", ("gpus_per_node=8.5", "integer")),
     ("intra_node_gb_per_s = 300", "intra_node_gb_per_s = 0", ("intra_node_gb_per_s=0",)),

@@ -86,6 +86,18 @@ def test_profile_writes_the_fitted_latency_per_hop_and_bus_bandwidth():
     assert node["intra_node_gb_per_s"] == pytest.approx(2.0, rel=1e-3)
 
 
+def test_profile_writes_the_point_to_point_latency_and_bandwidth():
+    # One send: t = 80 us + bytes / 4 GB/s; the all-reduce's figures stay its own.
+    result = _result([(b, 2 * 100e-6 + 1.0 * b / 2e9) for b in (2**12, 2**16, 2**20, 2**24)])
+    result.collectives["p2p"] = [(b, 80e-6 + b / 4e9) for b in (2**12, 2**16, 2**20, 2**24)]
+    node = tomllib.loads(profile_toml(result, "t"))["node"]
+    assert node["p2p_latency_us"] == pytest.approx(80, rel=1e-3)
+    assert node["p2p_gb_per_s"] == pytest.approx(4.0, rel=1e-3)
+    assert node["intra_node_latency_us"] == pytest.approx(100, rel=1e-3)
+    # Without point-to-point points the keys are absent: sends cost the collectives' figures.
+    assert "p2p_latency_us" not in tomllib.loads(profile_toml(_result(result.collectives["all_reduce"]), "t"))["node"]
+
+
 def test_profile_warns_and_keeps_defaults_when_the_fit_refuses(capsys):
     points = [(4096, 2e-3), (2**20, 1e-3), (2**24, 5e-4)]
     node = tomllib.loads(profile_toml(_result(points), "t"))["node"]

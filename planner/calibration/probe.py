@@ -260,6 +260,13 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
                   f"copy bandwidth / 4 and 10 us", file=sys.stderr)
     else:
         note = "no collectives probed: copy bandwidth / 4 and 10 us"
+    p2p = None
+    if r.collectives.get("p2p"):
+        try:  # one send of the message: t = alpha + bytes / bw (half a ping-pong)
+            p2p = fit_alpha_beta(r.collectives["p2p"], 1.0)
+        except PlannerError as e:
+            print(f"warning: point-to-point latency/bandwidth not fitted ({e}); sends cost the "
+                  f"all-reduce's figures", file=sys.stderr)
     intra = link or r.memory_bytes_per_s / 4
     # A CPU host runs any number of processes ("devices"); they share its cores (compute_slots).
     per_node = HOST_PROCESSES if r.device == "cpu" else r.nprocs
@@ -267,6 +274,9 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
               f"intra_node_gb_per_s = {intra / 1e9:.4g}  # all-reduce bus bandwidth ({note})",
               f"inter_node_gbit_per_s = {intra * 8 / 1e9 * per_node:.4g}  # loopback: same as inside",
               f"intra_node_latency_us = {lat * 1e6:.4g}", f"inter_node_latency_us = {lat * 1e6:.4g}"]
+    if p2p is not None:
+        lines += [f"p2p_gb_per_s = {p2p[1] / 1e9:.4g}  # one send (half a ping-pong; fitted alpha-beta)",
+                  f"p2p_latency_us = {p2p[0] * 1e6:.4g}"]
     if r.device == "cpu":
         lines.append(f"compute_slots = {r.cores}  # cores, shared by the processes of a run")
     lines += ["", "[efficiency]"]

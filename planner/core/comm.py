@@ -24,12 +24,16 @@ class Links:
     intra_lat: float
     inter_lat: float
     gpus_per_node: int
+    p2p_bw: float  # a point-to-point send inside a node: the profile's measured figures, else the tier's
+    p2p_lat: float
 
     @classmethod
     def of(cls, hw: HardwareProfile) -> "Links":
         n, e = hw.network, hw.efficiency
-        return cls(n.intra_bytes_per_s * e.intra_node_bw, n.inter_bytes_per_s * e.inter_node_bw,
-                   n.intra_latency_s, n.inter_latency_s, n.gpus_per_node)
+        intra = n.intra_bytes_per_s * e.intra_node_bw
+        return cls(intra, n.inter_bytes_per_s * e.inter_node_bw, n.intra_latency_s, n.inter_latency_s,
+                   n.gpus_per_node, intra if n.p2p_bytes_per_s is None else n.p2p_bytes_per_s,
+                   n.intra_latency_s if n.p2p_latency_s is None else n.p2p_latency_s)
 
 
 def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: float) -> np.ndarray:
@@ -94,12 +98,14 @@ def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.
     """Send one activation (or its gradient) to the next pipeline stage, tp*dp ranks away.
 
     Across nodes each of the tp ranks sends 1/tp of it and the receivers all-gather over
-    NVLink (Megatron's scatter/gather optimisation, Narayanan et al. 2021, Sec. 4.1)."""
+    NVLink (Megatron's scatter/gather optimisation, Narayanan et al. 2021, Sec. 4.1). Inside a node
+    it costs the profile's point-to-point figures (``Links.p2p_bw``/``p2p_lat``): one send, no
+    reduction and no ring steps."""
     stride = tp * dp
     inter = stride >= links.gpus_per_node
     tpf = tp.astype(float)
     across = bytes_ / tpf / links.inter_bw + links.inter_lat + _ring(bytes_, tp, links.intra_bw, links.intra_lat, 1.0)
-    inside = bytes_ / links.intra_bw + links.intra_lat
+    inside = bytes_ / links.p2p_bw + links.p2p_lat
     return np.where(inter, across, inside)
 
 
