@@ -109,19 +109,36 @@ def memory_vs_micro_batch(x, best, sizes=(1, 2, 4, 8, 16, 32)) -> list[dict]:
 def breakdown_vs_gpus(x, counts=None, known=None) -> list[dict]:
     """The step-time parts of the best layout at GPU counts around the plan's (halving and doubling),
     layout searched freely at each count; the global batch is the plan's. ``known``: {GPU count: the
-    best estimate of that free search (by time)} a caller already has."""
-    from planner.core.plan import plan
+    best estimate of that free search (by time)} a caller already has. The other counts are searched
+    together (planner.core.bounded.fastest_fitting_bounded: each count's first layout of a free
+    search by time, when it fits, with the step time of only the layouts that could rank first)."""
+    from planner.core.bounded import fastest_fitting_bounded
     from planner.core.report import TIME_PARTS
+    from planner.core.results import estimate_at
+    from planner.core.search import counts_table, enumerate_layouts
 
     g = x.gpus
     counts = counts or sorted({max(1, g // 4), max(1, g // 2), g, g * 2, g * 4})
+    known = dict(known or {})
+    tables = {}
+    for n in counts:
+        if n not in known:
+            try:
+                tables[n] = enumerate_layouts(x.model, n, x.job)[0]
+            except PlannerError:  # a count no layout splits into: left out
+                continue
+    if tables:
+        try:
+            found = fastest_fitting_bounded(x.model, x.hardware, x.job,
+                                            counts_table(tables, x.hardware.network.gpus_per_node))
+        except PlannerError:  # the precision on this GPU, say: no count has a plan
+            found = {}
+        for n, ev in found.items():
+            known[n] = estimate_at(ev, 0, x.model, x.hardware, x.job, x.ops)
     rows = []
     for n in counts:
-        try:
-            best = (known or {}).get(n) or plan(x.model, x.hardware, x.job, n, ops=x.ops, top=0).best
-        except PlannerError:  # a count no layout splits into: left out
-            continue
-        if not best.fits:
+        best = known.get(n)
+        if best is None or not best.fits:
             continue
         t = best.time
         rows += [{"GPUs": n, "part": label, "seconds": getattr(t, key)} for key, label in TIME_PARTS
