@@ -79,7 +79,8 @@ FORMATS = {"estimate": ("text", "json", "csv"), "search": ("text", "json", "csv"
 PROFILE_KEYS = {"gpu": {"memory_gib": 80, "hbm_gb_per_s": 2039, "tdp_w": 400, "bf16_tflops": 312,
                         "fp16_tflops": 312, "fp32_tflops": 19.5},
                 "node": {"gpus_per_node": 8, "intra_node_gb_per_s": 300, "inter_node_gbit_per_s": 1600,
-                         "intra_node_latency_us": 5, "inter_node_latency_us": 10},
+                         "intra_node_latency_us": 5, "inter_node_latency_us": 10, "p2p_gb_per_s": 300,
+                         "p2p_latency_us": 5},
                 "efficiency": {"matmul": 0.7, "memory": 0.8, "intra_node_bw": 0.85, "cuda_context_gib": 0.75,
                                "fragmentation": 0.05, "step_overhead_s": 0.0}}
 TOML_VALUES = ["0", "-8", "1e30", "1e-320", "nan", "inf", "-inf", '"lots"', "true", "[1, 2]", "{a = 1}",
