@@ -248,11 +248,17 @@ def peak_memory(device) -> dict[str, object]:
     import torch
 
     if device.type == "cuda":
+        # num_alloc_retries: how often the caching allocator found no free block, released its cache
+        # (a device synchronisation) and asked CUDA again: a run near its memory limit slows down
+        # there while max_memory_reserved reads as the ceiling it hit.
+        stats = torch.cuda.memory_stats(device)
         return {"kind": "cuda", "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
                 "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
-                "capacity_bytes": int(torch.cuda.get_device_properties(device).total_memory)}
+                "capacity_bytes": int(torch.cuda.get_device_properties(device).total_memory),
+                "alloc_retries": int(stats.get("num_alloc_retries", 0))}
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    return {"kind": "cpu_rss", "peak_allocated_bytes": int(rss), "peak_reserved_bytes": None, "capacity_bytes": None}
+    return {"kind": "cpu_rss", "peak_allocated_bytes": int(rss), "peak_reserved_bytes": None, "capacity_bytes": None,
+            "alloc_retries": None}
 
 
 def cpu_times() -> float:

@@ -280,7 +280,10 @@ def _memory(ranks: list[dict]) -> dict:
             "peak_reserved_bytes": (max(m["peak_reserved_bytes"] for m in memories)
                                     if memories[0]["peak_reserved_bytes"] is not None else None),
             "capacity_bytes": memories[0]["capacity_bytes"],
-            "per_rank_peak_bytes": [m["peak_allocated_bytes"] for m in memories]}
+            "per_rank_peak_bytes": [m["peak_allocated_bytes"] for m in memories],
+            # the most any rank's caching allocator retried (None on a CPU)
+            "alloc_retries": (max(m["alloc_retries"] for m in memories)
+                              if memories[0].get("alloc_retries") is not None else None)}
 
 
 def _nvml_summary(ranks: list[dict]) -> dict | None:
@@ -336,6 +339,12 @@ def _flags(rec: dict) -> list[dict]:
         out.append({"check": "memory_headroom", "value": mem["peak_reserved_bytes"] / mem["capacity_bytes"],
                     "limit": 1 - MEMORY_HEADROOM, "advice": "memory within 5% of capacity: recompute, ZeRO, "
                                                             "smaller micro_batch, or more tp/pp"})
+    if mem.get("alloc_retries"):
+        out.append({"check": "alloc_retries", "value": mem["alloc_retries"], "limit": 0,
+                    "advice": "the caching allocator ran out of free blocks and released its cache to retry "
+                              "(each retry synchronises the device): steps slow down and peak_reserved_bytes "
+                              "is the ceiling it hit; leave headroom (recompute, a smaller micro_batch, ZeRO) "
+                              "or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"})
     return out
 
 

@@ -58,6 +58,7 @@ def test_a_real_record_validates(record, single_sweep):
     (("layout",), [], "layout: expected an object"),
     (("per_rank",), "x", "field 'per_rank' has type str, expected array"),
     (("breakdown_s", "sync_wait"), "x", "field 'breakdown_s.sync_wait' has type str, expected number"),
+    (("memory", "alloc_retries"), 1.5, "field 'memory.alloc_retries' has type float, expected integer"),
 ])
 def test_bad_records_name_the_field(record, path, value, message):
     bad = copy.deepcopy(record)

@@ -182,6 +182,28 @@ def test_flags_fire_past_their_limits_and_not_below():
     assert not math.isnan(fired["bubble_fraction"]["value"])
 
 
+def test_allocator_retries_are_flagged_and_a_cpu_run_has_none():
+    rec = _rec(0.1, 0.1, 0.05)
+    assert _flags(rec) == []
+    rec["memory"]["alloc_retries"] = None  # a CPU run: nothing to count
+    assert _flags(rec) == []
+    rec["memory"]["alloc_retries"] = 3
+    fired = {f["check"]: f for f in _flags(rec)}
+    assert set(fired) == {"alloc_retries"} and fired["alloc_retries"]["value"] == 3
+    assert "expandable_segments" in fired["alloc_retries"]["advice"]
+
+
+def test_the_record_summarises_allocator_retries_as_the_most_of_any_rank():
+    from reference_trainer.record import _memory
+
+    ranks = [{"memory": {"kind": "cuda", "peak_allocated_bytes": 10, "peak_reserved_bytes": 12, "capacity_bytes": 100,
+                         "alloc_retries": r}} for r in (0, 4, 1)]
+    assert _memory(ranks)["alloc_retries"] == 4
+    cpu = [{"memory": {"kind": "cpu_rss", "peak_allocated_bytes": 10, "peak_reserved_bytes": None,
+                       "capacity_bytes": None, "alloc_retries": None}}]
+    assert _memory(cpu)["alloc_retries"] is None
+
+
 @pytest.mark.slow
 def test_a_run_from_a_memmapped_token_file(single_sweep):
     from reference_trainer.record import load_record
