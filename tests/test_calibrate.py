@@ -164,3 +164,21 @@ def test_held_out_finds_a_run_by_its_configuration_not_its_index():
     assert held_out("02-gpt-s-dp1tp2pp1-mb8-none") is True
     with pytest.raises(PlannerError, match="not a run of grid cpu"):
         held_out("00-gpt-xl-dp1tp1pp1-mb4-none")
+
+
+def test_a_parts_fit_matches_the_shares_only_of_runs_with_a_core_per_process():
+    # On a time-shared host a trace books a rank's wait for a core as communication or bubble
+    # (run 11: 4 processes on 2 cores, bubble 19-34% across repeats where processor sharing gives
+    # 12.5%): its step time is fitted, its shares are not.
+    from planner.calibration.calibrate import FIT_SHARES, residuals
+
+    grid = Path(__file__).parent.parent / "benchmarks" / "runs" / "cpu-2core"
+    hw = load_profile_file(grid / "probed.toml")
+    runs, _ = load_measurements([grid])
+    by_name = {r.label: r for r in runs}
+    two = by_name["07-llama-m-dp1tp1pp2-mb2-none"]  # 2 processes on 2 cores
+    four = by_name["11-llama-m-dp2tp1pp2-mb2-none"]  # 4 processes on 2 cores
+    assert hw.network.compute_slots == 2 and two.gpus == 2 and four.gpus == 4
+    assert len(residuals([two], hw, parts=True)) == 1 + len(FIT_SHARES)
+    assert len(residuals([four], hw, parts=True)) == 1
+    assert residuals([four], hw, parts=True)[0] == residuals([four], hw, parts=False)[0]

@@ -4,7 +4,9 @@ scipy.optimize.least_squares on the relative step-time error, each factor within
 (searched in a unit box; log-scaled for factors that span decades). With ``parts`` the fit also
 matches each measured part of the step (planner.core.step_parts: compute, exposed TP / DP
 communication, bubble, optimizer) as a share of the step, so that it cannot fit the total by
-moving time between terms. The formulas never change:
+moving time between terms; a run with more processes than its host has cores (a CPU profile's
+``compute_slots``) gives its step time only, since its trace books a rank's wait for a core as
+communication or bubble. The formulas never change:
 only the factors of ``planner.hardware.Efficiency`` do. The fit reports its in-sample error and
 the leave-one-out error (each run predicted by factors fitted without it).
 """
@@ -89,7 +91,7 @@ def residuals(runs: list[Measurement], hw: HardwareProfile, parts: bool) -> np.n
     for r in runs:
         ev = evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus)
         steps.append(float(ev.step_s[0]) / r.step_s - 1)
-        if parts:
+        if parts and not (hw.network.compute_slots and r.gpus > hw.network.compute_slots):  # time-shared: step only
             got = part_shares(r, ev, hw)
             shares += [got[q][0] - got[q][1] for q in FIT_SHARES if q in got]
     return np.array(steps + shares)
