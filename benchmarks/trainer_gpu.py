@@ -63,11 +63,15 @@ def summarise(out: Path, names: list[str]) -> list[dict]:
         rec = json.loads(path.read_text())
         row = {"run": name, "step_s": rec["step_time_s"]["median"], "tokens_per_s": rec["tokens_per_s"],
                "tflops": rec["achieved_tflops_per_device"], "mfu": rec["mfu"],
-               "peak_allocated_gib": rec["memory"]["peak_allocated_bytes"] / 2**30}
+               "peak_allocated_gib": rec["memory"]["peak_allocated_bytes"] / 2**30,
+               "peak_reserved_gib": (rec["memory"]["peak_reserved_bytes"] or 0) / 2**30,
+               "alloc_retries": rec["memory"].get("alloc_retries")}
         rows.append(row)
         mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
+        retries = "" if row["alloc_retries"] is None else f"  allocator retries {row['alloc_retries']}"
         print(f"{name:20s} step {row['step_s'] * 1e3:8.1f} ms  {row['tokens_per_s']:10,.0f} tok/s  "
-              f"{row['tflops']:7.1f} TFLOP/s  MFU {mfu}  peak mem {row['peak_allocated_gib']:.1f} GiB")
+              f"{row['tflops']:7.1f} TFLOP/s  MFU {mfu}  peak mem {row['peak_allocated_gib']:.1f} GiB "
+              f"(reserved {row['peak_reserved_gib']:.1f}){retries}")
     best = max((r for r in rows if r["mfu"] is not None), key=lambda r: r["mfu"], default=None)
     if best:
         print(f"best MFU: {best['mfu']:.1%} ({best['run']})")
