@@ -25,7 +25,7 @@ def test_probe_profile_calibrate_validate(tmp_path, capsys):
     probed = tmp_path / "probed.toml"
     assert main(["probe", "--out", str(probed), "--nprocs", "2", "--quick"]) == 0
     grid = tmp_path / "grid"
-    assert main(["profile", "--grid", "cpu-ci", "--out", str(grid), "--gpu", str(probed), "--steps", "12"]) == 0
+    assert main(["profile", "--grid", "cpu-ci", "--out", str(grid), "--gpu", str(probed), "--steps", "8"]) == 0
     summary = json.loads((grid / "grid.json").read_text())
     assert len(summary) == 10 and all(e["status"] == "ok" for e in summary), summary
     runs = sorted(p for p in grid.iterdir() if (p / "record.json").exists())
