@@ -42,11 +42,12 @@ class StepTime:
     bubble: np.ndarray
     optimizer: np.ndarray
     other: np.ndarray
+    step: np.ndarray  # the sum of the parts, computed once by ``StepTime.of`` (read ~20 times per estimate)
 
-    @property
-    def step(self) -> np.ndarray:
-        return (self.compute + self.tp_comm + self.cp_comm + self.ep_comm + self.pp_comm + self.dp_comm + self.bubble
-                + self.optimizer + self.other)
+    @classmethod
+    def of(cls, *, compute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, bubble, optimizer, other) -> "StepTime":
+        return cls(compute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, bubble, optimizer, other,
+                   compute + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + bubble + optimizer + other)
 
 
 def linear_peak(hw: HardwareProfile, precision: str) -> float:
@@ -513,7 +514,6 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
     busy_s = runs * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
     stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(c.gpus.astype(float)))
-    return StepTime(compute=runs * (compute_mb - overhead_mb), tp_comm=runs * tp_mb, cp_comm=runs * cp_mb,
-                    ep_comm=runs * ep_mb, pp_comm=runs * pp_mb,
-                    dp_comm=dp,
-                    bubble=bubble, optimizer=optimizer, other=runs * overhead_mb + e.step_overhead_s + stragglers)
+    return StepTime.of(compute=runs * (compute_mb - overhead_mb), tp_comm=runs * tp_mb, cp_comm=runs * cp_mb,
+                       ep_comm=runs * ep_mb, pp_comm=runs * pp_mb, dp_comm=dp, bubble=bubble, optimizer=optimizer,
+                       other=runs * overhead_mb + e.step_overhead_s + stragglers)
