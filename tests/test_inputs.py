@@ -62,6 +62,8 @@ def strict_json(text: str) -> object:
     (["estimate", *MODEL, "--pue", "inf"], ("pue",)),
     (["estimate", *MODEL, "--price-per-gpu-hour", "-1"], ("price",)),
     (["estimate", *MODEL, "--packing-efficiency", "1e-320"], ("packing_efficiency",)),
+    (["estimate", *MODEL, "--memory-headroom", "0.6"], ("memory_headroom=0.6", "[0, 0.5]")),
+    (["estimate", *MODEL, "--memory-headroom", "-0.1"], ("memory_headroom=-0.1", "[0, 0.5]")),
     (["estimate", *MODEL, "--pp=--"], ("pp",)),  # argparse hands over a list
     (["recommend", *MODEL, "--deadline", "99999999d"], ("deadline", "1000 years")),
     (["recommend", *MODEL, "--deadline", "30d", "--budget", "1e400"], ("budget",)),

@@ -382,6 +382,7 @@ def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
     """``probes`` an option at a time: yields each option's (option, probe) pairs."""
     from planner.core.results import estimate_at
     from planner.core.bounded import fastest_fitting_bounded, least_memory
+    from planner.core.evaluate import usable_memory
     from planner.decisions.decide import Probe, probe
     from planner.units import GIB
 
@@ -390,7 +391,7 @@ def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
     tables: dict = {}
     for o in options:
         out = []
-        hw, cap = o.hardware, o.hardware.gpu.memory_bytes
+        hw, cap = o.hardware, usable_memory(o.hardware, o.job)
         table = _counts_table(x.model, o, counts, tables)
         try:
             best = fastest_fitting_bounded(x.model, hw, o.job, table) if table[0] else {}

@@ -5,6 +5,7 @@ A single estimate is an evaluation of one candidate; there is no scalar copy of 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,13 +107,21 @@ def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpu
     return (mem.total <= capacity) & (_host_bytes_per_node(mem, c, gpus_per_node) <= host_capacity)
 
 
+def usable_memory(hw: HardwareProfile, job: Job) -> float:
+    """The memory per GPU a plan may fill: the profile's capacity less the job's headroom."""
+    return hw.gpu.memory_bytes * (1.0 - job.memory_headroom)
+
+
 def _effective(hw: HardwareProfile, job: Job):
-    """The job's software and the profile with the stack's factors."""
+    """The job's software and the profile with the stack's factors (and, with a memory headroom,
+    the memory a plan may fill as its capacity: what fits and what reports compare with)."""
     sw = software(job)
-    hw = effective(hw, sw.stack, job.async_tp)
+    hw_eff = effective(hw, sw.stack, job.async_tp)
     if not job.overlap_grad_reduce:
-        hw = hw.with_efficiency(hw.efficiency.replace(dp_overlap=0.0))
-    return sw, hw
+        hw_eff = hw_eff.with_efficiency(hw_eff.efficiency.replace(dp_overlap=0.0))
+    if job.memory_headroom > 0:
+        hw_eff = dataclasses.replace(hw_eff, gpu=dataclasses.replace(hw_eff.gpu, memory_bytes=usable_memory(hw, job)))
+    return sw, hw_eff
 
 
 # Layouts evaluated at once. Each formula works row by row, so a large table is evaluated in blocks

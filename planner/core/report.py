@@ -94,6 +94,8 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"memory   {m.total_bytes / GIB:.1f} of {m.capacity_bytes / GIB:.0f} GiB per GPU "
         f"({m.total_bytes / m.capacity_bytes:.0%}, peak on pipeline stage {m.peak_stage})"
         + ("" if m.fits else "  ** DOES NOT FIT **"),
+        *([f"         the GPU's {e.hardware.gpu.memory_bytes / GIB:.0f} GiB less the {e.job.memory_headroom:.0%} "
+           "kept free (--memory-headroom)"] if e.job.memory_headroom > 0 else []),
         f"         {memory_bar(e)}",
         "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
         *([ "         by stage: " + ", ".join(f"stage {sm.stage} {sm.total_bytes / GIB:.1f} GiB"

@@ -108,7 +108,7 @@ class Estimate:
             "cluster": {"gpu": self.hardware.name, "gpus": self.gpus,
                         "gpus_per_node": self.hardware.network.gpus_per_node},
             "layout": {**lay.to_json(), "precision": self.job.precision, "attention": self.job.attention},
-            "memory": dataclasses.asdict(self.memory),
+            "memory": {**dataclasses.asdict(self.memory), "memory_headroom": self.job.memory_headroom},
             "memory_by_stage": [dataclasses.asdict(s) for s in self.stage_memory],
             "time": dataclasses.asdict(self.time),
             "bubble_fraction": self.bubble_fraction,

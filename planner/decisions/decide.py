@@ -101,8 +101,10 @@ def options_for(profiles: list[HardwareProfile], job: Job, precision_given: bool
 def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), objective: str = "time") -> Probe:
     """The best fitting layout at ``gpus``; a count where no layout is valid or fits is a Probe
     without an estimate and with the reason (a pin that does not divide this count, say)."""
+    from planner.core.evaluate import usable_memory
+
     hw = option.hardware
-    cap = hw.gpu.memory_bytes
+    cap = usable_memory(hw, option.job)
     try:
         result = search(model, hw, option.job, gpus, pins, objective)
     except PlannerError as exc:
@@ -117,7 +119,8 @@ def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), obje
     need = float(ev.memory.total.min())
     return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, min_bytes=need,
                  why=f"does not fit: the leanest of {result.evaluated} layouts needs {need / GIB:.1f} GiB per GPU, "
-                     f"{hw.name} has {hw.gpu.memory_bytes / GIB:.0f} GiB")
+                     f"{hw.name} has {cap / GIB:.0f} GiB"
+                     + (f" after the {option.job.memory_headroom:.0%} headroom" if option.job.memory_headroom else ""))
 
 
 # --- compare ------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class Export:
 def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = False) -> Export:
     """The export of ``fmt`` for these inputs. Raises PlannerError for bad input or a layout the
     format cannot express, ExportRefused when nothing fits or memory is above the limit."""
+    from planner.core.evaluate import usable_memory
     from planner.core.options import build_inputs
     from planner.core.plan import nearest_fitting
     from planner.core.report import layout_line
@@ -52,7 +53,7 @@ def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = Fals
             why = f"with the fields pinned ({pinned}); nearest that fits: {layout_line(near)}"
         else:
             need = float(result.evaluation.memory.total.min()) / 2**30
-            why = (f"the leanest layout needs {need:.1f} GiB per GPU of {x.hardware.gpu.memory_bytes / 2**30:.0f}; "
+            why = (f"the leanest layout needs {need:.1f} GiB per GPU of {usable_memory(x.hardware, x.job) / 2**30:.0f}; "
                    "more GPUs, a GPU with more memory, or a smaller model")
         raise ExportRefused("layout", pinned or "search", f"no layout fits on {x.gpus} x {x.hardware.name} on the "
                                                           f"{stack} stack: {why}")
