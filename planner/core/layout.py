@@ -296,8 +296,8 @@ class Job:
     async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "
                                       "(torchtitan async TP, TE --tp-comm-overlap)", label="Async TP")
     memory_headroom: float = _opt(0.0, help="share of each GPU's memory a plan leaves free (default 0: plan up to "
-                                            "the profile's capacity; 0.1 keeps 10%% for allocator fragmentation "
-                                            "and communication buffers)",
+                                            "the profile's capacity; 0.1 keeps a tenth free for allocator "
+                                            "fragmentation and communication buffers)",
                                   label="Memory headroom (share kept free)", low=0.0, high=0.5, step=0.05)
 
     def __post_init__(self) -> None:
