@@ -10,8 +10,8 @@ drain at the unshared pace). "to completion": a runnable process waits in a firs
 queue for a free core and keeps it until its forward or backward is done. Both give the same step
 (the cores never idle); they split it differently. A rank's time is booked as the trainer's trace
 books it: blocked on its peer is bubble, running or waiting for a core inside its own work is
-compute. The measured shares are the records' (``breakdown_s``); without arguments the committed
-run and /tmp/rep11 (five repeats made with the same argv, if present) are read.
+compute. The measured shares are the records' (``breakdown_s``) of the run folders given (default:
+the committed run 11); a folder without a readable record is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -87,25 +87,34 @@ def simulate(m: int, to_completion: bool, cores: int = 2, replicas: int = 2, dt:
     return bubble, 1.0 - bubble
 
 
+def _refuse(why: str) -> None:
+    print(f"time_shared_pipeline: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def measured(paths: list[Path]) -> list[tuple[str, float, float]]:
+    from planner.calibration.record import validate_record
+
     out = []
     for path in paths:
-        record = json.loads((path / "record.json").read_text())
+        try:
+            record = validate_record(json.loads((path / "record.json").read_text()))
+        except (OSError, ValueError) as exc:
+            _refuse(f"{path}: no readable run record ({exc})")
         b, step = record["breakdown_s"], record["step_time_s"]["mean"]
+        if b["bubble"] is None:
+            _refuse(f"{path}: the run traced no step (no bubble measured)")
         out.append((path.name, b["bubble"] / step, b["compute"] / step))
     return out
 
 
 def main() -> int:
-    args = [Path(a) for a in sys.argv[1:]]
-    if not args:
-        args = [ROOT / "benchmarks/runs/cpu-2core/11-llama-m-dp2tp1pp2-mb2-none"]
-        args += sorted(Path("/tmp/rep11").glob("11-*-r*")) if Path("/tmp/rep11").is_dir() else []
+    args = [Path(a) for a in sys.argv[1:]] or [ROOT / "benchmarks/runs/cpu-2core/11-llama-m-dp2tp1pp2-mb2-none"]
+    rows = measured(args)  # the records first: a bad one is refused before any output
     print("2 replicas x 2-stage 1F1B on 2 cores, m = 4 micro-batches")
     for name, completion in (("processor sharing (the planner)", False), ("run to completion, FIFO", True)):
         bubble, compute = simulate(4, completion)
         print(f"  {name:<32} bubble {bubble:6.1%}  compute {compute:6.1%}")
-    rows = measured([p for p in args if (p / "record.json").exists()])
     for name, bubble, compute in rows:
         print(f"  measured {name:<40} bubble {bubble:6.1%}  compute {compute:6.1%}")
     if rows:

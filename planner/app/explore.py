@@ -355,14 +355,12 @@ def _counts_table(model, option, counts: Sequence[int], tables: dict):
     """The layouts of ``counts`` for an option's job and GPUs per node as one table
     (planner.core.search.counts_table), kept in ``tables`` for the options that share them, and
     the counts where enumerating failed (no valid layout)."""
-    from planner.core.search import counts_table, enumerate_layouts
+    from planner.core.search import counts_table, enumerate_counts
 
-    for n in counts:
-        if (n, option.job) not in tables:
-            try:
-                tables[n, option.job] = enumerate_layouts(model, n, option.job)[0]
-            except PlannerError:
-                tables[n, option.job] = None
+    missing = [n for n in counts if (n, option.job) not in tables]
+    found = enumerate_counts(model, missing, option.job)
+    for n in missing:
+        tables[n, option.job] = found.get(n)
     key = (option.job, option.hardware.network.gpus_per_node, tuple(counts))
     if key not in tables:
         tables[key] = counts_table({n: tables[n, option.job] for n in counts if tables[n, option.job] is not None},

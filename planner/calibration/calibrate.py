@@ -23,6 +23,7 @@ from planner.calibration.measured import Measurement
 from planner.calibration.validate import part_shares
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
+from planner.core.steptime import time_shared
 from planner.errors import PlannerError
 from planner.hardware import Efficiency, HardwareProfile, efficiency_to_table
 
@@ -89,9 +90,10 @@ def residuals(runs: list[Measurement], hw: HardwareProfile, parts: bool) -> np.n
     """Relative step-time error per run; with ``parts``, then each measured share's difference."""
     steps, shares = [], []
     for r in runs:
-        ev = evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus)
+        c = Candidates.from_layouts([r.layout])
+        ev = evaluate(r.model, hw, r.job, c, r.gpus)
         steps.append(float(ev.step_s[0]) / r.step_s - 1)
-        if parts and not (hw.network.compute_slots and r.gpus > hw.network.compute_slots):  # time-shared: step only
+        if parts and not np.any(time_shared(hw, c)):  # a time-shared run: its step time only
             got = part_shares(r, ev, hw)
             shares += [got[q][0] - got[q][1] for q in FIT_SHARES if q in got]
     return np.array(steps + shares)

@@ -461,6 +461,17 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
                         search_seconds=time.perf_counter() - start, objective=objective)
 
 
+def enumerate_counts(model: ModelSpec, counts, job: Job) -> dict[int, Candidates]:
+    """``enumerate_layouts``' free layouts of each GPU count; a count no layout splits into is left out."""
+    out = {}
+    for n in counts:
+        try:
+            out[n] = enumerate_layouts(model, n, job)[0]
+        except PlannerError:
+            continue
+    return out
+
+
 def counts_table(tables: dict[int, Candidates], gpus_per_node: int) -> tuple[list[int], Candidates, np.ndarray, dict]:
     """The layouts of several GPU counts as one table, as ``search`` keeps them (hybrid sharding
     where the group fits in a node is full sharding, dropped): (the counts with layouts, the

@@ -263,6 +263,11 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     return np.where(c.cp > 1, fwd + bwd + np.where(c.recompute == 2, fwd, 0.0), 0.0)
 
 
+def time_shared(hw: HardwareProfile, c: Candidates) -> np.ndarray:
+    """Layouts whose processes outnumber their CPU host's cores (``_host_sharing``'s busy > 1)."""
+    return np.asarray(_host_sharing(hw, c)[1]) > 1
+
+
 def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | float, np.ndarray | float]:
     """(slow, busy) for a CPU host whose cores its processes share (threads per process = cores /
     processes, as the trainer's launcher sets them): compute runs ``slow`` times slower, fixed

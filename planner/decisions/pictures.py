@@ -115,18 +115,12 @@ def breakdown_vs_gpus(x, counts=None, known=None) -> list[dict]:
     from planner.core.bounded import fastest_fitting_bounded
     from planner.core.report import TIME_PARTS
     from planner.core.results import estimate_at
-    from planner.core.search import counts_table, enumerate_layouts
+    from planner.core.search import counts_table, enumerate_counts
 
     g = x.gpus
     counts = counts or sorted({max(1, g // 4), max(1, g // 2), g, g * 2, g * 4})
     known = dict(known or {})
-    tables = {}
-    for n in counts:
-        if n not in known:
-            try:
-                tables[n] = enumerate_layouts(x.model, n, x.job)[0]
-            except PlannerError:  # a count no layout splits into: left out
-                continue
+    tables = enumerate_counts(x.model, [n for n in counts if n not in known], x.job)
     if tables:
         try:
             found = fastest_fitting_bounded(x.model, x.hardware, x.job,

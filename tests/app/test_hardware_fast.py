@@ -55,32 +55,34 @@ def fallback_precision_job(job: Job, hw) -> Job:
     return options_for([hw], job, precision_given=False)[0].job
 
 
-@pytest.mark.parametrize("name, job, counts, profiles", CASES)
-def test_floor_is_under_every_step_time(name, job, counts, profiles):
+def each_profile(name: str, job: Job, profiles):
+    """(model, profile, the job as each profile runs it: fp16 where it has no bf16)."""
     model = get_preset(name)
     for gpu in profiles:
         hw = get_profile(gpu)
-        j = fallback_precision_job(job, hw)
+        yield model, hw, fallback_precision_job(job, hw)
+
+
+@pytest.mark.parametrize("name, job, counts, profiles", CASES)
+def test_floor_is_under_every_step_time(name, job, counts, profiles):
+    for model, hw, j in each_profile(name, job, profiles):
         _, c, _, shared = table_of(model, j, counts, hw)
         sw, eff = _effective(hw, j)
         floor = B.step_time_floor(model, eff, j, c, sw, shared)
         step = step_time(model, eff, j, c, sw).step
         assert floor is not None and floor.shape == step.shape
-        assert np.all(floor <= step), (gpu, float(np.max(floor / step)))
+        assert np.all(floor <= step), (hw.name, float(np.max(floor / step)))
         assert np.all(floor > 0)
 
 
 @pytest.mark.parametrize("name, job, counts, profiles", CASES)
 def test_bounded_is_each_searchs_first(name, job, counts, profiles):
-    model = get_preset(name)
-    for gpu in profiles:
-        hw = get_profile(gpu)
-        j = fallback_precision_job(job, hw)
+    for model, hw, j in each_profile(name, job, profiles):
         best = B.fastest_fitting_bounded(model, hw, j, table_of(model, j, counts, hw))
         for n in counts:
             r = S.search(model, hw, j, n)
             if not r.feasible:
-                assert n not in best, (gpu, n)
+                assert n not in best, (hw.name, n)
                 continue
             got = best[n]
             assert got.gpus == n
