@@ -210,58 +210,64 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
     gather_blocks = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
-    stages = []
-    for index, layers in ((np.zeros_like(pp), first), (np.minimum(1, pp - 1), fullest), (pp - 1, last)):
-        if stages and not np.any(pp > 1):  # one stage: first, fullest and last are the same
-            stages.append(stages[0])
-            continue
-        is_first, is_last = index == 0, index == pp - 1
-        params = stage_params(model, pp, layers, is_first, is_last)
-        # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
-        # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
-        experts = layers * n.layer_expert_params / (tp * c.ep)
-        shard = (params - layers * n.layer_expert_params) / tp + experts
-        ratio = np.where(shard > 0, experts / np.where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
+    # The three stages as rows of one (3, layouts) table (one row when no layout pipelines: the
+    # stages are then one and the same), so each formula below runs once for all of them.
+    if np.any(pp > 1):
+        index = np.stack([np.zeros_like(pp), np.minimum(1, pp - 1), pp - 1])
+        layers = np.stack([first, fullest, last])
+    else:
+        index, layers = np.zeros_like(pp)[None], first[None]
+    is_first, is_last = index == 0, index == pp - 1
+    params = stage_params(model, pp, layers, is_first, is_last)
+    # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
+    # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
+    experts = layers * n.layer_expert_params / (tp * c.ep)
+    shard = (params - layers * n.layer_expert_params) / tp + experts
+    ratio = np.where(shard > 0, experts / np.where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
 
-        def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
-            return bytes_ * ((1 - ratio) / divisors[stage][0] + ratio / divisors[stage][1])
+    def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
+        return bytes_ * ((1 - ratio) / divisors[stage][0] + ratio / divisors[stage][1])
 
-        # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
-        # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
-        trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
-        if job.lora:
-            weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / np.where(c.zero_stage >= 3, dp, 1)
-            grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
-            optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
-        else:
-            weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
-            grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
-        # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
-        # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
-        # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
-        # leave only the gathered layers (``gather`` below) on the GPU.
-        if offloads:
-            host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
-            grads = np.where(offload_opt, grads * e / gb, grads)
-            optim = np.where(offload_opt, 0.0, optim)
-            weights = np.where(offload_par, 0.0, weights)
-        else:  # nothing offloaded: the same values as the lines above give
-            host = np.zeros(len(c))
-        flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
-        acts = layers * act_layer * flight + working
-        acts = acts + np.where(is_first, mask_per_flight * flight / mask_split, 0.0)
-        acts = acts + np.where(is_last, last_extra, 0.0)
-        # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
-        # keeps the stage's weights gathered and its gradients unsharded (fp32).
-        gather = gather_blocks
-        if not sw.stack.reshard_in_pipeline:
-            gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
-        other = outside + gather + eff.fragmentation * (acts + grads + gather)
-        stages.append(Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights)))
-    peak = stages[0]
-    for mem in stages[1:]:
-        peak = _pick_larger(peak, mem)
-    return peak, tuple(stages)
+    # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
+    # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
+    trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
+    if job.lora:
+        weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / np.where(c.zero_stage >= 3, dp, 1)
+        grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
+        optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
+    else:
+        weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
+        grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
+    # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
+    # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
+    # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
+    # leave only the gathered layers (``gather`` below) on the GPU.
+    if offloads:
+        host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
+        grads = np.where(offload_opt, grads * e / gb, grads)
+        optim = np.where(offload_opt, 0.0, optim)
+        weights = np.where(offload_par, 0.0, weights)
+    else:  # nothing offloaded: the same values as the lines above give
+        host = np.zeros(len(c))
+    flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
+    acts = layers * act_layer * flight + working
+    acts = acts + np.where(is_first, mask_per_flight * flight / mask_split, 0.0)
+    acts = acts + np.where(is_last, last_extra, 0.0)
+    # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
+    # keeps the stage's weights gathered and its gradients unsharded (fp32).
+    gather = gather_blocks
+    if not sw.stack.reshard_in_pipeline:
+        gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
+    other = outside + gather + eff.fragmentation * (acts + grads + gather)
+    table = Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights))
+    columns = [getattr(table, f) for f in Memory.__slots__]  # each (stages, layouts): every part reads ``layers``
+    stages = [Memory(*(col[k] for col in columns)) for k in range(len(index))]
+    stages += [stages[0]] * (3 - len(stages))  # one stage: first, fullest and last are the same
+    if len(index) == 1:
+        return stages[0], tuple(stages)
+    # The peak: the first stage that holds the most (a later stage only when it holds more).
+    pick, rows = np.argmax(table.total, axis=0), np.arange(len(c))
+    return Memory(*(col[pick, rows] for col in columns)), tuple(stages)
 
 
 def exchanged_kv_width(model: ModelSpec, sw: Software) -> float:
@@ -303,8 +309,3 @@ def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:
     CUDA context with its library workspaces, and NCCL's buffers when any group has > 1 rank."""
     distributed = c.gpus > 1
     return hw.efficiency.cuda_context_bytes + np.where(distributed, hw.efficiency.comm_buffer_bytes, 0.0)
-
-
-def _pick_larger(a: Memory, b: Memory) -> Memory:
-    take_b = b.total > a.total
-    return Memory(*(np.where(take_b, getattr(b, f), getattr(a, f)) for f in Memory.__slots__))
