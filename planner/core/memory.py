@@ -266,8 +266,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     if len(index) == 1:
         return stages[0], tuple(stages)
     # The peak: the first stage that holds the most (a later stage only when it holds more).
-    pick, rows = np.argmax(table.total, axis=0), np.arange(len(c))
-    return Memory(*(col[pick, rows] for col in columns)), tuple(stages)
+    flat = np.argmax(table.total, axis=0) * len(c) + np.arange(len(c))  # (stage, layout) in the flattened table
+    return Memory(*(np.ravel(col).take(flat) for col in columns)), tuple(stages)
 
 
 def exchanged_kv_width(model: ModelSpec, sw: Software) -> float:
