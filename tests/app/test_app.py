@@ -251,3 +251,14 @@ def test_the_runs_tab_starts_on_the_committed_runs_when_there_is_no_runs_folder(
     assert not at.exception
     assert at.text_input(key="runs_dir").value == "benchmarks/runs/cpu-2core"
     assert at.dataframe  # the committed records, predicted vs measured
+
+
+def test_a_page_run_leaves_the_long_lived_heap_out_of_the_collectors_scans():
+    """After a page run, what the process built is frozen (gc.freeze): a full collection during a
+    later interaction does not rescan Streamlit's, pandas' and the profiles' objects."""
+    import gc
+
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    assert not at.exception
+    assert gc.get_freeze_count() > 1000  # the imported libraries' objects, at least
