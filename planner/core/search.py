@@ -220,6 +220,12 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         (("sharding", "zero_stage", "ep"),
          lambda c: (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))),
     )
+    if len(gb) == 1 and all(len(v) == 1 for v in codes.values()):  # one layout (every field pinned)
+        c = Candidates(**mesh_cols, **codes, global_batch=gb[0])  # the columns the product would give
+        keep = batch_ok[0].copy()  # rules[0], the batch rule, read from its table
+        for _, rule in rules[1:]:
+            keep &= rule(c)
+        return (c, "") if keep.all() else (c.take(np.flatnonzero(keep)), _NO_SPLIT.format(job.global_batch, pins.pinned()))
     # The product grows a dimension at a time; each rule applies once the columns it reads exist
     # (at the last step when one of them is no dimension of the product).
     names = [d.name for d in free]
@@ -233,9 +239,12 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         c.keep([rule for (_, rule), when in zip(rules, at) if when == step])
     c = c.candidates()
     if len(c) == 0:
-        return c, (f"no layout splits global_batch={job.global_batch} sequences into dp x micro_batch "
-                   f"(and m divisible by pp when interleaved) with the fields pinned ({pins.pinned()})")
+        return c, _NO_SPLIT.format(job.global_batch, pins.pinned())
     return c, ""
+
+
+_NO_SPLIT = ("no layout splits global_batch={} sequences into dp x micro_batch (and m divisible by pp when "
+             "interleaved) with the fields pinned ({})")
 
 
 def _batch_table(model: ModelSpec, gpus: int, job: Job, dp: np.ndarray,
