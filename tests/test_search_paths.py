@@ -3,6 +3,7 @@
 - the enumeration, grown a dimension at a time and pruned as it grows, equals the full product of
   the mesh and every dimension's values (itertools.product, lexicographic) filtered afterwards;
 - a plan with pins (the pins' own layouts only) equals the plan selected from the widened table;
+- a fully pinned layout (built as its columns) is its row of the product, or refused, as the rules decide;
 - ``take`` (stacked gathers) equals indexing every column on its own.
 """
 
@@ -18,6 +19,7 @@ from planner.core.layout import LAYOUT_DIMS, Candidates, Job, default_global_bat
 from planner.core.plan import evaluate_table, plan, plan_from_table
 from planner.core.presets import get_preset
 from planner.core.search import Pins, enumerate_layouts, take
+from planner.errors import PlannerError
 from planner.hardware import get_profile
 
 CASES = [("llama2-7b", 64, Job()), ("llama2-7b", 8, Job(attention="standard", global_batch=256)),
@@ -26,6 +28,12 @@ CASES = [("llama2-7b", 64, Job()), ("llama2-7b", 8, Job(attention="standard", gl
 
 def full_product(model, gpus: int, job: Job) -> dict[str, np.ndarray]:
     """Every (mesh row, value of each searched dimension), in order, then the rules: the long way."""
+    c, keep = product_and_verdicts(model, gpus, job)
+    return c.take(np.flatnonzero(keep)).columns()
+
+
+def product_and_verdicts(model, gpus: int, job: Job) -> tuple[Candidates, np.ndarray]:
+    """The full product, unfiltered, and whether the rules keep each row."""
     stack = S.get_stack(job.stack)
     mesh = S._mesh(model, gpus, Pins(), stack.uneven_interleave)
     free = [d for d in LAYOUT_DIMS if d.searched is not None]
@@ -48,7 +56,7 @@ def full_product(model, gpus: int, job: Job) -> dict[str, np.ndarray]:
     keep &= S.runs_on_stack(c, stack) & S.expert_parallel_ok(model, c)
     keep &= np.asarray(S.moe_sequence_parallel_ok(model, c))
     keep &= (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))
-    return c.take(np.flatnonzero(keep)).columns()
+    return c, keep
 
 
 @pytest.mark.parametrize("name,gpus,job", CASES)
@@ -59,6 +67,62 @@ def test_enumeration_is_the_filtered_full_product(name, gpus, job):
     assert len(got["dp"]) == len(want["dp"]) > 0
     for key in want:
         assert np.array_equal(got[key], want[key]), key
+
+
+def pinned_verdict(model, gpus: int, job: Job, row: Candidates) -> bool:
+    """Whether the rules keep a one-row table when every field is pinned: the free search's rules,
+    except that the batch rule sees only the pinned (dp, micro-batch) and a pinned SP stands."""
+    stack = S.get_stack(job.stack)
+    dp_mb = row.dp * row.micro_batch
+    if job.global_batch is not None:
+        keep = job.global_batch % dp_mb == 0
+    else:
+        target = job.batch_tokens_target(gpus)
+        near = default_global_batch(model, dp_mb, target) * model.seq_len <= 1.5 * target
+        keep = near if near.any() else (row.global_batch == dp_mb) & (row.micro_batch == 1)
+    keep &= (row.vpp == 1) | (row.m % row.pp == 0)
+    keep &= ~((row.schedule == 1) & (row.vpp > 1))
+    keep &= S.runs_on_stack(row, stack) & S.expert_parallel_ok(model, row)
+    keep &= np.asarray(S.moe_sequence_parallel_ok(model, row))
+    keep &= (row.sharding == 0) | ((row.zero_stage >= 1) & (row.shard_group > 1) & (row.ep == 1))
+    return bool(keep.all())
+
+
+def pinned_rows_as_the_long_way_decides(name, gpus, job) -> int:
+    """Every field pinned (the shortcut builds the one layout as its columns): each row of the full
+    product gives that row (same columns, same dtypes) where the rules keep it, or is refused: by
+    the pins' own checks (an error naming the field) or with no layout and the reason. Returns how
+    many the rules refused."""
+    model = get_preset(name)
+    c, _ = product_and_verdicts(model, gpus, job)
+    refused = 0
+    for i in np.random.default_rng(1).permutation(len(c))[:120]:
+        row = c.take(np.array([i]))
+        lay = c.layout(int(i))
+        try:
+            got, why = enumerate_layouts(model, gpus, job, Pins(**{n: getattr(lay, n) for n in Pins.__slots__}))
+        except PlannerError:
+            assert not pinned_verdict(model, gpus, job, row)
+            continue
+        if pinned_verdict(model, gpus, job, row):
+            assert why == "" and len(got) == 1
+            for key, column in row.columns().items():
+                assert np.array_equal(getattr(got, key), column) and getattr(got, key).dtype == column.dtype, key
+        else:
+            assert len(got) == 0 and why.startswith("no layout splits global_batch")
+            assert all(col.dtype == getattr(c, k).dtype for k, col in got.columns().items())
+            refused += 1
+    return refused
+
+
+@pytest.mark.parametrize("name,gpus,job", CASES)
+def test_a_fully_pinned_layout_is_its_row_of_the_product_or_refused(name, gpus, job):
+    pinned_rows_as_the_long_way_decides(name, gpus, job)
+
+
+def test_the_shortcut_refuses_some_layouts_its_pin_checks_let_through():
+    """Some of those refusals come from the rules themselves, not from the pins' own checks."""
+    assert sum(pinned_rows_as_the_long_way_decides(*case) for case in CASES) > 0
 
 
 @pytest.mark.parametrize("pins", [Pins(tp=2), Pins(pp=2, micro_batch=2), Pins(zero_stage=3, recompute="full"),
