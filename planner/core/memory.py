@@ -261,6 +261,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     other = outside + gather + eff.fragmentation * (acts + grads + gather)
     table = Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights))
     columns = [getattr(table, f) for f in Memory.__slots__]  # each (stages, layouts): every part reads ``layers``
+    assert all(col.shape == index.shape for col in columns), "memory: a part is not one value per stage and layout"
     stages = [Memory(*(col[k] for col in columns)) for k in range(len(index))]
     stages += [stages[0]] * (3 - len(stages))  # one stage: first, fullest and last are the same
     if len(index) == 1:

@@ -225,7 +225,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         keep = batch_ok[0].copy()  # rules[0], the batch rule, read from its table
         for _, rule in rules[1:]:
             keep &= rule(c)
-        return (c, "") if keep.all() else (c.take(np.flatnonzero(keep)), _NO_SPLIT.format(job.global_batch, pins.pinned()))
+        if keep.all():
+            return c, ""
+        return c.take(np.flatnonzero(keep)), _NO_SPLIT.format(job.global_batch, pins.pinned())
     # The product grows a dimension at a time; each rule applies once the columns it reads exist
     # (at the last step when one of them is no dimension of the product).
     names = [d.name for d in free]
