@@ -18,6 +18,7 @@
 #  4. with more than one GPU: one tp2 run and one pp2 run -> runs/tp2, runs/pp2
 #  5. planner calibrate on the single-GPU runs (leave-one-out error printed) -> calibrated.toml
 #  6. planner validate of every run, probed and calibrated profiles -> validate-*.txt / .json, .png
+#  7. in what is left: the 760M mb8 run under two memory caps (trainer_gpu.py --ceiling) -> ceiling/
 # Afterwards copy the folder to benchmarks/runs/<gpu>/ and commit it.
 set -uo pipefail
 OUT_DIR=${OUT:-runs/gpu-session}
@@ -90,6 +91,11 @@ if [ -f "$OUT_DIR/probed.toml" ] && [ -n "$SINGLE" ]; then
   done
 else
   log "no probe or no run record: calibration skipped"
+fi
+# Last, in what is left of the budget: the 760M mb8 run again under two memory caps (its reserved
+# peak; its allocated peak + 2%), its step time against the uncapped run's (issue 14's memory ceiling).
+if [ -f "$OUT_DIR/runs/760m-mb8/record.json" ]; then
+  step ceiling 60 python benchmarks/trainer_gpu.py --out "$OUT_DIR/ceiling" "${RUNS[@]}" --ceiling "$OUT_DIR/runs/760m-mb8"
 fi
 find "$OUT_DIR" -name checkpoints -type d -prune -exec rm -rf {} + 2>/dev/null
 log "done in $(( $(date +%s) - START ))s; records: $(ls "$OUT_DIR"/runs/*/record.json 2>/dev/null | wc -l)"

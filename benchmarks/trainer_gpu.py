@@ -12,6 +12,14 @@ All settings run in one process as a sweep (``python -m reference_trainer --conf
 per finished run, the median step time, tokens/s, achieved TFLOP/s, MFU (peak: --gpu, or the
 planner profile whose GPU model is the device found) and peak memory, and writes them to
 ``summary.json`` beside the runs.
+
+    python benchmarks/trainer_gpu.py --out DIR --ceiling RUN_DIR   # RUN_DIR: one of these runs, finished
+
+reruns that setting twice under a memory cap (the trainer's ``profile.memory_fraction``): at the run's
+reserved peak, and at its allocated peak + 2%, so that the caching allocator must release its cache
+and retry (``memory.alloc_retries``) to stay under it; it prints each one's step time against the
+uncapped run's. This measures what a run pressed against its memory ceiling loses (issue 14: the
+torchtitan rows near 84 GiB of an H100 96GB). On a CPU there is no cap: the same path, uncapped.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from planner.calibration.record import validate_record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 # (name, model, micro_batch, recompute); global batch = 2 micro-batches per step. 350M and 760M
 # GPT-3 shapes at 2k tokens: about 5-20 s each for 30 steps on an H100/H200 in bf16.
@@ -35,22 +46,65 @@ SETTINGS = [("350m-mb4", "350m", 4, "none"), ("350m-mb8-selective", "350m", 8, "
 TINY = {"arch": "gpt", "layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64, "dropout": 0.0}
 
 
-def configs(out: Path, steps: int, tiny: bool, gpu: str | None) -> list[Path]:
+def config_for(setting: tuple, out: Path, steps: int, tiny: bool, gpu: str | None, run_name: str | None = None,
+               memory_fraction: float | None = None) -> Path:
+    """One setting's trainer config, written under ``out/configs``; its path."""
+    name, model, mb, recompute = setting
+    run_name = run_name or name
+    config = {"run_name": run_name, "runs_dir": str(out), "model": TINY if tiny else MODELS[model],
+              "layout": {"dp": 1, "micro_batch": mb, "global_batch": 2 * mb, "recompute": recompute},
+              "training": {"steps": steps, "precision": "fp32" if tiny else "bf16", "lr": 3e-4,
+                           "warmup_steps": min(10, steps)},
+              "data": {"workers": 0 if tiny else 2},
+              "profile": {"warmup_steps": min(5, steps // 2), "trace_steps": 2 if steps >= 10 else 1,
+                          "hardware_profile": gpu, "tensorboard": True, "memory_fraction": memory_fraction}}
     folder = out / "configs"
     folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{run_name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def configs(out: Path, steps: int, tiny: bool, gpu: str | None) -> list[Path]:
+    return [config_for(setting, out, steps, tiny, gpu) for setting in SETTINGS]
+
+
+def _refuse(why: str) -> None:
+    print(f"error: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def ceiling_configs(run_dir: Path, out: Path, steps: int, tiny: bool, gpu: str | None) -> tuple[dict, list[Path]]:
+    """The capped reruns of the finished run in ``run_dir`` (a setting of this script): its record
+    and the two configs (cap at its reserved peak; at its allocated peak + 2%)."""
+    setting = next((s for s in SETTINGS if s[0] == run_dir.name), None)
+    if setting is None:
+        _refuse(f"--ceiling {run_dir}: not a run of this script (one of {', '.join(s[0] for s in SETTINGS)})")
+    try:  # a complete record (planner's schema: a step time above 0, the memory section)
+        record = validate_record(json.loads((run_dir / "record.json").read_text()))
+    except (OSError, ValueError) as exc:
+        _refuse(f"--ceiling {run_dir}: no readable run record there ({exc})")
+    memory, capacity = record["memory"], record["memory"]["capacity_bytes"]
+    peaks = {"reserved": memory["peak_reserved_bytes"], "tight": memory["peak_allocated_bytes"] * 1.02}
     paths = []
-    for name, model, mb, recompute in SETTINGS:
-        config = {"run_name": name, "runs_dir": str(out), "model": TINY if tiny else MODELS[model],
-                  "layout": {"dp": 1, "micro_batch": mb, "global_batch": 2 * mb, "recompute": recompute},
-                  "training": {"steps": steps, "precision": "fp32" if tiny else "bf16", "lr": 3e-4,
-                               "warmup_steps": min(10, steps)},
-                  "data": {"workers": 0 if tiny else 2},
-                  "profile": {"warmup_steps": min(5, steps // 2), "trace_steps": 2 if steps >= 10 else 1,
-                              "hardware_profile": gpu, "tensorboard": True}}
-        path = folder / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        paths.append(path)
-    return paths
+    for label, limit in peaks.items():
+        fraction = min(1.0, limit / capacity) if capacity and limit else None  # a CPU: no cap
+        paths.append(config_for(setting, out, steps, tiny, gpu, f"{run_dir.name}-cap-{label}", fraction))
+    return record, paths
+
+
+def compare_ceiling(record: dict, out: Path, names: list[str]) -> None:
+    """Each capped run's step time and allocator retries against the uncapped run's."""
+    base = record["step_time_s"]["median"]
+    for name in names:
+        path = out / name / "record.json"
+        if not path.exists():
+            continue
+        rec = json.loads(path.read_text())
+        cap = rec["config"]["profile"].get("memory_fraction")
+        where = "no cap (a CPU)" if cap is None else f"cap {cap:.4f} of the GPU"
+        print(f"{name}: {where}: step {rec['step_time_s']['median'] / base:.3f} x the uncapped run's, "
+              f"allocator retries {rec['memory'].get('alloc_retries')}")
 
 
 def summarise(out: Path, names: list[str]) -> list[dict]:
@@ -88,12 +142,18 @@ def main() -> int:
     parser.add_argument("--gpu", help="planner hardware profile for the MFU peak (default: matched by device name)")
     parser.add_argument("--tiny", action="store_true", help="a tiny fp32 model: the same path on a CPU")
     parser.add_argument("--print-configs", action="store_true", help="write and print the configs, run nothing")
+    parser.add_argument("--ceiling", metavar="RUN_DIR",
+                        help="rerun this finished run of the script under two memory caps (its reserved peak; "
+                             "its allocated peak + 2%%) and compare their step times with it")
     args = parser.parse_args()
     if args.steps < 4:
         print(f"error: --steps={args.steps}: at least 4", file=sys.stderr)
         return 2
     out = Path(args.out)
-    paths = configs(out, args.steps, args.tiny, args.gpu)
+    if args.ceiling:
+        record, paths = ceiling_configs(Path(args.ceiling), out, args.steps, args.tiny, args.gpu)
+    else:
+        paths = configs(out, args.steps, args.tiny, args.gpu)
     if args.print_configs:
         for p in paths:
             print(f"# {p.name}\n{p.read_text()}")
@@ -101,6 +161,8 @@ def main() -> int:
     cmd = [sys.executable, "-m", "reference_trainer", *[a for p in paths for a in ("--config", str(p))]]
     rc = subprocess.call(cmd, cwd=ROOT)
     rows = summarise(out, [p.stem for p in paths])
+    if args.ceiling:
+        compare_ceiling(record, out, [p.stem for p in paths])
     print(f"records in {out}")
     return rc if rows else (rc or 1)
 

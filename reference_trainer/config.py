@@ -100,6 +100,7 @@ class ProfileConfig:
     peak_tflops: float | None = None  # explicit peak per device (e.g. a CPU), overrides the profile
     tensorboard: bool = False  # TensorBoard event files under runs/<run_name>/tensorboard (rank 0)
     metrics_port: int | None = None  # Prometheus text endpoint /metrics on rank 0 (0: any free port)
+    memory_fraction: float | None = None  # cap on each GPU process's memory (allocator-pressure runs); None: the whole GPU
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -449,6 +450,9 @@ def _check_checkpoint_and_profile(config: RunConfig) -> None:
                                         and 0 <= p.metrics_port <= 65535),
              f"profile.metrics_port={p.metrics_port!r}: a port from 0 (any free one) to 65535, or null")
     _require(p.peak_tflops is None or p.peak_tflops > 0, f"profile.peak_tflops={p.peak_tflops}: greater than zero")
+    _require(p.memory_fraction is None or (isinstance(p.memory_fraction, (int, float))
+                                           and not isinstance(p.memory_fraction, bool) and 0 < p.memory_fraction <= 1),
+             f"profile.memory_fraction={p.memory_fraction!r}: a share of the GPU's memory above 0 and at most 1, or null")
     if p.hardware_profile is not None:
         from planner.hardware import get_profile
 

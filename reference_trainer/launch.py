@@ -50,6 +50,7 @@ FLAGS = {
     "auto_resume": ("checkpoint", "auto_resume"), "checkpoint_dir": ("checkpoint", "dir"),
     "gpu": ("profile", "hardware_profile"), "peak_tflops": ("profile", "peak_tflops"),
     "metrics_port": ("profile", "metrics_port"), "tensorboard": ("profile", "tensorboard"),
+    "memory_fraction": ("profile", "memory_fraction"),
     "trace_steps": ("profile", "trace_steps"), "profile_warmup_steps": ("profile", "warmup_steps"),
     "mode": ("training", "mode"), "lora_r": ("lora", "r"), "lora_alpha": ("lora", "alpha"),
     "lora_targets": ("lora", "targets"),
@@ -128,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--metrics-port", type=int,
                     help="serve Prometheus text metrics at http://<host>:PORT/metrics from rank 0 (0: any free port)")
     pr.add_argument("--profile-warmup-steps", type=int, help="steps left out of the timing statistics")
+    pr.add_argument("--memory-fraction", type=float,
+                    help="cap each GPU process's memory at this share of the GPU (0-1; torch.cuda."
+                         "set_per_process_memory_fraction): runs near a memory ceiling; no effect on a CPU")
     pr.add_argument("--run-name", help="runs/<run-name>/ (default: model, layout and time)")
     pr.add_argument("--runs-dir")
     pr.add_argument("--log-every", type=int)

@@ -92,7 +92,12 @@ def run(configs: list[RunConfig]) -> int:
             if cuda:
                 tf32 = config.training.precision == "tf32"
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+                # The memory cap (profile.memory_fraction; the whole GPU when unset), over an empty
+                # cache so that an earlier run of the sweep holds nothing above it.
+                torch.cuda.empty_cache()
+                torch.cuda.set_per_process_memory_fraction(config.profile.memory_fraction or 1.0, device)
                 torch.cuda.reset_peak_memory_stats(device)
+                torch.cuda.reset_accumulated_memory_stats(device)  # num_alloc_retries counts this run's only
             state: dict = {}
             try:
                 rc = _train(config, device, state)

@@ -37,4 +37,18 @@ def test_gpu_session_dry_run_writes_everything_under_its_folder(tmp_path):
         assert (out / f"{profile}.toml").exists() and (out / f"validate-{profile}.png").stat().st_size > 0
         points = json.loads((out / f"validate-{profile}.json").read_text())["points"]
         assert {p["run"] for p in points if p["quantity"] == "step_s"} == names
+    # The memory-ceiling reruns of 760m-mb8 (no cap on a CPU: the same path, uncapped), kept out of runs/.
+    capped = {p.parent.name: load_record(p) for p in (out / "ceiling").glob("*/record.json")}
+    assert set(capped) == {"760m-mb8-cap-reserved", "760m-mb8-cap-tight"}
+    assert all(r["config"]["profile"]["memory_fraction"] is None for r in capped.values())
+    assert "step" in log.split("ceiling (limit")[1] and "x the uncapped run's" in log
     assert "skip" not in log  # everything fitted in the budget
+
+
+def test_a_ceiling_rerun_of_no_finished_run_is_one_line(tmp_path):
+    script = SCRIPT.parent / "trainer_gpu.py"
+    for run_dir in (tmp_path / "760m-mb8", tmp_path / "not-a-setting"):  # no record; not a run of the script
+        proc = subprocess.run(["python", str(script), "--out", str(tmp_path / "c"), "--tiny", "--ceiling", str(run_dir)],
+                              capture_output=True, text=True, timeout=120, env=trainer_env(), check=False)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--ceiling" in proc.stderr, proc.stderr
+        assert not (tmp_path / "c").exists()  # nothing written

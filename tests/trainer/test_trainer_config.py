@@ -40,6 +40,9 @@ def with_(section: str, **changes) -> dict:
     (with_("checkpoint", keep_last=0), "checkpoint.keep_last=0: at least 1"),
     (with_("data", path="/no/such/tokens.bin"), "data.path='/no/such/tokens.bin': no such file"),
     (with_("profile", hardware_profile="z100"), "profile.hardware_profile"),
+    (with_("profile", memory_fraction=0), "profile.memory_fraction=0.0: a share of the GPU's memory above 0"),
+    (with_("profile", memory_fraction=1.5), "profile.memory_fraction=1.5"),
+    (with_("profile", memory_fraction=True), "profile.memory_fraction=True"),
 ])
 def test_bad_config_names_the_key(data, message):
     with pytest.raises(ConfigError) as err:
@@ -92,6 +95,7 @@ def test_trainer_rejects_an_unknown_key(tmp_path):
     (["--tp", "3"], "layout.tp=3: must divide model heads=4"),
     (["--preset", "gpt5"], "preset='gpt5'"),
     (["--dp", "2", "--nnodes", "2"], "--nnodes=2: give --rdzv-endpoint"),
+    (["--memory-fraction", "-0.5"], "profile.memory_fraction=-0.5: a share of the GPU's memory above 0 and at most 1"),
 ])
 def test_launcher_rejects_with_one_line_and_exit_2(argv, message, capsys, tmp_path):
     rc = launch.main([*TINY_FLAGS, *argv, "--runs-dir", str(tmp_path)])
