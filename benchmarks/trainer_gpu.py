@@ -98,7 +98,8 @@ def compare_ceiling(record: dict, out: Path, names: list[str]) -> None:
     base = record["step_time_s"]["median"]
     for name in names:
         path = out / name / "record.json"
-        if not path.exists():
+        if not path.exists():  # the trainer writes no record for a run that died (out of memory under the cap?)
+            print(f"{name}: no record: the run did not finish under its cap (the log says why)")
             continue
         rec = json.loads(path.read_text())
         cap = rec["config"]["profile"].get("memory_fraction")
