@@ -32,10 +32,10 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from planner.calibration.record import validate_record  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 # (name, model, micro_batch, recompute); global batch = 2 micro-batches per step. 350M and 760M
 # GPT-3 shapes at 2k tokens: about 5-20 s each for 30 steps on an H100/H200 in bf16.
 MODELS = {"350m": {"preset": "gpt3-350m", "seq_len": 2048, "dropout": 0.0},

@@ -205,8 +205,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
     stack, gpipe = get_stack(job.stack), SCHEDULES.index("gpipe")
+    batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
-        (("micro_batch",), lambda c: c.batch_ok),  # the global batch splits (``_batch_table``)
+        batch_rule,
         (("sequence_parallel",),  # SP means nothing without TP
          lambda c: ~(c.sequence_parallel & (c.tp == 1)) | (pins.sequence_parallel is True)),
         (("micro_batch",), lambda c: (c.vpp == 1) | (c.m % c.pp == 0)),  # Megatron's interleaved schedule: m % pp
@@ -222,8 +223,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     )
     if len(gb) == 1 and all(len(v) == 1 for v in codes.values()):  # one layout (every field pinned)
         c = Candidates(**mesh_cols, **codes, global_batch=gb[0])  # the columns the product would give
-        keep = batch_ok[0].copy()  # rules[0], the batch rule, read from its table
-        for _, rule in rules[1:]:
+        keep = batch_ok[0].copy()  # the batch rule, read from its table
+        for _, rule in (r for r in rules if r is not batch_rule):
             keep &= rule(c)
         if keep.all():
             return c, ""
