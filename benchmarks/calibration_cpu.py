@@ -52,11 +52,12 @@ def split(runs, grid: str = "cpu"):
     return [r for r in runs if not held_out(r.label, grid)], [r for r in runs if held_out(r.label, grid)]
 
 
-def share_errors(runs, profile) -> dict[str, list[float]]:
-    """Share -> the held-out runs' errors in fractions of the step (predicted - measured)."""
+def share_errors(runs, profile, judged: bool = True) -> dict[str, list[float]]:
+    """Share -> the held-out runs' errors in fractions of the step (predicted - measured): of the
+    runs whose shares ``planner validate`` judges, or (``judged=False``) of the time-shared ones."""
     out: dict[str, list[float]] = {q: [] for q in SHARES}
     for p in compare(runs, profile):
-        if p.quantity in out:
+        if p.quantity in out and p.judged == judged:
             out[p.quantity].append(p.error)
     return out
 
@@ -76,6 +77,10 @@ def report(name, test, base, calibrated) -> None:
         if a.size:
             print(f"  {q:<16} {a.size:>2} runs: |error| mean {a.mean() * 100:5.1f}pp, worst {a.max() * 100:5.1f}pp "
                   f"after (before: mean {b.mean() * 100:5.1f}pp, worst {b.max() * 100:5.1f}pp)")
+    shared = share_errors(test, calibrated, judged=False)
+    if any(shared.values()):
+        print("  time-shared runs (more processes than cores: shown, not judged), after: "
+              + ", ".join(f"{q} {', '.join(f'{e * 100:+.1f}pp' for e in errs)}" for q, errs in shared.items() if errs))
 
 
 TINY = {"name": "tiny", "arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 16,

@@ -49,12 +49,28 @@ def step_table(runs, points: list[Point]) -> list[str]:
 
 
 def summary_table(points: list[Point]) -> list[str]:
-    lines = ["| quantity | runs | mean abs error | worst |", "|---|---|---|---|"]
+    lines = ["| quantity | runs | mean abs error | worst | time-shared, not judged |", "|---|---|---|---|---|"]
     for q, s in summary(points).items():
         rel = QUANTITIES[q][1]
         fmt = (lambda x: f"{x:.1%}") if rel else (lambda x: f"{x * 100:.1f} pp")
-        lines.append(f"| {q} | {s['runs']} | {fmt(s['mean_abs_error'])} | {fmt(s['worst_abs_error'])} |")
+        mean, worst = (fmt(s["mean_abs_error"]), fmt(s["worst_abs_error"])) if s["runs"] else ("-", "-")
+        lines.append(f"| {q} | {s['runs']} | {mean} | {worst} | {s.get('not_judged', '')} |")
     return lines
+
+
+def time_shared_lines(points: list[Point]) -> list[str]:
+    """The shares `planner validate` shows but does not judge (runs with more processes than cores),
+    with their errors, so that what is left out of the table above is on the page."""
+    left = [p for p in points if not p.judged and p.quantity in ("compute_share", "tp_comm_share", "bubble_fraction")]
+    if not left:
+        return []
+    runs = sorted({p.run for p in left})
+    errs = "; ".join(f"{p.run} {p.quantity} {p.error * 100:+.1f} pp" for p in left)
+    return [f"Not judged: the shares of {len(runs)} held-out run(s) with more processes than the host has cores "
+            f"({', '.join(runs)}), whose traces book a rank's wait for a core, and its peers' uneven turns on "
+            f"the cores, as bubble or communication, as the scheduler decides run by run (the README's "
+            f"calibration section: ten runs of one such layout measured 17-34% bubble). Their step time is "
+            f"judged above. Their share errors: {errs}.", ""]
 
 
 def torchtitan_section() -> list[str]:
@@ -188,6 +204,7 @@ def build(out: Path, plots: bool) -> str:
         "",
         *summary_table(after),
         "",
+        *time_shared_lines(after),
         "The CPU's peak memory is the process's RSS, which the planner does not predict (it is not "
         "compared); the measured communication share of tensor-parallel runs on gloo includes DTensor's "
         "dispatch time, which the planner books as a fixed per-collective cost.",

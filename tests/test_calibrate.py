@@ -10,7 +10,7 @@ import pytest
 
 from planner.calibration.calibrate import calibrate, calibrated_profile_toml, check_factors
 from planner.calibration.measured import Measurement, load_measurements
-from planner.calibration.validate import compare, summary
+from planner.calibration.validate import compare, summary, table
 from planner.cli.main import main
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates, Job, Layout
@@ -182,3 +182,30 @@ def test_a_parts_fit_matches_the_shares_only_of_runs_with_a_core_per_process():
     assert len(residuals([two], hw, parts=True)) == 1 + len(FIT_SHARES)
     assert len(residuals([four], hw, parts=True)) == 1
     assert residuals([four], hw, parts=True)[0] == residuals([four], hw, parts=False)[0]
+
+
+def test_validate_judges_a_time_shared_runs_step_time_not_its_shares(capsys):
+    # The same rule as calibrate --parts, on the committed grid: run 07 (2 processes on 2 cores)
+    # has every share judged; run 11 (4 on 2) has its shares shown, marked and left out of the
+    # summary, and its step time judged.
+    grid = Path(__file__).parent.parent / "benchmarks" / "runs" / "cpu-2core"
+    hw = load_profile_file(grid / "probed.toml")
+    runs, _ = load_measurements([grid])
+    pick = [r for r in runs if r.label in ("07-llama-m-dp1tp1pp2-mb2-none", "11-llama-m-dp2tp1pp2-mb2-none")]
+    points = compare(pick, hw)
+    judged = {(p.run[:2], p.quantity): p.judged for p in points}
+    assert judged[("07", "bubble_fraction")] and judged[("07", "compute_share")] and judged[("07", "step_s")]
+    assert not judged[("11", "bubble_fraction")] and not judged[("11", "compute_share")]
+    assert judged[("11", "step_s")] and judged[("11", "tokens_per_s")]
+    s = summary(points)
+    assert s["step_s"]["runs"] == 2 and s["bubble_fraction"]["runs"] == 1 and s["bubble_fraction"]["not_judged"] == 1
+    bubble07 = next(p for p in points if p.run.startswith("07") and p.quantity == "bubble_fraction")
+    assert s["bubble_fraction"]["worst_abs_error"] == pytest.approx(abs(bubble07.error))
+    text = table(points)
+    assert text.count(" *\n") >= 10 and "(1 time-shared not judged *)" in text
+    assert main(["validate", str(grid / "11-llama-m-dp2tp1pp2-mb2-none"), "--gpu", str(grid / "probed.toml"),
+                 "--format", "csv"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].endswith(",judged")
+    assert {r.split(",")[1]: r.split(",")[-1] for r in rows[1:]}["bubble_fraction"] == "false"
+    assert {r.split(",")[1]: r.split(",")[-1] for r in rows[1:]}["step_s"] == "true"

@@ -389,7 +389,9 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
         st.image(cached_validate_plot(compared.points))
     st.caption("The same from the command line: `" + run_records.validate_command(folder, profile) + "`. "
                "Rates and sizes: relative error; bubble and communication shares: percentage points. "
-               "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory).")
+               "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory). "
+               "judged: false for the shares of a run with more processes than its host has cores (its "
+               "trace books waits for a core as bubble or communication): shown, not in the summary.")
 
 
 def export_tab(state: dict, view: explore.View) -> None:

@@ -96,12 +96,13 @@ def compare(runs: Sequence, profile: str | None) -> Compared:
 
 
 def point_rows(points: Sequence) -> list[dict]:
-    """The validation table: relative errors for rates and sizes, percentage points for fractions."""
+    """The validation table: relative errors for rates and sizes, percentage points for fractions;
+    ``judged``: False for a time-shared run's shares (planner.calibration.validate)."""
     from planner.calibration.validate import QUANTITIES
 
     return [{"run": p.run, "quantity": p.quantity, "predicted": p.predicted, "measured": p.measured,
-             "error": f"{p.error:+.1%}" if QUANTITIES[p.quantity][1] else f"{p.error * 100:+.1f}pp"}
-            for p in points]
+             "error": f"{p.error:+.1%}" if QUANTITIES[p.quantity][1] else f"{p.error * 100:+.1f}pp",
+             "judged": p.judged} for p in points]
 
 
 def run_rows(runs: Sequence) -> list[dict]:

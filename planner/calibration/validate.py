@@ -4,6 +4,12 @@ Step time, tokens/s, MFU and peak memory are compared as relative errors; every 
 (planner.core.step_parts: compute, exposed TP / DP communication, bubble with pipeline transfers,
 optimizer, data wait, other) as its share of the step, the error in percentage points.
 ``bubble_fraction`` and ``comm_fraction`` are the bubble's and the communication's shares.
+
+A run whose processes outnumber its CPU host's cores (the profile's ``compute_slots``;
+planner.core.steptime.time_shared) has its shares shown but not judged: its trace books a rank's
+wait for a core, and its peers' uneven turns on the cores, as bubble or communication, which the
+operating system's scheduler decides from run to run. Its step time, which the scheduler does not
+change while the cores stay busy, is judged. ``planner calibrate --parts`` applies the same rule.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from planner.calibration.measured import Measurement
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
 from planner.core.step_parts import COMPARED, compared, predicted_parts
+from planner.core.steptime import time_shared
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile, get_profile, profile_names
 
@@ -36,6 +43,7 @@ class Point:
     predicted: float
     measured: float
     error: float  # relative (pred/meas - 1), or absolute difference for fractions
+    judged: bool = True  # False: shown, left out of the summary (a time-shared run's shares)
 
 
 def profile_for(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
@@ -63,7 +71,8 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
     points: list[Point] = []
     for r in runs:
         hw = profile_for(r, override)
-        ev = evaluate(r.model, hw, r.job, Candidates.from_layouts([r.layout]), r.gpus)
+        c = Candidates.from_layouts([r.layout])
+        ev = evaluate(r.model, hw, r.job, c, r.gpus)
         m = ev.memory
         # torch.cuda.max_memory_allocated counts tensors only: not the CUDA context, the
         # communication buffers or the allocator's fragmentation, which the planner's total adds.
@@ -75,6 +84,7 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
         if r.memory_kind not in COMPARABLE_MEMORY:
             pairs["peak_memory_bytes"] = (allocated, None)  # a CPU process's RSS is not what the planner predicts
         shares = part_shares(r, ev, hw)
+        shared_host = bool(shares) and bool(np.any(time_shared(hw, c)))
         if not shares:  # a record without traces, or a published row: its fractions as reported
             t = ev.time
             pred_bubble = float((t.bubble[0] + t.pp_comm[0]) / ev.step_s[0])
@@ -87,18 +97,28 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
             if measured is None or (relative and measured <= 0):
                 continue
             err = predicted / measured - 1 if relative else predicted - measured
-            points.append(Point(run=r.label, quantity=q, predicted=predicted, measured=float(measured), error=err))
+            points.append(Point(run=r.label, quantity=q, predicted=predicted, measured=float(measured), error=err,
+                                judged=not (shared_host and not relative)))
     return points
 
 
 def summary(points: list[Point]) -> dict[str, dict[str, float]]:
+    """Quantity -> runs, mean and worst |error| over the judged points (``not_judged``: how many
+    time-shared runs' shares were left out, where any were)."""
     out = {}
     for q in QUANTITIES:
-        errs = np.abs([p.error for p in points if p.quantity == q])
+        errs = np.abs([p.error for p in points if p.quantity == q and p.judged])
+        left = sum(1 for p in points if p.quantity == q and not p.judged)
         if errs.size:
             out[q] = {"runs": int(errs.size), "mean_abs_error": float(errs.mean()),
                       "worst_abs_error": float(errs.max())}
+        if left:
+            out.setdefault(q, {"runs": 0})["not_judged"] = left
     return out
+
+
+TIME_SHARED_NOTE = ("* time-shared host (more processes than cores): the share is shown, not judged; the scheduler "
+                    "decides which waits the trace books as bubble or communication")
 
 
 def table(points: list[Point]) -> str:
@@ -107,13 +127,20 @@ def table(points: list[Point]) -> str:
     for p in points:
         relative = QUANTITIES[p.quantity][1]
         err = f"{p.error:+8.1%}" if relative else f"{p.error * 100:+6.1f}pp"
-        rows.append(f"{p.run:<{w}} {p.quantity:<18} {p.predicted:11.4g} {p.measured:11.4g} {err}")
+        rows.append(f"{p.run:<{w}} {p.quantity:<18} {p.predicted:11.4g} {p.measured:11.4g} {err}"
+                    + ("" if p.judged else " *"))
     rows.append("")
     for q, s in summary(points).items():
         relative = QUANTITIES[q][1]
         fmt = (lambda x: f"{x:.1%}") if relative else (lambda x: f"{x * 100:.1f}pp")
-        rows.append(f"{q:<18} {s['runs']:>3} runs: mean |error| {fmt(s['mean_abs_error'])}, "
-                    f"worst {fmt(s['worst_abs_error'])}")
+        line = f"{q:<18} {s['runs']:>3} runs"
+        if s["runs"]:
+            line += f": mean |error| {fmt(s['mean_abs_error'])}, worst {fmt(s['worst_abs_error'])}"
+        if s.get("not_judged"):
+            line += f" ({s['not_judged']} time-shared not judged *)"
+        rows.append(line)
+    if any(not p.judged for p in points):
+        rows += ["", TIME_SHARED_NOTE]
     return "\n".join(rows)
 
 

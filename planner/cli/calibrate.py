@@ -234,9 +234,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
         print(json.dumps({"points": [{k: getattr(p, k) for k in p.__slots__} for p in points],
                           "summary": summary(points), "skipped": skipped}, indent=1, allow_nan=False))
     elif a.format == "csv":
-        print("run,quantity,predicted,measured,error")
+        print("run,quantity,predicted,measured,error,judged")
         for p in points:
-            print(f"{p.run},{p.quantity},{p.predicted!r},{p.measured!r},{p.error!r}")
+            print(f"{p.run},{p.quantity},{p.predicted!r},{p.measured!r},{p.error!r},{str(p.judged).lower()}")
     else:
         print(table(points))
     if a.plot:
