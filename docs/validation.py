@@ -66,7 +66,8 @@ def time_shared_lines(points: list[Point]) -> list[str]:
         return []
     runs = sorted({p.run for p in left})
     errs = "; ".join(f"{p.run} {p.quantity} {p.error * 100:+.1f} pp" for p in left)
-    return [f"Not judged: the shares of {len(runs)} held-out run(s) with more processes than the host has cores "
+    which = "run" if len(runs) == 1 else f"{len(runs)} runs"
+    return [f"Not judged: the shares of the held-out {which} with more processes than the host has cores "
             f"({', '.join(runs)}), whose traces book a rank's wait for a core, and its peers' uneven turns on "
             f"the cores, as bubble or communication, as the scheduler decides run by run (the README's "
             f"calibration section: ten runs of one such layout measured 17-34% bubble). Their step time is "

@@ -9,6 +9,7 @@ its micro-batch k is the k-th slice of ``micro_batch`` samples of that block.
 from __future__ import annotations
 
 import functools
+import multiprocessing
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ class TokenSource:
             import os
 
             self.num_samples = (os.path.getsize(path) // itemsize - 1) // seq_len  # non-overlapping windows
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}  # a worker maps the file itself: never pickle the mapping
 
     def tokens(self) -> np.memmap:
         if self._tokens is None:  # opened lazily: each loader worker maps the file itself
@@ -100,6 +104,21 @@ def split(batch: torch.Tensor, micro_batches: int) -> list[tuple[torch.Tensor, t
     return [(b[:, :-1], b[:, 1:]) for b in batch.chunk(micro_batches)]
 
 
+def worker_context():
+    """Where loader workers start: a fork server (a fresh interpreter that has imported this module
+    and torch once, and forks each worker from itself), not a fork of the training process. By the
+    time the loader starts, the training process has other threads (torch.distributed, gloo); on
+    CPython before 3.11.10 a fork while one of them holds the interpreter's thread-state lock leaves
+    the worker deadlocked in PyOS_AfterFork_Child (cpython gh-112275), and the run hangs on its first
+    batch (seen here: 1 tp2 run in 19 under load). Costs about a second once per training process.
+    Where there is no fork server (Windows), torch's default (spawn)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # before its first use; later calls change nothing
+    return ctx
+
+
 def make_loader(source: TokenSource, *, start_step: int, global_batch: int, micro_batch: int,
                 micro_batches: int, dp_rank: int, workers: int, prefetch_samples: int, pin_memory: bool):
     """An iterator over this rank's step batches from ``start_step`` on. With workers, at least
@@ -118,6 +137,8 @@ def make_loader(source: TokenSource, *, start_step: int, global_batch: int, micr
     # Workers send numpy arrays: for batches of token ids (kilobytes) a pickle through the
     # worker's pipe costs far less than handing over a tensor in shared memory.
     collate = _unchanged if workers > 0 and not pin_memory else _as_tensor
+    if workers > 0:
+        extra["multiprocessing_context"] = worker_context()
     loader = DataLoader(data, batch_size=None, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
                         generator=gen, collate_fn=collate, **extra)
     return (torch.as_tensor(b) for b in loader)

@@ -171,12 +171,18 @@ def plot(points: list[Point], path: str, title: str = "planner: predicted vs mea
         xs = np.linspace(lo, hi, 50)
         ax.plot(xs, xs, color="black", lw=1, label="y = x")
         ax.fill_between(xs, xs * 0.9, xs * 1.1, color="grey", alpha=0.25, label="+/-10%")
-        ax.scatter([p.measured for p in sel], [p.predicted for p in sel], s=24,
-                   color=colours[list(QUANTITIES).index(q) % len(colours)], label=q, zorder=3)
-        errs = np.abs([p.error for p in sel])
+        colour = colours[list(QUANTITIES).index(q) % len(colours)]
+        judged, left = [p for p in sel if p.judged], [p for p in sel if not p.judged]
+        ax.scatter([p.measured for p in judged], [p.predicted for p in judged], s=24, color=colour, label=q, zorder=3)
+        if left:  # a time-shared run's shares: hollow, out of the title's mean
+            ax.scatter([p.measured for p in left], [p.predicted for p in left], s=24, facecolors="none",
+                       edgecolors=colour, label="time-shared, not judged", zorder=3)
+        errs = np.abs([p.error for p in judged])
         if errs.size:
             stat = f"mean |err| {errs.mean():.1%}" if relative else f"mean |err| {errs.mean() * 100:.1f}pp"
-            ax.set_title(f"{q} ({len(sel)} runs, {stat})", fontsize=9)
+            ax.set_title(f"{q} ({len(judged)} runs, {stat})", fontsize=9)
+        elif left:
+            ax.set_title(f"{q} ({len(left)} time-shared, not judged)", fontsize=9)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured {unit}".strip(), fontsize=8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from pathlib import Path
 
@@ -118,6 +119,34 @@ def test_prefetch_depth(tmp_path, prefetch_samples, expected_steps):
     ahead = expected_steps + 1  # the one handed over, plus the depth refilled
     assert _settled_count(tmp_path, 2 * ahead) == 2 * ahead
     del loader
+
+
+def test_loader_workers_are_not_forked_from_the_training_process(tmp_path):
+    # A fork of the training process (other threads running: gloo, torch.distributed) can leave
+    # the worker deadlocked in CPython's after-fork child (gh-112275, CPython before 3.11.10):
+    # seen as a tp2 run stuck before its first step, its worker hung in PyOS_AfterFork_Child.
+    # The workers come from a fork server instead: their parent is not this process.
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server on this platform (the workers are spawned)")
+    tokens = np.arange(1000, dtype=np.uint16) % 50
+    path = tmp_path / "tokens.bin"
+    tokens.tofile(path)
+    source = TokenSource(seed=3, vocab=50, seq_len=8, path=str(path), dtype="uint16")
+    source.sample(0)  # the parent has mapped the file: the worker must map it itself, not get a copy
+    assert source.__getstate__()["_tokens"] is None
+    plain = make_loader(source, start_step=4, global_batch=2, micro_batch=1, micro_batches=2, dp_rank=0,
+                        workers=0, prefetch_samples=1, pin_memory=False)
+    loader = make_loader(source, start_step=4, global_batch=2, micro_batch=1, micro_batches=2, dp_rank=0,
+                         workers=1, prefetch_samples=1, pin_memory=False)
+    assert torch.equal(next(loader), next(plain)) and torch.equal(next(loader), next(plain))
+    it = loader.gi_frame.f_locals[".0"]  # the DataLoader's iterator, which the generator reads
+    for worker in it._workers:  # the worker's parent: the fork server, not this process
+        ppid = int(Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != os.getpid()
+        assert b"multiprocessing.forkserver" in Path(f"/proc/{ppid}/cmdline").read_bytes()
+    del it, loader, plain
 
 
 def test_memmapped_tokens_are_read_in_windows(tmp_path):
