@@ -25,6 +25,11 @@ SELECTIVE = ("attention", "op")
 FP8_RECIPES = ("none", "tensorwise", "delayed")
 CP_EXCHANGES = ("gather", "torch")  # planner.core.steptime.context_parallel_exchange
 CP_KV_HEADS = ("kv", "query")
+# Mixed precision's fp32 master weights: a "separate" copy in the optimizer beside the 16-bit
+# weights the model computes with (Megatron, DeepSpeed: 2 + 4 + 12 bytes per parameter), or the
+# fp32 parameters themselves, cast per use (FSDP2's MixedPrecisionPolicy, DDP under autocast:
+# 4 + 4 + 8). planner.core.memory.model_state_bytes.
+MASTER_WEIGHTS = ("separate", "param")
 DEFAULT_STACK = "fsdp2"
 
 
@@ -61,6 +66,7 @@ class Stack:
     tp_saves_gathered_inputs: bool  # sequence parallel keeps the gathered (whole) matmul inputs (DTensor)
     gather_layers: float  # layers of unsharded 16-bit weights held at once under ZeRO-3 (current + prefetch)
     reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
+    master_weights: str  # mixed precision: "separate" fp32 copy beside 16-bit weights, or the fp32 "param"s are it
     offload: tuple[str, ...]  # the CPU offload modes it runs (none always)
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
     dp_bucket_bytes: float  # ZeRO 0-2 gradient bucket; the last one is reduced after the backward (0: one bucket)
@@ -121,6 +127,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "tp_saves_gathered_inputs": ("tp_saves_gathered_inputs", "bool", None),
     "hierarchical": ("hierarchical", "bool", None),
     "reshard_in_pipeline": ("reshard_in_pipeline", "bool", None),
+    "master_weights": ("master_weights", "str", MASTER_WEIGHTS),
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
     "dp_bucket_mib": ("dp_bucket_bytes", "mib", (0.0, 1e6)),
     "offload": ("offload", "strs", ("none", "optimizer", "params")),

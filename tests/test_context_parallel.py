@@ -30,10 +30,13 @@ def test_each_gpu_keeps_and_computes_one_cp_th_of_the_sequence():
 
 
 def test_zero_shards_over_data_and_context_parallel_ranks():
-    """FSDP shards over dp_shard x cp (torchtitan): 4 x 2 = 8 ranks hold 1/8 of the AdamW states."""
+    """FSDP shards over dp_shard x cp (torchtitan): 4 x 2 = 8 ranks hold 1/8 of the fp32 parameters
+    (the master weights under FSDP2's mixed precision) and of the AdamW moments (8 bytes)."""
     ev = evaluate_one(MODEL, Layout(dp=4, cp=2, micro_batch=1, global_batch=4, zero_stage=3, recompute="full"),
                       FSDP2, gpu="h100-80g")
-    assert float(ev.memory.optimizer[0]) == pytest.approx(MODEL.params * 12 / 8, rel=1e-9)
+    assert float(ev.memory.weights[0]) == pytest.approx(MODEL.params * 4 / 8, rel=1e-9)
+    assert float(ev.memory.gradients[0]) == pytest.approx(MODEL.params * 4 / 8, rel=1e-9)
+    assert float(ev.memory.optimizer[0]) == pytest.approx(MODEL.params * 8 / 8, rel=1e-9)
 
 
 def test_the_kv_exchange_by_hand():

@@ -75,20 +75,23 @@ def test_recompute_sequence_parallel_and_zero_only_ever_lower_memory():
 
 
 def test_model_states_per_stage_by_hand():
-    """A small LLaMA-style shape on two pipeline stages, no ZeRO, bf16 AdamW: each stage holds its
-    parameters at 2 (bf16 weights) + 4 (fp32 gradients) + 12 (fp32 master, momentum, variance)
-    bytes (Rajbhandari et al. 2020, Sec. 3.1, with bf16's fp32 gradient accumulation). Stage 0 has
-    two layers and the embedding, the last two layers, the final norm and the head."""
+    """A small LLaMA-style shape on two pipeline stages, no ZeRO, bf16 AdamW. Megatron-Core holds
+    each stage's parameters at 2 (bf16 weights) + 4 (fp32 gradients) + 12 (fp32 master, momentum,
+    variance) bytes (Rajbhandari et al. 2020, Sec. 3.1, with bf16's fp32 gradient accumulation);
+    the default stack (torchtitan: DDP under autocast) keeps fp32 weights, which are the master:
+    4 + 4 + 8. Stage 0 has two layers and the embedding, the last two layers, the final norm and
+    the head."""
     h, f, vocab = 256, 512, 1000
     model = ModelSpec(arch="llama", layers=4, hidden=h, heads=4, ffn_hidden=f, vocab=vocab, seq_len=128)
     layer = 4 * h * h + 3 * h * f + 2 * h  # q, k, v, o; gate, up, down; two RMSNorms
     first, last = 2 * layer + vocab * h, 2 * layer + h + vocab * h
-    ev = evaluate_one(model, Layout(dp=1, pp=2, micro_batch=1, global_batch=8))
-    by_stage = {int(sm.stage[0]): sm for sm in ev.stage_memory}
-    for stage, params in ((0, first), (1, last)):
-        sm = by_stage[stage]
-        assert (float(sm.weights[0]), float(sm.gradients[0]), float(sm.optimizer[0])) == (2 * params, 4 * params,
-                                                                                       12 * params)
+    for job, per_param in ((Job(stack="megatron-core"), (2, 4, 12)), (Job(), (4, 4, 8))):
+        ev = evaluate_one(model, Layout(dp=1, pp=2, micro_batch=1, global_batch=8), job)
+        by_stage = {int(sm.stage[0]): sm for sm in ev.stage_memory}
+        for stage, params in ((0, first), (1, last)):
+            sm = by_stage[stage]
+            assert (float(sm.weights[0]), float(sm.gradients[0]), float(sm.optimizer[0])) == tuple(
+                b * params for b in per_param)
     # The peak is the stage with the larger total, and its parts are that stage's.
     peak = max(by_stage.values(), key=lambda sm: float(sm.total[0]))
     assert int(ev.memory.stage[0]) == int(peak.stage[0])

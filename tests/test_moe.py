@@ -94,20 +94,28 @@ def test_expert_parallel_has_a_cost_and_imbalance_slows_it():
 
 
 def test_weights_by_hand_with_expert_parallel():
-    """ZeRO-1 on 8 GPUs, ep 8, no pipeline: each GPU holds every non-expert weight and one
-    expert per layer, in bf16. ZeRO-3 shards both to 1/8 whatever ep is."""
+    """ZeRO-1 on 8 GPUs, ep 8, no pipeline, Megatron-Core (separate fp32 master): each GPU holds
+    every non-expert weight and one expert per layer, in bf16. ZeRO-3 shards both to 1/8 whatever
+    ep is. Under FSDP2 the fp32 parameters are the master: 4 bytes, sharded like the optimizer."""
     m = MIXTRAL
     experts_all = 32 * 8 * 3 * 4096 * 14336
     c = Candidates.from_layouts([Layout(dp=8, ep=8, global_batch=64, zero_stage=1),
                                  Layout(dp=8, ep=1, global_batch=64, zero_stage=3),
                                  Layout(dp=8, ep=8, global_batch=64, zero_stage=3)])
-    ev = evaluate(m, H100, Job(), c, 8)
+    ev = evaluate(m, H100, Job(stack="megatron-core"), c, 8)
     assert float(ev.memory.weights[0]) == pytest.approx(2 * (m.params - experts_all + experts_all / 8), rel=1e-12)
     assert float(ev.memory.weights[1]) == pytest.approx(2 * m.params / 8, rel=1e-12)
     assert float(ev.memory.weights[2]) == pytest.approx(2 * m.params / 8, rel=1e-12)
     # Optimizer states: ZeRO-1 shards them over 8 ranks for non-experts, over 8/ep = 1 for experts.
-    assert float(ev.memory.optimizer[0]) == pytest.approx(12 * (m.params - experts_all) / 8 + 12 * experts_all / 8,
+    held = (m.params - experts_all) / 8 + experts_all / 8
+    assert float(ev.memory.optimizer[0]) == pytest.approx(12 * held, rel=1e-12)
+    fsdp = evaluate(m, H100, Job(stack="fsdp2"), c, 8)
+    # ZeRO-1: the bf16 weights as above, beside the fp32 shard that is the master; AdamW's 8 bytes.
+    assert float(fsdp.memory.weights[0]) == pytest.approx(2 * (m.params - experts_all + experts_all / 8) + 4 * held,
                                                           rel=1e-12)
+    assert float(fsdp.memory.optimizer[0]) == pytest.approx(8 * held, rel=1e-12)
+    assert float(fsdp.memory.weights[1]) == pytest.approx(4 * m.params / 8, rel=1e-12)
+    assert float(fsdp.memory.optimizer[2]) == pytest.approx(8 * m.params / 8, rel=1e-12)
 
 
 def test_search_offers_only_valid_expert_parallel():
@@ -156,15 +164,16 @@ def test_moe_estimate_reports_active_parameters(tmp_path):
 
 
 def test_hybrid_sharding_by_hand():
-    """HSDP on 64 GPUs (8 nodes of 8), ZeRO-3, tp 1: weights sharded over the node's 8 ranks
-    (2 bytes x P / 8), not all 64; the replicas all-reduce the node-sharded fp32 gradients."""
+    """HSDP on 64 GPUs (8 nodes of 8), ZeRO-3, tp 1: weights (FSDP2's fp32 parameters, 4 bytes)
+    sharded over the node's 8 ranks (4 bytes x P / 8), not all 64; the replicas all-reduce the
+    node-sharded fp32 gradients."""
     from planner.core.presets import get_preset
 
     model = get_preset("llama-7b")
     c = Candidates.from_layouts([Layout(dp=64, global_batch=512, zero_stage=3, sharding=s) for s in ("full", "hybrid")])
     ev = evaluate(model, H100, Job(), c, 64)
-    assert float(ev.memory.weights[0]) == pytest.approx(2 * model.params / 64, rel=1e-12)
-    assert float(ev.memory.weights[1]) == pytest.approx(2 * model.params / 8, rel=1e-12)
+    assert float(ev.memory.weights[0]) == pytest.approx(4 * model.params / 64, rel=1e-12)
+    assert float(ev.memory.weights[1]) == pytest.approx(4 * model.params / 8, rel=1e-12)
     # The replicas' all-reduce of node-sharded fp32 gradients: 2 * 7/8 * (4P / 8) bytes at the NIC share.
     links = comm.Links.of(H100)
     replica = comm.group_collective(links, np.array(4 * model.params / 8), np.array(8), np.array(8), 2.0)

@@ -44,6 +44,18 @@ def counts(model: ModelSpec) -> Counts:
     return Counts(*(getattr(model, f) for f in Counts.__slots__))
 
 
+MASTER_BYTES = 4  # an fp32 master weight
+
+
+def param_master(job: Job, sw: Software) -> bool:
+    """Whether a mixed-precision job's fp32 master weights are its parameters (the stack's
+    ``master_weights = "param"``: FSDP2, DDP under autocast) rather than a separate optimizer copy
+    beside 16-bit weights. Per parameter: 4 (fp32 weights) + 4 (fp32 gradients) + 8 (AdamW) = 16
+    bytes, against 2 + 4 + 12 = 18 for Megatron and DeepSpeed. Offloaded layouts keep the
+    separate count (planner.core.offload)."""
+    return sw.stack.master_weights == "param" and OPTIMIZER_BYTES[job.precision] > 2 * MASTER_BYTES
+
+
 def fp8_weight_bytes(sw: Software) -> float:
     """Bytes per parameter an fp8 job holds beside its 16-bit weights: TE's cached fp8 copy."""
     return 1.0 if sw.fp8 and sw.stack.fp8_recipe == "delayed" else 0.0
@@ -238,6 +250,17 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     else:
         weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
         grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
+        if param_master(job, sw):
+            # The fp32 parameters are the master (FSDP2, DDP under autocast): no 16-bit copy of
+            # them is kept (ZeRO 0 and 3); ZeRO 1-2 keep the gathered 16-bit weights from the
+            # forward to the backward beside their fp32 shard. Their gradients are fp32 (the
+            # parameters' dtype, fp16 jobs too); the optimizer holds AdamW's 8 bytes.
+            kept = np.where(c.offload >= 1, 0.0, 1.0)  # offloaded layouts: the separate count
+            master = sharded(shard * MASTER_BYTES, 1)
+            weights = kept * (np.where((c.zero_stage == 0) | (c.zero_stage >= 3), 0.0, weights) + master) \
+                + (1 - kept) * weights
+            grads = kept * sharded(trained * MASTER_BYTES, 2) + (1 - kept) * grads
+            optim = kept * sharded(trained * (ob - MASTER_BYTES), 1) + (1 - kept) * optim
     # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
     # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
     # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters

@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass
 
 from planner.core.layout import Job, Layout
-from planner.core.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from planner.core.memory import MASTER_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, param_master
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
+from planner.stacks import software
 
 # Llama 3 (Llama Team 2024, Sec. 3.3.4): 419 unexpected interruptions in a 54-day snapshot on
 # 16,384 H100 GPUs -> 16384 * 54 * 24 / 419 = 50,677 GPU-hours between failures.
@@ -90,10 +91,14 @@ class DataFeedPlan:
 
 def checkpoint_bytes(model: ModelSpec, job: Job, layout: Layout, trainable: int) -> tuple[float, float]:
     """(total, largest per-GPU shard): 16-bit weights plus fp32 master and AdamW states of what
-    trains (14 bytes per trained parameter in mixed precision, 12 in fp32). Under LoRA only the
-    adapters and their states are saved; the frozen base model is already on disk."""
+    trains (14 bytes per trained parameter in mixed precision, 12 in fp32); where the fp32
+    parameters are the master (FSDP2: planner.core.memory.param_master), those and the AdamW
+    moments (12). Under LoRA only the adapters and their states are saved; the frozen base model
+    is already on disk."""
     states = OPTIMIZER_BYTES[job.precision]
     weights = min(WEIGHT_BYTES[job.precision], 4)
+    if not job.lora and layout.offload == "none" and param_master(job, software(job)):
+        weights, states = MASTER_BYTES, states - MASTER_BYTES
     saved = trainable
     total = saved * (weights + states)
     model_parallel = layout.tp * layout.pp

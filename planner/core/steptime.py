@@ -19,7 +19,7 @@ from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import SHARDING, Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, exchanged_kv_width, stage_params
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, exchanged_kv_width, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
@@ -500,9 +500,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     dp = _data_parallel(hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
                         layers_pace * lt.backward * slow, layers_pace, busy, expert_share)
 
-    # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights.
+    # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights
+    # (none where the fp32 parameters are the master: FSDP2 casts them at each gather).
     mixed = job.precision in ("fp16", "bf16", "fp8")
-    optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed else 0)
+    optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed and not param_master(job, sw) else 0)
     zg = c.zero_group(hw.network.gpus_per_node)
     held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, zg, 1)
                       + expert_share / np.where(c.zero_stage >= 1, zg / c.ep, 1))
