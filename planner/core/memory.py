@@ -255,12 +255,13 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
             # them is kept (ZeRO 0 and 3); ZeRO 1-2 keep the gathered 16-bit weights from the
             # forward to the backward beside their fp32 shard. Their gradients are fp32 (the
             # parameters' dtype, fp16 jobs too); the optimizer holds AdamW's 8 bytes.
-            kept = np.where(c.offload >= 1, 0.0, 1.0)  # offloaded layouts: the separate count
-            master = sharded(shard * MASTER_BYTES, 1)
-            weights = kept * (np.where((c.zero_stage == 0) | (c.zero_stage >= 3), 0.0, weights) + master) \
-                + (1 - kept) * weights
-            grads = kept * sharded(trained * MASTER_BYTES, 2) + (1 - kept) * grads
-            optim = kept * sharded(trained * (ob - MASTER_BYTES), 1) + (1 - kept) * optim
+            mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
+            own = (weights * mid + sharded(shard * MASTER_BYTES, 1),
+                   grads * (MASTER_BYTES / gb), optim * ((ob - MASTER_BYTES) / ob))  # sharded alike: scaled
+            if offloads:  # offloaded layouts keep the separate count
+                kept = c.offload == 0
+                own = tuple(np.where(kept, new, old) for new, old in zip(own, (weights, grads, optim)))
+            weights, grads, optim = own
     # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
     # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
     # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
