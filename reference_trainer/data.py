@@ -110,7 +110,7 @@ def worker_context():
     time the loader starts, the training process has other threads (torch.distributed, gloo); on
     CPython before 3.11.10 a fork while one of them holds the interpreter's thread-state lock leaves
     the worker deadlocked in PyOS_AfterFork_Child (cpython gh-112275), and the run hangs on its first
-    batch (seen here: 1 tp2 run in 19 under load). Costs about a second once per training process.
+    batch (seen here: 2 of 59 tp2 runs under load; 0 of 100 from the fork server). Costs about a second once per training process.
     Where there is no fork server (Windows), torch's default (spawn)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None
