@@ -105,18 +105,15 @@ def split(batch: torch.Tensor, micro_batches: int) -> list[tuple[torch.Tensor, t
 
 
 def worker_context():
-    """Where loader workers start: a fork server (a fresh interpreter that has imported this module
-    and torch once, and forks each worker from itself), not a fork of the training process. By the
-    time the loader starts, the training process has other threads (torch.distributed, gloo); on
-    CPython before 3.11.10 a fork while one of them holds the interpreter's thread-state lock leaves
-    the worker deadlocked in PyOS_AfterFork_Child (cpython gh-112275), and the run hangs on its first
-    batch (seen here: 2 of 59 tp2 runs under load; 0 of 100 from the fork server). Costs about a second once per training process.
-    Where there is no fork server (Windows), torch's default (spawn)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return None
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])  # before its first use; later calls change nothing
-    return ctx
+    """How loader workers start: spawned (a fresh interpreter that imports this module and torch),
+    not forked from the training process. By the time the loader starts, the training process has
+    other threads (torch.distributed, gloo); on CPython before 3.11.10 a fork while one of them
+    holds the interpreter's thread-state lock leaves the worker deadlocked in PyOS_AfterFork_Child
+    (cpython gh-112275), and the run hangs on its first batch (seen here: 2 of 59 tp2 runs under
+    load). Not a fork server either: its workers are the server's children, so when the training
+    process is killed they outlive it (torch's worker watchdog watches the parent's pid) and keep
+    its stdout open. A spawned worker's parent is the training process. Costs about a second."""
+    return multiprocessing.get_context("spawn")
 
 
 def make_loader(source: TokenSource, *, start_step: int, global_batch: int, micro_batch: int,

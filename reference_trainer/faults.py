@@ -97,8 +97,9 @@ def die_with_parent(expected_parent: int | None = None) -> bool:
 class RunLock:
     """One live run per run folder: a POSIX lock (``lockf``) on ``run.lock``, released by the kernel
     when the holder dies however it dies; the file names the holder (pid, host, start), so a lock
-    left by a dead job is recognised and taken over with one line. Not inherited by forked loader
-    workers. On a shared filesystem it relies on the filesystem's locks (NFS: lockd)."""
+    left by a dead job is recognised and taken over with one line. Not held by the loader's workers
+    (spawned; the file is opened close-on-exec). On a shared filesystem it relies on the filesystem's
+    locks (NFS: lockd)."""
 
     NAME = "run.lock"
 
