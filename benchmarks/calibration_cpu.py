@@ -52,14 +52,15 @@ def split(runs, grid: str = "cpu"):
     return [r for r in runs if not held_out(r.label, grid)], [r for r in runs if held_out(r.label, grid)]
 
 
-def share_errors(runs, profile, judged: bool = True) -> dict[str, list[float]]:
+def share_errors(runs, profile) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Share -> the held-out runs' errors in fractions of the step (predicted - measured): of the
-    runs whose shares ``planner validate`` judges, or (``judged=False``) of the time-shared ones."""
-    out: dict[str, list[float]] = {q: [] for q in SHARES}
+    runs whose shares ``planner validate`` judges, and of the time-shared ones (shown, not judged)."""
+    judged: dict[str, list[float]] = {q: [] for q in SHARES}
+    left: dict[str, list[float]] = {q: [] for q in SHARES}
     for p in compare(runs, profile):
-        if p.quantity in out and p.judged == judged:
-            out[p.quantity].append(p.error)
-    return out
+        if p.quantity in judged:
+            (judged if p.judged else left)[p.quantity].append(p.error)
+    return judged, left
 
 
 def report(name, test, base, calibrated) -> None:
@@ -71,13 +72,12 @@ def report(name, test, base, calibrated) -> None:
         print(f"{r.label[:32]:<32} {b:+8.1%} {c:+8.1%}")
     print(f"held-out step-time error: mean {np.mean(np.abs(before)):.1%} before calibration, "
           f"{np.mean(np.abs(after)):.1%} after (worst {np.max(np.abs(after)):.1%}); target <= 10%")
-    shares_before, shares_after = share_errors(test, base), share_errors(test, calibrated)
+    (shares_before, _), (shares_after, shared) = share_errors(test, base), share_errors(test, calibrated)
     for q in SHARES:
         b, a = np.abs(shares_before[q]), np.abs(shares_after[q])
         if a.size:
             print(f"  {q:<16} {a.size:>2} runs: |error| mean {a.mean() * 100:5.1f}pp, worst {a.max() * 100:5.1f}pp "
                   f"after (before: mean {b.mean() * 100:5.1f}pp, worst {b.max() * 100:5.1f}pp)")
-    shared = share_errors(test, calibrated, judged=False)
     if any(shared.values()):
         print("  time-shared runs (more processes than cores: shown, not judged), after: "
               + ", ".join(f"{q} {', '.join(f'{e * 100:+.1f}pp' for e in errs)}" for q, errs in shared.items() if errs))

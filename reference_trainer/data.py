@@ -9,13 +9,21 @@ its micro-batch k is the k-th slice of ``micro_batch`` samples of that block.
 from __future__ import annotations
 
 import functools
-import multiprocessing
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 SYNTHETIC_NOISE = 0.1  # fraction of synthetic tokens replaced by uniform noise
+# Loader workers are spawned (a fresh interpreter that imports this module and torch), not forked
+# from the training process. By the time the loader starts, that process has other threads
+# (torch.distributed, gloo); on CPython before 3.11.10 a fork while one of them holds the
+# interpreter's thread-state lock leaves the worker deadlocked in PyOS_AfterFork_Child (cpython
+# gh-112275), and the run hangs on its first batch (seen here: 2 of 59 tp2 runs under load). Not a
+# fork server either: its workers are the server's children, so when the training process is
+# killed they outlive it (torch's worker watchdog watches the parent's pid) and keep its stdout
+# open. A spawned worker's parent is the training process. Costs about a second.
+WORKER_START = "spawn"
 
 
 class TokenSource:
@@ -104,18 +112,6 @@ def split(batch: torch.Tensor, micro_batches: int) -> list[tuple[torch.Tensor, t
     return [(b[:, :-1], b[:, 1:]) for b in batch.chunk(micro_batches)]
 
 
-def worker_context():
-    """How loader workers start: spawned (a fresh interpreter that imports this module and torch),
-    not forked from the training process. By the time the loader starts, the training process has
-    other threads (torch.distributed, gloo); on CPython before 3.11.10 a fork while one of them
-    holds the interpreter's thread-state lock leaves the worker deadlocked in PyOS_AfterFork_Child
-    (cpython gh-112275), and the run hangs on its first batch (seen here: 2 of 59 tp2 runs under
-    load). Not a fork server either: its workers are the server's children, so when the training
-    process is killed they outlive it (torch's worker watchdog watches the parent's pid) and keep
-    its stdout open. A spawned worker's parent is the training process. Costs about a second."""
-    return multiprocessing.get_context("spawn")
-
-
 def make_loader(source: TokenSource, *, start_step: int, global_batch: int, micro_batch: int,
                 micro_batches: int, dp_rank: int, workers: int, prefetch_samples: int, pin_memory: bool):
     """An iterator over this rank's step batches from ``start_step`` on. With workers, at least
@@ -135,7 +131,7 @@ def make_loader(source: TokenSource, *, start_step: int, global_batch: int, micr
     # worker's pipe costs far less than handing over a tensor in shared memory.
     collate = _unchanged if workers > 0 and not pin_memory else _as_tensor
     if workers > 0:
-        extra["multiprocessing_context"] = worker_context()
+        extra["multiprocessing_context"] = WORKER_START
     loader = DataLoader(data, batch_size=None, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
                         generator=gen, collate_fn=collate, **extra)
     return (torch.as_tensor(b) for b in loader)

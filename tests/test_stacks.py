@@ -46,6 +46,8 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ("layer_overhead_us = 2270", "", "missing", "layer_overhead_us"),
     ("dp_bucket_mib = 100", "dp_bucket_mib = -1", "dp_bucket_mib", "from 0 to 1e+06"),
     ("dtensor_optimizer_ratio = 1", "dtensor_optimizer_ratio = 0.5", "dtensor_optimizer_ratio", "from 1 to 100"),
+    ('master_weights = "param"', 'master_weights = "fp32"', "master_weights", "one of separate, param"),
+    ('master_weights = "param"', "", "missing", "master_weights"),
 ])
 def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_path, old, new, field, allowed):
     with pytest.raises(PlannerError) as err:

@@ -56,6 +56,15 @@ def param_master(job: Job, sw: Software) -> bool:
     return sw.stack.master_weights == "param" and OPTIMIZER_BYTES[job.precision] > 2 * MASTER_BYTES
 
 
+def state_bytes(job: Job, sw: Software) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per trained parameter as the stack keeps them: 16-bit
+    weights, gradients and a separate fp32 master with AdamW's moments, or (``param_master``)
+    fp32 weights that are the master, fp32 gradients and the moments alone."""
+    if param_master(job, sw):
+        return MASTER_BYTES, MASTER_BYTES, OPTIMIZER_BYTES[job.precision] - MASTER_BYTES
+    return WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
+
+
 def fp8_weight_bytes(sw: Software) -> float:
     """Bytes per parameter an fp8 job holds beside its 16-bit weights: TE's cached fp8 copy."""
     return 1.0 if sw.fp8 and sw.stack.fp8_recipe == "delayed" else 0.0
@@ -255,9 +264,10 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
             # them is kept (ZeRO 0 and 3); ZeRO 1-2 keep the gathered 16-bit weights from the
             # forward to the backward beside their fp32 shard. Their gradients are fp32 (the
             # parameters' dtype, fp16 jobs too); the optimizer holds AdamW's 8 bytes.
+            master, grad_b, optim_b = state_bytes(job, sw)
             mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
-            own = (weights * mid + sharded(shard * MASTER_BYTES, 1),
-                   grads * (MASTER_BYTES / gb), optim * ((ob - MASTER_BYTES) / ob))  # sharded alike: scaled
+            own = (weights * mid + sharded(shard * master, 1),
+                   grads * (grad_b / gb), optim * (optim_b / ob))  # sharded alike: scaled
             if offloads:  # offloaded layouts keep the separate count
                 kept = c.offload == 0
                 own = tuple(np.where(kept, new, old) for new, old in zip(own, (weights, grads, optim)))

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from planner.core.layout import Job, Layout
-from planner.core.memory import MASTER_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, param_master
+from planner.core.memory import OPTIMIZER_BYTES, WEIGHT_BYTES, state_bytes
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.stacks import software
@@ -95,10 +95,10 @@ def checkpoint_bytes(model: ModelSpec, job: Job, layout: Layout, trainable: int)
     parameters are the master (FSDP2: planner.core.memory.param_master), those and the AdamW
     moments (12). Under LoRA only the adapters and their states are saved; the frozen base model
     is already on disk."""
-    states = OPTIMIZER_BYTES[job.precision]
-    weights = min(WEIGHT_BYTES[job.precision], 4)
-    if not job.lora and layout.offload == "none" and param_master(job, software(job)):
-        weights, states = MASTER_BYTES, states - MASTER_BYTES
+    weights, _, states = state_bytes(job, software(job))
+    if job.lora or layout.offload != "none":  # the separate count (planner.core.memory.memory alike)
+        weights, states = WEIGHT_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
+    weights = min(weights, 4)
     saved = trainable
     total = saved * (weights + states)
     model_parallel = layout.tp * layout.pp
