@@ -24,7 +24,7 @@ ATTENTION_KERNELS = ("flash2", "fused", "standard")  # fused: FlashAttention-3 /
 SELECTIVE = ("attention", "op")
 FP8_RECIPES = ("none", "tensorwise", "delayed")
 CP_EXCHANGES = ("gather", "torch")  # planner.core.steptime.context_parallel_exchange
-CP_KV_HEADS = ("kv", "query")
+ATTENTION_KV_HEADS = ("kv", "query")
 # Mixed precision's fp32 master weights: a "separate" copy in the optimizer beside the 16-bit
 # weights the model computes with (Megatron, DeepSpeed: 2 + 4 + 12 bytes per parameter), or the
 # fp32 parameters themselves, cast per use (FSDP2's MixedPrecisionPolicy, DDP under autocast:
@@ -45,6 +45,8 @@ class Stack:
     logit_bytes: float  # bytes per logit element held at the loss's peak (per token x vocab / tp)
     logit_bytes_compiled: float  # the same when torch.compile fuses the loss
     logit_bytes_tp: float  # the same with the vocabulary split across TP ranks (loss parallel)
+    norm_fp32_copy: bool  # the eager RMSNorm keeps its input upcast to fp32 for the backward (x.float()), not the 16-bit input
+    attention_kv_heads: str  # K/V as attention reads them: at the K/V heads, or repeated to the query heads before it
     selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
     recompute_early_stop: bool  # full recompute stops at the layer's last saved tensor (its last TP collective not redone)
     # Overlap (fractions)
@@ -55,7 +57,6 @@ class Stack:
     tp_overlap_async: float  # the same with asynchronous TP (--async-tp: torchtitan's, TE's comm overlap)
     cp_overlap: float  # of the attention time that hides context parallel's K/V exchange (ring: 1; all-gather: 0)
     cp_exchange: str  # gather (K/V gathered, gradients reduced) or torch (context_parallel: all-gather + dK/dV ring)
-    cp_kv_heads: str  # K/V exchanged at the K/V heads, or repeated to the query heads before attention
     cp_grad_bytes: float  # bytes per dK/dV element passed back between context-parallel ranks
     cp_merge_bytes: float  # HBM bytes per local attention-output element per CP step, forward (partial merge)
     cp_accumulate_bytes: float  # the same in the backward (dQ/dK/dV accumulation and copies)
@@ -108,6 +109,8 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "logit_bytes": ("logit_bytes", "float", (2.0, 32.0)),
     "logit_bytes_compiled": ("logit_bytes_compiled", "float", (2.0, 32.0)),
     "logit_bytes_tp": ("logit_bytes_tp", "float", (2.0, 32.0)),
+    "norm_fp32_copy": ("norm_fp32_copy", "bool", None),
+    "attention_kv_heads": ("attention_kv_heads", "str", ATTENTION_KV_HEADS),
     "selective": ("selective", "str", SELECTIVE),
     "recompute_early_stop": ("recompute_early_stop", "bool", None),
     "dp_overlap": ("dp_overlap", "float", (0.0, 1.0)),
@@ -117,7 +120,6 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "tp_overlap_async": ("tp_overlap_async", "float", (0.0, 1.0)),
     "cp_overlap": ("cp_overlap", "float", (0.0, 1.0)),
     "cp_exchange": ("cp_exchange", "str", CP_EXCHANGES),
-    "cp_kv_heads": ("cp_kv_heads", "str", CP_KV_HEADS),
     "cp_grad_bytes": ("cp_grad_bytes", "float", (1.0, 4.0)),
     "cp_merge_bytes": ("cp_merge_bytes", "float", (0.0, 256.0)),
     "cp_accumulate_bytes": ("cp_accumulate_bytes", "float", (0.0, 256.0)),
@@ -148,7 +150,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "fp8_all_gather": ("fp8_all_gather", "bool", None),
 }
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8")
-_TOP = ("name", "description", "source", "aliases", *_TABLES)
+_TOP = ("name", "description", "source", "aliases", "base", *_TABLES)
 
 
 def _value(where: str, key: str, value: object, kind: str, allowed: object) -> object:
@@ -173,7 +175,9 @@ def _value(where: str, key: str, value: object, kind: str, allowed: object) -> o
     return tuple(value)
 
 
-def load_stack_file(path: str | Path) -> Stack:
+def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
+    """A stack from its file. ``base = "NAME"`` (a stack name, alias or file) starts from that
+    stack's values: the file then sets only what differs (name, description and source always)."""
     from planner.hardware import read_toml
 
     path = Path(path)
@@ -182,6 +186,19 @@ def load_stack_file(path: str | Path) -> Stack:
         if key not in _TOP:
             raise PlannerError(f"stack {path}", key, f"unknown key; allowed: {', '.join(_TOP)}")
     values: dict[str, object] = {}
+    if "base" in data:
+        base = data["base"]
+        if not isinstance(base, str) or not base.strip():
+            raise PlannerError(f"stack {path}", "base", "a stack name, alias or file")
+        ref = base  # a file named relative to this one
+        if (base.endswith(".toml") or "/" in base) and not Path(base).is_absolute():
+            ref = str(path.parent / base)
+        base_path = _stack_path(ref)
+        if str(Path(base_path).resolve()) in (*_seen, str(path.resolve())):
+            raise PlannerError(f"stack {path}", "base", f"{base!r} leads back to this file; a base may not loop")
+        parent = load_stack_file(base_path, (*_seen, str(path.resolve())))
+        values = {f.name: getattr(parent, f.name) for f in dataclasses.fields(Stack)
+                  if f.name not in ("name", "description", "source", "path")}
     for table in _TABLES:
         section = data.get(table, {})
         if not isinstance(section, dict):
@@ -226,19 +243,24 @@ def stack_names() -> list[str]:
     return [Path(p).stem for p in dict.fromkeys(_index().values())]
 
 
-@functools.cache
-def get_stack(name: str) -> Stack:
-    """A stack by name or alias, or by the path of a TOML file."""
+def _stack_path(name: str) -> str:
+    """The file of a stack named by name, alias or path."""
     if name.endswith(".toml") or "/" in name:
         if not Path(name).is_file():
             raise PlannerError("stack", name, "no such stack file")
-        return load_stack_file(name)
+        return name
     key = name.strip().lower()
     if key not in _index():
         hint = closest_names(key, list(_index()))
         raise PlannerError("stack", name, f"unknown software stack; {hint + ' ' if hint else ''}"
                                           f"known: {', '.join(stack_names())}")
-    return load_stack_file(_index()[key])
+    return _index()[key]
+
+
+@functools.cache
+def get_stack(name: str) -> Stack:
+    """A stack by name or alias, or by the path of a TOML file."""
+    return load_stack_file(_stack_path(name))
 
 
 # Software factors a stack sets and a hardware profile may also set (a calibrated profile, fitted

@@ -93,7 +93,7 @@ def test_calibrate_published_bad_input_is_one_line(tmp_path, capsys):
     assert len(err) == 3 and all(line.startswith("planner calibrate:") for line in err)
 
 
-def test_the_last_pipeline_stage_keeps_every_outputs_logits_on_the_2024_stack():
+def test_the_last_pipeline_stage_keeps_every_outputs_logits_on_the_2024_stack(tmp_path):
     """torch.distributed.pipelining's step() returned the merged outputs of the last stage
     (output_chunks) until torchtitan passed return_outputs=False (Oct 2025): on the 2024 stack the
     last stage holds the 16-bit logits of the m - 1 earlier micro-batches (vocabulary split by TP)."""
@@ -107,7 +107,12 @@ def test_the_last_pipeline_stage_keeps_every_outputs_logits_on_the_2024_stack():
     model = get_preset("llama3-8b")
     lay = Layout(dp=2, tp=2, pp=4, micro_batch=1, global_batch=16, zero_stage=3, recompute="full",
                  sequence_parallel=True)  # m = 16 / (2 x 1) = 8 micro-batches
-    old, new = (evaluate_one(model, lay, Job(stack=s), gpu="h100-80g").stage_memory[2] for s in ("fsdp2-2024", "fsdp2"))
+    # The same stack with return_outputs=False: a stack file on fsdp2-2024 changing that key only.
+    released = tmp_path / "released.toml"
+    released.write_text('base = "fsdp2-2024"\nname = "released"\ndescription = "d"\nsource = "s"\n'
+                        "[pipeline]\npp_keeps_outputs = false\n")
+    old, new = (evaluate_one(model, lay, Job(stack=s), gpu="h100-80g").stage_memory[2]
+                for s in ("fsdp2-2024", str(released)))
     want = 7 * 2 * 8192 * model.vocab / 2
     frag = 1 + get_profile("h100-80g").efficiency.fragmentation  # the allocator's share on top of activations
     assert float(old.total[0] - new.total[0]) == pytest.approx(want * frag, rel=1e-6)

@@ -58,8 +58,10 @@ def test_first_pipeline_stage_holds_one_microbatch_of_the_whole_model():
         ev = evaluate_one(model, Layout(dp=1, pp=pp, vpp=vpp, micro_batch=1, global_batch=64, recompute="full"),
                           STANDARD)
         stage0 = float(ev.stage_memory[0].activations[0])
-        # minus the recompute working set (one full layer) and the embedding dropout mask
-        working = act(Layout(dp=1, micro_batch=1, global_batch=64), STANDARD, model)
+        # minus the working set (one full layer recomputed beside its kept input, and the MLP's
+        # gradients in its backward: 2 bytes x (h + f) per token, GELU) and the embedding dropout mask
+        working = (act(Layout(dp=1, micro_batch=1, global_batch=64), STANDARD, model) - per_layer
+                   + 2 * (model.hidden + model.ffn_hidden) * model.seq_len)
         mask = model.seq_len * model.hidden * (pp + (pp - 1) / vpp if vpp > 1 else pp)
         logits = 6 * model.seq_len * model.vocab if pp == 1 else 0
         expected = 32 * per_layer * (1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1)
@@ -96,3 +98,44 @@ def test_model_states_per_stage_by_hand():
     peak = max(by_stage.values(), key=lambda sm: float(sm.total[0]))
     assert int(ev.memory.stage[0]) == int(peak.stage[0])
     assert float(ev.memory.total[0]) == float(peak.total[0])
+
+
+def test_the_backward_of_a_layer_holds_its_mlps_gradients_by_hand():
+    """Beside what every layer kept, the layer being run backward holds the gradient arriving at
+    its output (e*h per token; split by TP under sequence parallel) and, in its MLP's backward,
+    the gradients of gate, up and their product less the product itself once the down projection
+    is done: e*(h + 2f) per token for SwiGLU, e*(h + f) for GELU, f split by TP."""
+    from planner.core.memory import backward_working
+
+    llama = get_preset("llama3-8b").replace(seq_len=4096)  # h 4096, f 14336
+    h, f, s, e = 4096, 14336, 4096, 2
+    for tp, sp, arriving in ((1, False, h), (4, False, h), (4, True, h / 4)):
+        c = Candidates.from_layouts([Layout(dp=1, tp=tp, micro_batch=2, global_batch=2, sequence_parallel=sp)])
+        assert float(backward_working(llama, c, Job())[0]) == pytest.approx(e * (arriving + 2 * f / tp) * 2 * s)
+    c = Candidates.from_layouts([Layout(dp=1, micro_batch=1, global_batch=1, cp=2)])
+    assert float(backward_working(GPT, c, STANDARD)[0]) == pytest.approx(e * (2048 + 4 * 2048) * 2048 / 2)
+
+
+def test_torchtitans_2024_eager_block_keeps_fp32_norm_inputs_and_repeated_kv_by_hand():
+    """No recompute, Llama 3 8B per token and layer (e = 2): today's fsdp2 keeps 8eh + 2e*kv + 4ef +
+    4a (test_stacks); torchtitan's 2024 RMSNorm kept x.float() instead of its 16-bit input (2 norms x
+    (4 - 2) h more) and its repeat_kv made K and V copies at the query heads (2e(h - kv) more),
+    except on a TP rank holding one K/V head, where the repeat is a view. Compiled, the norm is
+    fused (no fp32 copy) but repeat_kv still feeds SDPA its copies."""
+    model = get_preset("llama3-8b").replace(seq_len=1024)
+    h, kv, f, a, e = 4096, 1024, 14336, 32, 2
+    today = e * (8 * h + 2 * kv + 4 * f) + 4 * a
+    lay = Layout(dp=1, micro_batch=1, global_batch=1)
+    per_token = {stack: act(lay, Job(stack=stack), model) / 1024
+                 for stack in ("fsdp2", "fsdp2-2024", "fsdp2-2024-triton-norm", "fsdp2-2025")}
+    assert per_token["fsdp2"] == pytest.approx(today)
+    assert per_token["fsdp2-2024"] == pytest.approx(today + 2 * 2 * h + 2 * e * (h - kv))
+    assert per_token["fsdp2-2024-triton-norm"] == pytest.approx(today + 2 * e * (h - kv))
+    assert per_token["fsdp2-2025"] == pytest.approx(today + 2 * e * (h - kv))
+    compiled = act(lay, Job(stack="fsdp2-2024", compile=True), model) / 1024
+    # no RMSNorm outputs (2eh) or SiLU output (ef) kept for the backward: fused into their kernels
+    assert compiled == pytest.approx(today - 2 * e * h - e * f + 2 * e * (h - kv))
+    # tp 8: one K/V head per rank (8 of them): no copies
+    tp8 = Layout(dp=1, tp=8, micro_batch=1, global_batch=1, sequence_parallel=True)
+    assert act(tp8, Job(stack="fsdp2-2024"), model) == pytest.approx(act(tp8, Job(stack="fsdp2-2024-triton-norm"), model)
+                                                                      + 2 * 2 * h / 8 * 1024)

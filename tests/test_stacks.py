@@ -48,6 +48,11 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ("dtensor_optimizer_ratio = 1", "dtensor_optimizer_ratio = 0.5", "dtensor_optimizer_ratio", "from 1 to 100"),
     ('master_weights = "param"', 'master_weights = "fp32"', "master_weights", "one of separate, param"),
     ('master_weights = "param"', "", "missing", "master_weights"),
+    ('attention_kv_heads = "kv"', 'attention_kv_heads = "all"', "attention_kv_heads", "one of kv, query"),
+    ("norm_fp32_copy = false", "norm_fp32_copy = 0", "norm_fp32_copy", "true or false"),
+    ('name = "fsdp2"', 'name = "fsdp2"\nbase = "fsdp9"', "fsdp9", "unknown software stack"),
+    ('name = "fsdp2"', 'name = "fsdp2"\nbase = 3', "base", "a stack name, alias or file"),
+    ('name = "fsdp2"', 'name = "fsdp2"\nbase = "mine.toml"', "base", "may not loop"),
 ])
 def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_path, old, new, field, allowed):
     with pytest.raises(PlannerError) as err:
@@ -63,6 +68,31 @@ def test_a_stack_file_by_path_is_used(tmp_path, capsys):
     assert '"name": "fsdp2"' in out and str(path) in out
     assert cli_main(["estimate", "--params", "7B", "--stack", "fsdp3"]) == 2
     assert "fsdp2" in capsys.readouterr().err  # the closest names
+
+
+def test_a_stack_file_on_a_base_sets_only_what_differs(tmp_path):
+    """``base`` starts from another stack (by name, or by a file relative to this one); the file's
+    own keys win; a chain that leads back to a file is refused in one line."""
+    mine = tmp_path / "mine.toml"
+    mine.write_text('base = "torchtitan"\nname = "mine"\ndescription = "d"\nsource = "s"\n'
+                    "[overlap]\ndp_overlap = 0.25\n")
+    s, base = load_stack_file(mine), get_stack("fsdp2")
+    assert (s.name, s.dp_overlap, s.path) == ("mine", 0.25, str(mine))
+    assert s.zero_stages == base.zero_stages and s.layer_overhead_s == base.layer_overhead_s
+    on_file = tmp_path / "sub" / "on_file.toml"
+    on_file.parent.mkdir()
+    on_file.write_text('base = "../mine.toml"\nname = "x"\ndescription = "d"\nsource = "s"\n')
+    assert load_stack_file(on_file).dp_overlap == 0.25
+    mine.write_text('base = "sub/on_file.toml"\nname = "mine"\ndescription = "d"\nsource = "s"\n')
+    with pytest.raises(PlannerError) as err:
+        load_stack_file(mine)
+    assert "may not loop" in str(err.value) and "\n" not in str(err.value)
+    # the shipped variants differ from their base in what their sources say, nothing else
+    for name, base_name, keys in (("fsdp2-2024-triton-norm", "fsdp2-2024", {"norm_fp32_copy"}),
+                                  ("fsdp2-2025", "fsdp2", {"attention_kv_heads"})):
+        a, b = get_stack(name), get_stack(base_name)
+        differ = {f for f in a.__slots__ if getattr(a, f) != getattr(b, f)}
+        assert differ == keys | {"name", "description", "source", "path"}
 
 
 def test_the_search_offers_only_what_the_stack_runs():
@@ -108,11 +138,15 @@ def test_selective_recompute_is_the_stacks_policy():
     # outputs (4eh), the QKV and MLP inputs (2eh), Q, K, V and the projection input (e(2h + 2kv)),
     # gate, up, SiLU out and down's input (4ef), the fp32 log-sum-exp (4a).
     none = e * (8 * h + 2 * kv + 4 * f) + 4 * a
-    assert act["fsdp2", "none"] == pytest.approx(layers * none * s + logits, rel=1e-9)
+    # In the backward of the MLP: the gradient arriving at the layer (eh) and those of gate, up and
+    # their product (3ef) less the product itself, freed (ef).
+    grads = e * (h + 2 * f) * s
+    assert act["fsdp2", "none"] == pytest.approx(layers * none * s + logits + grads, rel=1e-9)
     # Op-level: input and w2's output (2eh), q, v, w1's output, attention output (e(2h + kv + f)),
-    # the log-sum-exp; plus one layer's full activations while it is recomputed.
+    # the log-sum-exp; plus, while one layer is recomputed, the rest of its activations.
     kept = e * (2 * h) + e * (2 * h + kv + f) + 4 * a
-    assert act["fsdp2", "selective"] == pytest.approx(layers * kept * s + logits + none * s, rel=1e-9)
+    assert act["fsdp2", "selective"] == pytest.approx(layers * kept * s + logits + (none - kept) * s + grads,
+                                                      rel=1e-9)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

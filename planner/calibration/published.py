@@ -154,6 +154,21 @@ TORCHTITAN_SPEC = {**{k: Key(int, 1, 1_000_000) for k in ("num_gpus", "fsdp", "t
                    "tokens_per_s_per_gpu": Key(float, 0, 1e9, lo_open=True, unit="tokens/s")}
 
 
+# The torchtitan of each benchmark (software_stacks/): the December 2024 tables and the 2024 docs
+# rows ran torch.compile per block with the loss eager (fsdp2-2024), the April 2024 A100 configs
+# of Llama 2 13B and Llama 3 8B with the Triton RMSNorm (norm_type = "fused_rmsnorm"); the June
+# 2025 H200 rows compile the loss too and still repeat K/V before SDPA (fsdp2-2025).
+TORCHTITAN_TRITON_NORM = ("llama2-13b", "llama3-8b")
+
+
+def torchtitan_stack(source: str, model: str) -> str:
+    if "2025" in source:
+        return "fsdp2-2025"
+    if "A100" in source and model in TORCHTITAN_TRITON_NORM:
+        return "fsdp2-2024-triton-norm"
+    return "fsdp2-2024"
+
+
 def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
     from planner.core.presets import get_preset
     from planner.units import GIB
@@ -180,9 +195,7 @@ def _torchtitan_row(row: dict, where: str) -> TorchtitanRun | None:
         raise PlannerError("published", where, f"local_batch={local} does not split into pp={pp} micro-batches")
     layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=micro, global_batch=gbatch,
                     zero_stage=3, recompute=TORCHTITAN_RECOMPUTE[ac], sequence_parallel=tp > 1)
-    # torchtitan's December 2024 benchmarks ran torch.compile per block with the loss eager; the
-    # 2025 ones compile the loss as well (the fsdp2 stack of today).
-    stack = "fsdp2-2024" if "2025" not in row["source"] else "fsdp2"
+    stack = torchtitan_stack(row["source"], row["model"])
     job = Job(precision=row["precision"], attention="flash", stack=stack,
               compile=row["torch_compile"].strip() == "yes", async_tp=row["async_tp"].strip() == "yes")
     label = (f"{row['model']} {row['gpu']} x{gpus} fsdp{dp} tp{tp} pp{pp}{' cp' + str(cp) if cp > 1 else ''}"

@@ -154,12 +154,21 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # (Korthikanti et al. 2022, Sec. 4.2.2); DTensor's autograd keeps the gathered input whole.
     gathered = e * h * trains("q_proj", "k_proj", "v_proj") + e * h * trains("gate_proj", "up_proj")
     # Replicated over TP ranks unless sequence parallel.
-    replicated = (2 * e * h  # the two norms' inputs
+    # An eager RMSNorm that upcasts (x.float()) keeps that fp32 copy for its backward instead of
+    # the 16-bit input (the stack's norm_fp32_copy; measured: benchmarks/activation_memory.py).
+    norm_in = 4.0 if sw.eager and model.arch != "gpt" and sw.stack.norm_fp32_copy else e
+    replicated = (2 * max(norm_in, e) * h  # the two norms' inputs
                   + (0 if sw.stack.tp_saves_gathered_inputs else gathered)
                   + 2 * h * drop  # two dropout masks
                   + (2 * e * h * (targets is None) if eager else 0))  # RMSNorm outputs, for its weight
     # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.
-    split = (e * (h + 2 * hkv) + e * h * trains("o_proj")
+    # K and V as attention reads them: at the K/V heads, or repeated to the query heads (the
+    # stack's attention_kv_heads: torchtitan's repeat_kv until 2026, SDPA keeping the copies). A
+    # TP rank with one K/V head repeats it as a view (expand and reshape merge): no copy is kept.
+    kv = hkv
+    if sw.stack.attention_kv_heads == "query":
+        kv = np.where(model.kv_heads > c.tp, attention_kv_width(model, sw), hkv)
+    split = (e * (h + 2 * kv) + e * h * trains("o_proj")
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
@@ -199,15 +208,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
     tp, dp, pp = c.tp.astype(float), c.zero_group(hw.network.gpus_per_node).astype(float), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
-    # One layer's full activations for the micro-batch being recomputed (the working set): the
-    # layer's activations without recompute, computed beside those with it (recompute as two rows).
-    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
-    if recomputed.any():
-        act_layer, no_rc = layer_activation_bytes(model, c, job, np.stack([c.recompute, np.zeros_like(c.recompute)]),
-                                                  sw=sw)
-    else:
-        act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
-    working = np.where(recomputed, no_rc, 0.0)
+    act_layer, working = layer_activations_and_working(model, c, job, sw)
     working = working + context_parallel_working(model, c, job, sw)
     first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
@@ -305,11 +306,47 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     return Memory(*(np.ravel(col).take(flat) for col in columns)), tuple(stages)
 
 
-def exchanged_kv_width(model: ModelSpec, sw: Software) -> float:
-    """Width of K (and of V, their mean) as context parallel exchanges them: at the K/V heads, or
-    repeated to the query heads before attention (the stack's ``cp_kv_heads`` = "query", torchtitan's
-    ``repeat_kv``): heads * (qk + v head widths) / 2, which is ``hidden`` for standard attention."""
-    if sw.stack.cp_kv_heads == "query":
+def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
+                                  sw: Software) -> tuple[np.ndarray, np.ndarray]:
+    """What one layer keeps for its backward per micro-batch per GPU (``layer_activation_bytes``),
+    and what the layer being run backward holds beside all that is kept (the working set): the
+    tensors its backward reads that recompute did not keep (the layer's activations without
+    recompute less those kept: computed beside them, recompute as two rows) and its MLP's
+    gradients (``backward_working``). Measured in eager torch: benchmarks/activation_memory.py."""
+    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
+    if recomputed.any():
+        act_layer, no_rc = layer_activation_bytes(model, c, job, np.stack([c.recompute, np.zeros_like(c.recompute)]),
+                                                  sw=sw)
+    else:
+        act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
+    return act_layer, np.where(recomputed, no_rc - act_layer, 0.0) + backward_working(model, c, job)
+
+
+def backward_working(model: ModelSpec, c: Candidates, job: Job) -> np.ndarray:
+    """The activation gradients a layer's backward holds at its peak, per GPU, beside what the
+    layer kept: the gradient arriving at the layer's output (split by TP under sequence parallel),
+    and in the MLP's backward the gradient of its inner tensor plus, for a gated MLP, those of the
+    gate and up outputs, less the inner tensor freed once the down projection's weight gradient is
+    done: e*(h + 2f) per token gated (SwiGLU), e*(h + f) otherwise, f split by TP. Any stack:
+    fused kernels write the same gradients. Measured in eager torch: benchmarks/activation_memory.py.
+    An MoE layer's MLP is its routed width per token (planner.core.moe.moe_mlp_width)."""
+    e = ACT_BYTES[job.precision]
+    width = np.full(len(c), float(model.ffn_hidden)) if model.layers > model.moe_layers else np.zeros(len(c))
+    if model.moe:
+        from planner.core import moe
+
+        width = np.maximum(width, moe.moe_mlp_width(model, job, c))
+    inner = 2.0 if model.gated_mlp else 1.0
+    arriving = np.where(c.sequence_parallel, model.hidden / c.tp, model.hidden)
+    return e * (arriving + inner * width / c.tp) * c.micro_batch * model.seq_len / c.cp
+
+
+def attention_kv_width(model: ModelSpec, sw: Software) -> float:
+    """Width of K (and of V, their mean) as attention reads them, so as its backward keeps them and
+    context parallel exchanges them: at the K/V heads, or repeated to the query heads before
+    attention (the stack's ``attention_kv_heads`` = "query", torchtitan's ``repeat_kv`` until
+    January 2026): heads * (qk + v head widths) / 2, which is ``hidden`` for standard attention."""
+    if sw.stack.attention_kv_heads == "query":
         return (model.q_width + model.attn_out_width) / 2
     return model.kv_hidden
 
@@ -321,7 +358,7 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     dQ, dK, dV accumulated in ``cp_grad_bytes`` and dK/dV concatenated for the send and received
     (4 more local tensors). gather: the gathered K/V and their gradient, both whole-sequence."""
     st, e = sw.stack, ACT_BYTES[job.precision]
-    width = exchanged_kv_width(model, sw)
+    width = attention_kv_width(model, sw)
     local = c.micro_batch * model.seq_len / c.cp / c.tp  # this GPU's tokens, per TP rank's heads
     gathered = 2 * e * local * c.cp * width
     # dQ (query width), dK and dV (exchanged width), fp32, and their copies for the send and receive

@@ -19,7 +19,7 @@ from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import SHARDING, Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, exchanged_kv_width, param_master, stage_params
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, attention_kv_width, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
@@ -229,7 +229,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     """Exposed time of context parallel's K/V exchange per layer per micro-batch, with the
     element-wise work it adds. Each rank holds 1/cp of the sequence and needs every earlier
     token's keys and values: 2 * s * width values per sequence, split by TP (width h_kv, or h
-    where the model repeats K/V to the query heads before attention: the stack's ``cp_kv_heads``),
+    where the model repeats K/V to the query heads before attention: the stack's ``attention_kv_heads``),
     over the cp ranks (stride tp: inside a node while tp*cp fits). A full recompute exchanges again.
 
     gather: the forward receives the other ranks' K/V, the backward receives them again and
@@ -245,7 +245,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
         return np.zeros(len(c))
     st, act, cp = sw.stack, ACT_BYTES[job.precision], c.cp.astype(float)
     grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
-    width = exchanged_kv_width(model, sw)
+    width = attention_kv_width(model, sw)
     kv = 2 * act * c.micro_batch * model.seq_len * width / c.tp
     gather = comm.group_collective(links, kv, c.cp, c.tp, 1.0)
     if st.cp_exchange == "gather":

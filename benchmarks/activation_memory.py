@@ -1,0 +1,212 @@
+"""What one transformer layer keeps for its backward, and what its backward holds beside that,
+measured in eager PyTorch on the CPU and compared with the planner's count.
+
+The layer is torchtitan's Llama block as its December 2024 benchmarks ran it without
+torch.compile (train_configs/llama3_8b.toml: norm_type = "rmsnorm", compile = false): RMSNorm on
+an fp32 upcast of its input, RoPE as a complex product in fp32, K/V repeated to the query heads
+before SDPA (repeat_kv), SwiGLU, bf16 weights as FSDP2's MixedPrecisionPolicy gathers them; its
+op-level selective checkpointing (save every matmul output but every second one, and attention's),
+or full checkpointing. Written here from that description. The planner side is the ``fsdp2-2024``
+stack with eager kernels.
+
+A dispatch mode counts the bytes of every tensor storage created while it is on and not yet
+freed: the live bytes, exactly, whatever the device. Kept per layer = the live bytes after the
+forward, per layer; working = the peak during the backward above that. Both are measured at two
+token counts and reported per token (the slope), so that the weights, their gradients and any
+fixed buffer drop out; in units of h bytes (h = hidden). The shapes keep Llama 3 8B's ratios
+(4 query heads per K/V head, MLP width 3.5 h), so the per-token figures are 8B's.
+
+    python benchmarks/activation_memory.py            # h = 1024, about 20 s
+    python benchmarks/activation_memory.py --hidden 512 --seq 512   # one K/V head: repeat_kv is a view
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import weakref
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
+
+MODES = ("none", "op", "full")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the tensor storages created under the mode and still alive, and their peak.
+    Storages that existed before (``known``) are not counted when an op returns them."""
+
+    def __init__(self, known: list[torch.Tensor]):
+        super().__init__()
+        self.live = self.peak = 0
+        self.keys = {t.untyped_storage().data_ptr() for t in known}
+
+    def _free(self, key: int, n: int) -> None:
+        self.keys.discard(key)
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                key, n = st.data_ptr(), st.nbytes()
+                if n and key not in self.keys:
+                    self.keys.add(key)
+                    self.live += n
+                    weakref.finalize(st, self._free, key, n)  # the storage's lifetime, not the tensor's
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+class RMSNorm(nn.Module):
+    """torchtitan's 2024 RMSNorm: normalised in fp32, cast back, times the weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE as a complex product on an fp32 copy (x: B, T, heads, head_dim)."""
+    z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(z * freqs.view(1, z.shape[1], 1, z.shape[-1])).flatten(3).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, h: int, heads: int, kv_heads: int, ffn: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, h // heads
+        self.wq, self.wo = nn.Linear(h, h, bias=False), nn.Linear(h, h, bias=False)
+        self.wk, self.wv = (nn.Linear(h, kv_heads * self.hd, bias=False) for _ in range(2))
+        self.w1, self.w3 = nn.Linear(h, ffn, bias=False), nn.Linear(h, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, h, bias=False)
+        self.attention_norm, self.ffn_norm = RMSNorm(h), RMSNorm(h)
+
+    def attention(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = rotate(self.wq(x).view(b, t, self.heads, self.hd), freqs)
+        k = rotate(self.wk(x).view(b, t, self.kv_heads, self.hd), freqs)
+        v = self.wv(x).view(b, t, self.kv_heads, self.hd)
+        rep = self.heads // self.kv_heads  # repeat_kv: expand, then a copy at the query heads
+        k, v = (y[:, :, :, None, :].expand(b, t, self.kv_heads, rep, self.hd).reshape(b, t, self.heads, self.hd)
+                for y in (k, v))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).contiguous().view(b, t, -1))
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), freqs)
+        y = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+# torchtitan's op-level policy saves these ops' outputs, matmuls but every second one per block.
+SAVED_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
+             torch.ops.aten._scaled_dot_product_efficient_attention.default,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def op_policy_context():
+    count = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            count[key] += 1
+        save = func in SAVED_OPS and not (func == torch.ops.aten.mm.default and count[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def live_bytes(h: int, heads: int, kv_heads: int, ffn: int, batch: int, seq: int, mode: str,
+               layers: int = 2) -> tuple[float, float]:
+    """(kept per layer, working) in bytes, for ``layers`` blocks in bf16 with recompute ``mode``."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(Block(h, heads, kv_heads, ffn) for _ in range(layers)).to(torch.bfloat16)
+    for p in blocks.parameters():
+        p.grad = torch.zeros_like(p)  # accumulated in place, as FSDP2's sharded gradients are
+    hd = h // heads
+    angles = torch.outer(torch.arange(seq).float(), 10000.0 ** (-torch.arange(0, hd, 2).float() / hd))
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    x0 = torch.randn(batch, seq, h, dtype=torch.bfloat16, requires_grad=True)
+    mode_ = LiveBytes([freqs, *blocks.parameters(), *(p.grad for p in blocks.parameters())])
+    with mode_:
+        x = x0 * 1.0
+        before = mode_.live
+        for block in blocks:
+            if mode == "none":
+                x = block(x, freqs)
+            else:
+                extra = {"context_fn": op_policy_context} if mode == "op" else {}
+                x = checkpoint(block, x, freqs, use_reentrant=False, **extra)
+        after = mode_.live
+        mode_.peak = after
+        x.float().sum().backward()
+    return (after - before) / layers, mode_.peak - after
+
+
+def measured_per_token(h: int, heads: int, kv_heads: int, ffn: int, seq: int, mode: str) -> tuple[float, float]:
+    """(kept per layer, working) in bytes per token: the slope between 1 and 2 sequences."""
+    one, two = (live_bytes(h, heads, kv_heads, ffn, b, seq, mode) for b in (1, 2))
+    return (two[0] - one[0]) / seq, (two[1] - one[1]) / seq
+
+
+def predicted_per_token(h: int, heads: int, kv_heads: int, ffn: int, seq: int, mode: str) -> tuple[float, float]:
+    """The planner's (kept per layer, working) per token, fsdp2-2024 with eager kernels, bf16."""
+    from planner.core.layout import Candidates, Job, Layout
+    from planner.core.memory import layer_activations_and_working
+    from planner.core.model import ModelSpec
+    from planner.stacks import software
+
+    model = ModelSpec(arch="llama", layers=2, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
+                      seq_len=seq)
+    job = Job(precision="bf16", attention="flash", stack="fsdp2-2024")
+    recompute = {"none": "none", "op": "selective", "full": "full"}[mode]
+    c = Candidates.from_layouts([Layout(dp=1, micro_batch=1, global_batch=1, recompute=recompute)])
+    kept, working = layer_activations_and_working(model, c, job, software(job))
+    return float(kept[0]) / seq, float(working[0]) / seq
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=1024, help="h (heads of 128; 4 per K/V head; MLP 3.5 h)")
+    ap.add_argument("--seq", type=int, default=1024)
+    a = ap.parse_args(argv)
+    if a.hidden % 512 or not 512 <= a.hidden <= 8192:
+        print(f"activation_memory: --hidden {a.hidden}: a multiple of 512 from 512 to 8192", file=sys.stderr)
+        return 2
+    if not a.hidden <= a.seq <= 16384:  # tokens outweigh a weight's gradient at the peak, as in training
+        print(f"activation_memory: --seq {a.seq}: from --hidden ({a.hidden}) to 16384", file=sys.stderr)
+        return 2
+    h = a.hidden
+    heads = h // 128
+    dims = (h, heads, heads // 4, 7 * h // 2)
+    print(f"torchtitan's 2024 eager Llama block, h={h}, {heads} heads, {heads // 4} K/V heads, MLP {7 * h // 2}, "
+          f"seq {a.seq}, bf16; bytes per token in units of h")
+    print(f"{'recompute':10} {'kept/layer meas':>16} {'pred':>7} {'err':>7} | {'working meas':>13} {'pred':>7} {'err':>7}")
+    rows = {mode: (measured_per_token(*dims, a.seq, mode), predicted_per_token(*dims, a.seq, mode)) for mode in MODES}
+    for mode, ((mk, mw), (pk, pw)) in rows.items():
+        print(f"{mode:10} {mk / h:16.2f} {pk / h:7.2f} {pk / mk - 1:+7.1%} | {mw / h:13.2f} {pw / h:7.2f} {pw / mw - 1:+7.1%}")
+    # The 8B rows of torchtitan's Table 1: 2 x 8192 tokens per GPU, 32 layers, h = 4096, op-level.
+    (mk, mw), (pk, pw) = rows["op"]
+    scale = 4096 / h * 16384 / 2**30
+    print(f"Llama 3 8B, 16K tokens per GPU, op-level: kept {32 * mk * scale:.2f} GiB measured, "
+          f"{32 * pk * scale:.2f} predicted; working {mw * scale:.2f} GiB measured, {pw * scale:.2f} predicted")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
