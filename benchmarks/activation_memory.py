@@ -1,22 +1,27 @@
 """What one transformer layer keeps for its backward, and what its backward holds beside that,
 measured in eager PyTorch on the CPU and compared with the planner's count.
 
-The layer is torchtitan's Llama block as its December 2024 benchmarks ran it without
-torch.compile (train_configs/llama3_8b.toml: norm_type = "rmsnorm", compile = false): RMSNorm on
-an fp32 upcast of its input, RoPE as a complex product in fp32, K/V repeated to the query heads
-before SDPA (repeat_kv), SwiGLU, bf16 weights as FSDP2's MixedPrecisionPolicy gathers them; its
-op-level selective checkpointing (save every matmul output but every second one, and attention's),
-or full checkpointing. Written here from that description. The planner side is the ``fsdp2-2024``
-stack with eager kernels.
+Two kinds of layers:
+- torchtitan's Llama block as its December 2024 benchmarks ran it without torch.compile
+  (train_configs/llama3_8b.toml: norm_type = "rmsnorm", compile = false): RMSNorm on an fp32
+  upcast of its input, RoPE as a complex product in fp32, K/V repeated to the query heads before
+  SDPA (repeat_kv), SwiGLU, bf16 weights as FSDP2's MixedPrecisionPolicy gathers them; its
+  op-level selective checkpointing (save every matmul output but every second one, and
+  attention's), or full checkpointing. Written here from that description; the planner's
+  ``fsdp2-2024`` stack with eager kernels describes it.
+- the reference trainer's own layers (reference_trainer/model.py, Llama and GPT), recompute as
+  reference_trainer/parallel.py applies it (selective: the attention core), fp32 as its CPU runs
+  train; the ``reference`` stack describes them.
 
 A dispatch mode counts the bytes of every tensor storage created while it is on and not yet
 freed: the live bytes, exactly, whatever the device. Kept per layer = the live bytes after the
-forward, per layer; working = the peak during the backward above that. Both are measured at two
-token counts and reported per token (the slope), so that the weights, their gradients and any
-fixed buffer drop out; in units of h bytes (h = hidden). The shapes keep Llama 3 8B's ratios
-(4 query heads per K/V head, MLP width 3.5 h), so the per-token figures are 8B's.
+forward, per layer; working = the peak during the backward above that (the gradient arriving
+from above included). Both are measured at one and two sequences and reported per token (the
+slope), so that the weights, their gradients and any fixed buffer drop out; in units of h bytes
+(h = hidden). The shapes keep Llama 3 8B's ratios (4 query heads per K/V head, MLP width 3.5 h),
+so the per-token figures are 8B's.
 
-    python benchmarks/activation_memory.py            # h = 1024, about 20 s
+    python benchmarks/activation_memory.py                          # h = 1024, about 20 s
     python benchmarks/activation_memory.py --hidden 512 --seq 512   # one K/V head: repeat_kv is a view
 """
 
@@ -131,52 +136,105 @@ def op_policy_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def live_bytes(h: int, heads: int, kv_heads: int, ffn: int, batch: int, seq: int, mode: str,
-               layers: int = 2) -> tuple[float, float]:
-    """(kept per layer, working) in bytes, for ``layers`` blocks in bf16 with recompute ``mode``."""
+def torchtitan_layers(h: int, heads: int, kv_heads: int, ffn: int, seq: int, layers: int = 2):
+    """(module, run(x, mode), tensors that exist before) for torchtitan's blocks in bf16."""
     torch.manual_seed(0)
     blocks = nn.ModuleList(Block(h, heads, kv_heads, ffn) for _ in range(layers)).to(torch.bfloat16)
-    for p in blocks.parameters():
-        p.grad = torch.zeros_like(p)  # accumulated in place, as FSDP2's sharded gradients are
     hd = h // heads
     angles = torch.outer(torch.arange(seq).float(), 10000.0 ** (-torch.arange(0, hd, 2).float() / hd))
     freqs = torch.polar(torch.ones_like(angles), angles)
-    x0 = torch.randn(batch, seq, h, dtype=torch.bfloat16, requires_grad=True)
-    mode_ = LiveBytes([freqs, *blocks.parameters(), *(p.grad for p in blocks.parameters())])
-    with mode_:
-        x = x0 * 1.0
-        before = mode_.live
+
+    def run(x: torch.Tensor, mode: str) -> torch.Tensor:
         for block in blocks:
             if mode == "none":
                 x = block(x, freqs)
             else:
                 extra = {"context_fn": op_policy_context} if mode == "op" else {}
                 x = checkpoint(block, x, freqs, use_reentrant=False, **extra)
-        after = mode_.live
-        mode_.peak = after
-        x.float().sum().backward()
-    return (after - before) / layers, mode_.peak - after
+        return x
+
+    return blocks, run, [freqs]
 
 
-def measured_per_token(h: int, heads: int, kv_heads: int, ffn: int, seq: int, mode: str) -> tuple[float, float]:
+def reference_layers(spec, mode: str):
+    """(module, run(x, mode), tensors that exist before) for the reference trainer's own layers
+    (reference_trainer/model.py, recompute as reference_trainer/parallel.py applies it), fp32 as
+    its CPU runs train."""
+    from reference_trainer.model import GPT
+    from reference_trainer.parallel import apply_recompute
+
+    torch.manual_seed(0)
+    module = GPT(spec, layer_ids=range(spec.layers), first=False, last=False, attention="flash")
+    apply_recompute(module, {"op": "selective"}.get(mode, mode))
+    return module, lambda x, _mode: module(x), []
+
+
+def live_bytes(built, batch: int, seq: int, h: int, dtype: torch.dtype, mode: str, layers: int = 2) -> tuple[float, float]:
+    """(kept per layer, working) in bytes: a forward and backward of ``built`` (module, run, known)."""
+    module, run, known = built
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)  # accumulated in place, as FSDP2's sharded gradients are
+    x0 = torch.randn(batch, seq, h, dtype=dtype, requires_grad=True)
+    counter = LiveBytes([*known, *module.parameters(), *(p.grad for p in module.parameters()), *module.buffers()])
+    with counter:
+        x = x0 * 1.0
+        before = counter.live
+        y = run(x, mode)
+        del x  # the input stays only if the layers keep it (the layer below's output, in a model)
+        after = counter.live
+        counter.peak = after
+        y.backward(torch.randn_like(y))  # the gradient arriving from the layers above
+    return (after - before) / layers, counter.peak - after
+
+
+# The blocks measured: (name, the stack that describes them, precision, builder(dims, seq, mode)).
+# dims = (h, heads, kv_heads, ffn); the reference trainer's MLP width is its preset rule's.
+def _reference_spec(arch: str, dims, seq: int):
+    from planner.core.model import ModelSpec
+
+    h, heads, kv_heads, _ = dims
+    # No dropout: with it, the CPU's SDPA leaves its flash kernel for the math one (s x s scores).
+    return ModelSpec(arch=arch, layers=2, hidden=h, heads=heads, kv_heads=kv_heads if arch == "llama" else None,
+                     seq_len=seq, vocab=1000, dropout=0.0)
+
+
+CASES = {
+    "torchtitan-2024": ("fsdp2-2024", "bf16", torch.bfloat16,
+                        lambda dims, seq, mode: torchtitan_layers(*dims, seq)),
+    "reference-llama": ("reference", "fp32", torch.float32,
+                        lambda dims, seq, mode: reference_layers(_reference_spec("llama", dims, seq), mode)),
+    "reference-gpt": ("reference", "fp32", torch.float32,
+                      lambda dims, seq, mode: reference_layers(_reference_spec("gpt", dims, seq), mode)),
+}
+
+
+def spec_for(case: str, dims, seq: int):
+    from planner.core.model import ModelSpec
+
+    if case.startswith("reference-"):
+        return _reference_spec(case.split("-")[1], dims, seq)
+    h, heads, kv_heads, ffn = dims
+    return ModelSpec(arch="llama", layers=2, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, seq_len=seq)
+
+
+def measured_per_token(case: str, dims, seq: int, mode: str) -> tuple[float, float]:
     """(kept per layer, working) in bytes per token: the slope between 1 and 2 sequences."""
-    one, two = (live_bytes(h, heads, kv_heads, ffn, b, seq, mode) for b in (1, 2))
+    _, _, dtype, build = CASES[case]
+    one, two = (live_bytes(build(dims, seq, mode), b, seq, dims[0], dtype, mode) for b in (1, 2))
     return (two[0] - one[0]) / seq, (two[1] - one[1]) / seq
 
 
-def predicted_per_token(h: int, heads: int, kv_heads: int, ffn: int, seq: int, mode: str) -> tuple[float, float]:
-    """The planner's (kept per layer, working) per token, fsdp2-2024 with eager kernels, bf16."""
+def predicted_per_token(case: str, dims, seq: int, mode: str) -> tuple[float, float]:
+    """The planner's (kept per layer, working) per token for the case's stack and precision."""
     from planner.core.layout import Candidates, Job, Layout
     from planner.core.memory import layer_activations_and_working
-    from planner.core.model import ModelSpec
     from planner.stacks import software
 
-    model = ModelSpec(arch="llama", layers=2, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-                      seq_len=seq)
-    job = Job(precision="bf16", attention="flash", stack="fsdp2-2024")
+    stack, precision, _, _ = CASES[case]
+    job = Job(precision=precision, attention="flash", stack=stack)
     recompute = {"none": "none", "op": "selective", "full": "full"}[mode]
     c = Candidates.from_layouts([Layout(dp=1, micro_batch=1, global_batch=1, recompute=recompute)])
-    kept, working = layer_activations_and_working(model, c, job, software(job))
+    kept, working = layer_activations_and_working(spec_for(case, dims, seq), c, job, software(job))
     return float(kept[0]) / seq, float(working[0]) / seq
 
 
@@ -194,17 +252,21 @@ def main(argv: list[str] | None = None) -> int:
     h = a.hidden
     heads = h // 128
     dims = (h, heads, heads // 4, 7 * h // 2)
-    print(f"torchtitan's 2024 eager Llama block, h={h}, {heads} heads, {heads // 4} K/V heads, MLP {7 * h // 2}, "
-          f"seq {a.seq}, bf16; bytes per token in units of h")
-    print(f"{'recompute':10} {'kept/layer meas':>16} {'pred':>7} {'err':>7} | {'working meas':>13} {'pred':>7} {'err':>7}")
-    rows = {mode: (measured_per_token(*dims, a.seq, mode), predicted_per_token(*dims, a.seq, mode)) for mode in MODES}
-    for mode, ((mk, mw), (pk, pw)) in rows.items():
-        print(f"{mode:10} {mk / h:16.2f} {pk / h:7.2f} {pk / mk - 1:+7.1%} | {mw / h:13.2f} {pw / h:7.2f} {pw / mw - 1:+7.1%}")
+    print(f"h={h}, {heads} heads, {heads // 4} K/V heads, seq {a.seq}; bytes per token in units of h")
+    print(f"{'block':16} {'stack':10} {'recompute':10} {'kept/layer meas':>16} {'pred':>7} {'err':>7} | "
+          f"{'working meas':>13} {'pred':>7} {'err':>7}")
+    rows = {}
+    for case, (stack, precision, _, _) in CASES.items():
+        for mode in MODES:  # "op": the stack's selective recompute (the reference trainer's: the attention core)
+            rows[case, mode] = measured_per_token(case, dims, a.seq, mode), predicted_per_token(case, dims, a.seq, mode)
+            (mk, mw), (pk, pw) = rows[case, mode]
+            print(f"{case:16} {stack:10} {mode:10} {mk / h:16.2f} {pk / h:7.2f} {pk / mk - 1:+7.1%} | "
+                  f"{mw / h:13.2f} {pw / h:7.2f} {pw / mw - 1:+7.1%}")
     # The 8B rows of torchtitan's Table 1: 2 x 8192 tokens per GPU, 32 layers, h = 4096, op-level.
-    (mk, mw), (pk, pw) = rows["op"]
+    (mk, mw), (pk, pw) = rows["torchtitan-2024", "op"]
     scale = 4096 / h * 16384 / 2**30
-    print(f"Llama 3 8B, 16K tokens per GPU, op-level: kept {32 * mk * scale:.2f} GiB measured, "
-          f"{32 * pk * scale:.2f} predicted; working {mw * scale:.2f} GiB measured, {pw * scale:.2f} predicted")
+    print(f"Llama 3 8B in torchtitan 2024 eager, 16K tokens per GPU, op-level: kept {32 * mk * scale:.2f} GiB "
+          f"measured, {32 * pk * scale:.2f} predicted; working {mw * scale:.2f} GiB measured, {pw * scale:.2f} predicted")
     return 0
 
 

@@ -133,22 +133,25 @@ def activation_section() -> list[str]:
     lines = [
         "### One layer's activation memory, measured",
         "",
-        "torchtitan's 2024 eager Llama block (fp32 RMSNorm, complex RoPE, repeat_kv, SDPA, SwiGLU; bf16) at "
-        f"h = {h}, 8 heads, 2 K/V heads, MLP 3.5 h (Llama 3 8B's ratios), {seq} tokens per sequence, run forward "
-        "and backward on the CPU while a dispatch mode counts every live tensor storage "
-        "(`python benchmarks/activation_memory.py`): what each layer keeps for its backward, and what the "
-        "backward holds beside it at its peak (the layer's tensors recompute did not keep, and the MLP's "
-        "gradients), in bytes per token, units of h, against the `fsdp2-2024` stack's count:",
+        "Two layers run forward and backward on the CPU while a dispatch mode counts every live tensor storage "
+        "(`python benchmarks/activation_memory.py`): torchtitan's 2024 eager Llama block (fp32 RMSNorm, complex "
+        "RoPE, repeat_kv, SDPA, SwiGLU; bf16) and the reference trainer's own layers (reference_trainer/model.py, "
+        f"fp32 as its CPU runs train), at h = {h}, 8 heads, 2 K/V heads, {seq} tokens per sequence (Llama 3 8B's "
+        "ratios). What each layer keeps for its backward, and what the backward holds beside it at its peak (the "
+        "layer's tensors recompute did not keep, the arriving gradient and the MLP's), in bytes per token, units "
+        "of h, against the stack that describes each (recompute `op`: the stack's selective, torchtitan's "
+        "op-level policy, the reference trainer's attention core):",
         "",
-        "| recompute | kept per layer, measured | predicted | working, measured | predicted |",
-        "|---|---|---|---|---|",
+        "| layers | stack | recompute | kept per layer, measured | predicted | working, measured | predicted |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for mode in am.MODES:
-        (mk, mw), (pk, pw) = am.measured_per_token(*dims, seq, mode), am.predicted_per_token(*dims, seq, mode)
-        lines.append(f"| {mode} | {mk / h:.2f} | {pk / h:.2f} ({_pct(pk / mk - 1)}) | {mw / h:.2f} | "
-                     f"{pw / h:.2f} ({_pct(pw / mw - 1)}) |")
-        if mode == "op":
-            eager_op = mw
+    for case, (stack, _, _, _) in am.CASES.items():
+        for mode in am.MODES:
+            (mk, mw), (pk, pw) = am.measured_per_token(case, dims, seq, mode), am.predicted_per_token(case, dims, seq, mode)
+            lines.append(f"| {case} | {stack} | {mode} | {mk / h:.2f} | {pk / h:.2f} ({_pct(pk / mk - 1)}) | "
+                         f"{mw / h:.2f} | {pw / h:.2f} ({_pct(pw / mw - 1)}) |")
+            if (case, mode) == ("torchtitan-2024", "op"):
+                eager_op = mw
     # Llama 3 8B as torchtitan's Table 1 ran it: 2 x 8192 tokens per GPU, op-level, eager vs compiled.
     from planner.core.layout import Candidates, Job, Layout
     from planner.core.memory import layer_activations_and_working
@@ -166,7 +169,8 @@ def activation_section() -> list[str]:
         f"working set measures {eager:.1f} GiB; compiled (no fp32 norm copies, no separate SiLU output) the "
         f"planner counts {compiled:.1f} GiB: {eager - compiled:.1f} GiB of the 5.0-5.4 GiB torchtitan's eager rows "
         "measured above their compiled twins. The rest is not in what torch allocates at the peak; the planner "
-        "leaves it to the allocator's reserve, which it does not predict.",
+        "leaves it to the allocator's reserve, which it does not predict. Not measured: the reference trainer in "
+        "bf16 under autocast (its GPU runs), whose activations mix bf16 and fp32.",
     ]
     return lines
 

@@ -47,6 +47,7 @@ class Stack:
     logit_bytes_tp: float  # the same with the vocabulary split across TP ranks (loss parallel)
     norm_fp32_copy: bool  # the eager RMSNorm keeps its input upcast to fp32 for the backward (x.float()), not the 16-bit input
     attention_kv_heads: str  # K/V as attention reads them: at the K/V heads, or repeated to the query heads before it
+    qkv_buffer_kept: bool  # V reaches attention as a view of the fused QKV output: all of it stays beside the rotated Q, K
     selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
     recompute_early_stop: bool  # full recompute stops at the layer's last saved tensor (its last TP collective not redone)
     # Overlap (fractions)
@@ -111,6 +112,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "logit_bytes_tp": ("logit_bytes_tp", "float", (2.0, 32.0)),
     "norm_fp32_copy": ("norm_fp32_copy", "bool", None),
     "attention_kv_heads": ("attention_kv_heads", "str", ATTENTION_KV_HEADS),
+    "qkv_buffer_kept": ("qkv_buffer_kept", "bool", None),
     "selective": ("selective", "str", SELECTIVE),
     "recompute_early_stop": ("recompute_early_stop", "bool", None),
     "dp_overlap": ("dp_overlap", "float", (0.0, 1.0)),

@@ -168,6 +168,10 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     kv = hkv
     if sw.stack.attention_kv_heads == "query":
         kv = np.where(model.kv_heads > c.tp, attention_kv_width(model, sw), hkv)
+    # A fused QKV projection split into views: with RoPE copying Q and K, attention keeps V's view
+    # and with it the whole output, Q and K parts included (the stack's qkv_buffer_kept).
+    if sw.stack.qkv_buffer_kept and not model.learned_positions and not model.kv_lora_rank:
+        kv = kv + (model.q_width + model.k_width) / 2
     split = (e * (h + 2 * kv) + e * h * trains("o_proj")
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
