@@ -139,3 +139,22 @@ def test_torchtitans_2024_eager_block_keeps_fp32_norm_inputs_and_repeated_kv_by_
     tp8 = Layout(dp=1, tp=8, micro_batch=1, global_batch=1, sequence_parallel=True)
     assert act(tp8, Job(stack="fsdp2-2024"), model) == pytest.approx(act(tp8, Job(stack="fsdp2-2024-triton-norm"), model)
                                                                       + 2 * 2 * h / 8 * 1024)
+
+
+def test_what_torch_counts_as_allocated_includes_the_zero3_gather_buffers():
+    """torch.cuda.max_memory_allocated (what run records report and planner validate compares)
+    counts every tensor: under ZeRO-3 the current block's gathered 16-bit weights and the next's,
+    prefetched (fsdp2: gather_layers = 2); not the CUDA context or the allocator's fragmentation."""
+    from planner.core.memory import allocated_bytes
+    from planner.hardware import get_profile
+
+    model = get_preset("llama3-8b")
+    lay = Layout(dp=8, micro_batch=1, global_batch=8, recompute="full")
+    h, kv, f = 4096, 1024, 14336
+    layer = h * (h + kv + kv + h) + 3 * h * f + 2 * h  # q, k, v, o; gate, up, down; two norms
+    for zero, gathered in ((0, 0.0), (3, 2 * 2 * layer)):
+        ev = evaluate_one(model, lay.replace(zero_stage=zero), Job(stack="fsdp2"), gpu="h100-80g")
+        m = ev.memory
+        tensors = float(m.weights[0] + m.gradients[0] + m.optimizer[0] + m.activations[0])
+        got = float(allocated_bytes(m, get_profile("h100-80g"), ev.candidates)[0])
+        assert got - tensors == pytest.approx(gathered, rel=1e-9)

@@ -21,6 +21,7 @@ import numpy as np
 from planner.calibration.measured import Measurement
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
+from planner.core.memory import allocated_bytes
 from planner.core.step_parts import COMPARED, compared, predicted_parts
 from planner.core.steptime import time_shared
 from planner.errors import PlannerError
@@ -74,9 +75,9 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
         c = Candidates.from_layouts([r.layout])
         ev = evaluate(r.model, hw, r.job, c, r.gpus)
         m = ev.memory
-        # torch.cuda.max_memory_allocated counts tensors only: not the CUDA context, the
-        # communication buffers or the allocator's fragmentation, which the planner's total adds.
-        allocated = float(m.weights[0] + m.gradients[0] + m.optimizer[0] + m.activations[0])
+        # torch.cuda.max_memory_allocated counts tensors only (the ZeRO-3 gather buffers among them):
+        # not the CUDA context, the communication buffers or the allocator's fragmentation.
+        allocated = float(allocated_bytes(m, hw, c)[0])
         pairs = {"step_s": (float(ev.step_s[0]), r.step_s), "tokens_per_s": (float(ev.tokens_per_s[0]), r.tokens_per_s),
                  "mfu": (float(ev.mfu[0]), r.mfu), "peak_memory_bytes": (allocated, r.peak_memory_bytes)}
         if r.device_kind == "cpu":

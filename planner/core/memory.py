@@ -380,6 +380,16 @@ def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first,
             + np.where(is_last, n.norm_params + head, 0))
 
 
+def allocated_bytes(m: Memory, hw: HardwareProfile, c: Candidates) -> np.ndarray:
+    """What torch.cuda.max_memory_allocated counts at the peak: the tensors (weights, gradients,
+    optimizer states, activations and the ZeRO-3 gather buffers), not the memory outside the
+    allocator (``outside_allocator``) or the allocator's fragmentation on top of activations,
+    gradients and gather buffers, which ``other`` holds beside the gather buffers."""
+    frag = hw.efficiency.fragmentation
+    gather = (m.other - outside_allocator(hw, c) - frag * (m.activations + m.gradients)) / (1 + frag)
+    return m.weights + m.gradients + m.optimizer + m.activations + gather
+
+
 def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:
     """Memory torch's caching allocator does not count (max_memory_reserved leaves it out): the
     CUDA context with its library workspaces, and NCCL's buffers when any group has > 1 rank."""
