@@ -157,7 +157,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # An eager RMSNorm that upcasts (x.float()) keeps that fp32 copy for its backward instead of
     # the 16-bit input (the stack's norm_fp32_copy; measured: benchmarks/activation_memory.py).
     norm_in = 4.0 if sw.eager and model.arch != "gpt" and sw.stack.norm_fp32_copy else e
-    replicated = (2 * max(norm_in, e) * h  # the two norms' inputs
+    replicated = (2 * norm_in * h  # the two norms' inputs
                   + (0 if sw.stack.tp_saves_gathered_inputs else gathered)
                   + 2 * h * drop  # two dropout masks
                   + (2 * e * h * (targets is None) if eager else 0))  # RMSNorm outputs, for its weight
