@@ -136,21 +136,30 @@ def op_policy_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def torchtitan_layers(h: int, heads: int, kv_heads: int, ffn: int, seq: int, layers: int = 2):
-    """(module, run(x, mode), tensors that exist before) for torchtitan's blocks in bf16."""
+def torchtitan_layers(h: int, heads: int, kv_heads: int, ffn: int, seq: int, mode: str, layers: int = 2,
+                      compiled: bool = False):
+    """(module, run(x, mode), tensors that exist before) for torchtitan's blocks in bf16; compiled:
+    each checkpointed block under torch.compile, as torchtitan applies them (AC, then compile)."""
     torch.manual_seed(0)
     blocks = nn.ModuleList(Block(h, heads, kv_heads, ffn) for _ in range(layers)).to(torch.bfloat16)
     hd = h // heads
     angles = torch.outer(torch.arange(seq).float(), 10000.0 ** (-torch.arange(0, hd, 2).float() / hd))
     freqs = torch.polar(torch.ones_like(angles), angles)
 
-    def run(x: torch.Tensor, mode: str) -> torch.Tensor:
-        for block in blocks:
+    def layer(block: Block):
+        def forward(x: torch.Tensor) -> torch.Tensor:
             if mode == "none":
-                x = block(x, freqs)
-            else:
-                extra = {"context_fn": op_policy_context} if mode == "op" else {}
-                x = checkpoint(block, x, freqs, use_reentrant=False, **extra)
+                return block(x, freqs)
+            extra = {"context_fn": op_policy_context} if mode == "op" else {}
+            return checkpoint(block, x, freqs, use_reentrant=False, **extra)
+
+        return torch.compile(forward) if compiled else forward
+
+    forwards = [layer(block) for block in blocks]
+
+    def run(x: torch.Tensor, _mode: str) -> torch.Tensor:
+        for forward in forwards:
+            x = forward(x)
         return x
 
     return blocks, run, [freqs]
@@ -200,7 +209,7 @@ def _reference_spec(arch: str, dims, seq: int):
 
 CASES = {
     "torchtitan-2024": ("fsdp2-2024", "bf16", torch.bfloat16,
-                        lambda dims, seq, mode: torchtitan_layers(*dims, seq)),
+                        lambda dims, seq, mode: torchtitan_layers(*dims, seq, mode)),
     "reference-llama": ("reference", "fp32", torch.float32,
                         lambda dims, seq, mode: reference_layers(_reference_spec("llama", dims, seq), mode)),
     "reference-gpt": ("reference", "fp32", torch.float32,
@@ -217,6 +226,74 @@ def spec_for(case: str, dims, seq: int):
     return ModelSpec(arch="llama", layers=2, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, seq_len=seq)
 
 
+# torch.compile's kernels allocate their buffers below the dispatcher, where LiveBytes does not see
+# them; a compiled block is measured by the process's resident memory instead, in a child process
+# whose malloc maps every block of 64 KiB or more on its own and returns it to the system when
+# freed (glibc: MALLOC_MMAP_THRESHOLD_), so that resident memory follows the live tensors, and whose
+# peak is reset before the backward (/proc/self/clear_refs). Linux only.
+RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def _status_bytes(key: str) -> int:
+    import re
+
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) * 1024
+
+
+def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2) -> tuple[float, float]:
+    """(kept per layer, working) in bytes of resident memory, torchtitan's blocks compiled."""
+    import gc
+
+    module, run, _ = torchtitan_layers(*dims, seq, mode, layers, compiled=True)
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    x0 = torch.randn(batch, seq, dims[0], dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):  # compile, and reach the steady state of the allocator
+        y = run(x0 * 1.0, mode)
+        y.backward(torch.randn_like(y))
+        del y
+    gc.collect()
+    x = x0 * 1.0
+    before = _status_bytes("VmRSS")
+    y = run(x, mode)
+    del x
+    after = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here
+    y.backward(torch.randn_like(y))
+    return (after - before) / layers, _status_bytes("VmHWM") - after
+
+
+def compiled_per_token(dims, seq: int, mode: str) -> tuple[float, float] | None:
+    """(kept per layer, working) in bytes per token of torchtitan's blocks under torch.compile, or
+    None where that cannot be measured here (not Linux: no /proc/self/clear_refs; no C++ compiler)."""
+    import json
+    import os
+    import subprocess
+
+    import shutil
+
+    if not Path("/proc/self/clear_refs").exists() or not (shutil.which("g++") or shutil.which("c++")):
+        return None  # torch.compile on the CPU needs a C++ compiler
+    args = [sys.executable, __file__, "--rss-child", mode, str(seq), *map(str, dims)]
+    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **RSS_ENV}, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"activation_memory --rss-child: {out.stderr.strip().splitlines()[-1:]}")
+    one, two = json.loads(out.stdout.strip().splitlines()[-1])
+    return (two[0] - one[0]) / seq, (two[1] - one[1]) / seq
+
+
+def _rss_child(argv: list[str]) -> int:
+    import json
+    import warnings
+
+    warnings.filterwarnings("ignore")  # inductor's notes on complex operators (RoPE), not the figures
+    mode, seq, *dims = argv
+    dims = tuple(int(d) for d in dims)
+    print(json.dumps([rss_bytes(dims, b, int(seq), mode) for b in (1, 2)]))
+    return 0
+
+
 def measured_per_token(case: str, dims, seq: int, mode: str) -> tuple[float, float]:
     """(kept per layer, working) in bytes per token: the slope between 1 and 2 sequences."""
     _, _, dtype, build = CASES[case]
@@ -224,14 +301,14 @@ def measured_per_token(case: str, dims, seq: int, mode: str) -> tuple[float, flo
     return (two[0] - one[0]) / seq, (two[1] - one[1]) / seq
 
 
-def predicted_per_token(case: str, dims, seq: int, mode: str) -> tuple[float, float]:
+def predicted_per_token(case: str, dims, seq: int, mode: str, compiled: bool = False) -> tuple[float, float]:
     """The planner's (kept per layer, working) per token for the case's stack and precision."""
     from planner.core.layout import Candidates, Job, Layout
     from planner.core.memory import layer_activations_and_working
     from planner.stacks import software
 
     stack, precision, _, _ = CASES[case]
-    job = Job(precision=precision, attention="flash", stack=stack)
+    job = Job(precision=precision, attention="flash", stack=stack, compile=compiled)
     recompute = {"none": "none", "op": "selective", "full": "full"}[mode]
     c = Candidates.from_layouts([Layout(dp=1, micro_batch=1, global_batch=1, recompute=recompute)])
     kept, working = layer_activations_and_working(spec_for(case, dims, seq), c, job, software(job))
@@ -262,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             (mk, mw), (pk, pw) = rows[case, mode]
             print(f"{case:16} {stack:10} {mode:10} {mk / h:16.2f} {pk / h:7.2f} {pk / mk - 1:+7.1%} | "
                   f"{mw / h:13.2f} {pw / h:7.2f} {pw / mw - 1:+7.1%}")
+    for mode in ("none", "full"):  # compiled; op-level: the CPU's compiled policy is not the GPU's (README)
+        measured = compiled_per_token(dims, a.seq, mode)
+        if measured is None:
+            print("torchtitan-2024 compiled: not measurable here (needs Linux's /proc/self/clear_refs and g++)")
+            break
+        (mk, mw), (pk, pw) = measured, predicted_per_token("torchtitan-2024", dims, a.seq, mode, compiled=True)
+        print(f"{'torchtitan-2024':16} {'+compile':10} {mode:10} {mk / h:16.2f} {pk / h:7.2f} {pk / mk - 1:+7.1%} | "
+              f"{mw / h:13.2f} {pw / h:7.2f} {pw / mw - 1:+7.1%}")
     # The 8B rows of torchtitan's Table 1: 2 x 8192 tokens per GPU, 32 layers, h = 4096, op-level.
     (mk, mw), (pk, pw) = rows["torchtitan-2024", "op"]
     scale = 4096 / h * 16384 / 2**30
@@ -271,4 +356,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_rss_child(sys.argv[2:]) if sys.argv[1:2] == ["--rss-child"] else main())

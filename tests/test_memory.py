@@ -106,14 +106,17 @@ def test_the_backward_of_a_layer_holds_its_mlps_gradients_by_hand():
     the gradients of gate, up and their product less the product itself once the down projection
     is done: e*(h + 2f) per token for SwiGLU, e*(h + f) for GELU, f split by TP."""
     from planner.core.memory import backward_working
+    from planner.stacks import software
 
     llama = get_preset("llama3-8b").replace(seq_len=4096)  # h 4096, f 14336
     h, f, s, e = 4096, 14336, 4096, 2
     for tp, sp, arriving in ((1, False, h), (4, False, h), (4, True, h / 4)):
         c = Candidates.from_layouts([Layout(dp=1, tp=tp, micro_batch=2, global_batch=2, sequence_parallel=sp)])
-        assert float(backward_working(llama, c, Job())[0]) == pytest.approx(e * (arriving + 2 * f / tp) * 2 * s)
+        got = float(backward_working(llama, c, Job(), software(Job()))[0])
+        assert got == pytest.approx(e * (arriving + 2 * f / tp) * 2 * s)
     c = Candidates.from_layouts([Layout(dp=1, micro_batch=1, global_batch=1, cp=2)])
-    assert float(backward_working(GPT, c, STANDARD)[0]) == pytest.approx(e * (2048 + 4 * 2048) * 2048 / 2)
+    got = float(backward_working(GPT, c, STANDARD, software(STANDARD))[0])
+    assert got == pytest.approx(e * (2048 + 4 * 2048) * 2048 / 2)
 
 
 def test_torchtitans_2024_eager_block_keeps_fp32_norm_inputs_and_repeated_kv_by_hand():

@@ -323,17 +323,19 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
                                                   sw=sw)
     else:
         act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
-    return act_layer, np.where(recomputed, no_rc - act_layer, 0.0) + backward_working(model, c, job)
+    return act_layer, np.where(recomputed, no_rc - act_layer, 0.0) + backward_working(model, c, job, sw)
 
 
-def backward_working(model: ModelSpec, c: Candidates, job: Job) -> np.ndarray:
+def backward_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> np.ndarray:
     """The activation gradients a layer's backward holds at its peak, per GPU, beside what the
     layer kept: the gradient arriving at the layer's output (split by TP under sequence parallel),
     and in the MLP's backward the gradient of its inner tensor plus, for a gated MLP, those of the
     gate and up outputs, less the inner tensor freed once the down projection's weight gradient is
-    done: e*(h + 2f) per token gated (SwiGLU), e*(h + f) otherwise, f split by TP. Any stack:
-    fused kernels write the same gradients. Measured in eager torch: benchmarks/activation_memory.py.
-    An MoE layer's MLP is its routed width per token (planner.core.moe.moe_mlp_width)."""
+    done: e*(h + 2f) per token gated (SwiGLU), e*(h + f) otherwise, f split by TP. Measured in
+    eager torch (benchmarks/activation_memory.py); under torch.compile the working set is the
+    compiler's schedule (measured on the CPU: less without recompute, more with full recompute,
+    docs/validation.md), counted here as eager's. An MoE layer's MLP is its routed width per token
+    (planner.core.moe.moe_mlp_width)."""
     e = ACT_BYTES[job.precision]
     width = np.full(len(c), float(model.ffn_hidden)) if model.layers > model.moe_layers else np.zeros(len(c))
     if model.moe:
