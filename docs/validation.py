@@ -128,16 +128,17 @@ def activation_section() -> list[str]:
     spec = importlib.util.spec_from_file_location("activation_memory", ROOT / "benchmarks" / "activation_memory.py")
     am = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(am)
-    h, seq = 1024, 1024
-    dims = (h, 8, 2, 7 * h // 2)
+    # torchtitan's block at 8 heads over 2 K/V heads (repeat_kv copies); the reference trainer's
+    # layers, which take GQA in SDPA, at half the width (a quarter of the time in fp32).
+    shapes = {case: ((1024, 8, 2, 3584) if case.startswith("torchtitan") else (512, 4, 1, 1792)) for case in am.CASES}
     lines = [
         "### One layer's activation memory, measured",
         "",
         "Two layers run forward and backward on the CPU while a dispatch mode counts every live tensor storage "
         "(`python benchmarks/activation_memory.py`): torchtitan's 2024 eager Llama block (fp32 RMSNorm, complex "
         "RoPE, repeat_kv, SDPA, SwiGLU; bf16) and the reference trainer's own layers (reference_trainer/model.py, "
-        f"fp32 as its CPU runs train), at h = {h}, 8 heads, 2 K/V heads, {seq} tokens per sequence (Llama 3 8B's "
-        "ratios). What each layer keeps for its backward, and what the backward holds beside it at its peak (the "
+        "fp32 as its CPU runs train), h tokens per sequence and Llama 3 8B's ratios (4 query heads of 128 per "
+        "K/V head, MLP 3.5 h): h = 1024 for torchtitan's, 512 for the reference trainer's. What each layer keeps for its backward, and what the backward holds beside it at its peak (the "
         "layer's tensors recompute did not keep, the arriving gradient and the MLP's), in bytes per token, units "
         "of h, against the stack that describes each (recompute `op`: the stack's selective, torchtitan's "
         "op-level policy, the reference trainer's attention core):",
@@ -146,12 +147,14 @@ def activation_section() -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for case, (stack, _, _, _) in am.CASES.items():
+        dims = shapes[case]
+        h = seq = dims[0]
         for mode in am.MODES:
             (mk, mw), (pk, pw) = am.measured_per_token(case, dims, seq, mode), am.predicted_per_token(case, dims, seq, mode)
             lines.append(f"| {case} | {stack} | {mode} | {mk / h:.2f} | {pk / h:.2f} ({_pct(pk / mk - 1)}) | "
                          f"{mw / h:.2f} | {pw / h:.2f} ({_pct(pw / mw - 1)}) |")
             if (case, mode) == ("torchtitan-2024", "op"):
-                eager_op = mw
+                eager_op = mw / h  # in units of h
     # Llama 3 8B as torchtitan's Table 1 ran it: 2 x 8192 tokens per GPU, op-level, eager vs compiled.
     from planner.core.layout import Candidates, Job, Layout
     from planner.core.memory import layer_activations_and_working
@@ -162,7 +165,7 @@ def activation_section() -> list[str]:
     c = Candidates.from_layouts([Layout(dp=8, micro_batch=2, global_batch=16, recompute="selective")])
     job = Job(stack="fsdp2-2024", compile=True)
     compiled = float(layer_activations_and_working(model, c, job, software(job))[1][0]) / 2**30
-    eager = eager_op / h * 4096 * tokens / 2**30
+    eager = eager_op * 4096 * tokens / 2**30
     lines += [
         "",
         f"For Llama 3 8B at torchtitan's {tokens // 1024}K tokens per GPU with op-level checkpointing, the eager "

@@ -234,7 +234,7 @@ def _stack_dir() -> Path:
 @functools.cache
 def _index() -> dict[str, str]:
     index: dict[str, str] = {}
-    for path in sorted(_stack_dir().glob("*.toml")):
+    for path in sorted(_stack_dir().glob("*.toml"), key=lambda p: p.stem):  # fsdp2-2024 before its variants
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         for key in [data.get("name", path.stem), *data.get("aliases", [])]:
             index.setdefault(str(key).lower(), str(path))
