@@ -25,6 +25,11 @@ SELECTIVE = ("attention", "op")
 FP8_RECIPES = ("none", "tensorwise", "delayed")
 CP_EXCHANGES = ("gather", "torch")  # planner.core.steptime.context_parallel_exchange
 ATTENTION_KV_HEADS = ("kv", "query")
+# What an eager RMSNorm keeps for its backward (planner.core.memory.activation_bytes_per_layer):
+# one kernel's 16-bit input and rstd (torch's nn.RMSNorm on CUDA, Triton, Transformer Engine), the
+# input and the normalised tensor op by op (for the weight's gradient), or an fp32 copy of the
+# input in their place (x.float(): torchtitan's 2024 RMSNorm, Hugging Face's LlamaRMSNorm).
+EAGER_NORMS = ("fused", "plain", "upcast")
 # Mixed precision's fp32 master weights: a "separate" copy in the optimizer beside the 16-bit
 # weights the model computes with (Megatron, DeepSpeed: 2 + 4 + 12 bytes per parameter), or the
 # fp32 parameters themselves, cast per use (FSDP2's MixedPrecisionPolicy, DDP under autocast:
@@ -45,7 +50,7 @@ class Stack:
     logit_bytes: float  # bytes per logit element held at the loss's peak (per token x vocab / tp)
     logit_bytes_compiled: float  # the same when torch.compile fuses the loss
     logit_bytes_tp: float  # the same with the vocabulary split across TP ranks (loss parallel)
-    norm_fp32_copy: bool  # the eager RMSNorm keeps its input upcast to fp32 for the backward (x.float()), not the 16-bit input
+    eager_norm: str  # what an eager RMSNorm keeps for its backward: fused (input, rstd), plain (+ normalised), upcast (fp32 input + normalised)
     attention_kv_heads: str  # K/V as attention reads them: at the K/V heads, or repeated to the query heads before it
     qkv_buffer_kept: bool  # V reaches attention as a view of the fused QKV output: all of it stays beside the rotated Q, K
     selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
@@ -110,7 +115,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "logit_bytes": ("logit_bytes", "float", (2.0, 32.0)),
     "logit_bytes_compiled": ("logit_bytes_compiled", "float", (2.0, 32.0)),
     "logit_bytes_tp": ("logit_bytes_tp", "float", (2.0, 32.0)),
-    "norm_fp32_copy": ("norm_fp32_copy", "bool", None),
+    "eager_norm": ("eager_norm", "str", EAGER_NORMS),
     "attention_kv_heads": ("attention_kv_heads", "str", ATTENTION_KV_HEADS),
     "qkv_buffer_kept": ("qkv_buffer_kept", "bool", None),
     "selective": ("selective", "str", SELECTIVE),

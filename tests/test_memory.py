@@ -119,29 +119,35 @@ def test_the_backward_of_a_layer_holds_its_mlps_gradients_by_hand():
     assert got == pytest.approx(e * (2048 + 4 * 2048) * 2048 / 2)
 
 
-def test_torchtitans_2024_eager_block_keeps_fp32_norm_inputs_and_repeated_kv_by_hand():
-    """No recompute, Llama 3 8B per token and layer (e = 2): today's fsdp2 keeps 8eh + 2e*kv + 4ef +
-    4a (test_stacks); torchtitan's 2024 RMSNorm kept x.float() instead of its 16-bit input (2 norms x
-    (4 - 2) h more) and its repeat_kv made K and V copies at the query heads (2e(h - kv) more),
-    except on a TP rank holding one K/V head, where the repeat is a view. Compiled, the norm is
-    fused (no fp32 copy) but repeat_kv still feeds SDPA its copies."""
+def test_what_an_eager_rmsnorm_and_repeat_kv_keep_by_hand(tmp_path):
+    """No recompute, Llama 3 8B per token and layer (e = 2). With one-kernel norms (torch's
+    nn.RMSNorm on CUDA) and K/V at their heads, eager kernels keep the norms' and matmuls' inputs
+    (6eh), Q, K, V (e(h + 2kv)), gate, up, SiLU out, down's input (4ef) and the log-sum-exp (4a).
+    An RMSNorm run op by op also keeps its normalised tensor for the weight (eh per norm); one that
+    upcasts (x.float(), torchtitan's of 2024) keeps its input as that fp32 copy (4h, not eh) beside
+    it; repeat_kv makes K and V copies at the query heads (2e(h - kv) more) except on a TP rank
+    holding one K/V head, where the repeat is a view. Compiled, the norm and SwiGLU are fused (no
+    normalised tensor, no SiLU output) but repeat_kv still feeds SDPA its copies."""
     model = get_preset("llama3-8b").replace(seq_len=1024)
     h, kv, f, a, e = 4096, 1024, 14336, 32, 2
-    today = e * (8 * h + 2 * kv + 4 * f) + 4 * a
+    fused = e * (6 * h + 2 * kv + 4 * f) + 4 * a
+    plain = tmp_path / "plain.toml"
+    plain.write_text('base = "fsdp2"\nname = "plain"\ndescription = "d"\nsource = "s"\n[kernels]\neager_norm = "plain"\n')
     lay = Layout(dp=1, micro_batch=1, global_batch=1)
     per_token = {stack: act(lay, Job(stack=stack), model) / 1024
-                 for stack in ("fsdp2", "fsdp2-2024", "fsdp2-2024-triton-norm", "fsdp2-2025")}
-    assert per_token["fsdp2"] == pytest.approx(today)
-    assert per_token["fsdp2-2024"] == pytest.approx(today + 2 * 2 * h + 2 * e * (h - kv))
-    assert per_token["fsdp2-2024-triton-norm"] == pytest.approx(today + 2 * e * (h - kv))
-    assert per_token["fsdp2-2025"] == pytest.approx(today + 2 * e * (h - kv))
+                 for stack in ("fsdp2", str(plain), "fsdp2-2024", "fsdp2-2024-triton-norm", "fsdp2-2025")}
+    repeated = 2 * e * (h - kv)
+    assert per_token["fsdp2"] == pytest.approx(fused)
+    assert per_token[str(plain)] == pytest.approx(fused + 2 * e * h)
+    assert per_token["fsdp2-2024"] == pytest.approx(fused + 2 * 4 * h + repeated)
+    assert per_token["fsdp2-2024-triton-norm"] == pytest.approx(fused + repeated)
+    assert per_token["fsdp2-2025"] == pytest.approx(fused + repeated)
     compiled = act(lay, Job(stack="fsdp2-2024", compile=True), model) / 1024
-    # no RMSNorm outputs (2eh) or SiLU output (ef) kept for the backward: fused into their kernels
-    assert compiled == pytest.approx(today - 2 * e * h - e * f + 2 * e * (h - kv))
+    assert compiled == pytest.approx(fused - e * f + repeated)
     # tp 8: one K/V head per rank (8 of them): no copies
     tp8 = Layout(dp=1, tp=8, micro_batch=1, global_batch=1, sequence_parallel=True)
     assert act(tp8, Job(stack="fsdp2-2024"), model) == pytest.approx(act(tp8, Job(stack="fsdp2-2024-triton-norm"), model)
-                                                                      + 2 * 2 * h / 8 * 1024)
+                                                                      + 2 * 4 * h / 8 * 1024)
 
 
 def test_what_torch_counts_as_allocated_includes_the_zero3_gather_buffers():

@@ -49,7 +49,7 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ('master_weights = "param"', 'master_weights = "fp32"', "master_weights", "one of separate, param"),
     ('master_weights = "param"', "", "missing", "master_weights"),
     ('attention_kv_heads = "kv"', 'attention_kv_heads = "all"', "attention_kv_heads", "one of kv, query"),
-    ("norm_fp32_copy = false", "norm_fp32_copy = 0", "norm_fp32_copy", "true or false"),
+    ('eager_norm = "fused"', 'eager_norm = "apex"', "eager_norm", "one of fused, plain, upcast"),
     ('name = "fsdp2"', 'name = "fsdp2"\nbase = "fsdp9"', "fsdp9", "unknown software stack"),
     ('name = "fsdp2"', 'name = "fsdp2"\nbase = 3', "base", "a stack name, alias or file"),
     ('name = "fsdp2"', 'name = "fsdp2"\nbase = "mine.toml"', "base", "may not loop"),
@@ -88,7 +88,7 @@ def test_a_stack_file_on_a_base_sets_only_what_differs(tmp_path):
         load_stack_file(mine)
     assert "may not loop" in str(err.value) and "\n" not in str(err.value)
     # the shipped variants differ from their base in what their sources say, nothing else
-    for name, base_name, keys in (("fsdp2-2024-triton-norm", "fsdp2-2024", {"norm_fp32_copy"}),
+    for name, base_name, keys in (("fsdp2-2024-triton-norm", "fsdp2-2024", {"eager_norm"}),
                                   ("fsdp2-2025", "fsdp2", {"attention_kv_heads"})):
         a, b = get_stack(name), get_stack(base_name)
         differ = {f for f in a.__slots__ if getattr(a, f) != getattr(b, f)}
@@ -134,10 +134,11 @@ def test_selective_recompute_is_the_stacks_policy():
     assert act["megatron-core", "selective"] == act["megatron-core", "none"]
     h, kv, f, e, s, layers, a = 4096, 1024, 14336, 2, 8192, 32, 32
     logits = 12 * s * 128256  # fp32 upcast, log-softmax output and its gradient (eager loss)
-    # No recompute, eager kernels, one GPU per layer and token: the norms' inputs and RMSNorm's
-    # outputs (4eh), the QKV and MLP inputs (2eh), Q, K, V and the projection input (e(2h + 2kv)),
-    # gate, up, SiLU out and down's input (4ef), the fp32 log-sum-exp (4a).
-    none = e * (8 * h + 2 * kv + 4 * f) + 4 * a
+    # No recompute, eager kernels, one GPU per layer and token: the norms' inputs (2eh; torch's
+    # nn.RMSNorm on CUDA is one kernel, keeping its input and rstd), the QKV and MLP inputs (2eh),
+    # Q, K, V and the projection input (e(2h + 2kv)), gate, up, SiLU out and down's input (4ef),
+    # the fp32 log-sum-exp (4a).
+    none = e * (6 * h + 2 * kv + 4 * f) + 4 * a
     # In the backward of the MLP: the gradient arriving at the layer (eh) and those of gate, up and
     # their product (3ef) less the product itself, freed (ef).
     grads = e * (h + 2 * f) * s

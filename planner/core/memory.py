@@ -154,13 +154,16 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # (Korthikanti et al. 2022, Sec. 4.2.2); DTensor's autograd keeps the gathered input whole.
     gathered = e * h * trains("q_proj", "k_proj", "v_proj") + e * h * trains("gate_proj", "up_proj")
     # Replicated over TP ranks unless sequence parallel.
-    # An eager RMSNorm that upcasts (x.float()) keeps that fp32 copy for its backward instead of
-    # the 16-bit input (the stack's norm_fp32_copy; measured: benchmarks/activation_memory.py).
-    norm_in = 4.0 if sw.eager and model.arch != "gpt" and sw.stack.norm_fp32_copy else e
-    replicated = (2 * norm_in * h  # the two norms' inputs
+    # What an eager RMSNorm keeps (the stack's eager_norm; measured: benchmarks/activation_memory.py):
+    # one kernel its input (and rstd); op by op also the normalised tensor, for the weight's gradient
+    # (frozen under LoRA: not kept); upcast, its input as the fp32 copy it normalised. Fused
+    # kernels (and LayerNorm's native kernel) keep the input only.
+    norm = sw.stack.eager_norm if sw.eager and model.arch != "gpt" else "fused"
+    norm_in = 4.0 if norm == "upcast" else e
+    norm_out = e * (targets is None) if norm != "fused" else 0.0
+    replicated = (2 * (norm_in + norm_out) * h  # the two norms
                   + (0 if sw.stack.tp_saves_gathered_inputs else gathered)
-                  + 2 * h * drop  # two dropout masks
-                  + (2 * e * h * (targets is None) if eager else 0))  # RMSNorm outputs, for its weight
+                  + 2 * h * drop)  # two dropout masks
     # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.
     # K and V as attention reads them: at the K/V heads, or repeated to the query heads (the
     # stack's attention_kv_heads: torchtitan's repeat_kv until 2026, SDPA keeping the copies). A
