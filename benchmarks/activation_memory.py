@@ -35,12 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 MODES = ("none", "op", "full")
 
@@ -269,14 +269,13 @@ def compiled_per_token(dims, seq: int, mode: str) -> tuple[float, float] | None:
     None where that cannot be measured here (not Linux: no /proc/self/clear_refs; no C++ compiler)."""
     import json
     import os
-    import subprocess
-
     import shutil
+    import subprocess
 
     if not Path("/proc/self/clear_refs").exists() or not (shutil.which("g++") or shutil.which("c++")):
         return None  # torch.compile on the CPU needs a C++ compiler
     args = [sys.executable, __file__, "--rss-child", mode, str(seq), *map(str, dims)]
-    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **RSS_ENV}, timeout=900)
+    out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **RSS_ENV}, timeout=900, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"activation_memory --rss-child: {out.stderr.strip().splitlines()[-1:]}")
     one, two = json.loads(out.stdout.strip().splitlines()[-1])

@@ -86,7 +86,7 @@ def torchtitan_section() -> list[str]:
     lines = [
         "## torchtitan (FSDP2, TP, PP; A100, H100, H200; bf16 and fp8)",
         "",
-        f"The {len(runs)} rows of torchtitan's published benchmarks without context parallelism "
+        (f"The {len(runs)} rows of torchtitan's published benchmarks without context parallelism "
         "(`benchmarks/data/torchtitan_performance.csv`), each with the torchtitan it ran as a stack: `fsdp2-2024` "
         "for the 2024 rows (the loss not compiled; eager RMSNorm on an fp32 copy of its input; K/V repeated "
         "to the query heads before SDPA), `fsdp2-2024-triton-norm` for the April 2024 A100 configs of Llama 2 "
@@ -95,7 +95,7 @@ def torchtitan_section() -> list[str]:
         "(`python benchmarks/fit_torchtitan.py`): the clock of the 500 W H100 relative to the H100 SXM "
         f"({x[0]:.3f}) and the stack's per-block overhead ({x[1]:.0f} us); every row's error is also shown "
         "with the factors fitted on the other rows (leave-one-out). Memory is torch's max reserved as "
-        "torchtitan logs it: the planner's total less the CUDA context and NCCL buffers.",
+        "torchtitan logs it: the planner's total less the CUDA context and NCCL buffers."),
         "",
         "| row | measured tok/s/GPU | predicted | error | leave-one-out | measured GiB | predicted GiB | error |",
         "|---|---|---|---|---|---|---|---|",
@@ -134,14 +134,14 @@ def activation_section() -> list[str]:
     lines = [
         "### One layer's activation memory, measured",
         "",
-        "Two layers run forward and backward on the CPU while a dispatch mode counts every live tensor storage "
+        ("Two layers run forward and backward on the CPU while a dispatch mode counts every live tensor storage "
         "(`python benchmarks/activation_memory.py`): torchtitan's 2024 eager Llama block (fp32 RMSNorm, complex "
         "RoPE, repeat_kv, SDPA, SwiGLU; bf16) and the reference trainer's own layers (reference_trainer/model.py, "
         "fp32 as its CPU runs train), h tokens per sequence and Llama 3 8B's ratios (4 query heads of 128 per "
         "K/V head, MLP 3.5 h): h = 1024 for torchtitan's, 512 for the reference trainer's. What each layer keeps for its backward, and what the backward holds beside it at its peak (the "
         "layer's tensors recompute did not keep, the arriving gradient and the MLP's), in bytes per token, units "
         "of h, against the stack that describes each (recompute `op`: the stack's selective, torchtitan's "
-        "op-level policy, the reference trainer's attention core):",
+        "op-level policy, the reference trainer's attention core):"),
         "",
         "| layers | stack | recompute | kept per layer, measured | predicted | working, measured | predicted |",
         "|---|---|---|---|---|---|---|",
@@ -168,12 +168,12 @@ def activation_section() -> list[str]:
     eager = eager_op * 4096 * tokens / 2**30
     lines += [
         "",
-        f"For Llama 3 8B at torchtitan's {tokens // 1024}K tokens per GPU with op-level checkpointing, the eager "
+        (f"For Llama 3 8B at torchtitan's {tokens // 1024}K tokens per GPU with op-level checkpointing, the eager "
         f"working set measures {eager:.1f} GiB; compiled (no fp32 norm copies, no separate SiLU output) the "
         f"planner counts {compiled:.1f} GiB: {eager - compiled:.1f} GiB of the 5.0-5.4 GiB torchtitan's eager rows "
         "measured above their compiled twins. The rest is not in what torch allocates at the peak; the planner "
         "leaves it to the allocator's reserve, which it does not predict. Not measured: the reference trainer in "
-        "bf16 under autocast (its GPU runs), whose activations mix bf16 and fp32.",
+        "bf16 under autocast (its GPU runs), whose activations mix bf16 and fp32."),
     ]
     return lines
 

@@ -19,7 +19,7 @@ from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import SHARDING, Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, counts, attention_kv_width, param_master, stage_params
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import head_layers, stage_layers_arrays
 from planner.hardware import HardwareProfile
