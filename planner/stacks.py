@@ -198,12 +198,12 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
         if not isinstance(base, str) or not base.strip():
             raise PlannerError(f"stack {path}", "base", "a stack name, alias or file")
         ref = base  # a file named relative to this one
-        if (base.endswith(".toml") or "/" in base) and not Path(base).is_absolute():
+        if _names_file(base) and not Path(base).is_absolute():
             ref = str(path.parent / base)
-        base_path = _stack_path(ref)
-        if str(Path(base_path).resolve()) in (*_seen, str(path.resolve())):
+        base_path, chain = _stack_path(ref), (*_seen, str(path.resolve()))
+        if str(Path(base_path).resolve()) in chain:
             raise PlannerError(f"stack {path}", "base", f"{base!r} leads back to this file; a base may not loop")
-        parent = load_stack_file(base_path, (*_seen, str(path.resolve())))
+        parent = load_stack_file(base_path, chain)
         values = {f.name: getattr(parent, f.name) for f in dataclasses.fields(Stack)
                   if f.name not in ("name", "description", "source", "path")}
     for table in _TABLES:
@@ -250,9 +250,13 @@ def stack_names() -> list[str]:
     return [Path(p).stem for p in dict.fromkeys(_index().values())]
 
 
+def _names_file(name: str) -> bool:
+    return name.endswith(".toml") or "/" in name
+
+
 def _stack_path(name: str) -> str:
     """The file of a stack named by name, alias or path."""
-    if name.endswith(".toml") or "/" in name:
+    if _names_file(name):
         if not Path(name).is_file():
             raise PlannerError("stack", name, "no such stack file")
         return name

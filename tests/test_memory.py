@@ -155,7 +155,6 @@ def test_what_torch_counts_as_allocated_includes_the_zero3_gather_buffers():
     counts every tensor: under ZeRO-3 the current block's gathered 16-bit weights and the next's,
     prefetched (fsdp2: gather_layers = 2); not the CUDA context or the allocator's fragmentation."""
     from planner.core.memory import allocated_bytes
-    from planner.hardware import get_profile
 
     model = get_preset("llama3-8b")
     lay = Layout(dp=8, micro_batch=1, global_batch=8, recompute="full")
@@ -165,5 +164,5 @@ def test_what_torch_counts_as_allocated_includes_the_zero3_gather_buffers():
         ev = evaluate_one(model, lay.replace(zero_stage=zero), Job(stack="fsdp2"), gpu="h100-80g")
         m = ev.memory
         tensors = float(m.weights[0] + m.gradients[0] + m.optimizer[0] + m.activations[0])
-        got = float(allocated_bytes(m, get_profile("h100-80g"), ev.candidates)[0])
+        got = float(allocated_bytes(m)[0])
         assert got - tensors == pytest.approx(gathered, rel=1e-9)

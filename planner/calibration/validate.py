@@ -77,7 +77,7 @@ def compare(runs: list[Measurement], override: HardwareProfile | None = None) ->
         m = ev.memory
         # torch.cuda.max_memory_allocated counts tensors only (the ZeRO-3 gather buffers among them):
         # not the CUDA context, the communication buffers or the allocator's fragmentation.
-        allocated = float(allocated_bytes(m, hw, c)[0])
+        allocated = float(allocated_bytes(m)[0])
         pairs = {"step_s": (float(ev.step_s[0]), r.step_s), "tokens_per_s": (float(ev.tokens_per_s[0]), r.tokens_per_s),
                  "mfu": (float(ev.mfu[0]), r.mfu), "peak_memory_bytes": (allocated, r.peak_memory_bytes)}
         if r.device_kind == "cpu":

@@ -82,11 +82,12 @@ class Memory:
     stage: np.ndarray
     total: np.ndarray  # the sum of the five parts, computed once by ``Memory.of``
     host: np.ndarray  # bytes this GPU keeps in host memory (CPU offload), beside the total
+    gathered: np.ndarray  # of ``other``: the ZeRO-3 / FSDP buffers of gathered weights (and gradients)
 
     @classmethod
-    def of(cls, weights, gradients, optimizer, activations, other, stage, host) -> "Memory":
+    def of(cls, weights, gradients, optimizer, activations, other, stage, host, gathered) -> "Memory":
         return cls(weights, gradients, optimizer, activations, other, stage,
-                   weights + gradients + optimizer + activations + other, host)
+                   weights + gradients + optimizer + activations + other, host, gathered)
 
 
 def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
@@ -173,9 +174,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         kv = np.where(model.kv_heads > c.tp, attention_kv_width(model, sw), hkv)
     # A fused QKV projection split into views: with RoPE copying Q and K, attention keeps V's view
     # and with it the whole output, Q and K parts included (the stack's qkv_buffer_kept).
-    if sw.stack.qkv_buffer_kept and not model.learned_positions and not model.kv_lora_rank:
-        kv = kv + (model.q_width + model.k_width) / 2
-    split = (e * (h + 2 * kv) + e * h * trains("o_proj")
+    qkv_buffer = sw.stack.qkv_buffer_kept and not model.learned_positions and not model.kv_lora_rank
+    split = (e * (h + 2 * kv) + e * (model.q_width + model.k_width) * qkv_buffer + e * h * trains("o_proj")
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
@@ -301,7 +301,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     if not sw.stack.reshard_in_pipeline:
         gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
     other = outside + gather + eff.fragmentation * (acts + grads + gather)
-    table = Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights))
+    table = Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights),
+                      gather + np.zeros_like(weights))
     columns = [getattr(table, f) for f in Memory.__slots__]  # each (stages, layouts): every part reads ``layers``
     assert all(col.shape == index.shape for col in columns), "memory: a part is not one value per stage and layout"
     stages = [Memory(*(col[k] for col in columns)) for k in range(len(index))]
@@ -385,14 +386,11 @@ def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first,
             + np.where(is_last, n.norm_params + head, 0))
 
 
-def allocated_bytes(m: Memory, hw: HardwareProfile, c: Candidates) -> np.ndarray:
+def allocated_bytes(m: Memory) -> np.ndarray:
     """What torch.cuda.max_memory_allocated counts at the peak: the tensors (weights, gradients,
-    optimizer states, activations and the ZeRO-3 gather buffers), not the memory outside the
-    allocator (``outside_allocator``) or the allocator's fragmentation on top of activations,
-    gradients and gather buffers, which ``other`` holds beside the gather buffers."""
-    frag = hw.efficiency.fragmentation
-    gather = (m.other - outside_allocator(hw, c) - frag * (m.activations + m.gradients)) / (1 + frag)
-    return m.weights + m.gradients + m.optimizer + m.activations + gather
+    optimizer states, activations and the ZeRO-3 gather buffers), not the rest of ``other``: the
+    memory outside the allocator (``outside_allocator``) and the allocator's fragmentation."""
+    return m.weights + m.gradients + m.optimizer + m.activations + m.gathered
 
 
 def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:

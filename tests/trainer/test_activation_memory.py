@@ -8,6 +8,7 @@ describes each (fsdp2-2024, reference) must match what is kept exactly (1%), and
 within 10% (torchtitan's op-level policy keeps a few matmul outputs the backward does not read,
 which the planner does not subtract twice)."""
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -18,6 +19,7 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "activation_memory.py"
 
 
+@functools.cache
 def _script():
     spec = importlib.util.spec_from_file_location("activation_memory", SCRIPT)
     module = importlib.util.module_from_spec(spec)
