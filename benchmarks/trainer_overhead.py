@@ -1,6 +1,7 @@
 """The reference trainer's overhead over a plain single-process training loop, same tiny model.
 
     python benchmarks/trainer_overhead.py [--steps 40] [--repeats 3] [--threads 2]
+    python benchmarks/trainer_overhead.py --launch [--repeats 5]
 
 Both sides train the same GPT (reference_trainer/model.py) on the same synthetic samples with
 AdamW, gradient accumulation over the same micro-batches, global-norm clipping and the same
@@ -11,6 +12,10 @@ run record); its median step time is read from its run record (warm-up and trace
 out, as always). The plain loop's median leaves out the same warm-up steps. Each side runs in
 its own fresh process, alternating, ``--repeats`` times; the figure is the ratio of the medians
 of the per-run medians. Target (issue 3): overhead below 10% of the step time.
+
+``--launch``: what a launch costs before and after its steps. The wall time of ``planner run`` for
+two steps of a tiny model on two ranks (dp 2; the test suite launches dozens of these), beside
+the floor no launcher goes below: torchrun starting two processes that only import torch.
 """
 
 from __future__ import annotations
@@ -87,13 +92,42 @@ def trainer_run(steps: int, threads: int, folder: Path, index: int) -> float:
     return record["step_time_s"]["median"]
 
 
+def launch_times(repeats: int) -> tuple[float, float]:
+    """(median wall seconds of a tiny two-rank ``planner run``, of torchrun with two ranks that
+    only import torch), alternating, each ``repeats`` times."""
+    run, floor = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "import_torch.py"
+        script.write_text("import torch\n")
+        flags = ["--arch", "llama", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn-hidden", "256",
+                 "--vocab", "256", "--seq-len", "32", "--dp", "2", "--micro-batch", "1", "--global-batch", "2",
+                 "--steps", "2", "--no-auto-resume"]
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "planner", "run", *flags, "--runs-dir", str(Path(tmp) / str(i))],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+            run.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                            str(script)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+            floor.append(time.perf_counter() - t0)
+            print(f"launch {i + 1}: planner run {run[-1]:.2f} s, torchrun importing torch only {floor[-1]:.2f} s")
+    return statistics.median(run), statistics.median(floor)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads on each side (default 1: steady)")
+    parser.add_argument("--launch", action="store_true", help="time a tiny two-rank launch instead (see above)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # internal: one plain run
     args = parser.parse_args()
+    if args.launch:
+        run, floor = launch_times(max(1, args.repeats))
+        print(f"planner run, 2 ranks, 2 steps of a 2-layer model: {run:.2f} s median wall; torchrun with 2 ranks "
+              f"that only import torch: {floor:.2f} s; the trainer's own share: {run - floor:.2f} s")
+        return 0
     if args.plain:
         print(plain_loop(args.steps, args.threads))
         return 0

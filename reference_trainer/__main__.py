@@ -61,5 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     return run(configs)
 
 
+def _exit_now(rc: int) -> None:
+    """Leave without the interpreter's teardown of torch's modules (about 0.7 s a process on a CPU,
+    paid by every rank of every run): the run has already closed everything it wrote (records and
+    checkpoints are written to a temporary name, synced and renamed), destroyed its process group
+    and shut its loader workers down; logging and the standard streams are flushed here."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(int(main() or 0))

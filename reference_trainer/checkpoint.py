@@ -35,14 +35,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from reference_trainer import faults
 from reference_trainer.config import ConfigError
@@ -53,7 +45,20 @@ PARTIAL = ".partial"
 BAD = ".bad"
 COMMITTED = re.compile(PREFIX + r"\d{8}")  # step_00000012: a committed checkpoint folder
 CHUNK_BYTES = 1 << 20
-OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported on first use: a run that never saves or resumes does
+    not pay its import (about 0.6 s a process on a CPU, DTensor's included)."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -91,17 +96,21 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"checkpoint metadata names {module}.{name}, which is not allowed")
 
 
-class _SafeReader(dcp.FileSystemReader):
-    def read_metadata(self, *args, **kwargs):
-        from torch.distributed.checkpoint.metadata import StorageMeta
+def _safe_reader(path: str):
+    """DCP's file reader whose metadata unpickler admits only what a checkpoint holds."""
+    class _SafeReader(_dcp().FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
 
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return _SafeReader(path)
 
 
 class Checkpointer:
@@ -114,10 +123,13 @@ class Checkpointer:
     def _state(self, modules: list, optimizers: list, extra: dict | None) -> dict:
         """One flat DCP state for all model parts of this rank (their FQNs do not overlap: layers
         keep their global index). ``self._parts`` remembers which keys belong to which part."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        options = _options()
         model, optim, self._parts = {}, {}, []
         for module, opt in zip(modules, optimizers):
-            m = get_model_state_dict(module, options=OPTIONS)
-            o = get_optimizer_state_dict(module, opt, options=OPTIONS)
+            m = get_model_state_dict(module, options=options)
+            o = get_optimizer_state_dict(module, opt, options=options)
             self._parts.append((set(m), set(o)))
             model.update(m)
             optim.update(o)
@@ -138,7 +150,7 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         dist.barrier()
-        dcp.save(self._state(modules, optimizers, extra), checkpoint_id=str(partial))
+        _dcp().save(self._state(modules, optimizers, extra), checkpoint_id=str(partial))
         faults.maybe_kill("save", step)  # test hook: die after writing, before the commit
         dist.barrier()
         if self.rank == 0:
@@ -241,10 +253,13 @@ class Checkpointer:
 
     def load(self, path: Path, modules: list, optimizers: list) -> dict:
         """Load model and optimizer state in place; returns this rank's extra state."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        options = _options()
         state = self._state(modules, optimizers, extra=None)
-        dcp.load(state, storage_reader=_SafeReader(str(path)))
+        _dcp().load(state, storage_reader=_safe_reader(str(path)))
         model, optim = state["model"], state["optim"]
         for module, opt, (model_keys, optim_keys) in zip(modules, optimizers, self._parts):
-            set_model_state_dict(module, {k: model[k] for k in model_keys}, options=OPTIONS)
-            set_optimizer_state_dict(module, opt, {k: optim[k] for k in optim_keys}, options=OPTIONS)
+            set_model_state_dict(module, {k: model[k] for k in model_keys}, options=options)
+            set_optimizer_state_dict(module, opt, {k: optim[k] for k in optim_keys}, options=options)
         return torch.load(io.BytesIO(state["extra"][f"rank{self.rank}"]), weights_only=True)

@@ -23,6 +23,7 @@ V vocabulary, F ffn hidden; "local" counts are per tensor-parallel rank.
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Iterable
 
@@ -111,7 +112,9 @@ class Attention(nn.Module):
         self.rope = not spec.learned_positions
         self.positions: torch.Tensor | None = None  # global token positions (context parallel: GPT.set_positions)
         if self.rope:
-            cos, sin = rope_tables(spec.seq_len, hd)
+            # On the meta device, shapes only (GPT.init_weights fills them in; see _embedding).
+            cos, sin = (torch.empty(spec.seq_len, hd // 2), torch.empty(spec.seq_len, hd // 2)) if _on_meta() \
+                else rope_tables(spec.seq_len, hd)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -176,11 +179,34 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def is_dtensor(t: object) -> bool:
+    """Whether ``t`` is a DTensor. None can exist before torch.distributed.tensor is imported (by
+    tensor parallel, FSDP2 or a checkpoint), so a run that uses none of them does not pay that
+    import (about 0.4 s a process on a CPU)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def _on_meta() -> bool:
+    """Whether modules are being built on the meta device (shapes only). There the model skips
+    computing initial values: some meta kernels (normal_, arange) are Python references that
+    import torch._dynamo on first use, about 1 s a process on a CPU, and ``GPT.init_weights``
+    fills every weight and buffer in afterwards."""
+    return torch.get_default_device().type == "meta"
+
+
+def _embedding(rows: int, width: int) -> nn.Embedding:
+    """An ``nn.Embedding``, without its default normal_ init on the meta device (``_on_meta``)."""
+    if _on_meta():
+        return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+    return nn.Embedding(rows, width)
+
+
 class Embeddings(nn.Module):
     def __init__(self, spec: ModelSpec, dropout: float):
         super().__init__()
-        self.tok = nn.Embedding(spec.vocab, spec.hidden)  # (V, C)
-        self.pos = nn.Embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None  # (T, C)
+        self.tok = _embedding(spec.vocab, spec.hidden)  # (V, C)
+        self.pos = _embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None  # (T, C)
         self.drop = nn.Dropout(dropout) if dropout > 0 else None
         self.positions: torch.Tensor | None = None  # global token positions (context parallel: GPT.set_positions)
 
@@ -282,9 +308,9 @@ def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
     """Write the whole tensor ``full`` (host, fp32) into ``p``: a plain tensor takes it all; a
     DTensor (tensor parallel, FSDP2) takes this rank's shard of it, cut locally without
     communication (``src_data_rank=None``: every rank holds the same ``full``)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    if is_dtensor(p):
+        from torch.distributed.tensor import distribute_tensor
 
-    if isinstance(p, DTensor):
         shard = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
         p.to_local().copy_(shard.to_local())
     else:

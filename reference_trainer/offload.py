@@ -20,11 +20,8 @@ Checkpointing is not supported with offload (the host states are not DTensors DC
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from reference_trainer.parallel import local_tensor as _local
 
 
 class HostOffloadAdamW:

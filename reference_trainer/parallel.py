@@ -23,12 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.core.layout import Layout
 from planner.core.model import ModelSpec
 from planner.core.pipeline import stage_layer_ranges
-from reference_trainer.model import GPT
+from reference_trainer.model import GPT, is_dtensor
 from reference_trainer.moe import ExpertGroups, expert_groups, expert_param_names, set_ep_group
 
 
@@ -99,7 +98,7 @@ def apply_tp(module: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     MLP-out row-parallel; embedding and head split by vocabulary. With sequence parallel
     (Korthikanti et al. 2022) norms and residuals hold T/tp tokens, and the all-reduces become
     reduce-scatter + all-gather."""
-    from torch.distributed.tensor import distribute_module
+    from torch.distributed.tensor import Replicate, Shard, distribute_module
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -147,6 +146,8 @@ def apply_tp(module: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
 
 
 def _replicate_inputs(module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+    from torch.distributed.tensor import DTensor, Replicate
+
     return tuple(DTensor.from_local(t, mesh, [Replicate()], run_check=False) for t in inputs)
 
 
@@ -158,7 +159,7 @@ def settle_grads(modules: list[nn.Module]) -> None:
     for module in modules:
         for p in module.parameters():
             g = p.grad
-            if isinstance(p, DTensor) and isinstance(g, DTensor) and g.placements != p.placements:
+            if is_dtensor(p) and is_dtensor(g) and g.placements != p.placements:
                 p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
@@ -326,12 +327,12 @@ def unwrap(module: nn.Module) -> GPT:
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def placements_of(p: torch.Tensor) -> tuple[tuple[object, ...], DeviceMesh] | None:
     """(placements, mesh) of a DTensor parameter, or None for a plain tensor."""
-    if isinstance(p, DTensor):
+    if is_dtensor(p):
         return tuple(p.placements), p.device_mesh
     return None
 

@@ -16,13 +16,20 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from reference_trainer import faults
 from reference_trainer.config import TrainingConfig
 from reference_trainer.model import loss_fn
 from reference_trainer.moe import MoE, expert_param_names, reduce_expert_grads
-from reference_trainer.parallel import Parts, build_schedule, local_tensor, replication, settle_grads, unwrap
+from reference_trainer.parallel import (
+    Parts,
+    build_schedule,
+    is_dtensor,
+    local_tensor,
+    replication,
+    settle_grads,
+    unwrap,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -42,7 +49,7 @@ def lr_at(step: int, tr: TrainingConfig) -> float:
 
 
 def _signature(p: torch.Tensor) -> tuple:
-    if isinstance(p, DTensor):
+    if is_dtensor(p):
         return ("dtensor", id(p.device_mesh), tuple(str(x) for x in p.placements))
     return ("tensor",)
 
