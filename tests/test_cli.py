@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from planner.cli.main import main
+from planner.core.options import model_from
+from planner.core.presets import get_preset
 
 
 def run(capsys, *argv):
@@ -266,3 +268,12 @@ def test_the_nearest_layouts_fit_and_change_the_fewest_pins(capsys):
     for n, c in zip(near[1:], changed[1:]):
         if len(c) == 1:
             assert n["train"]["seconds"] >= near[0]["train"]["seconds"]
+
+
+def test_a_shape_flag_equal_to_the_presets_value_keeps_the_preset():
+    """--seq-len 8192 on llama3-70b (whose context is 8192) is the preset itself, not a custom
+    model; a value that differs is named as the override it is."""
+    same, note = model_from({"preset": "llama3-70b", "seq_len": 8192})
+    assert (same, note) == (get_preset("llama3-70b"), "preset llama3-70b")
+    other, note = model_from({"preset": "llama3-70b", "seq_len": 4096, "layers": 80})
+    assert other.name == "llama3-70b+custom" and other.seq_len == 4096 and note == "preset llama3-70b with seq_len=4096"

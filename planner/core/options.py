@@ -143,6 +143,8 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     else:
         raise PlannerError("model", "none", "give --preset NAME, --params 33B, --hf-config config.json, "
                                             "or --layers, --hidden and --heads")
+    # A shape key equal to the model's own value changes nothing (and does not make it custom).
+    shape = {k: v for k, v in shape.items() if getattr(spec, k) != v}
     if shape:
         if "arch" in shape and shape["arch"] != spec.arch:
             shape.setdefault("ffn_hidden", None)
