@@ -113,7 +113,8 @@ class Attention(nn.Module):
         self.positions: torch.Tensor | None = None  # global token positions (context parallel: GPT.set_positions)
         if self.rope:
             # On the meta device, shapes only (GPT.init_weights fills them in; see _embedding).
-            cos, sin = (torch.empty(spec.seq_len, hd // 2), torch.empty(spec.seq_len, hd // 2)) if _on_meta() \
+            half = (hd + 1) // 2  # rope_tables: one angle per channel pair
+            cos, sin = (torch.empty(spec.seq_len, half), torch.empty(spec.seq_len, half)) if _on_meta() \
                 else rope_tables(spec.seq_len, hd)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)

@@ -241,3 +241,21 @@ def test_load_balancing_loss_is_switchs_formula():
     f = torch.tensor([(chosen == e).sum().item() / (24 * 2) for e in range(4)])
     expected = 0.01 * 4 * float((f * probs.mean(dim=0)).sum())
     assert moe.aux_loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_meta_device_build_computes_no_initial_values():
+    """On the meta device the model builds shapes only: torch's meta kernels for normal_ and arange
+    are Python references that import torch._dynamo (about a second a process), and every value is
+    filled in by init_weights after materialising anyway. Checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from planner.core.model import ModelSpec\n"
+            "from reference_trainer.model import GPT\n"
+            "with torch.device('meta'):\n"
+            "    for arch in ('gpt', 'llama'):\n"
+            "        GPT(ModelSpec(arch=arch, layers=2, hidden=64, heads=4, vocab=100, seq_len=32))\n"
+            "print('torch._dynamo' in sys.modules, 'torch.distributed.tensor' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
