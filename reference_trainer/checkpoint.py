@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import io
 import json
@@ -55,6 +56,7 @@ def _dcp():
     return dcp
 
 
+@functools.cache
 def _options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -96,8 +98,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"checkpoint metadata names {module}.{name}, which is not allowed")
 
 
-def _safe_reader(path: str):
-    """DCP's file reader whose metadata unpickler admits only what a checkpoint holds."""
+@functools.cache
+def _safe_reader() -> type:
+    """DCP's file reader whose metadata unpickler admits only what a checkpoint holds (the class,
+    defined once DCP is imported: ``_dcp``)."""
     class _SafeReader(_dcp().FileSystemReader):
         def read_metadata(self, *args, **kwargs):
             from torch.distributed.checkpoint.metadata import StorageMeta
@@ -110,7 +114,7 @@ def _safe_reader(path: str):
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    return _SafeReader(path)
+    return _SafeReader
 
 
 class Checkpointer:
@@ -257,7 +261,7 @@ class Checkpointer:
 
         options = _options()
         state = self._state(modules, optimizers, extra=None)
-        _dcp().load(state, storage_reader=_safe_reader(str(path)))
+        _dcp().load(state, storage_reader=_safe_reader()(str(path)))
         model, optim = state["model"], state["optim"]
         for module, opt, (model_keys, optim_keys) in zip(modules, optimizers, self._parts):
             set_model_state_dict(module, {k: model[k] for k in model_keys}, options=options)

@@ -146,7 +146,7 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     # A shape key equal to the model's own value changes nothing (and does not make it custom).
     shape = {k: v for k, v in shape.items() if getattr(spec, k) != v}
     if shape:
-        if "arch" in shape and shape["arch"] != spec.arch:
+        if "arch" in shape:  # another architecture: its own MLP width and tying unless given
             shape.setdefault("ffn_hidden", None)
             shape.setdefault("tied_embeddings", None)
         if "heads" in shape and shape.get("kv_heads") is None and spec.kv_heads == spec.heads:
