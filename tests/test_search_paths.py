@@ -4,7 +4,9 @@
   the mesh and every dimension's values (itertools.product, lexicographic) filtered afterwards;
 - a plan with pins (the pins' own layouts only) equals the plan selected from the widened table;
 - a fully pinned layout (built as its columns) is its row of the product, or refused, as the rules decide;
-- ``take`` (stacked gathers) equals indexing every column on its own.
+- ``take`` (stacked gathers) equals indexing every column on its own;
+- a search's rows taken by rank position (``ranked``, the rest left unordered) are the rows of the
+  whole table put in rank order, and that order is the one the ranking rule gives row by row.
 """
 
 from __future__ import annotations
@@ -146,3 +148,48 @@ def test_take_is_indexing_each_column():
         for f in part.__slots__:
             assert np.array_equal(getattr(taken, f), getattr(part, f)[index]), f
     assert np.array_equal(got.tokens_per_step, ev.tokens_per_step[index])
+
+
+@pytest.mark.parametrize("objective", ["time", "memory"])
+def test_ranked_rows_are_the_rows_of_the_table_in_rank_order(objective):
+    model, hw, job = get_preset("mixtral-8x7b"), get_profile("h100-80g"), Job()
+    r = S.search(model, hw, job, 128, objective=objective)
+    t = r.table
+    # The ranking rule row by row (the long way): fitting first; then the objective in 0.1% buckets
+    # of its logarithm, the step time (fitting) or memory (not fitting), the memory, the row's place.
+    primary = (t.train_seconds if objective == "time" else t.memory.total).tolist()
+    fits, step, mem = t.fits.tolist(), t.step_s.tolist(), t.memory.total.tolist()
+
+    def key(i):
+        bucket = round(np.log(primary[i]) / 1e-3) if fits[i] else float("inf")
+        return (bucket, step[i] if fits[i] else mem[i], mem[i], i)
+
+    expected = sorted(range(len(fits)), key=key)
+    assert r.order.tolist() == expected
+    whole = r.evaluation
+    assert whole.fits.tolist() == sorted(fits, reverse=True)
+    positions = [0, 1, 7, len(expected) // 2, len(expected) - 1]
+    some = r.ranked(positions)
+    for part, got in ((whole.memory, some.memory), (whole.time, some.time)):
+        for f in part.__slots__:
+            assert np.array_equal(getattr(got, f), getattr(part, f)[positions]), f
+    for name, column in whole.candidates.columns().items():
+        assert np.array_equal(getattr(some.candidates, name), column[positions]), name
+    # A selection keeps the table and narrows the order: its whole evaluation is those rows.
+    chosen = np.flatnonzero(whole.candidates.tp == 2)
+    sel = S.select(r, chosen)
+    assert sel.evaluated == len(chosen) and sel.feasible == int(whole.fits[chosen].sum())
+    assert np.array_equal(sel.evaluation.step_s, whole.step_s[chosen])
+
+
+def test_a_plan_is_the_first_rows_of_the_whole_ranked_table():
+    from planner.core.results import estimate_at
+
+    model, hw, job = get_preset("llama2-13b"), get_profile("a100-40g"), Job()
+    p = plan(model, hw, job, 64, Pins(tp=2), top=4)
+    ev = p.result.evaluation  # the pins' layouts, every one put in rank order
+    c = ev.candidates
+    listed = [i for i in range(len(c)) if ev.fits[i] and not (c.zero_stage[i] > 0 and c.dp[i] * c.cp[i] == 1)]
+    assert p.best.to_json() == estimate_at(ev, 0, model, hw, job).to_json()
+    assert [e.to_json() for e in p.runners_up] == [estimate_at(ev, i, model, hw, job).to_json()
+                                                  for i in [i for i in listed if i > 0][:4]]

@@ -154,6 +154,8 @@ def cmd_estimate(a: argparse.Namespace) -> int:
 
 
 def cmd_search(a: argparse.Namespace) -> int:
+    import numpy as np
+
     from planner.cli.inputs import inputs_from_args
     from planner.core.report import CSV_COLUMNS, csv_row, table
     from planner.core.results import estimate_at
@@ -161,10 +163,10 @@ def cmd_search(a: argparse.Namespace) -> int:
 
     x = inputs_from_args(a)
     r = search(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort)
-    ev = r.evaluation
-    limit = len(ev.candidates) if a.all else r.feasible
+    limit = r.evaluated if a.all else r.feasible
     if a.top:
         limit = min(limit, a.top)
+    ev = r.ranked(np.arange(limit))  # only the rows listed are put in rank order
     rows = [estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit)]
     if a.format == "json":
         print(json.dumps({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds,

@@ -69,7 +69,7 @@ def plan_of_pins(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pin
         result = search(model, hw, job, gpus, pins, objective)
     except PlannerError:
         return None
-    return _plan(result, None, model, hw, job, pins, top, ops) if result.evaluation.fits[0] else None
+    return _plan(result, None, model, hw, job, pins, top, ops) if result.feasible else None  # fitting rank first
 
 
 def evaluate_table(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -82,8 +82,7 @@ def evaluate_table(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, p
 def plan_from_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int,
                     pins: Pins = Pins(), top: int = 5, ops: Operations = Operations()) -> Plan:
     """``plan`` from an evaluated table; raises PlannerError when no layout has these pins."""
-    c = table.evaluation.candidates
-    rows = np.flatnonzero(matches(c, pins))
+    rows = np.flatnonzero(table.in_rank_order(matches(table.table.candidates, pins)))
     if rows.size == 0 or pins.pinned():
         # The pins' own checks, and the reason when no layout has them (enumeration only, no evaluation).
         pinned, why = enumerate_layouts(model, gpus, job, pins)
@@ -98,22 +97,23 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
           pins: Pins, top: int, ops: Operations) -> Plan:
     """The plan from the layouts with these pins (``result``, in rank order); ``table`` (the
     widened one) is needed only when the best does not fit, for the nearest fitting layouts."""
-    ev = result.evaluation
+    rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
+    ev = result.ranked(rows)  # only these rows: the rest of the table is never put in rank order
     best = estimate_at(ev, 0, model, hw, job, ops)
-    runners = tuple(estimate_at(ev, int(i), model, hw, job, ops)
-                    for i in _runner_rows(ev, pins, top)) if best.fits else ()
+    runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
     return Plan(best=best, runners_up=runners, result=result, nearest_fit=near[0] if near else None,
                 alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()))
 
 
-def _runner_rows(ev, pins: Pins, top: int) -> list[int]:
-    """The next ``top`` fitting rows after the best, leaving out ZeRO stages above 0 with nothing
-    to shard over (one data-parallel rank: the same layout as ZeRO-0, listed again) unless pinned."""
-    c = ev.candidates
-    ranks = c.dp * getattr(c, "cp", 1)
-    useless = (c.zero_stage > 0) & (ranks == 1) if pins.pinned().get("zero_stage") is None else np.zeros(len(c), bool)
-    rows = np.flatnonzero(ev.fits & ~useless)
+def _runner_rows(result: SearchResult, pins: Pins, top: int) -> list[int]:
+    """The rank positions of the next ``top`` fitting layouts after the best, leaving out ZeRO
+    stages above 0 with nothing to shard over (one data-parallel rank: the same layout as ZeRO-0,
+    listed again) unless pinned."""
+    t = result.table
+    c = t.candidates
+    useless = (c.zero_stage > 0) & (c.dp * c.cp == 1) if pins.pinned().get("zero_stage") is None else False
+    rows = np.flatnonzero(result.in_rank_order(t.fits & ~useless))
     return [int(i) for i in rows[rows > 0][:top]]
 
 
@@ -131,15 +131,16 @@ def nearest_in_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile,
     fastest, by default) among those that change the fewest pinned fields, then the best of each
     other set of changed fields, fewest changes first: ``count`` of them, each changing a
     different set of pinned fields (full recompute, or ZeRO-3, or two more GPUs per stage...)."""
-    ev = table.evaluation
-    c = ev.candidates
-    fits = np.flatnonzero(ev.fits & searched_by_default(c, job, model))
+    t = table.table
+    c = t.candidates
+    fits = np.flatnonzero(table.in_rank_order(t.fits & searched_by_default(c, job, model)))  # rank positions
     if fits.size == 0:
         return ()
     names = list(pins.pinned())
     differs = np.zeros((len(fits), len(names)), dtype=bool)
+    rows = table.order[fits]  # their rows in the table
     for k, (name, value) in enumerate(pins.pinned().items()):
-        differs[:, k] = getattr(c, name)[fits] != DIMS[name].encode([value])[0]
+        differs[:, k] = getattr(c, name)[rows] != DIMS[name].encode([value])[0]
     changed = differs.sum(axis=1)
     # The table is in rank order: stable-sorting by the number of changes keeps the objective's
     # order within each count, so the first row of each changed-field set is that set's best.
@@ -153,4 +154,5 @@ def nearest_in_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile,
             picked.append(int(fits[j]))
             if len(picked) == count:
                 break
-    return tuple(estimate_at(ev, i, model, hw, job, ops) for i in picked)
+    ev = table.ranked(picked)
+    return tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(len(picked)))

@@ -109,14 +109,13 @@ def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), obje
         result = search(model, hw, option.job, gpus, pins, objective)
     except PlannerError as exc:
         return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
-    ev = result.evaluation
     if result.feasible:
         try:
-            best = estimate_at(ev, 0, model, hw, option.job, option.ops)
+            best = estimate_at(result.ranked([0]), 0, model, hw, option.job, option.ops)
         except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
             return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
         return Probe(gpu=hw.name, gpus=gpus, best=best, capacity_bytes=cap)
-    need = float(ev.memory.total.min())
+    need = float(result.table.memory.total.min())
     return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, min_bytes=need,
                  why=f"does not fit: the leanest of {result.evaluated} layouts needs {need / GIB:.1f} GiB per GPU, "
                      f"{hw.name} has {cap / GIB:.0f} GiB"

@@ -99,9 +99,9 @@ def memory_vs_micro_batch(x, best, sizes=(1, 2, 4, 8, 16, 32)) -> list[dict]:
                        dataclasses.replace(Pins(), **pins, micro_batch=mb), "time")
         except PlannerError:  # a micro-batch the batch does not split into: left out
             continue
-        if len(r.evaluation.candidates):
-            rows.append({"micro_batch": mb, "GiB": float(r.evaluation.memory.total[0]) / 2**30,
-                         "capacity_GiB": r.evaluation.capacity_bytes / 2**30,
+        if r.evaluated:
+            rows.append({"micro_batch": mb, "GiB": float(r.ranked([0]).memory.total[0]) / 2**30,
+                         "capacity_GiB": r.table.capacity_bytes / 2**30,
                          "chosen": mb == lay.micro_batch})
     return rows
 
