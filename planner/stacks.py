@@ -236,6 +236,16 @@ def _stack_dir() -> Path:
     return root
 
 
+def is_builtin(stack: Stack) -> bool:
+    """A stack of the project's own folder (not a user's file, whatever its name)."""
+    return _in_stack_dir(stack.path)
+
+
+@functools.lru_cache(maxsize=64)
+def _in_stack_dir(path: str) -> bool:
+    return Path(path).resolve().parent == _stack_dir()
+
+
 @functools.cache
 def _index() -> dict[str, str]:
     index: dict[str, str] = {}

@@ -18,8 +18,11 @@ def _module():
 def test_validation_page_is_current_and_meets_the_targets(tmp_path):
     pytest = __import__("pytest")
     pytest.importorskip("reference_trainer.record")
-    text = _module().build(tmp_path, plots=False)
+    page = _module()
+    text = page.build(tmp_path, plots=False)
     assert text == (ROOT / "docs" / "validation.md").read_text(), "stale: run python docs/validation.py"
+    # The estimate's "checked" line reads these records (planner/evidence.py): the same comparisons.
+    assert page.evidence() == (ROOT / "planner" / "evidence.json").read_text(), "stale: run python docs/validation.py"
     table1 = re.search(r"Table 1.*?Mean absolute error \*\*([\d.]+)%\*\*, worst \*\*([\d.]+)%\*\*", text, re.S)
     assert float(table1.group(1)) <= 5 and float(table1.group(2)) <= 10
     cpu = re.search(r"Held-out step-time error: \*\*([\d.]+)%\*\* mean with the probed profile, "

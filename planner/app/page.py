@@ -152,6 +152,7 @@ def show_headline(view: explore.View, j: dict) -> None:
     pinned = f"; pinned: {', '.join(view.pinned)}" if view.pinned else ""
     st.caption(f"best of {view.feasible} fitting layouts out of {view.evaluated} evaluated in "
                f"{view.search_seconds * 1e3:.1f} ms (ranked by {view.objective}){pinned}")
+    st.caption(f"checked against {view.best.evidence().line()}")
     if not view.best.fits:
         show_does_not_fit(view, j)
         return

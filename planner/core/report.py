@@ -86,6 +86,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{fmt_count(e.layout.global_batch * e.model.seq_len)} tokens ({batch_note}); {job.precision}, "
         f"{job.attention} attention",
         f"stack    {stack_line(e)}",
+        f"checked  {e.evidence().line()}",
         f"layout   {layout_line(e)}",
         f"         best of {p.result.feasible} fitting layouts out of {p.result.evaluated} evaluated "
         f"in {p.result.search_seconds * 1e3:.1f} ms (ranked by {p.result.objective})"

@@ -138,7 +138,16 @@ class Estimate:
         return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
                 "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
                 "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
-                "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys)}
+                "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys),
+                "checked_against": self.evidence().to_json()}
+
+    def evidence(self):
+        """The measured runs that check this estimate's stack (planner.evidence)."""
+        from planner.evidence import evidence_for
+        from planner.stacks import is_builtin, software
+
+        stack = software(self.job).stack
+        return evidence_for(stack.name, self.hardware.name, own_file=not is_builtin(stack))
 
 
 def _finite(d: dict) -> dict:

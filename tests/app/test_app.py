@@ -84,6 +84,9 @@ def test_default_page_renders():
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     memory = next(s for s in specs if "layer" in s and s["layer"][0]["encoding"]["x"]["field"] == "GiB")
     assert memory["layer"][1]["data"]["values"][0]["capacity"] == pytest.approx(80.0)  # the A100 80GB line
+    # The runs that check the stack, as the CLI's "checked" line names them.
+    checked = cli_json(DEFAULT_FLAGS)["stack"]["checked_against"]
+    assert any(c.value.startswith(f"checked against {checked['runs']} published torchtitan runs") for c in at.caption)
 
 
 def test_gpus_profile_and_recompute_change_figures_as_the_cli_says():

@@ -1,0 +1,101 @@
+"""What an estimate's numbers have been checked against: the measured runs docs/validation.md
+compares (published rows, and the reference trainer's own held-out runs), summarised for the
+estimate's software stack and GPU.
+
+``planner/evidence.json`` holds one record per run and quantity: where the run was published, the
+stack it ran as (``software_stacks/``), its GPU profile, and the planner's current error on its
+time (step time or tokens/s, predicted / measured - 1) and, where reported, its memory. `python
+docs/validation.py` writes it with the page, from the same comparisons; tests/test_validation_page.py
+fails when either is stale. Reading it costs well under a millisecond, once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+EVIDENCE_FILE = Path(__file__).with_name("evidence.json")
+PAGE = "docs/validation.md"
+
+# Stacks that are one framework at different dates: a run of one checks the others' shared factors.
+FAMILIES = (("fsdp2", "fsdp2-2024", "fsdp2-2024-triton-norm", "fsdp2-2025"),)
+
+
+def family(stack: str) -> tuple[str, ...]:
+    """The stacks whose runs check ``stack``: its family, or itself alone."""
+    return next((f for f in FAMILIES if stack in f), (stack,))
+
+
+@functools.lru_cache(maxsize=1)
+def records() -> tuple[dict, ...]:
+    """The committed records (empty when the file is missing from an install: nothing is claimed)."""
+    try:
+        return tuple(json.loads(EVIDENCE_FILE.read_text())["runs"])
+    except (OSError, ValueError, KeyError):
+        return ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evidence:
+    stack: str
+    gpu: str
+    runs: int  # runs of this stack's family with a time comparison
+    on_gpu: int  # of those, on this GPU profile
+    sources: tuple[str, ...]
+    gpus: tuple[str, ...]
+    time_mean_abs_error: float | None
+    time_worst_abs_error: float | None
+    memory_runs: int
+    memory_mean_abs_error: float | None
+    memory_worst_abs_error: float | None
+    own_file: bool = False  # a stack file of the user's: no run of ours checks it, whatever its name
+
+    def to_json(self) -> dict:
+        return {"runs": self.runs, "on_this_gpu": self.on_gpu, "sources": list(self.sources),
+                "gpus": list(self.gpus), "time_mean_abs_error": self.time_mean_abs_error,
+                "time_worst_abs_error": self.time_worst_abs_error, "memory_runs": self.memory_runs,
+                "memory_mean_abs_error": self.memory_mean_abs_error,
+                "memory_worst_abs_error": self.memory_worst_abs_error, "page": PAGE}
+
+    def line(self) -> str:
+        """One line for the report: how many measured runs check this stack, on which GPUs, how well."""
+        if self.own_file:
+            return (f"no measured run checks your stack file ({self.stack}); `planner calibrate` fits its "
+                    "factors to your runs")
+        if not self.runs:
+            return (f"no measured run checks {self.stack}: its factors are the public figures its file cites; "
+                    "`planner calibrate` fits them to your runs")
+        if set(self.gpus) == {self.gpu}:
+            where = f"all on {self.gpu}"
+        else:
+            where = f"{', '.join(self.gpus)}; {f'{self.on_gpu} on' if self.on_gpu else 'none on'} {self.gpu}"
+        text = (f"{self.runs} {' and '.join(self.sources)} runs ({where}): "
+                f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%}")
+        if self.memory_runs:
+            text += (f"; memory ({self.memory_runs} runs) {self.memory_mean_abs_error:.1%}, "
+                     f"worst {self.memory_worst_abs_error:.0%}")
+        return text + f" ({PAGE})"
+
+
+@functools.lru_cache(maxsize=256)
+def evidence_for(stack: str, gpu: str, own_file: bool = False) -> Evidence:
+    """The committed runs of ``stack``'s family, summarised (``summarise``)."""
+    return summarise(stack, gpu, records(), own_file)
+
+
+def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
+    """The records of ``runs`` that ran ``stack``'s family, summarised for an estimate on ``gpu``;
+    none for a stack file of the user's (``own_file``)."""
+    mine = [] if own_file else [r for r in runs if r["stack"] in family(stack)]
+    timed = [r for r in mine if r.get("time_error") is not None]
+    time = [abs(r["time_error"]) for r in timed]
+    memory = [abs(r["memory_error"]) for r in mine if r.get("memory_error") is not None]
+    return Evidence(stack=stack, gpu=gpu, runs=len(time), on_gpu=sum(1 for r in timed if r["gpu"] == gpu),
+                    sources=tuple(dict.fromkeys(r["source"] for r in mine)),  # first-seen order, no repeats
+                    gpus=tuple(dict.fromkeys(r["gpu"] for r in mine)),
+                    time_mean_abs_error=sum(time) / len(time) if time else None,
+                    time_worst_abs_error=max(time) if time else None, memory_runs=len(memory),
+                    memory_mean_abs_error=sum(memory) / len(memory) if memory else None,
+                    memory_worst_abs_error=max(memory) if memory else None, own_file=own_file)

@@ -1,0 +1,54 @@
+"""The estimate's "checked" line: which measured runs check its stack, and how well (planner/evidence.py)."""
+
+import json
+
+from planner.cli.main import main
+from planner.evidence import EVIDENCE_FILE, family, records, summarise
+
+RUNS = (  # made-up records: the summary is worked out by hand below
+    {"source": "published A", "run": "a1", "stack": "fsdp2-2024", "gpu": "h100-80g", "time_error": 0.10,
+     "memory_error": -0.05},
+    {"source": "published A", "run": "a2", "stack": "fsdp2-2025", "gpu": "h200", "time_error": -0.20,
+     "memory_error": None},
+    {"source": "published B", "run": "b1", "stack": "megatron-2021", "gpu": "a100-80g", "time_error": 0.02,
+     "memory_error": None},
+)
+
+
+def test_a_stack_is_checked_by_the_runs_of_its_family():
+    e = summarise("fsdp2", "h100-80g", RUNS)
+    assert (e.runs, e.on_gpu, e.gpus, e.sources) == (2, 1, ("h100-80g", "h200"), ("published A",))
+    assert abs(e.time_mean_abs_error - 0.15) < 1e-12 and e.time_worst_abs_error == 0.20
+    assert (e.memory_runs, e.memory_mean_abs_error, e.memory_worst_abs_error) == (1, 0.05, 0.05)
+    assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g): time 15.0% mean error, worst 20%; "
+                        "memory (1 runs) 5.0%, worst 5% (docs/validation.md)")
+    assert summarise("megatron-2021", "a100-80g", RUNS).line().startswith("1 published B runs (all on a100-80g)")
+    assert "none on a100-80g" in summarise("fsdp2-2025", "a100-80g", RUNS).line()
+
+
+def test_a_stack_without_runs_or_a_users_file_claims_nothing():
+    assert summarise("megatron-core", "h100-80g", RUNS).line().startswith("no measured run checks megatron-core")
+    own = summarise("fsdp2", "h100-80g", RUNS, own_file=True)
+    assert own.runs == 0 and own.line().startswith("no measured run checks your stack file")
+    assert family("megatron-core") == ("megatron-core",) and "fsdp2-2024" in family("fsdp2")
+
+
+def test_the_committed_records_are_the_published_rows():
+    """One record per compared run: Megatron-LM 2021 Table 1 (10) and Table 2 (6 PTD, 6 ZeRO-3), every
+    row of torchtitan_performance.csv (31), the 7 held-out CPU runs; each error finite and signed."""
+    by = {}
+    for r in records():
+        by[r["source"]] = by.get(r["source"], 0) + 1
+        assert abs(r["time_error"]) < 1 and (r["memory_error"] is None or abs(r["memory_error"]) < 1), r
+    assert by == {"published Megatron-LM 2021": 16, "published DeepSpeed ZeRO-3 (Megatron-LM 2021)": 6,
+                  "published torchtitan": 31, "reference-trainer CPU (held-out)": 7}
+    assert json.loads(EVIDENCE_FILE.read_text())["generated_by"] == "python docs/validation.py"
+
+
+def test_the_estimate_names_what_checks_it(capsys):
+    assert main(["estimate", "--params", "33B", "--gpus", "128"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checked  "))
+    assert line.startswith("checked  31 published torchtitan runs (") and "on a100-80g" in line
+    assert main(["estimate", "--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)["stack"]["checked_against"]
+    assert got["runs"] == 0 and got["time_mean_abs_error"] is None
