@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,10 @@ class Evidence:
     memory_mean_abs_error: float | None
     memory_worst_abs_error: float | None
     own_file: bool = False  # a stack file of the user's: no run of ours checks it, whatever its name
+    per_gpu: tuple[tuple[str, int], ...] = ()  # runs with a time comparison on each GPU
+
+    def count_on(self, gpu: str) -> int:
+        return self.on_gpu if gpu == self.gpu else dict(self.per_gpu).get(gpu, 0)
 
     def to_json(self) -> dict:
         return {"runs": self.runs, "on_this_gpu": self.on_gpu, "sources": list(self.sources),
@@ -59,18 +64,24 @@ class Evidence:
                 "memory_mean_abs_error": self.memory_mean_abs_error,
                 "memory_worst_abs_error": self.memory_worst_abs_error, "page": PAGE}
 
-    def line(self) -> str:
-        """One line for the report: how many measured runs check this stack, on which GPUs, how well."""
+    def line(self, on: tuple[str, ...] | None = None) -> str:
+        """One line for the report: how many measured runs check this stack, on which GPUs, how well;
+        ``on``: the GPUs to count runs on (the estimate's own by default)."""
         if self.own_file:
             return (f"no measured run checks your stack file ({self.stack}); `planner calibrate` fits its "
                     "factors to your runs")
         if not self.runs:
             return (f"no measured run checks {self.stack}: its factors are the public figures its file cites; "
                     "`planner calibrate` fits them to your runs")
-        if set(self.gpus) == {self.gpu}:
-            where = f"all on {self.gpu}"
+        on = on or (self.gpu,)
+        if len(on) == 1 and set(self.gpus) == set(on):
+            where = f"all on {on[0]}"
         else:
-            where = f"{', '.join(self.gpus)}; {f'{self.on_gpu} on' if self.on_gpu else 'none on'} {self.gpu}"
+            have = ", ".join(f"{self.count_on(g)} on {g}" for g in on if self.count_on(g))
+            lack = [g for g in on if not self.count_on(g)]
+            none = ("" if not lack else f"none on {', '.join(lack)}" if len(lack) <= 2
+                    else f"none on the other {len(lack)}" if have else f"none on these {len(lack)}")
+            where = f"{', '.join(self.gpus)}; " + ", ".join(x for x in (have, none) if x)
         text = (f"{self.runs} {' and '.join(self.sources)} runs ({where}): "
                 f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%}")
         if self.memory_runs:
@@ -98,4 +109,5 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
                     time_mean_abs_error=sum(time) / len(time) if time else None,
                     time_worst_abs_error=max(time) if time else None, memory_runs=len(memory),
                     memory_mean_abs_error=sum(memory) / len(memory) if memory else None,
-                    memory_worst_abs_error=max(memory) if memory else None, own_file=own_file)
+                    memory_worst_abs_error=max(memory) if memory else None, own_file=own_file,
+                    per_gpu=tuple(Counter(r["gpu"] for r in timed).items()))

@@ -52,3 +52,21 @@ def test_the_estimate_names_what_checks_it(capsys):
     assert main(["estimate", "--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--format", "json"]) == 0
     got = json.loads(capsys.readouterr().out)["stack"]["checked_against"]
     assert got["runs"] == 0 and got["time_mean_abs_error"] is None
+
+
+def test_several_gpus_are_counted_each(capsys):
+    """compare names the stack and, for each GPU compared, how many runs checked it: the A100 rows of
+    torchtitan_performance.csv, counted here from the file."""
+    import csv
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "torchtitan_performance.csv"
+    a100 = sum(1 for row in csv.DictReader(data.read_text().splitlines()) if row["gpu"] == "a100-80g")
+    assert main(["compare", "--params", "13B", "--gpus", "64", "--gpu", "a100-80g,h100-80g"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(x.startswith("stack  fsdp2: ") for x in out)
+    assert any(x.startswith("       checked against 31 published torchtitan runs (") and
+               f"; {a100} on a100-80g, none on h100-80g)" in x for x in out), out[:8]
+    e = summarise("fsdp2", "a100-80g", RUNS)
+    assert "(h100-80g, h200; 1 on h100-80g, 1 on h200, none on the other 3)" in e.line(
+        ("h100-80g", "h200", "a100-80g", "b200", "mi300x"))

@@ -181,7 +181,20 @@ def _header(model, note: str, options) -> list[str]:
              f"job    {fmt_count(tokens)} tokens{default}; PUE {job.pue}; price per GPU-hour: "
              + ", ".join(f"{o.hardware.name} ${_price(o):.2f}" for o in options)]
     lines += [f"note   {o.note}" for o in options if o.note]
-    return lines
+    return lines + _stack_lines(options)
+
+
+def _stack_lines(options) -> list[str]:
+    """The stack each option is planned for, and the measured runs that check it on these GPUs."""
+    from planner.evidence import evidence_for
+    from planner.stacks import is_builtin, software
+
+    out = []
+    for stack in dict.fromkeys(software(o.job).stack for o in options):  # first-seen order
+        gpus = tuple(dict.fromkeys(o.hardware.name for o in options if software(o.job).stack == stack))
+        e = evidence_for(stack.name, gpus[0], own_file=not is_builtin(stack))
+        out += [f"stack  {stack.name}: {stack.description}", f"       checked against {e.line(gpus)}"]
+    return out
 
 
 def _price(o) -> float:
