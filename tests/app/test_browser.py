@@ -203,6 +203,7 @@ def test_a_layouts_row_click_pins_it_and_the_url_restores_it(browser_page):
     page.get_by_role("tab", name="Layouts").click()
     grid = page.locator(".st-key-layouts_table [data-testid='stDataFrame']").first
     sync_api.expect(grid).to_be_visible(timeout=30_000)
+    grid.scroll_into_view_if_needed()  # a mouse click at page coordinates must land inside the viewport
     box = grid.bounding_box()
     # the grid is a canvas: click the row-selection cell of the second row (header ~35 px, rows ~35 px)
     page.mouse.click(box["x"] + 14, box["y"] + 35 + 35 + 17)
