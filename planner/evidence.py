@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +31,20 @@ def family(stack: str) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=1)
-def records() -> tuple[dict, ...]:
-    """The committed records (empty when the file is missing from an install: nothing is claimed)."""
+def records() -> tuple[dict, ...] | None:
+    """The committed records; None when the file is missing or unreadable (an estimate still runs,
+    and its line says the records are missing rather than claiming anything)."""
     try:
-        return tuple(json.loads(EVIDENCE_FILE.read_text())["runs"])
-    except (OSError, ValueError, KeyError):
-        return ()
+        runs = json.loads(EVIDENCE_FILE.read_text())["runs"]
+        return tuple(r for r in runs if isinstance(r, dict) and {"source", "stack", "gpu"} <= set(r)
+                     and _number(r.get("time_error")) and (r.get("memory_error") is None
+                                                           or _number(r["memory_error"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +62,7 @@ class Evidence:
     memory_worst_abs_error: float | None
     own_file: bool = False  # a stack file of the user's: no run of ours checks it, whatever its name
     per_gpu: tuple[tuple[str, int], ...] = ()  # runs with a time comparison on each GPU
+    unavailable: bool = False  # the records could not be read
 
     def count_on(self, gpu: str) -> int:
         return self.on_gpu if gpu == self.gpu else dict(self.per_gpu).get(gpu, 0)
@@ -67,6 +77,8 @@ class Evidence:
     def line(self, on: tuple[str, ...] | None = None) -> str:
         """One line for the report: how many measured runs check this stack, on which GPUs, how well;
         ``on``: the GPUs to count runs on (the estimate's own by default)."""
+        if self.unavailable:
+            return f"the records of measured runs ({EVIDENCE_FILE.name}) are missing from this install"
         if self.own_file:
             return (f"no measured run checks your stack file ({self.stack}); `planner calibrate` fits its "
                     "factors to your runs")
@@ -99,7 +111,7 @@ def evidence_for(stack: str, gpu: str, own_file: bool = False) -> Evidence:
 def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
     """The records of ``runs`` that ran ``stack``'s family, summarised for an estimate on ``gpu``;
     none for a stack file of the user's (``own_file``)."""
-    mine = [] if own_file else [r for r in runs if r["stack"] in family(stack)]
+    mine = [] if own_file or runs is None else [r for r in runs if r["stack"] in family(stack)]
     timed = [r for r in mine if r.get("time_error") is not None]
     time = [abs(r["time_error"]) for r in timed]
     memory = [abs(r["memory_error"]) for r in mine if r.get("memory_error") is not None]
@@ -110,4 +122,4 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
                     time_worst_abs_error=max(time) if time else None, memory_runs=len(memory),
                     memory_mean_abs_error=sum(memory) / len(memory) if memory else None,
                     memory_worst_abs_error=max(memory) if memory else None, own_file=own_file,
-                    per_gpu=tuple(Counter(r["gpu"] for r in timed).items()))
+                    per_gpu=tuple(Counter(r["gpu"] for r in timed).items()), unavailable=runs is None)

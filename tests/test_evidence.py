@@ -70,3 +70,22 @@ def test_several_gpus_are_counted_each(capsys):
     e = summarise("fsdp2", "a100-80g", RUNS)
     assert "(h100-80g, h200; 1 on h100-80g, 1 on h200, none on the other 3)" in e.line(
         ("h100-80g", "h200", "a100-80g", "b200", "mi300x"))
+
+
+def test_missing_or_broken_records_are_said_not_claimed(tmp_path, monkeypatch):
+    import planner.evidence as ev
+
+    for text in (None, "{not json", '{"runs": [{"source": "x", "stack": "fsdp2", "gpu": "h200", "time_error": "big"}]}'):
+        path = tmp_path / "evidence.json"
+        if text is not None:
+            path.write_text(text)
+        monkeypatch.setattr(ev, "EVIDENCE_FILE", path)
+        ev.records.cache_clear()
+        ev.evidence_for.cache_clear()
+        got = ev.evidence_for("fsdp2", "h200")
+        if text is None or text.startswith("{not"):
+            assert got.line() == "the records of measured runs (evidence.json) are missing from this install"
+        else:  # a record whose error is not a number is left out
+            assert got.runs == 0 and got.line().startswith("no measured run checks fsdp2")
+    ev.records.cache_clear()
+    ev.evidence_for.cache_clear()
