@@ -84,19 +84,20 @@ def choose(fmt: str, result, model, hw, job, ops=None, max_memory: float = 1.0) 
     from planner.export.formats import layout_problems
 
     ops = ops or Operations()
-    ev = result.evaluation
+    ev, order = result.table, result.order  # rows looked up by rank, the table never reordered whole
     share = ev.memory.total / ev.capacity_bytes
-    best = estimate_at(ev, 0, model, hw, job, ops)
+    best = estimate_at(result.ranked([0]), 0, model, hw, job, ops)
     found: list[list[PlannerError]] = []
-    above = None  # the best expressible layout above max_memory
+    above = None  # the table row of the best expressible layout above max_memory
     for i in range(result.feasible):  # in rank order; layouts only, estimates just for the winner
-        bad = layout_problems(fmt, ev.candidates.layout(i), model, job, hw, result.evaluation.gpus)
+        row = int(order[i])
+        bad = layout_problems(fmt, ev.candidates.layout(row), model, job, hw, ev.gpus)
         if bad:
             found.append(bad)
-        elif share[i] > max_memory:
-            above = i if above is None else above
+        elif share[row] > max_memory:
+            above = row if above is None else above
         else:
-            return (best if i == 0 else estimate_at(ev, i, model, hw, job, ops)), best
+            return (best if i == 0 else estimate_at(result.ranked([i]), 0, model, hw, job, ops)), best
     if above is not None:
         raise PlannerError("memory", f"{float(share[above]):.1%}",
                            f"at most {max_memory:.0%} of the GPU's memory for an export: every layout {fmt} can "
