@@ -133,3 +133,33 @@ def test_calibrate_from_published_megatron_rows(tmp_path, capsys):
     assert "leave-one-out" in capsys.readouterr().out
     points = [p for p in compare(published_measurements(table1), get_profile(str(out))) if p.quantity == "step_s"]
     assert len(points) == 10 and all(abs(p.error) <= 0.10 for p in points)
+
+
+def test_validate_compares_every_published_torchtitan_row(tmp_path, capsys):
+    """`planner validate --published torchtitan`: one tokens/s point per row of the CSV (context
+    parallel rows too) and one memory point per row that reports memory, measured as the file says
+    (tokens/s per GPU x GPUs, GiB); a copy of the file with one row validates that row alone; a
+    missing file is one line."""
+    import csv
+    import json
+    import re
+
+    from planner.cli.main import main
+
+    rows = list(csv.DictReader(CSV.read_text().splitlines()))
+    assert main(["validate", "--published", "torchtitan", "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    tok = [p for p in got["points"] if p["quantity"] == "tokens_per_s"]
+    mem = [p for p in got["points"] if p["quantity"] == "peak_memory_bytes"]
+    assert [p["measured"] for p in tok] == [float(r["tokens_per_s_per_gpu"]) * int(r["num_gpus"]) for r in rows]
+    assert [p["measured"] for p in mem] == [float(r["memory_gib_reported"]) * 2**30
+                                            for r in rows if r["memory_gib_reported"]]
+    assert got["summary"]["tokens_per_s"]["runs"] == len(rows) and got["summary"]["peak_memory_bytes"]["runs"] == 20
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join(CSV.read_text().splitlines()[:2]) + "\n")
+    assert main(["validate", "--published", str(one), "--gpu", "a100-80g"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^tokens_per_s +1 runs: mean", out, re.MULTILINE) and "peak_memory_bytes" not in out
+    assert main(["validate", "--published", str(tmp_path / "none.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("planner validate:")

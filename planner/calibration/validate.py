@@ -199,3 +199,22 @@ def plot(points: list[Point], path: str, title: str = "planner: predicted vs mea
     fig.savefig(buf, format="png")
     plt.close(fig)
     write_atomic(path, buf.getvalue())
+
+
+def torchtitan_points(csv: str, override: HardwareProfile | None = None) -> list[Point]:
+    """torchtitan's published rows (torchtitan_performance.csv's columns, context parallel rows
+    included) as points: tokens/s of the whole job (tokens/s per GPU x GPUs) and, where reported,
+    torch's max reserved memory (the planner's total less the CUDA context and NCCL buffers).
+    ``override``: a profile to predict every row with instead of the row's own GPU."""
+    from planner.calibration.published import load_torchtitan, predict_torchtitan
+
+    points = []
+    for r in load_torchtitan(csv, with_cp=True):
+        p = predict_torchtitan(r, override)
+        pred, meas = p.tokens_per_s_per_gpu * r.gpus, r.measured_tokens_per_s_per_gpu * r.gpus
+        points.append(Point(run=r.label, quantity="tokens_per_s", predicted=pred, measured=meas,
+                            error=pred / meas - 1))
+        if r.measured_memory_bytes:
+            points.append(Point(run=r.label, quantity="peak_memory_bytes", predicted=p.memory_bytes,
+                                measured=r.measured_memory_bytes, error=p.memory_bytes / r.measured_memory_bytes - 1))
+    return points

@@ -46,7 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("validate", help="predicted vs measured, per run, with the error")
     p.add_argument("runs", nargs="*", help="run folders, record.json files, or folders of runs")
-    p.add_argument("--published", help="a published-results CSV (columns of megatron2021_table1.csv)")
+    p.add_argument("--published", help="published rows: 'torchtitan' (its benchmark rows, "
+                   "benchmarks/data/torchtitan_performance.csv: tokens/s and memory), a CSV with those columns, "
+                   "or a CSV with the columns of megatron2021_table1.csv")
     p.add_argument("--gpu", help="profile to predict with (default: the one each run names or matches)")
     p.add_argument("--plot", help="write predicted-vs-measured to this PNG")
     p.add_argument("--format", choices=("text", "json", "csv"), default="text")
@@ -213,23 +215,25 @@ def cmd_validate(a: argparse.Namespace) -> int:
     import json
 
     from planner.calibration.measured import load_measurements, published_measurements
-    from planner.calibration.validate import compare, plot, summary, table
+    from planner.calibration.validate import compare, plot, summary, table, torchtitan_points
     from planner.hardware import get_profile
 
     if not a.runs and not a.published:
-        raise PlannerError("runs", "none", "give run folders/records, or --published FILE.csv")
+        raise PlannerError("runs", "none", "give run folders/records, or --published torchtitan|FILE.csv")
     if a.plot:
         from planner.files import check_target
 
         check_target(a.plot, "plot")  # before the work and the printed table
+    profile = get_profile(a.gpu) if a.gpu else None
     runs, skipped = load_measurements(a.runs, strict=a.strict) if a.runs else ([], [])
-    if a.published:
+    titan = _torchtitan_csv(a.published) if a.published else None
+    if a.published and not titan:
         runs += published_measurements(a.published)
-    if not runs:
+    if not runs and not titan:
         raise _with_skipped(PlannerError("runs", len(a.runs), "no usable run record"), skipped)
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
-    points = compare(runs, get_profile(a.gpu) if a.gpu else None)
+    points = (compare(runs, profile) if runs else []) + (torchtitan_points(titan, profile) if titan else [])
     if a.format == "json":
         print(json.dumps({"points": [{k: getattr(p, k) for k in p.__slots__} for p in points],
                           "summary": summary(points), "skipped": skipped}, indent=1, allow_nan=False))
