@@ -110,6 +110,23 @@ def test_validate_cli_table_json_and_plot(tmp_path, capsys):
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_quantity_over_decades_is_plotted_on_log_axes(tmp_path, monkeypatch):
+    """Jobs of 8 to 512 GPUs put tokens/s over three decades: log axes; memory over one: linear."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from planner.calibration.validate import Point, plot
+
+    scales = []
+    monkeypatch.setattr(Axes, "set_xscale", lambda self, value, **kw: scales.append(value))
+    pts = [Point(run=str(i), quantity="tokens_per_s", predicted=v * 1.05, measured=v, error=0.05)
+           for i, v in enumerate((4e3, 5e4, 1e6))]
+    pts += [Point(run=str(i), quantity="peak_memory_bytes", predicted=v, measured=v, error=0.0)
+            for i, v in enumerate((5e10, 9e10))]
+    plot(pts, str(tmp_path / "p.png"))
+    assert scales == ["log"]  # once, for tokens/s only
+
+
 def test_validate_published_rows_meet_the_accuracy_target(capsys):
     path = Path(__file__).parent.parent / "benchmarks" / "data" / "megatron2021_table1.csv"
     assert main(["validate", "--published", str(path), "--format", "json"]) == 0

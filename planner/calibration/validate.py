@@ -167,9 +167,16 @@ def plot(points: list[Point], path: str, title: str = "planner: predicted vs mea
         unit, relative = QUANTITIES[q]
         vals = [v for p in sel for v in (p.predicted, p.measured)] or [0.0, 1.0]
         lo, hi = min(vals), max(vals)
-        pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
-        lo, hi = (max(lo - pad, 0.0) if lo >= 0 else lo - pad), hi + pad
-        xs = np.linspace(lo, hi, 50)
+        wide = relative and lo > 0 and hi / lo > 100  # values over decades (jobs of 8 to 512 GPUs): log axes
+        if wide:
+            lo, hi = lo / 1.3, hi * 1.3
+            xs = np.geomspace(lo, hi, 50)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        else:
+            pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
+            lo, hi = (max(lo - pad, 0.0) if lo >= 0 else lo - pad), hi + pad
+            xs = np.linspace(lo, hi, 50)
         ax.plot(xs, xs, color="black", lw=1, label="y = x")
         ax.fill_between(xs, xs * 0.9, xs * 1.1, color="grey", alpha=0.25, label="+/-10%")
         colour = colours[list(QUANTITIES).index(q) % len(colours)]
