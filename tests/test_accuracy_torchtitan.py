@@ -163,3 +163,29 @@ def test_validate_compares_every_published_torchtitan_row(tmp_path, capsys):
     assert main(["validate", "--published", str(tmp_path / "none.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("planner validate:")
+
+
+def test_validate_gpu_predicts_the_rows_of_its_own_gpu(tmp_path, capsys):
+    """`--gpu` with a profile of one row GPU (here the 500 W H100's file with its matmul halved)
+    changes the predictions of that GPU's rows only; the A100 and H200 rows keep their profiles."""
+    import json
+
+    from planner.cli.main import main
+
+    src = Path(__file__).parent.parent / "hardware_profiles" / "h100-96g-hbm2e.toml"
+    text = src.read_text().replace('name = "h100-96g-hbm2e"', 'name = "slow-h100"').replace(
+        "aliases = [", "aliases = [] # ").replace("\nmatmul = 0.520", "\nmatmul = 0.260")
+    assert "matmul = 0.260" in text
+    slow = tmp_path / "slow-h100.toml"
+    slow.write_text(text)
+
+    def tokens(*extra):
+        assert main(["validate", "--published", "torchtitan", "--format", "json", *extra]) == 0
+        pts = json.loads(capsys.readouterr().out)["points"]
+        return {p["run"]: p["predicted"] for p in pts if p["quantity"] == "tokens_per_s"}
+
+    base, changed = tokens(), tokens("--gpu", str(slow))
+    moved = {run for run in base if changed[run] != base[run]}
+    assert moved and all("h100-96g-hbm2e" in run or "h100-94g" in run for run in moved)
+    assert all(changed[run] < base[run] for run in moved)  # a slower matmul, slower rows
+    assert any("a100-80g" in run for run in base) and not any("a100-80g" in run for run in moved)

@@ -212,12 +212,16 @@ def torchtitan_points(csv: str, override: HardwareProfile | None = None) -> list
     """torchtitan's published rows (torchtitan_performance.csv's columns, context parallel rows
     included) as points: tokens/s of the whole job (tokens/s per GPU x GPUs) and, where reported,
     torch's max reserved memory (the planner's total less the CUDA context and NCCL buffers).
-    ``override``: a profile to predict every row with instead of the row's own GPU."""
+    ``override``: a profile to predict the rows of its GPU with (the same ``[gpu] model``: a profile
+    calibrated on the 500 W H100's rows predicts those, not the A100's), or every row when none ran
+    on it (a file of your own runs on one GPU)."""
     from planner.calibration.published import load_torchtitan, predict_torchtitan
 
+    runs = load_torchtitan(csv, with_cp=True)
+    mine = {r.gpu for r in runs if override is not None and get_profile(r.gpu).gpu.model == override.gpu.model}
     points = []
-    for r in load_torchtitan(csv, with_cp=True):
-        p = predict_torchtitan(r, override)
+    for r in runs:
+        p = predict_torchtitan(r, override if override is not None and (not mine or r.gpu in mine) else None)
         pred, meas = p.tokens_per_s_per_gpu * r.gpus, r.measured_tokens_per_s_per_gpu * r.gpus
         points.append(Point(run=r.label, quantity="tokens_per_s", predicted=pred, measured=meas,
                             error=pred / meas - 1))
