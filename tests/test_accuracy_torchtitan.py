@@ -169,10 +169,9 @@ def test_validate_gpu_predicts_the_rows_of_its_own_gpu(tmp_path, capsys):
     """`--gpu` with a profile of one row GPU (here the 500 W H100's file with its matmul halved)
     changes the predictions of that GPU's rows only; the A100 and H200 rows keep their profiles."""
     import json
+    import re
 
     from planner.cli.main import main
-
-    import re
 
     src = Path(__file__).parent.parent / "hardware_profiles" / "h100-96g-hbm2e.toml"
     text = src.read_text().replace('name = "h100-96g-hbm2e"', 'name = "slow-h100"').replace("aliases = [", "aliases = [] # ")
