@@ -289,38 +289,42 @@ def build(out: Path, plots: bool) -> str:
 def evidence() -> str:
     """planner/evidence.json: one record per run compared here, for the estimate's "checked" line
     (planner/evidence.py): where it was published, the stack it ran as, its GPU, the time error
-    (step time or tokens/s, as its table above) and, where measured, the memory error."""
+    (step time or tokens/s, as its table above) and, where measured, the memory error; ``fitted``:
+    whether factors were fitted to the run (in sample: Table 1, torchtitan's rows) or not (Table 2,
+    the held-out CPU runs)."""
     import json
 
     from planner.calibration.published import load_torchtitan, predict_torchtitan
 
     out = []
 
-    def add(source, label, stack, gpu, time_error, memory_error=None):
-        out.append({"source": source, "run": label, "stack": stack, "gpu": gpu, "time_error": round(time_error, 5),
+    def add(source, label, stack, gpu, fitted, time_error, memory_error=None):
+        out.append({"source": source, "run": label, "stack": stack, "gpu": gpu, "fitted": fitted,
+                    "time_error": round(time_error, 5),
                     "memory_error": None if memory_error is None else round(memory_error, 5)})
 
     ptd, zero = load_table2(DATA / "megatron2021_other.csv")
-    for source, stack, measured in (("published Megatron-LM 2021", "megatron-2021",
-                                     published_measurements(str(DATA / "megatron2021_table1.csv"))),
-                                    ("published Megatron-LM 2021", "megatron-2021", from_published(ptd, "table2")),
-                                    ("published DeepSpeed ZeRO-3 (Megatron-LM 2021)", "deepspeed-zero",
-                                     from_published(zero, "table2"))):
+    for source, stack, fitted, measured in (("published Megatron-LM 2021", "megatron-2021", True,
+                                             published_measurements(str(DATA / "megatron2021_table1.csv"))),
+                                            ("published Megatron-LM 2021", "megatron-2021", False,
+                                             from_published(ptd, "table2")),
+                                            ("published DeepSpeed ZeRO-3 (Megatron-LM 2021)", "deepspeed-zero", False,
+                                             from_published(zero, "table2"))):
         gpu = {m.label: m.hardware_profile for m in measured}
         for p in compare(measured):
             if p.quantity == "step_s":
-                add(source, p.run, stack, gpu[p.run], p.error)
+                add(source, p.run, stack, gpu[p.run], fitted, p.error)
     for r in load_torchtitan(DATA / "torchtitan_performance.csv", with_cp=True):
         p = predict_torchtitan(r)
         mem = p.memory_bytes / r.measured_memory_bytes - 1 if r.measured_memory_bytes else None
-        add("published torchtitan", r.label, r.job.stack, r.gpu,
+        add("published torchtitan", r.label, r.job.stack, r.gpu, True,  # clock and overhead; cp_overlap with cp
             p.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1, mem)
     runs, _ = load_measurements([str(CPU_RUNS)])
     calibrated = load_profile_file(CPU_CALIBRATED)
     held = [r for r in runs if held_out(r.label)]
     for p in compare(held, calibrated):
         if p.quantity == "step_s":
-            add("reference-trainer CPU (held-out)", p.run, "reference", calibrated.name, p.error)
+            add("reference-trainer CPU (held-out)", p.run, "reference", calibrated.name, False, p.error)
     return json.dumps({"generated_by": "python docs/validation.py", "runs": out}, indent=1) + "\n"
 
 

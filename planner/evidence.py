@@ -63,6 +63,13 @@ class Evidence:
     own_file: bool = False  # a stack file of the user's: no run of ours checks it, whatever its name
     per_gpu: tuple[tuple[str, int], ...] = ()  # runs with a time comparison on each GPU
     unavailable: bool = False  # the records could not be read
+    fitted: int = 0  # of ``runs``, those factors were fitted to (in sample)
+
+    def sample(self) -> str:
+        """Whether the factors were fitted to these runs: in sample, out of sample, or some of each."""
+        if self.fitted == self.runs:
+            return "in sample"
+        return "out of sample" if not self.fitted else f"{self.fitted} of {self.runs} in sample"
 
     def count_on(self, gpu: str) -> int:
         return self.on_gpu if gpu == self.gpu else dict(self.per_gpu).get(gpu, 0)
@@ -72,7 +79,7 @@ class Evidence:
                 "gpus": list(self.gpus), "time_mean_abs_error": self.time_mean_abs_error,
                 "time_worst_abs_error": self.time_worst_abs_error, "memory_runs": self.memory_runs,
                 "memory_mean_abs_error": self.memory_mean_abs_error,
-                "memory_worst_abs_error": self.memory_worst_abs_error, "page": PAGE}
+                "memory_worst_abs_error": self.memory_worst_abs_error, "in_sample": self.fitted, "page": PAGE}
 
     def line(self, on: tuple[str, ...] | None = None) -> str:
         """One line for the report: how many measured runs check this stack, on which GPUs, how well;
@@ -95,11 +102,12 @@ class Evidence:
                     else f"none on the other {len(lack)}" if have else f"none on these {len(lack)}")
             where = f"{', '.join(self.gpus)}; " + ", ".join(x for x in (have, none) if x)
         text = (f"{self.runs} {' and '.join(self.sources)} runs ({where}): "
-                f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%}")
+                f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%} "
+                f"({self.sample()})")
         if self.memory_runs:
             text += (f"; memory ({self.memory_runs} runs) {self.memory_mean_abs_error:.1%}, "
                      f"worst {self.memory_worst_abs_error:.0%}")
-        return text + f" ({PAGE})"
+        return text + f"; {PAGE}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,4 +130,5 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
                     time_worst_abs_error=max(time) if time else None, memory_runs=len(memory),
                     memory_mean_abs_error=sum(memory) / len(memory) if memory else None,
                     memory_worst_abs_error=max(memory) if memory else None, own_file=own_file,
-                    per_gpu=tuple(Counter(r["gpu"] for r in timed).items()), unavailable=runs is None)
+                    per_gpu=tuple(Counter(r["gpu"] for r in timed).items()), unavailable=runs is None,
+                    fitted=sum(1 for r in timed if r.get("fitted") is True))

@@ -7,11 +7,11 @@ from planner.evidence import EVIDENCE_FILE, family, records, summarise
 
 RUNS = (  # made-up records: the summary is worked out by hand below
     {"source": "published A", "run": "a1", "stack": "fsdp2-2024", "gpu": "h100-80g", "time_error": 0.10,
-     "memory_error": -0.05},
+     "memory_error": -0.05, "fitted": True},
     {"source": "published A", "run": "a2", "stack": "fsdp2-2025", "gpu": "h200", "time_error": -0.20,
-     "memory_error": None},
+     "memory_error": None, "fitted": False},
     {"source": "published B", "run": "b1", "stack": "megatron-2021", "gpu": "a100-80g", "time_error": 0.02,
-     "memory_error": None},
+     "memory_error": None, "fitted": False},
 )
 
 
@@ -20,9 +20,10 @@ def test_a_stack_is_checked_by_the_runs_of_its_family():
     assert (e.runs, e.on_gpu, e.gpus, e.sources) == (2, 1, ("h100-80g", "h200"), ("published A",))
     assert abs(e.time_mean_abs_error - 0.15) < 1e-12 and e.time_worst_abs_error == 0.20
     assert (e.memory_runs, e.memory_mean_abs_error, e.memory_worst_abs_error) == (1, 0.05, 0.05)
-    assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g): time 15.0% mean error, worst 20%; "
-                        "memory (1 runs) 5.0%, worst 5% (docs/validation.md)")
-    assert summarise("megatron-2021", "a100-80g", RUNS).line().startswith("1 published B runs (all on a100-80g)")
+    assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g): time 15.0% mean error, worst 20% "
+                        "(1 of 2 in sample); memory (1 runs) 5.0%, worst 5%; docs/validation.md")
+    assert summarise("megatron-2021", "a100-80g", RUNS).line() == (
+        "1 published B runs (all on a100-80g): time 2.0% mean error, worst 2% (out of sample); docs/validation.md")
     assert "none on a100-80g" in summarise("fsdp2-2025", "a100-80g", RUNS).line()
 
 
@@ -42,6 +43,13 @@ def test_the_committed_records_are_the_published_rows():
         assert abs(r["time_error"]) < 1 and (r["memory_error"] is None or abs(r["memory_error"]) < 1), r
     assert by == {"published Megatron-LM 2021": 16, "published DeepSpeed ZeRO-3 (Megatron-LM 2021)": 6,
                   "published torchtitan": 31, "reference-trainer CPU (held-out)": 7}
+    # In sample: the 10 Table 1 runs (the A100's factors) and torchtitan's rows (the 500 W clock, the
+    # per-block overhead, cp_overlap); Table 2 and the held-out CPU runs are out of sample.
+    fitted = {}
+    for r in records():
+        fitted[r["source"]] = fitted.get(r["source"], 0) + (r["fitted"] is True)
+    assert fitted == {"published Megatron-LM 2021": 10, "published DeepSpeed ZeRO-3 (Megatron-LM 2021)": 0,
+                      "published torchtitan": 31, "reference-trainer CPU (held-out)": 0}
     assert json.loads(EVIDENCE_FILE.read_text())["generated_by"] == "python docs/validation.py"
 
 
