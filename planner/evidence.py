@@ -62,6 +62,7 @@ class Evidence:
     memory_worst_abs_error: float | None
     own_file: bool = False  # a stack file of the user's: no run of ours checks it, whatever its name
     per_gpu: tuple[tuple[str, int], ...] = ()  # runs with a time comparison on each GPU
+    per_gpu_error: tuple[tuple[str, float], ...] = ()  # their mean |time error| on each GPU
     unavailable: bool = False  # the records could not be read
     fitted: int = 0  # of ``runs``, those factors were fitted to (in sample)
 
@@ -96,7 +97,8 @@ class Evidence:
         if len(on) == 1 and set(self.gpus) == set(on):
             where = f"all on {on[0]}"
         else:
-            have = ", ".join(f"{self.count_on(g)} on {g}" for g in on if self.count_on(g))
+            errors = dict(self.per_gpu_error)
+            have = ", ".join(f"{self.count_on(g)} on {g} ({errors[g]:.1%} mean)" for g in on if self.count_on(g))
             lack = [g for g in on if not self.count_on(g)]
             none = ("" if not lack else f"none on {', '.join(lack)}" if len(lack) <= 2
                     else f"none on the other {len(lack)}" if have else f"none on these {len(lack)}")
@@ -131,4 +133,7 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
                     memory_mean_abs_error=sum(memory) / len(memory) if memory else None,
                     memory_worst_abs_error=max(memory) if memory else None, own_file=own_file,
                     per_gpu=tuple(Counter(r["gpu"] for r in timed).items()), unavailable=runs is None,
+                    per_gpu_error=tuple((g, sum(abs(r["time_error"]) for r in timed if r["gpu"] == g)
+                                         / sum(1 for r in timed if r["gpu"] == g))
+                                        for g in dict.fromkeys(r["gpu"] for r in timed)),
                     fitted=sum(1 for r in timed if r.get("fitted") is True))

@@ -20,7 +20,7 @@ def test_a_stack_is_checked_by_the_runs_of_its_family():
     assert (e.runs, e.on_gpu, e.gpus, e.sources) == (2, 1, ("h100-80g", "h200"), ("published A",))
     assert abs(e.time_mean_abs_error - 0.15) < 1e-12 and e.time_worst_abs_error == 0.20
     assert (e.memory_runs, e.memory_mean_abs_error, e.memory_worst_abs_error) == (1, 0.05, 0.05)
-    assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g): time 15.0% mean error, worst 20% "
+    assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g (10.0% mean)): time 15.0% mean error, worst 20% "
                         "(1 of 2 in sample); memory (1 runs) 5.0%, worst 5%; docs/validation.md")
     assert summarise("megatron-2021", "a100-80g", RUNS).line() == (
         "1 published B runs (all on a100-80g): time 2.0% mean error, worst 2% (out of sample); docs/validation.md")
@@ -74,9 +74,9 @@ def test_several_gpus_are_counted_each(capsys):
     out = capsys.readouterr().out.splitlines()
     assert any(x.startswith("stack  fsdp2: ") for x in out)
     assert any(x.startswith("       checked against 31 published torchtitan runs (") and
-               f"; {a100} on a100-80g, none on h100-80g)" in x for x in out), out[:8]
+               f"; {a100} on a100-80g (" in x and "% mean), none on h100-80g)" in x for x in out), out[:8]
     e = summarise("fsdp2", "a100-80g", RUNS)
-    assert "(h100-80g, h200; 1 on h100-80g, 1 on h200, none on the other 3)" in e.line(
+    assert "(h100-80g, h200; 1 on h100-80g (10.0% mean), 1 on h200 (20.0% mean), none on the other 3)" in e.line(
         ("h100-80g", "h200", "a100-80g", "b200", "mi300x"))
 
 
