@@ -112,6 +112,23 @@ class Evidence:
         return text + f"; {PAGE}"
 
 
+def calibration_line(hw) -> str:
+    """What a calibrated profile's own fit says (its [provenance]), or "" for a datasheet profile."""
+    if not hw.calibration:
+        return ""
+    n, fit, loo = hw.calibration
+    errors = [f"{x:.1%}{label}" for label, x in ((" mean error in sample", fit), (" leave-one-out", loo))
+              if x is not None]
+    return f"profile {hw.name} calibrated on {n} runs" + (f": {', '.join(errors)}" if errors else "")
+
+
+def calibration_json(hw) -> dict | None:
+    if not hw.calibration:
+        return None
+    n, fit, loo = hw.calibration
+    return {"runs": n, "fit_mean_abs_error": fit, "loo_mean_abs_error": loo}
+
+
 @functools.lru_cache(maxsize=256)
 def evidence_for(stack: str, gpu: str, own_file: bool = False) -> Evidence:
     """The committed runs of ``stack``'s family, summarised (``summarise``)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,9 @@ class HardwareProfile:
     source: str = ""
     path: str = ""
     calibrated: bool = False
+    # A calibrated profile's own check (its [provenance]): how many runs or published rows it was
+    # fitted to, and its mean |error| on them in sample and leave-one-out (None where not recorded).
+    calibration: tuple[int, float | None, float | None] | None = None
     # The efficiency factors the file itself sets: those a software stack may not replace
     # (planner/stacks.py `effective`).
     efficiency_keys: frozenset[str] = frozenset()
@@ -242,7 +246,26 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
                            efficiency=efficiency_from_table(top["efficiency"], f"{path} [efficiency]"),
                            price_usd_per_gpu_hour=top["price_usd_per_gpu_hour"], source=g["source"],
                            path=str(path), calibrated=top["provenance"] is not None,
+                           calibration=_calibration(top["provenance"]),
                            efficiency_keys=frozenset(EFFICIENCY_UNITS_BY_FILE_KEY.get(k, k) for k in top["efficiency"]))
+
+
+def _calibration(provenance: dict | None) -> tuple[int, float | None, float | None] | None:
+    """(runs fitted to, mean |error| in sample, leave-one-out) from a [provenance] table as
+    `planner calibrate` writes it; None when it names no runs. The table is free-form: a value that
+    is not a finite number is left out, not refused."""
+    if not provenance:
+        return None
+    fitted = provenance.get("runs", provenance.get("rows"))
+    if not isinstance(fitted, list) or not fitted:
+        return None
+
+    def number(key: str) -> float | None:
+        x = provenance.get(key)
+        ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        return float(x) if ok else None
+
+    return len(fitted), number("fit_mean_abs_error"), number("loo_mean_abs_error")
 
 
 def efficiency_from_table(table: dict, where: str = "[efficiency]") -> Efficiency:

@@ -97,3 +97,31 @@ def test_missing_or_broken_records_are_said_not_claimed(tmp_path, monkeypatch):
             assert got.runs == 0 and got.line().startswith("no measured run checks fsdp2")
     ev.records.cache_clear()
     ev.evidence_for.cache_clear()
+
+
+def test_a_calibrated_profile_says_its_own_fit(capsys, tmp_path):
+    """A profile `planner calibrate` wrote carries its fit in [provenance]: the estimate prints how
+    many runs it was fitted to and its errors, read here from the file itself."""
+    import tomllib
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "hardware_profiles" / "calibrated" / "cpu-2core.toml"
+    prov = tomllib.loads(path.read_text())["provenance"]
+    argv = ["estimate", "--params", "1B", "--gpus", "2", "--gpu", str(path), "--stack", "reference"]
+    assert main([*argv]) == 0
+    out = capsys.readouterr().out
+    assert (f"         profile cpu-2core calibrated on {len(prov['runs'])} runs: {prov['fit_mean_abs_error']:.1%} "
+            f"mean error in sample, {prov['loo_mean_abs_error']:.1%} leave-one-out") in out.splitlines()
+    assert main([*argv, "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)["stack"]["checked_against"]["profile_calibration"]
+    assert got == {"runs": len(prov["runs"]), "fit_mean_abs_error": prov["fit_mean_abs_error"],
+                   "loo_mean_abs_error": prov["loo_mean_abs_error"]}
+    # A datasheet profile has none; a provenance with a non-number error keeps the rest.
+    assert main(["estimate", "--params", "1B", "--gpus", "2", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stack"]["checked_against"]["profile_calibration"] is None
+    odd = tmp_path / "odd.toml"
+    odd.write_text(path.read_text().replace(f"fit_mean_abs_error = {prov['fit_mean_abs_error']!r}",
+                                            'fit_mean_abs_error = "small"'))
+    from planner.hardware import load_profile_file
+
+    assert load_profile_file(odd).calibration == (len(prov["runs"]), None, prov["loo_mean_abs_error"])

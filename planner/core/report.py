@@ -8,6 +8,7 @@ from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan
 from planner.core.results import Estimate
 from planner.errors import PlannerError
+from planner.evidence import calibration_line
 from planner.stacks import DEFAULT_STACK
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
@@ -87,6 +88,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{job.attention} attention",
         f"stack    {stack_line(e)}",
         f"checked  {e.evidence().line()}",
+        *([f"         {calibration_line(hw)}"] if hw.calibration else []),
         f"layout   {layout_line(e)}",
         f"         best of {p.result.feasible} fitting layouts out of {p.result.evaluated} evaluated "
         f"in {p.result.search_seconds * 1e3:.1f} ms (ranked by {p.result.objective})"

@@ -132,6 +132,7 @@ class Estimate:
 
     def stack_json(self) -> dict:
         """The software stack the figures assume, what it ran with, and where its factors come from."""
+        from planner.evidence import calibration_json
         from planner.stacks import software
 
         sw = software(self.job)
@@ -139,7 +140,8 @@ class Estimate:
                 "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
                 "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
                 "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys),
-                "checked_against": self.evidence().to_json()}
+                "checked_against": {**self.evidence().to_json(),
+                                    "profile_calibration": calibration_json(self.hardware)}}
 
     def evidence(self):
         """The measured runs that check this estimate's stack (planner.evidence)."""
