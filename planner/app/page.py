@@ -19,6 +19,7 @@ from planner.app import explore
 from planner.app import state as explore_state
 from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
+from planner.evidence import calibration_line
 
 TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
 
@@ -152,7 +153,8 @@ def show_headline(view: explore.View, j: dict) -> None:
     pinned = f"; pinned: {', '.join(view.pinned)}" if view.pinned else ""
     st.caption(f"best of {view.feasible} fitting layouts out of {view.evaluated} evaluated in "
                f"{view.search_seconds * 1e3:.1f} ms (ranked by {view.objective}){pinned}")
-    st.caption(f"checked against {view.best.evidence().line()}")
+    calibrated = calibration_line(view.best.hardware)
+    st.caption(f"checked against {view.best.evidence().line()}" + (f"; {calibrated}" if calibrated else ""))
     if not view.best.fits:
         show_does_not_fit(view, j)
         return
