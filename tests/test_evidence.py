@@ -125,3 +125,15 @@ def test_a_calibrated_profile_says_its_own_fit(capsys, tmp_path):
     from planner.hardware import load_profile_file
 
     assert load_profile_file(odd).calibration == (len(prov["runs"]), None, prov["loo_mean_abs_error"])
+
+
+def test_stacks_lists_what_checks_each(capsys):
+    assert main(["stacks", "--format", "json"]) == 0
+    got = {name: s["checked_against"] for name, s in json.loads(capsys.readouterr().out).items()}
+    assert got["megatron-2021"]["runs"] == 16 and got["deepspeed-zero"]["runs"] == 6
+    assert got["megatron-core"]["runs"] == 0 and got["megatron-core"]["time_mean_abs_error"] is None
+    assert got["fsdp2"]["runs"] == got["fsdp2-2024"]["runs"] == 31  # one family
+    assert main(["stacks"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert "checked (runs, mean time error)" in rows[0]
+    assert any(r.startswith("megatron-core ") and "  none  " in r for r in rows)

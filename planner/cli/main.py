@@ -230,19 +230,24 @@ def cmd_profiles(a: argparse.Namespace) -> int:
 def cmd_stacks(a: argparse.Namespace) -> int:
     import dataclasses
 
+    from planner.evidence import evidence_for
     from planner.stacks import DEFAULT_STACK, get_stack, stack_names
 
     stacks = [get_stack(n) for n in stack_names()]
+    checked = {s.name: evidence_for(s.name, "") for s in stacks}  # the measured runs of each stack's family
     if a.format == "json":
-        print(json.dumps({s.name: dataclasses.asdict(s) for s in stacks}, indent=2, allow_nan=False))
+        print(json.dumps({s.name: {**dataclasses.asdict(s), "checked_against": checked[s.name].to_json()}
+                          for s in stacks}, indent=2, allow_nan=False))
         return 0
     rows = [("name", "element-wise", "attention", "ZeRO", "DP overlap", "ZeRO-3 overlap", "TP overlap (async)",
-             "interleaved", "compile", "fp8", "description")]
+             "interleaved", "compile", "fp8", "checked (runs, mean time error)", "description")]
     for s in stacks:
+        e = checked[s.name]
         rows.append((s.name + (" (default)" if s.name == DEFAULT_STACK else ""), s.elementwise, s.attention_kernel,
                      ",".join(map(str, s.zero_stages)), f"{s.dp_overlap:g}", f"{s.zero3_overlap:g}",
                      f"{s.tp_overlap:g} ({s.tp_overlap_async:g})", "yes" if s.interleaved else "no",
-                     "yes" if s.compiles else "no", s.fp8_recipe, s.description))
+                     "yes" if s.compiles else "no", s.fp8_recipe,
+                     f"{e.runs}, {e.time_mean_abs_error:.1%}" if e.runs else "none", s.description))
     _print_rows(rows, a.format)
     return 0
 
