@@ -80,7 +80,8 @@ class Evidence:
                 "gpus": list(self.gpus), "time_mean_abs_error": self.time_mean_abs_error,
                 "time_worst_abs_error": self.time_worst_abs_error, "memory_runs": self.memory_runs,
                 "memory_mean_abs_error": self.memory_mean_abs_error,
-                "memory_worst_abs_error": self.memory_worst_abs_error, "in_sample": self.fitted, "page": PAGE}
+                "memory_worst_abs_error": self.memory_worst_abs_error, "in_sample": self.fitted, "page": PAGE,
+                "summary": self.line()}
 
     def line(self, on: tuple[str, ...] | None = None) -> str:
         """One line for the report: how many measured runs check this stack, on which GPUs, how well;

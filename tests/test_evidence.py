@@ -60,6 +60,7 @@ def test_the_estimate_names_what_checks_it(capsys):
     assert main(["estimate", "--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--format", "json"]) == 0
     got = json.loads(capsys.readouterr().out)["stack"]["checked_against"]
     assert got["runs"] == 0 and got["time_mean_abs_error"] is None
+    assert got["summary"].startswith("no measured run checks megatron-core")
 
 
 def test_several_gpus_are_counted_each(capsys):
