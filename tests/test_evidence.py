@@ -138,3 +138,20 @@ def test_stacks_lists_what_checks_each(capsys):
     rows = capsys.readouterr().out.splitlines()
     assert "checked (runs, mean time error)" in rows[0]
     assert any(r.startswith("megatron-core ") and "  none  " in r for r in rows)
+
+
+def test_the_report_says_what_torch_would_log(capsys):
+    """max_memory_reserved is the total less what lies outside torch's allocator (the profile's
+    CUDA context, and NCCL's buffers when there is more than one GPU); max_memory_allocated is below
+    it; a torchtitan row's reserved figure is the one its comparison uses."""
+    from planner.hardware import get_profile
+
+    eff = get_profile("a100-80g").efficiency
+    for params, gpus, outside in (("7B", 128, eff.cuda_context_bytes + eff.comm_buffer_bytes),
+                                  ("1B", 1, eff.cuda_context_bytes)):
+        assert main(["estimate", "--params", params, "--gpus", str(gpus), "--format", "json"]) == 0
+        m = json.loads(capsys.readouterr().out)["memory"]
+        assert abs(m["torch_reserved_bytes"] - (m["total_bytes"] - outside)) < 1.0
+        assert 0 < m["torch_allocated_bytes"] < m["torch_reserved_bytes"]
+    assert main(["estimate", "--params", "7B", "--gpus", "128"]) == 0
+    assert any(x.startswith("         torch would report max_memory_reserved ") for x in capsys.readouterr().out.splitlines())

@@ -101,6 +101,9 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
            "kept free (--memory-headroom)"] if e.job.memory_headroom > 0 else []),
         f"         {memory_bar(e)}",
         "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
+        (f"         torch would report max_memory_reserved {m.torch_reserved_bytes / GIB:.1f} GiB (the rest is the "
+         f"CUDA context{' and NCCL buffers' if e.gpus > 1 else ''}), max_memory_allocated "
+         f"{m.torch_allocated_bytes / GIB:.1f} GiB (less the allocator's cached, fragmented blocks)"),
         *([ "         by stage: " + ", ".join(f"stage {sm.stage} {sm.total_bytes / GIB:.1f} GiB"
                                               for sm in e.stage_memory)] if e.layout.pp > 1 else []),
         *([offload_line(e)] if e.layout.offload != "none" else []),

@@ -9,6 +9,7 @@ from planner.core.checks import warnings_for
 from planner.core.evaluate import Evaluation
 from planner.core.finetune import trainable_params
 from planner.core.layout import Job, Layout
+from planner.core.memory import allocated_bytes, outside_allocator
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.core.step_parts import STEPTIME_FIELDS
@@ -27,6 +28,11 @@ class MemoryParts:
     fits: bool
     peak_stage: int
     host_bytes: float = 0.0  # offloaded to host memory, per GPU
+    # What torch would report at the peak: torch.cuda.max_memory_reserved (the total less what lies
+    # outside its caching allocator: the CUDA context, NCCL's buffers) and max_memory_allocated
+    # (the tensors alone, without the allocator's fragmentation).
+    torch_reserved_bytes: float = 0.0
+    torch_allocated_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,7 +172,9 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     memory = MemoryParts(weights_bytes=f(mem.weights), gradients_bytes=f(mem.gradients),
                          optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
                          other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
-                         fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]), host_bytes=f(mem.host))
+                         fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]), host_bytes=f(mem.host),
+                         torch_reserved_bytes=f(mem.total - outside_allocator(hw, c)),
+                         torch_allocated_bytes=f(allocated_bytes(mem)))
     time = TimeParts(step_s=f(t.step), **{f"{name}_s": f(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = f(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),
