@@ -317,6 +317,7 @@ class HardwareRow:
     memory_bytes: float
     capacity_bytes: float
     note: str = ""
+    checked_runs: int = 0  # measured runs of the stack's family on this profile (planner.evidence)
 
 
 def _comparison(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
@@ -428,8 +429,13 @@ def _compare_steps(values: Mapping[str, object], gpus: int, profiles: Sequence[s
 
 def _hardware_row(option, probe) -> HardwareRow:
     e = probe.best
+    from planner.evidence import evidence_for
+    from planner.stacks import get_stack, is_builtin
+
+    stack = get_stack(option.job.stack)
+    checked = evidence_for(stack.name, probe.gpu, own_file=not is_builtin(stack)).on_gpu
     base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
-            "capacity_bytes": probe.capacity_bytes}
+            "capacity_bytes": probe.capacity_bytes, "checked_runs": checked}
     if e is None:
         return HardwareRow(**base, fits=False, layout="", days=math.nan, gpu_hours=math.nan, cost_usd=math.nan,
                            energy_kwh=math.nan, mfu=math.nan,
@@ -556,7 +562,7 @@ def hardware_table(rows: Sequence[HardwareRow]) -> list[dict]:
     return [{"profile": r.profile, "GPU": r.gpu, "precision": r.precision, "fits": r.fits,
              "days": r.days, "GPU-hours": r.gpu_hours, "cost $": r.cost_usd, "energy kWh": r.energy_kwh,
              "MFU %": 100 * r.mfu, "memory GiB": r.memory_bytes / GIB, "capacity GiB": r.capacity_bytes / GIB,
-             "best layout": r.layout or r.note} for r in rows]
+             "checked runs": r.checked_runs, "best layout": r.layout or r.note} for r in rows]
 
 
 def sweep_rows(points: Sequence[SweepPoint], tokens: float, precision: str) -> list[dict]:

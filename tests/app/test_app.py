@@ -161,6 +161,10 @@ def test_hardware_tab_compares_profiles():
     rows = at.dataframe[0].value
     assert {"a100-80g", "a6000", "v100-32g"} <= set(rows["profile"])
     assert set(rows.loc[rows["profile"] == "v100-32g", "precision"]) == {"fp16"}  # no bf16 on a V100
+    # How many measured runs of the stack ran on each profile: the CLI's compare says the same.
+    checked = dict(zip(rows["profile"], rows["checked runs"]))
+    a100 = cli_json({"--params": "7B", "--gpus": "16", "--gpu": "a100-80g"})["stack"]["checked_against"]["on_this_gpu"]
+    assert checked["a100-80g"] == a100 > 0 and checked["v100-32g"] == 0
 
 
 def test_runs_tab_compares_records_and_names_the_bad_ones(tmp_path, monkeypatch):
