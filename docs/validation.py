@@ -298,9 +298,9 @@ def evidence() -> str:
 
     out = []
 
-    def add(source, label, stack, gpu, fitted, time_error, memory_error=None):
+    def add(source, label, stack, gpu, fitted, model, layout, time_error, memory_error=None):
         out.append({"source": source, "run": label, "stack": stack, "gpu": gpu, "fitted": fitted,
-                    "time_error": round(time_error, 5),
+                    "moe": model.moe, "cp": layout.cp, "pp": layout.pp, "time_error": round(time_error, 5),
                     "memory_error": None if memory_error is None else round(memory_error, 5)})
 
     ptd, zero = load_table2(DATA / "megatron2021_other.csv")
@@ -310,21 +310,24 @@ def evidence() -> str:
                                              from_published(ptd, "table2")),
                                             ("published DeepSpeed ZeRO-3 (Megatron-LM 2021)", "deepspeed-zero", False,
                                              from_published(zero, "table2"))):
-        gpu = {m.label: m.hardware_profile for m in measured}
+        by = {m.label: m for m in measured}
         for p in compare(measured):
             if p.quantity == "step_s":
-                add(source, p.run, stack, gpu[p.run], fitted, p.error)
+                m = by[p.run]
+                add(source, p.run, stack, m.hardware_profile, fitted, m.model, m.layout, p.error)
     for r in load_torchtitan(DATA / "torchtitan_performance.csv", with_cp=True):
         p = predict_torchtitan(r)
         mem = p.memory_bytes / r.measured_memory_bytes - 1 if r.measured_memory_bytes else None
-        add("published torchtitan", r.label, r.job.stack, r.gpu, True,  # clock and overhead; cp_overlap with cp
+        add("published torchtitan", r.label, r.job.stack, r.gpu, True, r.model, r.layout,  # clock, overhead, cp_overlap
             p.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1, mem)
     runs, _ = load_measurements([str(CPU_RUNS)])
     calibrated = load_profile_file(CPU_CALIBRATED)
-    held = [r for r in runs if held_out(r.label)]
-    for p in compare(held, calibrated):
+    held = {r.label: r for r in runs if held_out(r.label)}
+    for p in compare(list(held.values()), calibrated):
         if p.quantity == "step_s":
-            add("reference-trainer CPU (held-out)", p.run, "reference", calibrated.name, False, p.error)
+            m = held[p.run]
+            add("reference-trainer CPU (held-out)", p.run, "reference", calibrated.name, False, m.model, m.layout,
+                p.error)
     return json.dumps({"generated_by": "python docs/validation.py", "runs": out}, indent=1) + "\n"
 
 

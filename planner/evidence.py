@@ -23,6 +23,11 @@ PAGE = "docs/validation.md"
 
 # Stacks that are one framework at different dates: a run of one checks the others' shared factors.
 FAMILIES = (("fsdp2", "fsdp2-2024", "fsdp2-2024-triton-norm", "fsdp2-2025"),)
+# What a plan may share with a run beyond its stack, each a test on a record: the subset of runs
+# "like this plan" (every feature the plan has) is summarised on its own.
+FEATURES = {"moe": ("mixture-of-experts", lambda r: bool(r.get("moe"))),
+            "cp": ("context parallel", lambda r: (r.get("cp") or 1) > 1),
+            "pp": ("pipeline parallel", lambda r: (r.get("pp") or 1) > 1)}
 
 
 def family(stack: str) -> tuple[str, ...]:
@@ -65,6 +70,10 @@ class Evidence:
     per_gpu_error: tuple[tuple[str, float], ...] = ()  # their mean |time error| on each GPU
     unavailable: bool = False  # the records could not be read
     fitted: int = 0  # of ``runs``, those factors were fitted to (in sample)
+    like: tuple[str, ...] = ()  # the plan's FEATURES
+    like_runs: int = 0  # runs with every one of them
+    like_mean_abs_error: float | None = None
+    like_worst_abs_error: float | None = None
 
     def sample(self) -> str:
         """Whether the factors were fitted to these runs: in sample, out of sample, or some of each."""
@@ -81,6 +90,9 @@ class Evidence:
                 "time_worst_abs_error": self.time_worst_abs_error, "memory_runs": self.memory_runs,
                 "memory_mean_abs_error": self.memory_mean_abs_error,
                 "memory_worst_abs_error": self.memory_worst_abs_error, "in_sample": self.fitted, "page": PAGE,
+                "like_this_plan": {"features": list(self.like), "runs": self.like_runs,
+                                   "time_mean_abs_error": self.like_mean_abs_error,
+                                   "time_worst_abs_error": self.like_worst_abs_error} if self.like else None,
                 "summary": self.line()}
 
     def line(self, on: tuple[str, ...] | None = None) -> str:
@@ -110,6 +122,11 @@ class Evidence:
         if self.memory_runs:
             text += (f"; memory ({self.memory_runs} runs) {self.memory_mean_abs_error:.1%}, "
                      f"worst {self.memory_worst_abs_error:.0%}")
+        if self.like:
+            names = " + ".join(FEATURES[f][0] for f in self.like)
+            text += (f"; like this plan ({names}): " + (
+                f"{self.like_runs}, time {self.like_mean_abs_error:.1%} mean error, worst "
+                f"{self.like_worst_abs_error:.0%}" if self.like_runs else "none"))
         return text + f"; {PAGE}"
 
 
@@ -131,14 +148,21 @@ def calibration_json(hw) -> dict | None:
 
 
 @functools.lru_cache(maxsize=256)
-def evidence_for(stack: str, gpu: str, own_file: bool = False) -> Evidence:
+def evidence_for(stack: str, gpu: str, own_file: bool = False, like: tuple[str, ...] = ()) -> Evidence:
     """The committed runs of ``stack``'s family, summarised (``summarise``)."""
-    return summarise(stack, gpu, records(), own_file)
+    return summarise(stack, gpu, records(), own_file, like)
 
 
-def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
-    """The records of ``runs`` that ran ``stack``'s family, summarised for an estimate on ``gpu``;
-    none for a stack file of the user's (``own_file``)."""
+def plan_features(model, layout) -> tuple[str, ...]:
+    """The FEATURES a plan has, in their order."""
+    have = {"moe": model.moe, "cp": layout.cp > 1, "pp": layout.pp > 1}
+    return tuple(f for f in FEATURES if have[f])
+
+
+def summarise(stack: str, gpu: str, runs, own_file: bool = False, like: tuple[str, ...] = ()) -> Evidence:
+    """The records of ``runs`` that ran ``stack``'s family, summarised for an estimate on ``gpu``,
+    with the subset that has every feature in ``like`` on its own; none for a stack file of the
+    user's (``own_file``)."""
     mine = [] if own_file or runs is None else [r for r in runs if r["stack"] in family(stack)]
     timed = [r for r in mine if r.get("time_error") is not None]
     time = [abs(r["time_error"]) for r in timed]
@@ -154,4 +178,10 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False) -> Evidence:
                     per_gpu_error=tuple((g, sum(abs(r["time_error"]) for r in timed if r["gpu"] == g)
                                          / sum(1 for r in timed if r["gpu"] == g))
                                         for g in dict.fromkeys(r["gpu"] for r in timed)),
-                    fitted=sum(1 for r in timed if r.get("fitted") is True))
+                    fitted=sum(1 for r in timed if r.get("fitted") is True), like=like, **_like(timed, like))
+
+
+def _like(timed: list[dict], like: tuple[str, ...]) -> dict:
+    errors = [abs(r["time_error"]) for r in timed if all(FEATURES[f][1](r) for f in like)] if like else []
+    return {"like_runs": len(errors), "like_mean_abs_error": sum(errors) / len(errors) if errors else None,
+            "like_worst_abs_error": max(errors) if errors else None}

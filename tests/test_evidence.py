@@ -155,3 +155,23 @@ def test_the_report_says_what_torch_would_log(capsys):
         assert 0 < m["torch_allocated_bytes"] < m["torch_reserved_bytes"]
     assert main(["estimate", "--params", "7B", "--gpus", "128"]) == 0
     assert any(x.startswith("         torch would report max_memory_reserved ") for x in capsys.readouterr().out.splitlines())
+
+
+def test_the_runs_like_the_plan_are_summarised_on_their_own(capsys):
+    runs = (
+        {"source": "A", "run": "1", "stack": "fsdp2", "gpu": "h100-80g", "time_error": 0.30, "cp": 4, "pp": 1},
+        {"source": "A", "run": "2", "stack": "fsdp2", "gpu": "h100-80g", "time_error": -0.10, "cp": 2, "pp": 8},
+        {"source": "A", "run": "3", "stack": "fsdp2", "gpu": "h100-80g", "time_error": 0.02, "cp": 1, "pp": 8},
+    )
+    cp = summarise("fsdp2", "h100-80g", runs, like=("cp",))
+    assert (cp.like_runs, cp.like_worst_abs_error) == (2, 0.30) and abs(cp.like_mean_abs_error - 0.20) < 1e-12
+    both = summarise("fsdp2", "h100-80g", runs, like=("cp", "pp"))
+    assert both.like_runs == 1 and both.line().endswith(
+        "like this plan (context parallel + pipeline parallel): 1, time 10.0% mean error, worst 10%; docs/validation.md")
+    assert summarise("fsdp2", "h100-80g", runs, like=("moe",)).line().endswith(
+        "like this plan (mixture-of-experts): none; docs/validation.md")
+    assert "like this plan" not in summarise("fsdp2", "h100-80g", runs).line()
+    # From the CLI: an MoE plan on fsdp2 is told no published run of its stack was an MoE.
+    assert main(["estimate", "--preset", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80g", "--format", "json"]) == 0
+    like = json.loads(capsys.readouterr().out)["stack"]["checked_against"]["like_this_plan"]
+    assert like == {"features": ["moe"], "runs": 0, "time_mean_abs_error": None, "time_worst_abs_error": None}

@@ -151,11 +151,12 @@ class Estimate:
 
     def evidence(self):
         """The measured runs that check this estimate's stack (planner.evidence)."""
-        from planner.evidence import evidence_for
+        from planner.evidence import evidence_for, plan_features
         from planner.stacks import is_builtin, software
 
         stack = software(self.job).stack
-        return evidence_for(stack.name, self.hardware.name, own_file=not is_builtin(stack))
+        return evidence_for(stack.name, self.hardware.name, own_file=not is_builtin(stack),
+                            like=plan_features(self.model, self.layout))
 
 
 def _finite(d: dict) -> dict:
