@@ -428,10 +428,10 @@ def _compare_steps(values: Mapping[str, object], gpus: int, profiles: Sequence[s
 
 
 def _hardware_row(option, probe) -> HardwareRow:
-    e = probe.best
     from planner.evidence import evidence_for
     from planner.stacks import get_stack, is_builtin
 
+    e = probe.best
     stack = get_stack(option.job.stack)
     checked = evidence_for(stack.name, probe.gpu, own_file=not is_builtin(stack)).on_gpu
     base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,

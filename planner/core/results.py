@@ -13,6 +13,7 @@ from planner.core.memory import allocated_bytes, outside_allocator
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.core.step_parts import STEPTIME_FIELDS
+from planner.evidence import Evidence
 from planner.hardware import HardwareProfile
 
 
@@ -149,7 +150,7 @@ class Estimate:
                 "checked_against": {**self.evidence().to_json(),
                                     "profile_calibration": calibration_json(self.hardware)}}
 
-    def evidence(self):
+    def evidence(self) -> Evidence:
         """The measured runs that check this estimate's stack (planner.evidence)."""
         from planner.evidence import evidence_for, plan_features
         from planner.stacks import is_builtin, software
