@@ -294,7 +294,8 @@ def evidence() -> str:
     the held-out CPU runs)."""
     import json
 
-    from planner.calibration.published import load_torchtitan, predict_torchtitan
+    from planner.calibration.published import load_torchtitan
+    from planner.calibration.validate import torchtitan_points
 
     out = []
 
@@ -315,11 +316,11 @@ def evidence() -> str:
             if p.quantity == "step_s":
                 m = by[p.run]
                 add(source, p.run, stack, m.hardware_profile, fitted, m.model, m.layout, p.error)
-    for r in load_torchtitan(DATA / "torchtitan_performance.csv", with_cp=True):
-        p = predict_torchtitan(r)
-        mem = p.memory_bytes / r.measured_memory_bytes - 1 if r.measured_memory_bytes else None
+    csv = DATA / "torchtitan_performance.csv"
+    error = {(p.run, p.quantity): p.error for p in torchtitan_points(str(csv))}  # `planner validate`'s
+    for r in load_torchtitan(csv, with_cp=True):
         add("published torchtitan", r.label, r.job.stack, r.gpu, True, r.model, r.layout,  # clock, overhead, cp_overlap
-            p.tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1, mem)
+            error[r.label, "tokens_per_s"], error.get((r.label, "peak_memory_bytes")))
     runs, _ = load_measurements([str(CPU_RUNS)])
     calibrated = load_profile_file(CPU_CALIBRATED)
     held = {r.label: r for r in runs if held_out(r.label)}

@@ -57,7 +57,6 @@ class Evidence:
     stack: str
     gpu: str
     runs: int  # runs of this stack's family with a time comparison
-    on_gpu: int  # of those, on this GPU profile
     sources: tuple[str, ...]
     gpus: tuple[str, ...]
     time_mean_abs_error: float | None
@@ -81,8 +80,13 @@ class Evidence:
             return "in sample"
         return "out of sample" if not self.fitted else f"{self.fitted} of {self.runs} in sample"
 
+    @property
+    def on_gpu(self) -> int:
+        """Of ``runs``, those on this estimate's GPU profile."""
+        return self.count_on(self.gpu)
+
     def count_on(self, gpu: str) -> int:
-        return self.on_gpu if gpu == self.gpu else dict(self.per_gpu).get(gpu, 0)
+        return dict(self.per_gpu).get(gpu, 0)
 
     def to_json(self) -> dict:
         return {"runs": self.runs, "on_this_gpu": self.on_gpu, "sources": list(self.sources),
@@ -147,6 +151,13 @@ def calibration_json(hw) -> dict | None:
     return {"runs": n, "fit_mean_abs_error": fit, "loo_mean_abs_error": loo}
 
 
+def for_stack(stack, gpu: str, like: tuple[str, ...] = ()) -> Evidence:
+    """``evidence_for`` a Stack object: a file of the user's own gets none, whatever its name."""
+    from planner.stacks import is_builtin
+
+    return evidence_for(stack.name, gpu, not is_builtin(stack), like)
+
+
 @functools.lru_cache(maxsize=256)
 def evidence_for(stack: str, gpu: str, own_file: bool = False, like: tuple[str, ...] = ()) -> Evidence:
     """The committed runs of ``stack``'s family, summarised (``summarise``)."""
@@ -167,7 +178,7 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False, like: tuple[st
     timed = [r for r in mine if r.get("time_error") is not None]
     time = [abs(r["time_error"]) for r in timed]
     memory = [abs(r["memory_error"]) for r in mine if r.get("memory_error") is not None]
-    return Evidence(stack=stack, gpu=gpu, runs=len(time), on_gpu=sum(1 for r in timed if r["gpu"] == gpu),
+    return Evidence(stack=stack, gpu=gpu, runs=len(time),
                     sources=tuple(dict.fromkeys(r["source"] for r in mine)),  # first-seen order, no repeats
                     gpus=tuple(dict.fromkeys(r["gpu"] for r in mine)),
                     time_mean_abs_error=sum(time) / len(time) if time else None,

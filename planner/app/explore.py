@@ -428,12 +428,11 @@ def _compare_steps(values: Mapping[str, object], gpus: int, profiles: Sequence[s
 
 
 def _hardware_row(option, probe) -> HardwareRow:
-    from planner.evidence import evidence_for
-    from planner.stacks import get_stack, is_builtin
+    from planner.evidence import for_stack
+    from planner.stacks import get_stack
 
     e = probe.best
-    stack = get_stack(option.job.stack)
-    checked = evidence_for(stack.name, probe.gpu, own_file=not is_builtin(stack)).on_gpu
+    checked = for_stack(get_stack(option.job.stack), probe.gpu).on_gpu
     base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
             "capacity_bytes": probe.capacity_bytes, "checked_runs": checked}
     if e is None:

@@ -186,13 +186,13 @@ def _header(model, note: str, options) -> list[str]:
 
 def _stack_lines(options) -> list[str]:
     """The stack each option is planned for, and the measured runs that check it on these GPUs."""
-    from planner.evidence import evidence_for
-    from planner.stacks import is_builtin, software
+    from planner.evidence import for_stack
+    from planner.stacks import software
 
     out = []
     for stack in dict.fromkeys(software(o.job).stack for o in options):  # first-seen order
         gpus = tuple(dict.fromkeys(o.hardware.name for o in options if software(o.job).stack == stack))
-        e = evidence_for(stack.name, gpus[0], own_file=not is_builtin(stack))
+        e = for_stack(stack, gpus[0])
         out += [f"stack  {stack.name}: {stack.description}", f"       checked against {e.line(gpus)}"]
     return out
 

@@ -230,11 +230,11 @@ def cmd_profiles(a: argparse.Namespace) -> int:
 def cmd_stacks(a: argparse.Namespace) -> int:
     import dataclasses
 
-    from planner.evidence import evidence_for
+    from planner.evidence import for_stack
     from planner.stacks import DEFAULT_STACK, get_stack, stack_names
 
     stacks = [get_stack(n) for n in stack_names()]
-    checked = {s.name: evidence_for(s.name, "") for s in stacks}  # the measured runs of each stack's family
+    checked = {s.name: for_stack(s, "") for s in stacks}  # the measured runs of each stack's family
     if a.format == "json":
         print(json.dumps({s.name: {**dataclasses.asdict(s), "checked_against": checked[s.name].to_json()}
                           for s in stacks}, indent=2, allow_nan=False))

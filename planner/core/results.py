@@ -152,12 +152,10 @@ class Estimate:
 
     def evidence(self) -> Evidence:
         """The measured runs that check this estimate's stack (planner.evidence)."""
-        from planner.evidence import evidence_for, plan_features
-        from planner.stacks import is_builtin, software
+        from planner.evidence import for_stack, plan_features
+        from planner.stacks import software
 
-        stack = software(self.job).stack
-        return evidence_for(stack.name, self.hardware.name, own_file=not is_builtin(stack),
-                            like=plan_features(self.model, self.layout))
+        return for_stack(software(self.job).stack, self.hardware.name, plan_features(self.model, self.layout))
 
 
 def _finite(d: dict) -> dict:
@@ -175,8 +173,8 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                          optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
                          other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
                          fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]), host_bytes=f(mem.host),
-                         torch_reserved_bytes=f(mem.total - outside_allocator(hw, c)),
-                         torch_allocated_bytes=f(allocated_bytes(mem)))
+                         torch_reserved_bytes=f(mem.total) - float(outside_allocator(hw, c.take([i]))[0]),
+                         torch_allocated_bytes=float(allocated_bytes(mem.row(i))[0]))
     time = TimeParts(step_s=f(t.step), **{f"{name}_s": f(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = f(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),

@@ -89,7 +89,12 @@ def test_default_page_renders():
     assert any(c.value.startswith(f"checked against {checked['runs']} published torchtitan runs") for c in at.caption)
 
 
-def test_gpus_profile_and_recompute_change_figures_as_the_cli_says():
+def test_gpus_profile_and_recompute_change_figures_as_the_cli_says(monkeypatch):
+    from planner.app import explore
+
+    computed = []
+    real = explore.compute
+    monkeypatch.setattr(explore, "compute", lambda values, *a, **k: computed.append(1) or real(values, *a, **k))
     at = new_app()
     flags = dict(DEFAULT_FLAGS)
     before = shown(at)
@@ -105,7 +110,11 @@ def test_gpus_profile_and_recompute_change_figures_as_the_cli_says():
         assert shown_core(at) == expected(cli_json(flags)), flag
         assert after != before, f"{flag} changed nothing"
         before = after
-    assert at.session_state["_run_ms"] < 1000  # cached per input; the benchmark has the real figures
+    # Cached per input (benchmarks/app_speed.py has the times): a page run with nothing changed
+    # computes no plan again.
+    plans = len(computed)
+    at.run()
+    assert not at.exception and len(computed) == plans > 0
 
 
 def test_export_reproduces_the_plan_through_the_cli():

@@ -142,23 +142,27 @@ def test_sweep_is_the_search_per_profile_and_count(params):
         assert g[3] == w[3] or (math.isnan(g[3]) and math.isnan(w[3])), (g, w)
 
 
-def test_the_sweep_a_step_at_a_time_is_the_sweep():
+def test_the_sweep_a_step_at_a_time_is_the_sweep(monkeypatch):
     values = explore_state.sweep_mapping({**explore_state.defaults(), "params": 7.0})
     profiles = ("a100-80g", "v100-32g", "a6000")
     whole = explore.sweep(values, explore.SWEEP_GPUS, profiles)
+    # A clock that moves one second each time it is read: a deadline 1.5 s ahead lets ``advance``
+    # run exactly one step, however fast or loaded the machine is.
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
     steps = explore.sweep_in_progress(values, explore.SWEEP_GPUS, profiles)
     steps.advance(0.0)  # a deadline already passed: no step
     assert steps.items == () and not steps.done
     runs = 0
     while not steps.done and runs < 1000:
-        steps.advance(time.perf_counter() + 1e-3)  # a step or so each (a step takes ms)
+        steps.advance(time.perf_counter() + 1.5)  # one step each
         runs += 1
         assert steps.items == whole[:len(steps.items)]
     assert steps.items == whole and steps.profiles_done == 3 and runs > 3
     values = explore_state.comparison_mapping({**explore_state.defaults(), "params": 7.0})
     table = explore.comparison_in_progress(values, 64, profiles)
     while not table.done:
-        table.advance(time.perf_counter() + 1e-3)
+        table.advance(time.perf_counter() + 1.5)
     assert table.items == explore.compare_hardware(values, 64, profiles) and len(table.items) == 3
 
 
