@@ -44,6 +44,10 @@ def main() -> int:
     for text in sys.argv[1:]:
         case = json.loads(text)
         n = check(ModelSpec(**case["model"]), Layout(**case["layout"]))
+        # Every rank waits until every other has finished building: a gloo group's members can finish
+        # connecting at different moments, and a rank that ran ahead and exited closed its half of a
+        # connection its peer was still opening ("Connection closed by peer" in a loaded CI run).
+        dist.barrier()
         if dist.get_rank() == 0:
             print(f"ok {text}: {n} tensors equal", flush=True)
     gc.collect()
