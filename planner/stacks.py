@@ -96,6 +96,12 @@ class Stack:
     fp8_cast_bytes: float  # HBM bytes per element cast to fp8 (amax, scale, cast, transposed copy)
     fp8_cast_bytes_compiled: float  # the same when compiled (casts fused into neighbouring kernels)
     fp8_all_gather: bool  # ZeRO-3 / FSDP gathers fp8 weights (1 byte) instead of 16-bit ones
+    # Mixture of experts: expert parallel's all-to-all (planner.core.moe)
+    ep_dispatch_bytes: float  # bytes per hidden element a token carries to its experts (0: the activations')
+    ep_combine_bytes: float  # the same back from them, and for the gradients (0: the activations')
+    ep_dedup: bool  # a token crosses the network once per node it goes to, then NVLink (DeepEP); else once per expert
+    ep_overlap: float  # of the layer's compute (another micro-batch's) that hides its all-to-alls (DualPipe: 1)
+    ep_sm_share: float  # of the SMs the overlapped all-to-all kernels hold while that compute runs
 
     def elementwise_for(self, compile: bool) -> str:
         return "fused" if compile and self.compiles else self.elementwise
@@ -155,8 +161,13 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "fp8_cast_bytes": ("fp8_cast_bytes", "float", (0.0, 64.0)),
     "fp8_cast_bytes_compiled": ("fp8_cast_bytes_compiled", "float", (0.0, 64.0)),
     "fp8_all_gather": ("fp8_all_gather", "bool", None),
+    "ep_dispatch_bytes": ("ep_dispatch_bytes", "float", (0.0, 4.0)),
+    "ep_combine_bytes": ("ep_combine_bytes", "float", (0.0, 4.0)),
+    "ep_dedup": ("ep_dedup", "bool", None),
+    "ep_overlap": ("ep_overlap", "float", (0.0, 1.0)),
+    "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
-_TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8")
+_TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "aliases", "base", *_TABLES)
 
 

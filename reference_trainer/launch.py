@@ -41,7 +41,7 @@ FLAGS = {
     "seq_len": ("model", "seq_len"), "tied_embeddings": ("model", "tied_embeddings"),
     "dropout": ("model", "dropout"), "attention": ("model", "attention"),
     **{k: ("model", k) for k in ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers",
-                                 "capacity_factor", "shared_expert_gate")},
+                                 "capacity_factor", "shared_expert_gate", "expert_groups", "groups_per_token")},
     **{d.name: ("layout", d.name) for d in LAYOUT_DIMS},
     "steps": ("training", "steps"), "precision": ("training", "precision"), "lr": ("training", "lr"),
     "warmup_steps": ("training", "warmup_steps"), "grad_clip": ("training", "grad_clip"),
@@ -92,7 +92,9 @@ def parser() -> argparse.ArgumentParser:
     for name, helptext in (("experts", "routed experts per MoE layer"), ("top-k", "experts each token goes to"),
                            ("expert-ffn", "each expert's FFN width (default ffn_hidden)"),
                            ("shared-experts", "always-on experts: one MLP of width shared_experts * expert_ffn"),
-                           ("dense-layers", "leading layers that keep the dense MLP")):
+                           ("dense-layers", "leading layers that keep the dense MLP"),
+                           ("expert-groups", "equal groups of experts for group-limited routing (default 1)"),
+                           ("groups-per-token", "groups a token's experts may come from (default 1)")):
         moe.add_argument(f"--{name}", type=int, help=helptext)
     moe.add_argument("--capacity-factor", type=float, help="tokens per expert capped at this x the mean (0: dropless)")
     moe.add_argument("--shared-expert-gate", action=argparse.BooleanOptionalAction, default=None,

@@ -3,7 +3,8 @@
 One MoE layer's MLP (planner/core/model.py counts the same parameters):
 - router: Linear(hidden, experts, bias=False). Gating (Mixtral / Qwen-MoE style): softmax over all
   experts' logits, the top_k largest kept and renormalised to sum to 1 (equal to Mixtral's softmax
-  over the top-k logits);
+  over the top-k logits); with group-limited routing (expert_groups, groups_per_token) the top_k
+  are taken inside the token's groups_per_token groups of highest best-expert probability;
 - routed experts: each the dense MLP of the arch (SwiGLU for llama, GELU with biases for gpt) at
   width expert_ffn, stored stacked per rank: (experts/ep, ...) tensors;
 - shared experts: ONE always-on MLP of width shared_experts * expert_ffn (DeepSeekMoE's fused
@@ -109,11 +110,23 @@ class MoE(nn.Module):
         self.aux_coef = 0.0  # training.moe_aux_loss_coef, set by the stepper
         self.aux_loss: torch.Tensor | None = None  # this forward's load-balancing loss (aux_coef > 0)
 
+    def _limited(self, probs: torch.Tensor) -> torch.Tensor:
+        """Group-limited routing (DeepSeek-V2's group_limited_greedy): the experts form expert_groups
+        equal groups, each scored by its best expert's probability; a token's experts are chosen
+        among its groups_per_token best groups only (the others' probabilities masked to 0)."""
+        g, keep = self.spec.expert_groups, self.spec.groups_per_token
+        if keep >= g:
+            return probs
+        n, e = probs.shape
+        best = probs.view(n, g, e // g).amax(dim=-1).topk(keep, dim=-1).indices  # (N, keep)
+        allowed = torch.zeros(n, g, dtype=torch.bool, device=probs.device).scatter_(1, best, True)
+        return probs.masked_fill(~allowed.repeat_interleave(e // g, dim=1), 0.0)
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (N, C) -> (token, expert, weight) of every kept slot, sorted by expert (stable)."""
         n, e = x.shape[0], self.spec.experts
         probs = self.router(x).float().softmax(dim=-1)  # (N, E)
-        weight, expert = probs.topk(self.k, dim=-1)  # (N, k)
+        weight, expert = self._limited(probs).topk(self.k, dim=-1)  # (N, k)
         weight = weight / weight.sum(dim=-1, keepdim=True)
         if self.aux_coef > 0:  # Switch Transformer eqs. 4-6, over the top-k slots
             share = torch.bincount(expert.reshape(-1), minlength=e).float() / (n * self.k)  # f_e

@@ -173,3 +173,12 @@ def test_trainer_run_config_of_an_moe_with_expert_parallel(capsys):
     cfg = config_mod.build_config(raw)
     assert (cfg.spec.experts, cfg.layout.ep) == (8, 8)
     assert "--preset mixtral-8x7b" in out and "--ep 8" in out
+
+
+def test_megatron_group_limited_routing_flags(capsys):
+    """DeepSeek-V3's released config routes top-8 inside 4 of 8 groups (n_group, topk_group):
+    Megatron-Core's --moe-router-num-groups / --moe-router-group-topk. Mixtral has no groups."""
+    f = megatron_flags(export(capsys, "megatron", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h100")[0])
+    assert (f["--moe-router-num-groups"], f["--moe-router-group-topk"]) == ("8", "4")
+    f = megatron_flags(export(capsys, "megatron", *MIXTRAL_EP, "--zero", "1")[0])
+    assert "--moe-router-num-groups" not in f and "--moe-router-group-topk" not in f

@@ -53,6 +53,10 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ('name = "fsdp2"', 'name = "fsdp2"\nbase = "fsdp9"', "fsdp9", "unknown software stack"),
     ('name = "fsdp2"', 'name = "fsdp2"\nbase = 3', "base", "a stack name, alias or file"),
     ('name = "fsdp2"', 'name = "fsdp2"\nbase = "mine.toml"', "base", "may not loop"),
+    ("ep_sm_share = 0.0", "ep_sm_share = 0.9", "ep_sm_share", "from 0 to 0.5"),
+    ("ep_dedup = false", "ep_dedup = 1", "ep_dedup", "true or false"),
+    ("ep_dispatch_bytes = 0", "ep_dispatch_bytes = 8", "ep_dispatch_bytes", "from 0 to 4"),
+    ("ep_overlap = 0.0", "", "missing", "ep_overlap"),
 ])
 def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_path, old, new, field, allowed):
     with pytest.raises(PlannerError) as err:

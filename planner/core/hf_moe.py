@@ -47,6 +47,9 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
             raise PlannerError(f"{where} moe_layer_freq", cfg["moe_layer_freq"], "1 (every layer after the dense ones)")
         fields.update(shared_experts=_int(cfg, "n_shared_experts", where, 0),
                       dense_layers=_int(cfg, "first_k_dense_replace", where, 0), router_bias=kind == "deepseek_v3")
+        # group-limited routing (topk_method group_limited_greedy / noaux_tc): top_k inside topk_group of n_group
+        groups = _int(cfg, "n_group", where, 1) or 1
+        fields.update(expert_groups=groups, groups_per_token=_int(cfg, "topk_group", where, groups) or groups)
     if kind in ("qwen2_moe", "qwen3_moe") and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
         raise PlannerError(f"{where} decoder_sparse_step", cfg.get("decoder_sparse_step"),
                                "1 with mlp_only_layers empty (every layer an MoE layer)")

@@ -56,6 +56,11 @@ class ModelSpec:
     capacity_factor: float = 0.0  # tokens per expert capped at this x the mean (0: dropless)
     router_bias: bool = False  # a per-expert routing bias held as a weight (DeepSeek-V3 e_score_correction_bias)
     shared_expert_gate: bool = False  # sigmoid gate Linear(hidden, 1) on the shared MLP (Qwen1.5/2-MoE)
+    # Group-limited routing (DeepSeek-V2/V3 n_group, topk_group): the experts form expert_groups equal
+    # groups (one per node when expert parallel spans that many) and a token picks its top_k experts
+    # inside its best groups_per_token groups. 1 and 1: no limit.
+    expert_groups: int = 1
+    groups_per_token: int = 1
     # Attention variants (defaults: multi-head / grouped-query attention with head_dim = hidden / heads).
     head_dim: int | None = None  # per-head q/k/v width (None: hidden / heads; MLA: qk_nope_dim + qk_rope_dim)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen1.5/2); gpt has all biases anyway
@@ -131,15 +136,28 @@ class ModelSpec:
         cf = self.capacity_factor
         require(isinstance(cf, (int, float)) and not isinstance(cf, bool) and (cf == 0 or 0 < cf <= 64),
                 "capacity_factor", cf, "0 (dropless) or a factor in (0, 64]")
+        for field in ("expert_groups", "groups_per_token"):
+            value = getattr(self, field)
+            require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536, field, value,
+                    "a whole number from 1 to 65,536")
         if self.experts == 0:
             for field in ("top_k", "shared_experts", "dense_layers", "capacity_factor", "router_bias",
                           "shared_expert_gate"):
                 require(not getattr(self, field), field, getattr(self, field), "0 for a dense model (experts = 0)")
+            for field in ("expert_groups", "groups_per_token"):
+                require(getattr(self, field) == 1, field, getattr(self, field), "1 for a dense model (experts = 0)")
             require(self.expert_ffn is None, "expert_ffn", self.expert_ffn, "unset for a dense model (experts = 0)")
             return
         require(self.experts >= 2 and self.experts <= 65536, "experts", self.experts,
                 "0 (dense) or from 2 to 65,536 routed experts")
         require(1 <= self.top_k <= self.experts, "top_k", self.top_k, f"from 1 to experts={self.experts}")
+        require(self.experts % self.expert_groups == 0, "expert_groups", self.expert_groups,
+                f"a divisor of experts={self.experts} (equal groups)")
+        require(self.groups_per_token <= self.expert_groups, "groups_per_token", self.groups_per_token,
+                f"from 1 to expert_groups={self.expert_groups}")
+        reachable = self.groups_per_token * self.experts // self.expert_groups
+        require(self.top_k <= reachable, "groups_per_token", self.groups_per_token,
+                f"enough groups for top_k={self.top_k} experts ({self.experts // self.expert_groups} per group)")
         require(self.dense_layers < self.layers, "dense_layers", self.dense_layers,
                 f"fewer than layers={self.layers} (at least one MoE layer)")
         if self.expert_ffn is None:
@@ -382,8 +400,10 @@ class ModelSpec:
         if self.moe:
             shared = f" + {self.shared_experts} shared" if self.shared_experts else ""
             dense = f", {self.dense_layers} dense layers first" if self.dense_layers else ""
-            moe = (f", {fmt_params(self.active_params)} active; MoE {self.experts} experts{shared}, top-{self.top_k}, "
-                   f"expert ffn {self.expert_ffn}{dense}")
+            groups = (f" in {self.groups_per_token} of {self.expert_groups} groups"
+                      if self.groups_per_token < self.expert_groups else "")
+            moe = (f", {fmt_params(self.active_params)} active; MoE {self.experts} experts{shared}, top-{self.top_k}"
+                   f"{groups}, expert ffn {self.expert_ffn}{dense}")
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "
                 f"hidden {self.hidden}, {self.heads} heads{kv}, ffn {self.ffn_hidden}, "
                 f"vocab {self.vocab}, seq {self.seq_len})")

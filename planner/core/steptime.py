@@ -194,7 +194,6 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         ew_moe = _elementwise_bytes(model, c, job, sw, ffn=width)[0] + moe.permute_bytes(model, job, c, act)
         ew_layer = (1 - share) * ew_layer + share * ew_moe
         cast_elements = (1 - share) * cast_elements + share * fp8_cast_elements(model, width)
-        ep_comm = share * moe.exposed_all_to_all(model, job, c, links, act, c.recompute == 2)
     gemms = timed(attention_gemms) + mlp
     cast = sw.fp8_cast_bytes * tokens * cast_elements / c.tp / hbm if fp8 else 0.0
     # LoRA: frozen weights need input gradients only (one GEMM, not two); the adapters' small
@@ -208,6 +207,9 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     else:  # the attention core again (Korthikanti et al. 2022); flash attention recomputes it anyway
         selective = np.where(sw.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
     recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
+    if model.moe:  # what its all-to-alls may hide behind: the layer's own compute per micro-batch
+        ep_comm = share * moe.exposed_all_to_all(model, job, c, links, act, c.recompute == 2, sw.stack,
+                                                 fwd + bwd + recompute)
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
     # torch's non-reentrant checkpoint stops recomputing once the layer's saved tensors are back,

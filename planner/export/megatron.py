@@ -68,6 +68,8 @@ def moe_args(m) -> list:
     else:  # the load-balancing loss of Switch Transformer (Fedus et al. 2022, Sec. 2.2: alpha = 1e-2); Megatron's
         # default coefficient is 0, no balancing
         out += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", 1e-2]
+    if getattr(m, "groups_per_token", 1) < getattr(m, "expert_groups", 1):  # group-limited routing (DeepSeek-V2/V3)
+        out += ["--moe-router-num-groups", m.expert_groups, "--moe-router-group-topk", m.groups_per_token]
     if getattr(m, "capacity_factor", 0):
         out += ["--moe-expert-capacity-factor", m.capacity_factor, "--moe-token-drop-policy", "probs"]
     return out

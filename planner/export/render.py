@@ -26,7 +26,7 @@ from planner.units import GIB, fmt_count, fmt_days
 MASTER_PORT = 29500
 # The ModelSpec fields of a mixture of experts, written into the trainer's run config for an MoE model.
 MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor",
-              "shared_expert_gate")
+              "shared_expert_gate", "expert_groups", "groups_per_token")
 # AdamW settings by training mode, cited in planner/export/hyper.py; the checkpoint policy is the seed's.
 DEFAULT_CHECKPOINT_INTERVAL = 1000  # steps, when no failure model sets one (the seed's 1000steps)
 INITIAL_LOSS_SCALE_POWER = 16  # fp16 dynamic loss scaling starts at 2**16 (Megatron, DeepSpeed, torch)

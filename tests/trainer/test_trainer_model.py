@@ -259,3 +259,28 @@ def test_a_meta_device_build_computes_no_initial_values():
             "print('torch._dynamo' in sys.modules, 'torch.distributed.tensor' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_group_limited_routing_equals_a_per_token_reference():
+    """8 experts in 2 groups of 4, top-3 inside the best group (DeepSeek-V2's group-limited greedy,
+    topk_group 1), written token by token: rank the groups by their best expert's probability,
+    keep one, take the top 3 of its 4 experts, renormalised. Every token's experts lie in one group,
+    and some tokens route differently from unlimited top-3 (the limit is not a no-op)."""
+    spec = ModelSpec(arch="llama", layers=1, hidden=16, heads=2, vocab=32, seq_len=8, experts=8, top_k=3,
+                     expert_ffn=24, expert_groups=2, groups_per_token=1)
+    model = GPT(spec)
+    model.init_weights(5)
+    moe = model.layers["0"].mlp
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(7))
+    token, expert, weight = moe.route(x)
+    differs = 0
+    for i, tok in enumerate(x):
+        probs = torch.softmax(tok @ moe.router.weight.T, dim=-1).tolist()
+        group = max(range(2), key=lambda g: max(probs[4 * g:4 * g + 4]))
+        want = sorted(sorted(range(4 * group, 4 * group + 4), key=lambda e: -probs[e])[:3])
+        got = sorted(expert[token == i].tolist())
+        assert got == want, (i, got, want)
+        total = sum(probs[e] for e in want)
+        assert sorted(weight[token == i].tolist()) == pytest.approx(sorted(probs[e] / total for e in want), rel=1e-5)
+        differs += want != sorted(sorted(range(8), key=lambda e: -probs[e])[:3])
+    assert differs > 0
