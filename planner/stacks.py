@@ -44,6 +44,7 @@ class Stack:
     description: str
     source: str
     path: str = ""
+    not_modelled: str = ""  # what the stack does that the planner does not model (said beside every estimate)
     # Kernels
     elementwise: str  # fused (one kernel per norm, activation, RoPE) or eager (one PyTorch op at a time)
     attention_kernel: str
@@ -168,7 +169,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
-_TOP = ("name", "description", "source", "aliases", "base", *_TABLES)
+_TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 
 
 def _value(where: str, key: str, value: object, kind: str, allowed: object) -> object:
@@ -216,7 +217,7 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
             raise PlannerError(f"stack {path}", "base", f"{base!r} leads back to this file; a base may not loop")
         parent = load_stack_file(base_path, chain)
         values = {f.name: getattr(parent, f.name) for f in dataclasses.fields(Stack)
-                  if f.name not in ("name", "description", "source", "path")}
+                  if f.name not in ("name", "description", "source", "path", "not_modelled")}
     for table in _TABLES:
         section = data.get(table, {})
         if not isinstance(section, dict):
@@ -234,6 +235,10 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
     for key in ("name", "description", "source"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise PlannerError(f"stack {path}", key, "a non-empty string")
+    if not isinstance(data.get("not_modelled", ""), str):
+        raise PlannerError(f"stack {path}", "not_modelled", "a string: what the stack does that the planner "
+                                                              "does not model")
+    values["not_modelled"] = " ".join(data.get("not_modelled", "").split())
     return Stack(name=data["name"], description=data["description"], source=data["source"], path=str(path),
                  **values)
 

@@ -42,3 +42,26 @@ def test_each_count_has_the_layout_its_own_plan_picks(inputs):
     # A caller's known best for the plan's own count is used as given.
     known = plan(x.model, x.hardware, x.job, x.gpus, ops=x.ops, top=0).best
     assert pic.breakdown_vs_gpus(x, known={x.gpus: known}) == expected
+
+
+def test_every_part_of_the_step_has_a_colour_in_the_pictures():
+    """The explorer's step bars and the CLI's --plot stack the parts by TIME_COLOURS: a part without
+    one broke the explorer (a KeyError) and went missing from the plot's bars for any plan with
+    expert parallel."""
+    assert list(pic.TIME_COLOURS) == [label for _, label in TIME_PARTS]
+    assert len(set(pic.TIME_COLOURS.values())) == len(pic.TIME_COLOURS)
+
+
+def test_the_step_bar_of_an_expert_parallel_plan_adds_up_to_its_step():
+    """DeepSeek-V3 on 2,048 H800s with ep 64 pinned: the explorer's step bar has an EP all-to-all
+    segment, and the segments add up to the step time."""
+    from planner.app import charts
+
+    x = build_inputs(explore_state.mapping_from_state({**explore_state.defaults(), "model": "preset",
+                                                        "preset": "deepseek-v3", "gpu": "h800", "gpus": 2048,
+                                                        "ep": 64}))
+    best = plan(x.model, x.hardware, x.job, x.gpus, x.pins, ops=x.ops, top=0).best
+    rows = [{"part": label, "seconds": getattr(best.time, key)} for key, label in TIME_PARTS]
+    values = charts.step_bar(rows)["layer"][0]["data"]["values"]
+    assert "EP all-to-all" in {v["part"] for v in values}
+    assert sum(v["seconds"] for v in values) == pytest.approx(best.time.step_s, rel=1e-9)

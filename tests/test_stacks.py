@@ -57,6 +57,7 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ("ep_dedup = false", "ep_dedup = 1", "ep_dedup", "true or false"),
     ("ep_dispatch_bytes = 0", "ep_dispatch_bytes = 8", "ep_dispatch_bytes", "from 0 to 4"),
     ("ep_overlap = 0.0", "", "missing", "ep_overlap"),
+    ('name = "fsdp2"', 'name = "fsdp2"\nnot_modelled = 3', "not_modelled", "a string"),
 ])
 def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_path, old, new, field, allowed):
     with pytest.raises(PlannerError) as err:
@@ -254,3 +255,18 @@ def test_only_the_reference_stack_pays_per_tensor_optimizer_work_under_dtensor()
         s = get_stack(name)
         assert s.optimizer_tensor_overhead_s == 0.0  # machine-specific: a calibrated profile sets it
         assert s.dtensor_optimizer_ratio == (4.0 if name == "reference" else 1.0)
+
+
+def test_what_a_stack_does_not_model_is_said_beside_the_estimate(capsys):
+    """A stack file's not_modelled text is printed under the stack line and given in JSON; a file
+    on a base does not inherit it (what it changes may be what was missing); none on fsdp2."""
+    from planner.cli.main import main
+
+    hai = get_stack("hai-llm")
+    assert "DualPipe" in hai.not_modelled and get_stack("megatron-core").not_modelled == ""
+    assert main(["estimate", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--stack", "hai-llm"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    i = next(k for k, line in enumerate(out) if line.startswith("stack    hai-llm"))
+    assert out[i + 1] == f"         not modelled: {hai.not_modelled}"
+    assert main(["estimate", "--params", "7B", "--gpus", "8"]) == 0
+    assert "not modelled" not in capsys.readouterr().out

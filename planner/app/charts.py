@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from planner.decisions.pictures import TIME_COLOURS
+
 PART_COLOURS = {"weights": "#4c78a8", "gradients": "#72b7b2", "optimizer": "#54a24b", "activations": "#f58518",
                 "other": "#bab0ac"}
-TIME_COLOURS = {"compute": "#4c78a8", "TP comm": "#e45756", "CP comm": "#9d755d", "PP comm": "#ff9da6",
-                "DP comm": "#b279a2",
-                "bubble": "#f58518", "optimizer": "#54a24b", "other": "#bab0ac"}
 LEGEND_BOTTOM = {"orient": "bottom", "title": None, "columns": 4}
 
 

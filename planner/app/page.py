@@ -155,6 +155,8 @@ def show_headline(view: explore.View, j: dict) -> None:
                f"{view.search_seconds * 1e3:.1f} ms (ranked by {view.objective}){pinned}")
     calibrated = calibration_line(view.best.hardware)
     st.caption(f"checked against {view.best.evidence().line()}" + (f"; {calibrated}" if calibrated else ""))
+    if j["stack"]["not_modelled"]:
+        st.caption(f"{j['stack']['name']} does what the planner does not model: {j['stack']['not_modelled']}")
     if not view.best.fits:
         show_does_not_fit(view, j)
         return

@@ -193,7 +193,9 @@ def _stack_lines(options) -> list[str]:
     for stack in dict.fromkeys(software(o.job).stack for o in options):  # first-seen order
         gpus = tuple(dict.fromkeys(o.hardware.name for o in options if software(o.job).stack == stack))
         e = for_stack(stack, gpus[0])
-        out += [f"stack  {stack.name}: {stack.description}", f"       checked against {e.line(gpus)}"]
+        out += [f"stack  {stack.name}: {stack.description}",
+                *([f"       not modelled: {stack.not_modelled}"] if stack.not_modelled else []),
+                f"       checked against {e.line(gpus)}"]
     return out
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-TIME_COLOURS = {"compute": "#4c78a8", "TP comm": "#e45756", "CP comm": "#9d755d", "PP comm": "#ff9da6",
-                "DP comm": "#b279a2", "bubble": "#f58518", "optimizer": "#54a24b", "other": "#bab0ac"}
+from planner.decisions.pictures import TIME_COLOURS
 
 
 def write_estimate_plot(x, p, path: str) -> None:

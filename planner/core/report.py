@@ -9,7 +9,7 @@ from planner.core.plan import Plan
 from planner.core.results import Estimate
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
-from planner.stacks import DEFAULT_STACK
+from planner.stacks import DEFAULT_STACK, software
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
 BAR_WIDTH = 50
@@ -87,6 +87,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{fmt_count(e.layout.global_batch * e.model.seq_len)} tokens ({batch_note}); {job.precision}, "
         f"{job.attention} attention",
         f"stack    {stack_line(e)}",
+        *([f"         not modelled: {software(job).stack.not_modelled}"] if software(job).stack.not_modelled else []),
         f"checked  {e.evidence().line()}",
         *([f"         {calibration_line(hw)}"] if hw.calibration else []),
         f"layout   {layout_line(e)}",

@@ -145,7 +145,7 @@ class Estimate:
 
         sw = software(self.job)
         return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
-                "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
+                "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
                 "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
                 "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys),
                 "checked_against": {**self.evidence().to_json(),

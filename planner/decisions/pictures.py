@@ -10,6 +10,11 @@ import dataclasses
 
 from planner.errors import PlannerError
 
+# One colour per part of the step (planner.core.report.TIME_PARTS' labels, in that order), for the
+# explorer's charts and the CLI's --plot alike; tests/test_pictures.py checks every part has one.
+TIME_COLOURS = {"compute": "#4c78a8", "TP comm": "#e45756", "CP comm": "#9d755d", "EP all-to-all": "#eeca3b",
+                "PP comm": "#ff9da6", "DP comm": "#b279a2", "bubble": "#f58518", "optimizer": "#54a24b",
+                "other": "#bab0ac"}
 MAX_DRAWN_MICRO_BATCHES = 24  # a timeline of more micro-batches is drawn with this many (said in the caption)
 FORWARD, BACKWARD = 1.0, 2.0  # a backward pass costs twice a forward (Narayanan et al. 2021, Sec. 3)
 

@@ -89,6 +89,17 @@ def test_default_page_renders():
     assert any(c.value.startswith(f"checked against {checked['runs']} published torchtitan runs") for c in at.caption)
 
 
+def test_a_stack_that_does_what_the_planner_does_not_model_says_so():
+    """hai-llm's file names what the planner does not model (DualPipe's schedule, ...): the page
+    says it beside the plan, as the CLI's "not modelled" line does; the default stack says nothing."""
+    at = new_app({"model": "preset", "preset": "deepseek-v3", "gpus": "2048", "gpu": "h800", "stack": "hai-llm"})
+    want = cli_json({"--preset": "deepseek-v3", "--gpus": "2048", "--gpu": "h800", "--stack": "hai-llm"})
+    assert want["stack"]["not_modelled"].startswith("DualPipe's own schedule")
+    assert any(c.value == f"hai-llm does what the planner does not model: {want['stack']['not_modelled']}"
+               for c in at.caption)
+    assert not any("does not model" in c.value for c in new_app().caption)
+
+
 def test_gpus_profile_and_recompute_change_figures_as_the_cli_says(monkeypatch):
     from planner.app import explore
 
