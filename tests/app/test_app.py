@@ -289,3 +289,25 @@ def test_a_page_run_leaves_the_long_lived_heap_out_of_the_collectors_scans():
     at.run()
     assert not at.exception
     assert gc.get_freeze_count() > 1000  # the imported libraries' objects, at least
+
+
+SWEEP = [  # the newer dimensions and stacks, each on every tab: nothing may raise or show an error
+    {"model": "preset", "preset": "deepseek-v3", "gpus": "2048", "gpu": "h800", "stack": "hai-llm"},
+    {"model": "preset", "preset": "mixtral-8x22b", "gpus": "256", "ep": "8", "cp": "2", "seq_len": "16384"},
+    {"model": "preset", "preset": "llama3-8b", "gpus": "8", "gpu": "h100-96g-hbm2e", "cp": "4", "seq_len": "131072",
+     "precision": "fp8"},
+    {"params": "7", "gpus": "1", "gpu": "a6000", "mode": "full-finetune"},
+    {"params": "70", "gpus": "64", "sharding": "hybrid"},
+    {"model": "preset", "preset": "deepseek-v2-lite", "gpus": "16", "mode": "lora"},
+]
+
+
+@pytest.mark.parametrize("query", SWEEP, ids=lambda q: q.get("preset", q.get("params")))
+def test_every_tab_renders_for_the_newer_dimensions(query):
+    """The charts key each part of the step and of memory by name: a plan with a part no earlier
+    test's plan had (expert parallel's all-to-all) raised a KeyError on the Plan tab."""
+    from planner.app.page import TABS
+
+    for tab in TABS:
+        at = new_app({**query, "tab": tab})
+        assert not at.error, (tab, [e.value for e in at.error])
