@@ -162,3 +162,28 @@ def test_the_stack_moves_only_the_all_to_all():
     mc, hai = runs["megatron-core"].time, runs["hai-llm"].time
     assert hai.compute[0] == pytest.approx(mc.compute[0], rel=1e-12)
     assert 0 < hai.ep_comm[0] < 0.2 * mc.ep_comm[0]
+
+
+def test_an_all_to_all_bound_plan_is_told_how_to_hide_it():
+    """DeepSeek-V3 with ep 64 over 8 nodes on megatron-core: the exposed all-to-all is most of the
+    step, so the communication warning names it and its fixes (ep inside a node, a stack that
+    deduplicates and hides it); under hai-llm it is under the 15% line and nothing is said. A
+    dense plan over the line keeps the data-parallel fix."""
+    from planner.core.checks import COMM_SHARE_LIMIT, warnings_for
+    from planner.core.plan import plan
+    from planner.core.search import Pins
+
+    pins = Pins(tp=1, pp=16, ep=64, zero_stage=1, recompute="full", micro_batch=1)
+    h800 = get_profile("h800")
+    mc = plan(V3, h800, Job(precision="fp8", stack="megatron-core", global_batch=15360), 2048, pins, top=0).best
+    share = mc.time.ep_comm_s / mc.time.step_s
+    assert share > 0.5
+    comm = [w for w in mc.warnings if w.startswith("communication is")]
+    assert comm and f"expert parallel's all-to-all is {share:.0%}" in comm[0]
+    assert "ep <= 8" in comm[0] and "--stack hai-llm" in comm[0]
+    hai = plan(V3, h800, Job(precision="fp8", stack="hai-llm", global_batch=15360), 2048, pins, top=0).best
+    assert hai.comm_fraction < COMM_SHARE_LIMIT and not any(w.startswith("communication is") for w in hai.warnings)
+    dense = warnings_for(comm_fraction=0.3, bubble_fraction=0.0, total_bytes=1.0, capacity_bytes=2.0, pp=1, vpp=1,
+                         grad_accum=1, tp=1, gpus_per_node=8, ep_fraction=0.05, ep=2)
+    assert dense == ["communication is 30% of the step (> 15%); fix: overlap data-parallel reduction with backward, "
+                     "raise gradient accumulation, or trade tp for pp"]

@@ -23,7 +23,8 @@ GOODPUT_FLOOR = 0.90  # warn when failures and checkpoints cost more than 10% of
 
 def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: float, capacity_bytes: float,
                  pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
-                 feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None) -> list[str]:
+                 feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None,
+                 ep_fraction: float = 0.0, ep: int = 1) -> list[str]:
     out = []
     if total_bytes > capacity_bytes:
         over = (total_bytes - capacity_bytes) / 2**30
@@ -36,7 +37,14 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
     if comm_fraction > COMM_SHARE_LIMIT:
         fix = ("keep tensor parallel inside a node" if tp > gpus_per_node else
                "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp")
-        out.append(f"communication is {comm_fraction:.0%} of the step (> {COMM_SHARE_LIMIT:.0%}); fix: {fix}")
+        what = ""
+        if ep_fraction >= comm_fraction / 2:  # mostly expert parallel's all-to-all
+            what = f"; expert parallel's all-to-all is {ep_fraction:.0%}"
+            inside = max(1, gpus_per_node // tp)
+            fix = ((f"keep expert parallel inside a node (ep <= {inside}), or " if ep > inside else "")
+                   + "a stack that sends a token once per node and hides the all-to-all behind compute "
+                     "(--stack hai-llm, or [moe] ep_dedup / ep_overlap in a stack file of your own)")
+        out.append(f"communication is {comm_fraction:.0%} of the step (> {COMM_SHARE_LIMIT:.0%}){what}; fix: {fix}")
     if bubble_fraction > BUBBLE_LIMIT:
         out.append(f"pipeline bubble is {bubble_fraction:.0%} of the step (> {BUBBLE_LIMIT:.0%}); fix: more "
                    "micro-batches per step (larger global batch or smaller micro-batch), interleaving (--vpp), "

@@ -194,7 +194,8 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=memory.total_bytes,
                             capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
                             grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
-                            feed=feed, reliability=reliability)
+                            feed=feed, reliability=reliability,
+                            ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep)
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=f(ev.tokens_per_s),
                     model_tflops_per_gpu=f(ev.model_flops_per_gpu) / 1e12, mfu=f(ev.mfu), hfu=f(ev.hfu),
