@@ -185,5 +185,6 @@ def test_an_all_to_all_bound_plan_is_told_how_to_hide_it():
     assert hai.comm_fraction < COMM_SHARE_LIMIT and not any(w.startswith("communication is") for w in hai.warnings)
     dense = warnings_for(comm_fraction=0.3, bubble_fraction=0.0, total_bytes=1.0, capacity_bytes=2.0, pp=1, vpp=1,
                          grad_accum=1, tp=1, gpus_per_node=8, ep_fraction=0.05, ep=2)
-    assert dense == ["communication is 30% of the step (> 15%); fix: overlap data-parallel reduction with backward, "
-                     "raise gradient accumulation, or trade tp for pp"]
+    want = ("communication is 30% of the step (> 15%); fix: overlap data-parallel reduction with backward, "
+            "raise gradient accumulation, or trade tp for pp")
+    assert dense == [want]
