@@ -147,7 +147,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
     "dp_bucket_mib": ("dp_bucket_bytes", "mib", (0.0, 1e6)),
     "offload": ("offload", "strs", ("none", "optimizer", "params")),
-    "schedules": ("schedules", "strs", ("1f1b", "gpipe")),
+    "schedules": ("schedules", "strs", ("1f1b", "gpipe", "dualpipev")),
     "interleaved": ("interleaved", "bool", None),
     "balance_pipeline": ("balance_pipeline", "bool", None),
     "uneven_interleave": ("uneven_interleave", "bool", None),

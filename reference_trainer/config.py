@@ -413,6 +413,8 @@ def _check_cp(config: RunConfig) -> None:
 
 def _check_schedule(config: RunConfig) -> None:
     lay, m = config.layout, config.micro_batches
+    _require(lay.pp == 1 or lay.schedule != "dualpipev", "layout.schedule=dualpipev: this trainer runs 1f1b "
+                                                          "(interleaved with vpp > 1) and gpipe")
     if lay.vpp > 1:
         _require(lay.pp > 1 and lay.schedule == "1f1b",
                  f"layout.vpp={lay.vpp}: interleaving needs pp > 1 and schedule 1f1b")

@@ -94,7 +94,7 @@ def test_a_stack_file_on_a_base_sets_only_what_differs(tmp_path):
     assert "may not loop" in str(err.value) and "\n" not in str(err.value)
     # the shipped variants differ from their base in what their sources say, nothing else
     for name, base_name, keys in (("fsdp2-2024-triton-norm", "fsdp2-2024", {"eager_norm"}),
-                                  ("fsdp2-2025", "fsdp2", {"attention_kv_heads"})):
+                                  ("fsdp2-2025", "fsdp2", {"attention_kv_heads", "schedules"})):
         a, b = get_stack(name), get_stack(base_name)
         differ = {f for f in a.__slots__ if getattr(a, f) != getattr(b, f)}
         assert differ == keys | {"name", "description", "source", "path"}

@@ -228,17 +228,19 @@ def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
         st.caption(f"{j['time']['step_s']:.3g} s per step; exposed communication and bubble are the parts "
                    "not hidden behind compute.")
     lay = j["layout"]
-    from planner.decisions.pictures import MAX_DRAWN_MICRO_BATCHES, timeline_rows
+    from planner.core.pipeline import schedule_name
+    from planner.decisions.pictures import DUALPIPE_NOTE, drawn_micro_batches, timeline_rows
 
-    sched = "GPipe" if lay["schedule"] == "gpipe" else "interleaved 1F1B" if lay["vpp"] > 1 else "1F1B"
+    sched = schedule_name(lay["schedule"], lay["vpp"])
     st.subheader(f"Pipeline schedule ({sched}, pp {lay['pp']}, vpp {lay['vpp']}, m {lay['grad_accum']})")
     st.vega_lite_chart(spec=charts.pipeline_timeline(timeline_rows(lay["pp"], lay["vpp"], lay["grad_accum"],
                                                                    lay["schedule"])), width="stretch",
                        key="timeline")
-    drawn = min(lay["grad_accum"], MAX_DRAWN_MICRO_BATCHES)
+    drawn = drawn_micro_batches(lay["pp"], lay["grad_accum"], lay["schedule"])
     st.caption("One lane per pipeline rank; light: forward, dark: backward (twice as long), numbered by "
                "micro-batch; the gaps are the bubble." + (f" Drawn with the first {drawn} of {lay['grad_accum']} "
-                                                          "micro-batches." if drawn < lay["grad_accum"] else ""))
+                                                          "micro-batches." if drawn < lay["grad_accum"] else "")
+               + (f" {DUALPIPE_NOTE}" if lay["schedule"] == "dualpipev" else ""))
     if values is not None:
         mem_rows, time_rows = cached_pictures(values, best)
         left, right = st.columns(2)

@@ -160,7 +160,7 @@ def compact_layout(e) -> str:
     out += f" mb{lay.micro_batch} z{lay.zero_stage}"
     out += f" {lay.recompute}" if lay.recompute != "none" else ""
     out += " sp" if lay.sequence_parallel else ""
-    return out + (" gpipe" if lay.schedule == "gpipe" else "")
+    return out + (f" {lay.schedule}" if lay.schedule != "1f1b" else "")
 
 
 def _table(rows: list[tuple]) -> str:

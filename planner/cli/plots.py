@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from planner.core.pipeline import schedule_name
 from planner.decisions.pictures import TIME_COLOURS
 
 
@@ -29,7 +30,7 @@ def write_estimate_plot(x, p, path: str) -> None:
             ax_t.barh(r["rank"], r["end"] - r["start"], left=r["start"], color=colour, edgecolor="white", height=0.8)
         ax_t.set_yticks(range(lay.pp), [f"rank {i}" for i in range(lay.pp)])
         ax_t.invert_yaxis()
-        sched = "GPipe" if lay.schedule == "gpipe" else "interleaved 1F1B" if lay.vpp > 1 else "1F1B"
+        sched = schedule_name(lay.schedule, lay.vpp)
         ax_t.set_title(f"pipeline schedule: {sched}, pp {lay.pp}, vpp {lay.vpp}, m {lay.grad_accum} "
                        f"(bubble {pic.bubble_of(rows, lay.pp):.0%}; light forward, dark backward)")
         ax_t.set_xlabel("time (one full forward of a micro-batch = 1)")

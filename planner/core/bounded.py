@@ -94,7 +94,7 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     stack's factors: planner.stacks.effective); None on a CPU host (its shared cores scale compute
     by a factor that may be under one). ``shared``: kept for one ``c`` across profiles."""
     from planner.core import comm
-    from planner.core.pipeline import head_layers, stage_layers_arrays
+    from planner.core.pipeline import head_layers, stage_layers
     from planner.core.steptime import layer_times
 
     if hw.network.compute_slots:
@@ -108,8 +108,9 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     layer = on_distinct_rows(per_layer, c, shared, ("micro_batch", "tp", "cp", "recompute", "sequence_parallel"))
     key = ("floor pace", model.layers, head_layers(model, sw))
     if key not in shared:  # micro-batches plus the bubble's share, times the fullest stage's layers
-        fullest = stage_layers_arrays(model.layers, c.pp, key[2])[1]
-        shared[key] = (c.m.astype(float) + (c.pp - 1) / c.vpp.astype(float)) * fullest
+        fullest = stage_layers(model, c, sw)[1]
+        bubble = np.where(c.schedule == 2, 0.0, (c.pp - 1) / c.vpp.astype(float))  # DualPipeV's is less: none
+        shared[key] = (c.m.astype(float) + bubble) * fullest
     if "floor stragglers" not in shared:
         shared["floor stragglers"] = np.sqrt(2 * np.log(c.gpus.astype(float)))
     busy = shared[key] * (layer + (3 + (c.recompute == 2)) * e.layer_overhead_s)

@@ -31,7 +31,7 @@ ATTENTION = ("flash", "standard")
 # Element-wise kernels: as the software stack runs them, fused (Megatron-LM, TE, torch.compile) or
 # one PyTorch op at a time (eager).
 KERNELS = ("stack", "fused", "eager")
-SCHEDULES = ("1f1b", "gpipe")  # 1f1b with vpp > 1 is interleaved 1F1B
+SCHEDULES = ("1f1b", "gpipe", "dualpipev")  # 1f1b with vpp > 1 is interleaved 1F1B; dualpipev: two stages per rank in a V
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # searched when the micro-batch is free
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
 # Fine-tuning batches are far smaller (Llama 2 SFT: 64 sequences of 4096): about 256K tokens.
@@ -166,7 +166,9 @@ class Layout:
                           searched=_searched_recompute)
     sequence_parallel: bool = _dim(False, help="sequence parallel (with tp > 1)", label="Sequence parallel",
                                    choices=(False, True), searched=lambda job, model: (False, True))
-    schedule: str = _dim("1f1b", help="pipeline schedule: 1f1b (interleaved when vpp > 1) or gpipe",
+    schedule: str = _dim("1f1b", help="pipeline schedule: 1f1b (interleaved when vpp > 1), gpipe, or dualpipev "
+                                      "(DeepSeek's DualPipe cut in half: two stages per rank in a V, vpp 2; "
+                                      "pinned only)",
                          label="Pipeline schedule", choices=SCHEDULES, searched=lambda job, model: ("1f1b",))
     sharding: str = _dim("full", help="how ZeRO shards: full (over all dp*cp ranks) or hybrid (HSDP, ZeRO++ hpZ / "
                                        "MiCS: shard over the group's ranks inside one node, replicate across "
@@ -351,7 +353,7 @@ JOB_OPTIONS: tuple[Option, ...] = options_of(Job)
 class Candidates:
     """Layouts as columns (numpy arrays of equal length, one per Layout dimension, by its name):
     what the vectorised model evaluates. String dimensions are held as their index in the
-    dimension's choices (recompute: 0 none, 1 selective, 2 full; schedule: 0 1f1b, 1 gpipe),
+    dimension's choices (recompute: 0 none, 1 selective, 2 full; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
     sequence_parallel as bool.
     """
 

@@ -17,7 +17,7 @@ import numpy as np
 from planner.core.finetune import lora_params_per_layer
 from planner.core.layout import Candidates, Job
 from planner.core.model import ModelSpec
-from planner.core.pipeline import head_layers, in_flight, stage_layers_arrays
+from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
 from planner.stacks import Software, software
 
@@ -221,7 +221,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     act_layer, working = layer_activations_and_working(model, c, job, sw)
     working = working + context_parallel_working(model, c, job, sw)
-    first, fullest, last = stage_layers_arrays(model.layers, pp, head_layers(model, sw))
+    first, fullest, last = stage_layers(model, c, sw)
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
     tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence
     # What does not depend on the stage: ZeRO's divisors by stage (dense, routed experts), the
@@ -250,7 +250,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         layers = np.stack([first, fullest, last])
     else:
         index, layers = np.zeros_like(pp)[None], first[None]
-    is_first, is_last = index == 0, index == pp - 1
+    # DualPipeV puts the first and the last stage on rank 0 (two stages per rank in a V).
+    is_first, is_last = index == 0, np.where(c.schedule == 2, index == 0, index == pp - 1)
     params = stage_params(model, pp, layers, is_first, is_last)
     # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
     # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.

@@ -77,6 +77,28 @@ def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0
     return first, fullest, last
 
 
+def schedule_name(schedule: str, vpp: int) -> str:
+    """A layout's pipeline schedule as people name it."""
+    if schedule == "gpipe":
+        return "GPipe"
+    if schedule == "dualpipev":
+        return "DualPipeV"
+    return "interleaved 1F1B" if vpp > 1 else "1F1B"
+
+
+def stage_layers(model, c, sw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``stage_layers_arrays`` for each layout of ``c`` (planner.core.layout.Candidates): the
+    stack's head balancing (``head_layers``) for 1F1B, interleaved and GPipe; none under DualPipeV,
+    whose first rank holds the last stage, head and all (torch splits its stages evenly)."""
+    h = head_layers(model, sw)
+    arrays = stage_layers_arrays(model.layers, c.pp, h)
+    v_shape = c.schedule == 2
+    if h > 0 and np.any(v_shape):
+        even = stage_layers_arrays(model.layers, c.pp, 0.0)
+        arrays = tuple(np.where(v_shape, a, b) for a, b in zip(even, arrays))
+    return arrays
+
+
 def bubble_fraction_ideal(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Idle time over ideal pipeline time: (p-1)/(v*m) for 1F1B and interleaved 1F1B
     (Narayanan et al. 2021, Sec. 2.2); GPipe has the same (p-1)/m (Huang et al. 2019)."""
@@ -90,7 +112,21 @@ def in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, schedule: np.ndarr
 
     1F1B: stage i holds p - i (Narayanan et al. 2021, Sec. 2.2.1). Interleaved: the first stage
     holds p * (1 + (p-1)/(p*v)) = p + (p-1)/v (Korthikanti et al. 2022, Sec. 4.2.3); we add the
-    same (p-1)/v to every stage. GPipe: all m. Never more than the micro-batches that exist.
+    same (p-1)/v to every stage. GPipe: all m. DualPipeV: every rank holds PP + 1 micro-batches of
+    one of its two chunks (DeepSeek's DualPipe README, PP = 2p chunks), p + 1/2 of its two.
+    Never more than the micro-batches that exist.
     """
     one_f_one_b = (pp - stage) + np.where(vpp > 1, (pp - 1) / vpp, 0.0)
-    return np.minimum(np.where(schedule == 1, m, one_f_one_b), m)
+    held = np.where(schedule == 1, m, np.where(schedule == 2, pp + 0.5, one_f_one_b))
+    return np.minimum(held, m)
+
+
+def dualpipe_bubble_ratio(forward: np.ndarray, backward: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """DualPipeV's bubble over 1F1B's on the same ranks: (PP/2 - 1)(F&B + B - 3W) against
+    (p - 1)(F + B) per micro-batch (DeepSeek-AI 2024, DeepSeek-V3 report, Table 2; DualPipeV has
+    PP = 2p chunks, two per rank). Per chunk F, B (the full backward, recompute included) and W
+    (its weight gradients) are half a rank's; F&B, a forward and a backward chunk run together,
+    is F + B when nothing overlaps them (torch runs them one after the other). So the ratio is
+    (F + 2B - 3W) / (2 (F + B)) in a rank's per-layer times: 1/3 when B = 2F and W = F."""
+    total = np.maximum(forward + backward, 1e-30)
+    return np.clip((forward + 2 * backward - 3 * weight) / (2 * total), 0.0, 1.0)

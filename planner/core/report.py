@@ -23,8 +23,8 @@ TIME_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP comm"), ("cp_comm_s", 
 
 def layout_line(e: Estimate) -> str:
     lay = e.layout
-    vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 else ""
-    sched = " GPipe" if lay.schedule == "gpipe" else ""
+    vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 and lay.schedule == "1f1b" else ""
+    sched = {"gpipe": " GPipe", "dualpipev": " (DualPipeV: 2 stages per rank in a V)"}.get(lay.schedule, "")
     cp = f" x cp {lay.cp}" if lay.cp > 1 else ""
     cp += f" (ep {lay.ep} of dp*cp)" if lay.ep > 1 else ""
     offload = f" | offload {lay.offload}" if lay.offload != "none" else ""

@@ -218,6 +218,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     if not widen:
         _check_pins(model, gpus, pins, job.global_batch, get_stack(job.stack).uneven_interleave)
         check_stack_pins(get_stack(job.stack), pins)
+        if pins.schedule == "dualpipev" and job.compile:
+            raise PlannerError("schedule", "dualpipev", "torch's ScheduleDualPipeV does not run compiled stages "
+                                                        "(its split backward); drop --compile or pin --schedule 1f1b")
     uneven = get_stack(job.stack).uneven_interleave
     mesh = _mesh(model, gpus, Pins(), uneven, pins.vpp) if widen else _mesh(model, gpus, pins, uneven)
     if not mesh:
@@ -229,14 +232,19 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     codes = {d.name: d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free}
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
-    stack, gpipe = get_stack(job.stack), SCHEDULES.index("gpipe")
+    stack, gpipe, dualpipe = get_stack(job.stack), SCHEDULES.index("gpipe"), SCHEDULES.index("dualpipev")
     batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
         batch_rule,
         (("sequence_parallel",),  # SP means nothing without TP
          lambda c: ~(c.sequence_parallel & (c.tp == 1)) | (pins.sequence_parallel is True)),
-        (("micro_batch",), lambda c: (c.vpp == 1) | (c.m % c.pp == 0)),  # Megatron's interleaved schedule: m % pp
+        # Interleaved 1F1B (Megatron's, torch's) takes micro-batches in rounds of pp: m % pp.
+        (("micro_batch", "schedule"), lambda c: (c.vpp == 1) | (c.m % c.pp == 0) | (c.schedule == dualpipe)),
         (("schedule",), lambda c: ~((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
+        # DualPipeV: two stages per rank (vpp 2), at least as many micro-batches as stages (torch's
+        # ScheduleDualPipeV: n_microbatches >= 2 pp).
+        (("schedule", "micro_batch"),
+         lambda c: (c.schedule != dualpipe) | (c.pp == 1) | ((c.vpp == 2) & (c.m >= 2 * c.pp))),
         (("zero_stage", "schedule", "offload"), lambda c: runs_on_stack(c, stack)),
         (("ep",), lambda c: expert_parallel_ok(model, c)),
         (("sequence_parallel",), lambda c: moe_sequence_parallel_ok(model, c)),
@@ -272,7 +280,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
 
 
 _NO_SPLIT = ("no layout splits global_batch={} sequences into dp x micro_batch (and m divisible by pp when "
-             "interleaved) with the fields pinned ({})")
+             "interleaved, m >= 2 pp under DualPipeV) with the fields pinned ({})")
 
 
 def _batch_table(model: ModelSpec, gpus: int, job: Job, dp: np.ndarray,
@@ -426,6 +434,9 @@ def check_stack_pins(stack: Stack, pins: Pins) -> None:
         need = 3 if pins.offload == "params" else 1
         require(pins.zero_stage >= need, "zero_stage", pins.zero_stage,
                 f"offload {pins.offload} needs ZeRO stage {need} or higher")
+    if pins.schedule == "dualpipev":
+        require(pins.vpp in (None, 2), "vpp", pins.vpp, "2 with --schedule dualpipev (two stages per rank in a V)")
+        require(pins.pp is None or pins.pp > 1, "pp", pins.pp, "> 1 with --schedule dualpipev (a pipeline)")
     if pins.vpp is not None and pins.vpp > 1 and not stack.interleaved:
         raise PlannerError("vpp", pins.vpp, f"the {stack.name} stack has no interleaved schedule; "
                                             f"stacks with one: {who(lambda s: s.interleaved)}")

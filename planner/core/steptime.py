@@ -21,7 +21,7 @@ from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_g
 from planner.core.layout import SHARDING, Candidates, Job
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
-from planner.core.pipeline import head_layers, stage_layers_arrays
+from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
 from planner.hardware import HardwareProfile
 from planner.stacks import Software, software
 
@@ -144,6 +144,7 @@ class _LayerTimes:
     tp_calls: np.ndarray  # TP collectives per layer per micro-batch on the critical path
     cp_comm: np.ndarray  # exposed context-parallel K/V exchange, forward + backward + recompute
     ep_comm: np.ndarray  # exposed expert-parallel all-to-all, forward + backward + recompute (mean per layer)
+    weight_grad: np.ndarray  # of ``backward``: the weight-gradient GEMMs (DualPipe's W)
 
 
 def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
@@ -223,7 +224,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     else:  # no layout splits the layers: the same zeros
         calls = sent = np.zeros(len(c))
     return _LayerTimes(fwd, bwd, recompute, sent, calls,
-                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm)
+                       context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm,
+                       weight_grads * gemms + adapter)
 
 
 def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, sw: Software,
@@ -456,13 +458,16 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     head = gemm_time(logits_gemm(model, c.micro_batch, c.tp, c.cp), hw, reference_peak(hw, job.precision), act)
     loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len / c.cp * model.vocab / c.tp / hbm
     head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
-    first, fullest, last = stage_layers_arrays(model.layers, c.pp, head_layers(model, sw))
+    first, fullest, last = stage_layers(model, c, sw)
+    v_shape = c.schedule == 2  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
     overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
     per_layer = (lt.forward + lt.backward + lt.recompute) * slow + overhead_layer
-    # The pace of the pipeline is set by its slowest stage (the last one carries the head).
-    compute_mb = np.maximum(fullest * per_layer, last * per_layer + head_time)
-    layers_pace = np.where(fullest * per_layer >= last * per_layer + head_time, fullest, last)
+    # The pace of the pipeline is set by its slowest stage (the one with the head: the last, or
+    # under DualPipeV the first).
+    headed = np.where(v_shape, first, last)
+    compute_mb = np.maximum(fullest * per_layer, headed * per_layer + head_time)
+    layers_pace = np.where(fullest * per_layer >= headed * per_layer + head_time, fullest, headed)
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     # That fixed cost is host work on the training thread (DTensor's redistribute and dispatch, the
@@ -485,14 +490,15 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # micro-batches' worth of time at the shared pace). A host with a core per process (busy 1),
     # and every GPU, keeps m and the whole bubble.
     ramp = np.maximum(1.0, np.asarray(busy) / 2) / busy
-    bubble = (p - 1) / v * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
+    share = np.where(v_shape, dualpipe_bubble_ratio(lt.forward, lt.backward + lt.recompute, lt.weight_grad), 1 / v)
+    bubble = (p - 1) * share * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
     runs = np.maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
     params = np.maximum(np.maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
-                                   stage_params(model, pp, first, True, pp == 1)),
-                        stage_params(model, pp, last, pp == 1, True))
+                                   stage_params(model, pp, first, True, (pp == 1) | v_shape)),
+                        stage_params(model, pp, last, pp == 1, ~v_shape))
     # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
     expert_layers = np.maximum(np.maximum(fullest, first), last) * counts(model).layer_expert_params
     experts = expert_layers / (c.tp * c.ep)

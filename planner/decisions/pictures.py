@@ -45,14 +45,94 @@ def _rank_order(schedule: str, pp: int, vpp: int, m: int, rank: int) -> list[tup
     return order + rest_b
 
 
+def _dualpipev_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
+    """DualPipeV's order on one rank (DeepSeek's DualPipe cut in half, as torch's
+    ScheduleDualPipeV runs it): chunk 0 is stage ``rank`` on the way down the V, chunk 1 stage
+    2 pp - 1 - rank on the way back. Eight phases: forwards of chunk 0 to fill the V, forwards of
+    both chunks, chunk 1's backwards each followed by a forward, the steady state (forward 0,
+    backward 1, forward 1, backward 0; torch runs each pair one after the other), the drain of chunk
+    1 and then chunk 0, and deferred weight gradients in the bubbles at the end. "I" is the
+    input-gradient half of a backward whose weight-gradient half "W" runs later (zero bubble)."""
+    nxt: dict[tuple[str, int], int] = {}
+    waiting: list[tuple[int, int]] = []
+    order: list[tuple[str, int, int]] = []
+
+    def add(kind: str, chunk: int) -> None:
+        key = ("F" if kind == "F" else "B", chunk)
+        i = nxt.get(key, 0)
+        nxt[key] = i + 1
+        order.append((kind, i, chunk))
+        if kind == "I":
+            waiting.append((i, chunk))
+
+    def weight() -> None:
+        if waiting:
+            i, chunk = waiting.pop(0)
+            order.append(("W", i, chunk))
+
+    p, r = pp, rank
+    for _ in range(2 * (p - r - 1)):
+        add("F", 0)
+    for _ in range(r + 1):
+        add("F", 0)
+        add("F", 1)
+    for _ in range(p - r - 1):
+        add("I", 1)
+        weight()
+        add("F", 1)
+    for _ in range(m - 2 * p + r + 1):
+        for kind, chunk in (("F", 0), ("B", 1), ("F", 1), ("B", 0)):
+            add(kind, chunk)
+    for _ in range(p - r - 1):
+        for kind, chunk in (("B", 1), ("F", 1), ("B", 0)):
+            add(kind, chunk)
+    split = False  # the second half of the drain splits its backwards, the weights filling the tail
+    for i in range(r + 1):
+        split = split or (i == (r + 1) // 2 and r % 2 == 1)
+        add("I" if split else "B", 1)
+        split = split or (i == (r + 1) // 2 and r % 2 == 0)
+        add("I" if split else "B", 0)
+    for _ in range(p - r - 1):
+        weight()
+        add("I" if split else "B", 0)
+    while waiting:
+        weight()
+    return order
+
+
+def drawn_micro_batches(pp: int, micro_batches: int, schedule: str) -> int:
+    """How many of a step's micro-batches the timeline draws: at most MAX_DRAWN_MICRO_BATCHES, but
+    DualPipeV's order needs 2 pp of them."""
+    cap = max(MAX_DRAWN_MICRO_BATCHES, 2 * pp) if schedule == "dualpipev" else MAX_DRAWN_MICRO_BATCHES
+    return min(micro_batches, cap)
+
+
+DUALPIPE_NOTE = ("DualPipeV is drawn as torch's ScheduleDualPipeV orders it, each pair run one after the other and "
+                 "a weight gradient half a backward; the estimate's bubble is DeepSeek's published "
+                 "(PP/2 - 1)(F&B + B - 3W), which such a drawing comes in under.")
+
+
+def _virtual_stage(schedule: str, pp: int, rank: int, chunk: int) -> int:
+    """The stage a rank's chunk is: interleaved, chunk c of rank r is stage c pp + r; DualPipeV's V
+    runs down the ranks and back up (chunk 1 of rank r is stage 2 pp - 1 - r)."""
+    if schedule == "dualpipev":
+        return rank if chunk == 0 else 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
 def timeline_rows(pp: int, vpp: int, micro_batches: int, schedule: str = "1f1b") -> list[dict]:
     """One row per forward or backward of a micro-batch on a rank: start and end in units of one
     full-model forward per micro-batch split over the stages (a chunk's forward is 1/vpp of a
     stage's), from a simulation that runs each rank's order as soon as its inputs exist. The idle
-    gaps between the rows are the bubble."""
-    m = min(micro_batches, MAX_DRAWN_MICRO_BATCHES)
+    gaps between the rows are the bubble. DualPipeV (vpp 2) is drawn with at least the 2 pp
+    micro-batches it needs; its split backwards are two rows, input gradients then weights."""
+    m = drawn_micro_batches(pp, micro_batches, schedule)
+    if schedule == "dualpipev":
+        orders = [_dualpipev_order(pp, m, r) for r in range(pp)]
+    else:
+        orders = [_rank_order(schedule, pp, vpp, m, r) for r in range(pp)]
     chunks = pp * vpp
-    orders = [_rank_order(schedule, pp, vpp, m, r) for r in range(pp)]
+    cost = {"F": FORWARD / vpp, "B": BACKWARD / vpp, "I": BACKWARD / 2 / vpp, "W": BACKWARD / 2 / vpp}
     done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> end time
     free = [0.0] * pp
     nxt = [0] * pp
@@ -63,16 +143,18 @@ def timeline_rows(pp: int, vpp: int, micro_batches: int, schedule: str = "1f1b")
         for r in range(pp):
             while nxt[r] < len(orders[r]):
                 kind, i, c = orders[r][nxt[r]]
-                vs = c * pp + r  # virtual stage: chunk c of rank r
+                vs = _virtual_stage(schedule, pp, r, c)
                 if kind == "F":
                     dep = done.get(("F", i, vs - 1)) if vs > 0 else 0.0
-                else:
+                elif kind == "W":  # after its own input gradient
+                    dep = done.get(("B", i, vs))
+                else:  # a backward (whole or its input half) after the next stage's
                     dep = done.get(("B", i, vs + 1)) if vs < chunks - 1 else done.get(("F", i, vs))
                 if dep is None:
                     break
                 start = max(free[r], dep)
-                end = start + (FORWARD if kind == "F" else BACKWARD) / vpp
-                done[(kind, i, vs)] = end
+                end = start + cost[kind]
+                done[("F" if kind == "F" else "B", i, vs) if kind != "W" else ("W", i, vs)] = end
                 free[r] = end
                 rows.append({"rank": r, "kind": "forward" if kind == "F" else "backward", "micro_batch": i,
                              "chunk": c, "start": start, "end": end})

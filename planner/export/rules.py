@@ -62,6 +62,9 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if lay.pp > 1 and lay.vpp == 1 and lay.schedule == "1f1b" and lay.grad_accum < lay.pp:
         out.append(PlannerError("grad_accum", lay.grad_accum, f"the reference trainer's 1F1B needs micro-batches per "
                                 f"step >= pp={lay.pp}; raise --global-batch or use --schedule gpipe"))
+    if lay.pp > 1 and lay.schedule == "dualpipev":
+        out.append(PlannerError("schedule", "dualpipev", "the reference trainer runs 1f1b (interleaved with vpp > 1) "
+                                "and gpipe; use --format torchtitan for DualPipeV"))
     cp = getattr(lay, "cp", 1)
     if cp > 1 and lay.sequence_parallel and (m.seq_len // cp) % lay.tp:
         out.append(PlannerError("sequence_parallel", True, f"the reference trainer needs tp={lay.tp} to divide the "
@@ -105,8 +108,9 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if lay.zero_stage > 1:
         out.append(PlannerError("zero_stage", lay.zero_stage, "Megatron-LM expresses ZeRO-0 (DDP) and ZeRO-1 "
                                 "(--use-distributed-optimizer) only; pin --zero 0 or 1, or use --format deepspeed"))
-    if lay.pp > 1 and lay.schedule == "gpipe":
-        out.append(PlannerError("schedule", "gpipe", "Megatron-LM runs 1F1B (interleaved when vpp > 1), not GPipe"))
+    if lay.pp > 1 and lay.schedule in ("gpipe", "dualpipev"):
+        out.append(PlannerError("schedule", lay.schedule, "Megatron-LM runs 1F1B (interleaved when vpp > 1), not "
+                                + ("GPipe" if lay.schedule == "gpipe" else "DualPipeV; use --format torchtitan")))
     if job.precision == "tf32":
         out.append(PlannerError("precision", "tf32", "Megatron-LM has no TF32 switch; use fp32, bf16, fp16 or fp8"))
     if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
@@ -208,6 +212,8 @@ def _torch_pipeline_checks(lay) -> list[PlannerError]:
     if lay.schedule == "gpipe" and lay.vpp > 1:
         return [PlannerError("schedule", "gpipe", "torchtitan's GPipe runs one stage per rank; pin --vpp 1, or "
                              "--schedule 1f1b for Interleaved1F1B")]
+    if lay.schedule == "dualpipev":  # the planner's rules already hold vpp 2 and m >= 2 pp
+        return []
     if lay.schedule == "1f1b" and lay.vpp == 1 and m < lay.pp:
         return [PlannerError("grad_accum", m, f"torch's Schedule1F1B needs micro-batches per step >= pp={lay.pp}; "
                              "raise --global-batch or use --schedule gpipe")]

@@ -28,7 +28,8 @@ from planner.export.hyper import hyperparameters
 from planner.export.rules import hybrid_group
 
 # torchtitan's pipeline schedule names (torch.distributed.pipelining.schedules.get_schedule_class).
-SCHEDULE_NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B", ("gpipe", False): "GPipe"}
+SCHEDULE_NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B", ("gpipe", False): "GPipe",
+                  ("dualpipev", True): "DualPipeV"}  # DualPipeV: torch places its 2 pp stages in a V itself
 AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
 
 # Flavors registered in torchtitan (torchtitan/models/*/__init__.py at e347b1e5), keyed by the shape

@@ -94,7 +94,7 @@ def test_a_stack_that_does_what_the_planner_does_not_model_says_so():
     says it beside the plan, as the CLI's "not modelled" line does; the default stack says nothing."""
     at = new_app({"model": "preset", "preset": "deepseek-v3", "gpus": "2048", "gpu": "h800", "stack": "hai-llm"})
     want = cli_json({"--preset": "deepseek-v3", "--gpus": "2048", "--gpu": "h800", "--stack": "hai-llm"})
-    assert want["stack"]["not_modelled"].startswith("DualPipe's own schedule")
+    assert want["stack"]["not_modelled"].startswith("DualPipe's second copy of the parameters")
     assert any(c.value == f"hai-llm does what the planner does not model: {want['stack']['not_modelled']}"
                for c in at.caption)
     assert not any("does not model" in c.value for c in new_app().caption)
