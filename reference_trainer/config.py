@@ -346,7 +346,7 @@ def _check_layout(config: RunConfig) -> None:
     _require(lay.pp * lay.vpp <= spec.layers,
              f"layout.pp={lay.pp} x vpp={lay.vpp}: at most layers={spec.layers} stages (every stage needs a layer)")
     try:
-        stage_layer_ranges(spec.layers, lay.pp, lay.vpp)
+        stage_layer_ranges(spec.layers, lay.pp, lay.vpp, lay.schedule)
     except PlannerError as exc:
         raise ConfigError(f"layout.{exc}") from None
     _check_schedule(config)
@@ -413,9 +413,11 @@ def _check_cp(config: RunConfig) -> None:
 
 def _check_schedule(config: RunConfig) -> None:
     lay, m = config.layout, config.micro_batches
-    _require(lay.pp == 1 or lay.schedule != "dualpipev", "layout.schedule=dualpipev: this trainer runs 1f1b "
-                                                          "(interleaved with vpp > 1) and gpipe")
-    if lay.vpp > 1:
+    if lay.schedule == "dualpipev" and lay.pp > 1:  # torch's ScheduleDualPipeV
+        _require(lay.vpp == 2, f"layout.vpp={lay.vpp}: DualPipeV runs two stages per rank (vpp 2)")
+        _require(m >= 2 * lay.pp, f"layout: DualPipeV needs micro-batches per step m={m} >= 2*pp={2 * lay.pp} "
+                                  "(global_batch / (dp*micro_batch))")
+    elif lay.vpp > 1:
         _require(lay.pp > 1 and lay.schedule == "1f1b",
                  f"layout.vpp={lay.vpp}: interleaving needs pp > 1 and schedule 1f1b")
         rounds = max(1, m // lay.pp)

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from planner.core.layout import Layout
 from planner.core.model import ModelSpec
-from planner.core.pipeline import stage_layer_ranges
+from planner.core.pipeline import stage_layer_ranges, stage_of
 from reference_trainer.model import GPT, is_dtensor
 from reference_trainer.moe import ExpertGroups, expert_groups, expert_param_names, set_ep_group
 
@@ -81,8 +81,9 @@ def build_stages(spec: ModelSpec, layout: Layout, pp_rank: int, *, seed: int, at
     device, for ``materialize`` after parallelising."""
     num_stages = layout.pp * layout.vpp
     modules, ids = [], []
-    for chunk, (start, end) in enumerate(stage_layer_ranges(spec.layers, layout.pp, layout.vpp)[pp_rank]):
-        stage = chunk * layout.pp + pp_rank  # virtual stage k runs on rank k % pp
+    mine = [k for k in range(num_stages) if stage_of(k, layout.pp, layout.schedule) == pp_rank]
+    ranges = stage_layer_ranges(spec.layers, layout.pp, layout.vpp, layout.schedule)[pp_rank]
+    for stage, (start, end) in zip(mine, ranges, strict=True):  # k % pp, or DualPipeV's V
         with torch.device("meta" if meta else "cpu"):
             module = GPT(spec, layer_ids=range(start, end), first=stage == 0, last=stage == num_stages - 1,
                          attention=attention, ep_rank=ep_rank, ep=layout.ep)
@@ -241,7 +242,7 @@ def tied_embedding_group(mesh: DeviceMesh, layout: Layout) -> dist.ProcessGroup 
     """With tied embeddings and pp > 1, the first and last pipeline ranks of each (dp, tp)
     coordinate sum their copies' gradients (Megatron-LM's embedding group). Every rank must
     create every group, in the same order."""
-    if layout.pp == 1:
+    if layout.pp == 1 or layout.schedule == "dualpipev":  # DualPipeV: rank 0 holds both, summed locally
         return None
     # The mesh is (pp, dp, cp, shard, tp) with shard of size 1: view it as (pp, dp*cp, tp) global ranks.
     ranks = mesh.mesh.reshape(layout.pp, layout.dp * layout.cp, layout.tp)
@@ -257,10 +258,18 @@ def tied_embedding_group(mesh: DeviceMesh, layout: Layout) -> dist.ProcessGroup 
 
 def build_schedule(modules: list[nn.Module], stage_ids: list[int], num_stages: int, mesh: DeviceMesh,
                    layout: Layout, micro_batches: int, loss: object, device: torch.device) -> object:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleDualPipeV,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     group = mesh["pp"].get_group()
     stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(modules, stage_ids)]
+    if layout.schedule == "dualpipev":  # its two stages in the V order it computes itself
+        return ScheduleDualPipeV(stages, n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
     if layout.vpp > 1:
         return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
     cls = ScheduleGPipe if layout.schedule == "gpipe" else Schedule1F1B

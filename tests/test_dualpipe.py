@@ -104,9 +104,10 @@ def test_the_first_rank_holds_the_head_and_the_bubble_is_below_1f1bs():
 DPV = ["--preset", "llama3-70b", "--gpus", "64", "--gpu", "h100", "--pp", "8", "--schedule", "dualpipev"]
 
 
-def test_torchtitan_runs_it_and_the_other_formats_say_they_cannot(capsys):
+def test_torchtitan_and_the_trainer_run_it_and_megatron_says_it_cannot(capsys):
     """torchtitan names torch's schedule DualPipeV and places the 2 pp stages in a V itself: 80
-    layers over 16 stages of 5. Megatron-LM and the reference trainer have no DualPipe: one line."""
+    layers over 16 stages of 5. The reference trainer's command line pins it (its runs match one
+    process: tests/trainer/test_trainer_equivalence.py). Megatron-LM has no DualPipe: one line."""
     import tomllib
 
     from tests.test_export import export, run
@@ -117,5 +118,7 @@ def test_torchtitan_runs_it_and_the_other_formats_say_they_cannot(capsys):
     assert par["pipeline_parallel_layers_per_stage"] == 5
     code, _, err = run(capsys, "export", "--format", "megatron", *DPV, "--stack", "hai-llm")
     assert code == 2 and "not DualPipeV" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run(capsys, "export", "--format", "torchrun", *DPV, "--stack", "fsdp2")
-    assert code == 2 and "use --format torchtitan for DualPipeV" in err and len(err.strip().splitlines()) == 1
+    small = ["--arch", "llama", "--layers", "8", "--hidden", "1024", "--heads", "8", "--vocab", "32000", "--seq-len",
+             "2048", "--gpus", "4", "--gpu", "h100", "--pp", "2", "--schedule", "dualpipev", "--global-batch", "16"]
+    words = export(capsys, "torchrun", *small)[0].split()
+    assert words[words.index("--schedule") + 1] == "dualpipev" and words[words.index("--vpp") + 1] == "2"

@@ -25,11 +25,18 @@ def stage_layer_counts(layers: int, stages: int) -> list[int]:
     return counts
 
 
-def stage_layer_ranges(layers: int, pp: int, vpp: int = 1) -> list[list[tuple[int, int]]]:
-    """For each pipeline rank, its [start, end) layer ranges (one per virtual stage).
+def stage_of(k: int, pp: int, schedule: str = "1f1b") -> int:
+    """The rank that runs (virtual) stage k: k % pp (Megatron's interleaved assignment), or under
+    DualPipeV the V: stages 0..pp-1 down the ranks, pp..2pp-1 back up (stage 2pp-1-r on rank r)."""
+    if schedule == "dualpipev" and k >= pp:
+        return 2 * pp - 1 - k
+    return k % pp
 
-    Virtual stage k (0 .. pp*vpp-1) runs on rank k % pp (Megatron's interleaved assignment).
-    Interleaving needs layers divisible by pp*vpp; otherwise chunks would be empty or uneven.
+
+def stage_layer_ranges(layers: int, pp: int, vpp: int = 1, schedule: str = "1f1b") -> list[list[tuple[int, int]]]:
+    """For each pipeline rank, its [start, end) layer ranges, one per virtual stage it runs (in
+    stage order: ``stage_of``). Interleaving needs layers divisible by pp*vpp; otherwise chunks
+    would be empty or uneven.
     """
     if vpp > 1:
         require(layers % (pp * vpp) == 0, "vpp", vpp,
@@ -38,7 +45,7 @@ def stage_layer_ranges(layers: int, pp: int, vpp: int = 1) -> list[list[tuple[in
     starts = np.concatenate([[0], np.cumsum(counts)])
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
     for k in range(pp * vpp):
-        ranges[k % pp].append((int(starts[k]), int(starts[k + 1])))
+        ranges[stage_of(k, pp, schedule)].append((int(starts[k]), int(starts[k + 1])))
     return ranges
 
 

@@ -62,9 +62,6 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if lay.pp > 1 and lay.vpp == 1 and lay.schedule == "1f1b" and lay.grad_accum < lay.pp:
         out.append(PlannerError("grad_accum", lay.grad_accum, f"the reference trainer's 1F1B needs micro-batches per "
                                 f"step >= pp={lay.pp}; raise --global-batch or use --schedule gpipe"))
-    if lay.pp > 1 and lay.schedule == "dualpipev":
-        out.append(PlannerError("schedule", "dualpipev", "the reference trainer runs 1f1b (interleaved with vpp > 1) "
-                                "and gpipe; use --format torchtitan for DualPipeV"))
     cp = getattr(lay, "cp", 1)
     if cp > 1 and lay.sequence_parallel and (m.seq_len // cp) % lay.tp:
         out.append(PlannerError("sequence_parallel", True, f"the reference trainer needs tp={lay.tp} to divide the "

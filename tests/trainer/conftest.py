@@ -47,7 +47,7 @@ def single_sweep(tmp_path_factory):
 @pytest.fixture(scope="session")
 def two_sweep(tmp_path_factory):
     """Two processes: data, tensor and pipeline parallel each alone (the equivalence runs, which
-    also cover ZeRO 0/2/3, recompute, standard attention, interleaving), GPipe with 1 and 8
+    also cover ZeRO 0/2/3, recompute, standard attention, interleaving, DualPipeV), GPipe with 1 and 8
     micro-batches (bubble; the drain booked as bubble), and the uninterrupted reference of the
     fault tests."""
     folder = tmp_path_factory.mktemp("two")
@@ -59,6 +59,7 @@ def two_sweep(tmp_path_factory):
         write_config(folder, "llama-tp2", TINY_LLAMA, {"tp": 2, "sequence_parallel": True, "recompute": "selective"}),
         write_config(folder, "llama-tp2-nosp", TINY_LLAMA, {"tp": 2}),
         write_config(folder, "gpt-pp2-interleaved", TINY_GPT, {"pp": 2, "vpp": 2}),
+        write_config(folder, "gpt-pp2-dualpipev", TINY_GPT, {"pp": 2, "vpp": 2, "schedule": "dualpipev"}),
         # Sequences of 256: the last stage's drain (the first stage's backward of the one micro-batch)
         # well above the AdamW step, so the record's booking of it shows (test_trainer_record.py).
         write_config(folder, "gpt-pp2-m1", {**TINY_GPT, "seq_len": 256}, {"pp": 2, "schedule": "gpipe",

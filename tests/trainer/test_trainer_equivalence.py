@@ -32,6 +32,7 @@ def assert_same_curve(run, reference):
     ("llama-tp2", "llama-1"),  # tensor + sequence parallel, GQA, selective recompute
     ("llama-tp2-nosp", "llama-1"),  # tensor parallel alone: gate and up share one input all-reduce
     ("gpt-pp2-interleaved", "gpt-1"),  # interleaved 1F1B, tied embeddings across stages
+    ("gpt-pp2-dualpipev", "gpt-1"),  # DualPipeV: rank 0 holds the first and last stage, the tie summed locally
 ])
 def test_two_process_layouts_match_one_process(single_sweep, two_sweep, name, reference):
     single_runs, _ = single_sweep

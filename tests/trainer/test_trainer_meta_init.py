@@ -46,7 +46,7 @@ def test_meta_build_allocates_nothing():
 def test_meta_init_equals_eager_init_on_two_ranks():
     cases = [case(LLAMA, dp=2, zero_stage=3), case(LLAMA, dp=2, zero_stage=0), case(LLAMA, dp=2, zero_stage=2),
              case(LLAMA, tp=2, sequence_parallel=True, recompute="full"), case(GPT, tp=2, recompute="selective"),
-             case(LLAMA, pp=2), case(GPT, pp=2, vpp=2)]
+             case(LLAMA, pp=2), case(GPT, pp=2, vpp=2), case(LLAMA, pp=2, vpp=2, schedule="dualpipev")]
     proc = run_check(2, cases)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.count("tensors equal") == len(cases), proc.stdout
