@@ -122,3 +122,23 @@ def test_torchtitan_and_the_trainer_run_it_and_megatron_says_it_cannot(capsys):
              "2048", "--gpus", "4", "--gpu", "h100", "--pp", "2", "--schedule", "dualpipev", "--global-batch", "16"]
     words = export(capsys, "torchrun", *small)[0].split()
     assert words[words.index("--schedule") + 1] == "dualpipev" and words[words.index("--vpp") + 1] == "2"
+
+
+def test_without_a_pipeline_the_schedule_names_nothing():
+    """pp 1 with --schedule gpipe pinned: gradient accumulation holds one micro-batch at a time
+    (GPipe's all-m forwards exist only across stages). It used to count all m micro-batches' activations
+    (7B on 8 A100s: 2,048 of them, 128 GiB, "does not fit"); the plan is now the unpinned one's
+    and its report names no schedule."""
+    from planner.core.layout import GPIPE
+    from planner.core.options import build_inputs
+    from planner.core.report import layout_line
+
+    assert float(in_flight(np.array([1]), np.array([1]), np.array([2048]), np.array([GPIPE]), np.array([0]))[0]) == 1
+    assert float(in_flight(np.array([4]), np.array([1]), np.array([32]), np.array([GPIPE]), np.array([0]))[0]) == 32
+    a100 = get_profile("a100-80g")
+    model = build_inputs({"params": "7B", "gpus": 8}).model
+    free = plan(model, a100, Job(), 8).best
+    gpipe = plan(model, a100, Job(), 8, Pins(schedule="gpipe")).best
+    assert gpipe.layout.pp == free.layout.pp == 1 and gpipe.fits
+    assert gpipe.memory.total_bytes == pytest.approx(free.memory.total_bytes, rel=1e-12)
+    assert "GPipe" not in layout_line(gpipe)

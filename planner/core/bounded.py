@@ -94,6 +94,7 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     stack's factors: planner.stacks.effective); None on a CPU host (its shared cores scale compute
     by a factor that may be under one). ``shared``: kept for one ``c`` across profiles."""
     from planner.core import comm
+    from planner.core.layout import DUALPIPEV
     from planner.core.pipeline import head_layers, stage_layers
     from planner.core.steptime import layer_times
 
@@ -109,7 +110,7 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     key = ("floor pace", model.layers, head_layers(model, sw))
     if key not in shared:  # micro-batches plus the bubble's share, times the fullest stage's layers
         fullest = stage_layers(model, c, sw)[1]
-        bubble = np.where(c.schedule == 2, 0.0, (c.pp - 1) / c.vpp.astype(float))  # DualPipeV's is less: none
+        bubble = np.where(c.schedule == DUALPIPEV, 0.0, (c.pp - 1) / c.vpp.astype(float))  # DualPipeV's is less: none
         shared[key] = (c.m.astype(float) + bubble) * fullest
     if "floor stragglers" not in shared:
         shared["floor stragglers"] = np.sqrt(2 * np.log(c.gpus.astype(float)))

@@ -32,6 +32,7 @@ ATTENTION = ("flash", "standard")
 # one PyTorch op at a time (eager).
 KERNELS = ("stack", "fused", "eager")
 SCHEDULES = ("1f1b", "gpipe", "dualpipev")  # 1f1b with vpp > 1 is interleaved 1F1B; dualpipev: two stages per rank in a V
+GPIPE, DUALPIPEV = SCHEDULES.index("gpipe"), SCHEDULES.index("dualpipev")  # their codes in Candidates.schedule
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # searched when the micro-batch is free
 TARGET_BATCH_TOKENS = 4 * 2**20  # the default global batch: about 4M tokens (LLaMA, Llama 2)
 # Fine-tuning batches are far smaller (Llama 2 SFT: 64 sequences of 4096): about 256K tokens.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, make_dataclass
 import numpy as np
 
 from planner.core.finetune import lora_params_per_layer
-from planner.core.layout import Candidates, Job
+from planner.core.layout import DUALPIPEV, Candidates, Job
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
@@ -251,7 +251,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     else:
         index, layers = np.zeros_like(pp)[None], first[None]
     # DualPipeV puts the first and the last stage on rank 0 (two stages per rank in a V).
-    is_first, is_last = index == 0, np.where(c.schedule == 2, index == 0, index == pp - 1)
+    is_first, is_last = index == 0, np.where(c.schedule == DUALPIPEV, index == 0, index == pp - 1)
     params = stage_params(model, pp, layers, is_first, is_last)
     # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
     # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.core.layout import DUALPIPEV, GPIPE
 from planner.errors import require
 
 
@@ -99,7 +100,7 @@ def stage_layers(model, c, sw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     whose first rank holds the last stage, head and all (torch splits its stages evenly)."""
     h = head_layers(model, sw)
     arrays = stage_layers_arrays(model.layers, c.pp, h)
-    v_shape = c.schedule == 2
+    v_shape = c.schedule == DUALPIPEV
     if h > 0 and np.any(v_shape):
         even = stage_layers_arrays(model.layers, c.pp, 0.0)
         arrays = tuple(np.where(v_shape, a, b) for a, b in zip(even, arrays))
@@ -123,8 +124,9 @@ def in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, schedule: np.ndarr
     one of its two chunks (DeepSeek's DualPipe README, PP = 2p chunks), p + 1/2 of its two.
     Never more than the micro-batches that exist.
     """
-    one_f_one_b = (pp - stage) + np.where(vpp > 1, (pp - 1) / vpp, 0.0)
-    held = np.where(schedule == 1, m, np.where(schedule == 2, pp + 0.5, one_f_one_b))
+    one_f_one_b = (pp - stage) + np.where(vpp > 1, (pp - 1) / vpp, 0.0)  # 1 without a pipeline
+    piped = pp > 1  # without one, accumulation holds one micro-batch whatever the schedule's name
+    held = np.where(piped & (schedule == GPIPE), m, np.where(piped & (schedule == DUALPIPEV), pp + 0.5, one_f_one_b))
     return np.minimum(held, m)
 
 

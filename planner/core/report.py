@@ -25,6 +25,7 @@ def layout_line(e: Estimate) -> str:
     lay = e.layout
     vpp = f" (interleaved x{lay.vpp})" if lay.vpp > 1 and lay.schedule == "1f1b" else ""
     sched = {"gpipe": " GPipe", "dualpipev": " (DualPipeV: 2 stages per rank in a V)"}.get(lay.schedule, "")
+    sched = sched if lay.pp > 1 else ""  # without a pipeline the schedule names nothing that runs
     cp = f" x cp {lay.cp}" if lay.cp > 1 else ""
     cp += f" (ep {lay.ep} of dp*cp)" if lay.ep > 1 else ""
     offload = f" | offload {lay.offload}" if lay.offload != "none" else ""

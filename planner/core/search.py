@@ -244,7 +244,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         # DualPipeV: two stages per rank (vpp 2), at least as many micro-batches as stages (torch's
         # ScheduleDualPipeV: n_microbatches >= 2 pp).
         (("schedule", "micro_batch"),
-         lambda c: (c.schedule != dualpipe) | (c.pp == 1) | ((c.vpp == 2) & (c.m >= 2 * c.pp))),
+         lambda c: (c.schedule != dualpipe) | ((c.pp > 1) & (c.vpp == 2) & (c.m >= 2 * c.pp))),
         (("zero_stage", "schedule", "offload"), lambda c: runs_on_stack(c, stack)),
         (("ep",), lambda c: expert_parallel_ok(model, c)),
         (("sequence_parallel",), lambda c: moe_sequence_parallel_ok(model, c)),

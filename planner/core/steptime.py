@@ -18,7 +18,7 @@ import numpy as np
 from planner.core import comm
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
-from planner.core.layout import SHARDING, Candidates, Job
+from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
@@ -459,7 +459,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len / c.cp * model.vocab / c.tp / hbm
     head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
     first, fullest, last = stage_layers(model, c, sw)
-    v_shape = c.schedule == 2  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
+    v_shape = c.schedule == DUALPIPEV  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
     overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
     per_layer = (lt.forward + lt.backward + lt.recompute) * slow + overhead_layer
