@@ -37,6 +37,7 @@ from planner.core import comm
 from planner.core.flops import Gemm
 from planner.core.layout import Candidates, Job
 from planner.core.model import ModelSpec
+from planner.stacks import Stack
 
 
 def routed_per_token(model: ModelSpec) -> float:
@@ -145,7 +146,8 @@ def all_to_all_time(model: ModelSpec, job: Job, c: Candidates, links: comm.Links
 
 
 def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, elem_bytes: float,
-                       recompute_full: np.ndarray, stack: object = None, compute: object = 0.0) -> np.ndarray:
+                       recompute_full: np.ndarray, stack: Stack | None = None,
+                       compute: np.ndarray | float = 0.0) -> np.ndarray:
     """Expert parallel's exposed time per MoE layer per micro-batch: dispatch and combine in the
     forward and again (their gradients) in the backward, once more forward when it is recomputed;
     dropless routing first exchanges each rank's token counts per expert (a latency-bound

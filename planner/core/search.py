@@ -18,6 +18,8 @@ import numpy as np
 from planner.core.evaluate import Evaluation, evaluate, evaluate_fitting
 from planner.core.layout import (
     DIMS,
+    DUALPIPEV,
+    GPIPE,
     GPU_FACTORS,
     LAYOUT_DIMS,
     OFFLOAD,
@@ -232,7 +234,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     codes = {d.name: d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free}
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
-    stack, gpipe, dualpipe = get_stack(job.stack), SCHEDULES.index("gpipe"), SCHEDULES.index("dualpipev")
+    stack, gpipe, dualpipe = get_stack(job.stack), GPIPE, DUALPIPEV
     batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
         batch_rule,
