@@ -250,8 +250,9 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         layers = np.stack([first, fullest, last])
     else:
         index, layers = np.zeros_like(pp)[None], first[None]
-    # DualPipeV puts the first and the last stage on rank 0 (two stages per rank in a V).
-    is_first, is_last = index == 0, np.where(c.schedule == DUALPIPEV, index == 0, index == pp - 1)
+    is_first, is_last = index == 0, index == pp - 1
+    if np.any(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
+        is_last = np.where(c.schedule == DUALPIPEV, is_first, is_last)
     params = stage_params(model, pp, layers, is_first, is_last)
     # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
     # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.

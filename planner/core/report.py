@@ -88,7 +88,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{fmt_count(e.layout.global_batch * e.model.seq_len)} tokens ({batch_note}); {job.precision}, "
         f"{job.attention} attention",
         f"stack    {stack_line(e)}",
-        *([f"         not modelled: {software(job).stack.not_modelled}"] if software(job).stack.not_modelled else []),
+        *([f"         not modelled: {unmodelled}"] if (unmodelled := software(job).stack.not_modelled) else []),
         f"checked  {e.evidence().line()}",
         *([f"         {calibration_line(hw)}"] if hw.calibration else []),
         f"layout   {layout_line(e)}",

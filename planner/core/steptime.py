@@ -490,7 +490,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # micro-batches' worth of time at the shared pace). A host with a core per process (busy 1),
     # and every GPU, keeps m and the whole bubble.
     ramp = np.maximum(1.0, np.asarray(busy) / 2) / busy
-    share = np.where(v_shape, dualpipe_bubble_ratio(lt.forward, lt.backward + lt.recompute, lt.weight_grad), 1 / v)
+    share = 1 / v  # of (p - 1) micro-batches' time: 1F1B, interleaved, GPipe
+    if np.any(v_shape):
+        share = np.where(v_shape, dualpipe_bubble_ratio(lt.forward, lt.backward + lt.recompute, lt.weight_grad), share)
     bubble = (p - 1) * share * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
     runs = np.maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
 

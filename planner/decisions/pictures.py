@@ -112,6 +112,9 @@ DUALPIPE_NOTE = ("DualPipeV is drawn as torch's ScheduleDualPipeV orders it, eac
                  "(PP/2 - 1)(F&B + B - 3W), which such a drawing comes in under.")
 
 
+_DONE_AS = {"F": "F", "B": "B", "I": "B", "W": "W"}  # an input-gradient half lets the previous stage's backward go
+
+
 def _virtual_stage(schedule: str, pp: int, rank: int, chunk: int) -> int:
     """The stage a rank's chunk is: interleaved, chunk c of rank r is stage c pp + r; DualPipeV's V
     runs down the ranks and back up (chunk 1 of rank r is stage 2 pp - 1 - r)."""
@@ -154,7 +157,7 @@ def timeline_rows(pp: int, vpp: int, micro_batches: int, schedule: str = "1f1b")
                     break
                 start = max(free[r], dep)
                 end = start + cost[kind]
-                done[("F" if kind == "F" else "B", i, vs) if kind != "W" else ("W", i, vs)] = end
+                done[(_DONE_AS[kind], i, vs)] = end
                 free[r] = end
                 rows.append({"rank": r, "kind": "forward" if kind == "F" else "backward", "micro_batch": i,
                              "chunk": c, "start": start, "end": end})
