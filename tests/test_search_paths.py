@@ -6,7 +6,9 @@
 - a fully pinned layout (built as its columns) is its row of the product, or refused, as the rules decide;
 - ``take`` (stacked gathers) equals indexing every column on its own;
 - a search's rows taken by rank position (``ranked``, the rest left unordered) are the rows of the
-  whole table put in rank order, and that order is the one the ranking rule gives row by row.
+  whole table put in rank order, and that order is the one the ranking rule gives row by row;
+- the step times a search leaves for later (layouts that do not fit), whenever computed, equal one
+  ``evaluate`` pass over the whole table.
 """
 
 from __future__ import annotations
@@ -193,3 +195,41 @@ def test_a_plan_is_the_first_rows_of_the_whole_ranked_table():
     assert p.best.to_json() == estimate_at(ev, 0, model, hw, job).to_json()
     assert [e.to_json() for e in p.runners_up] == [estimate_at(ev, i, model, hw, job).to_json()
                                                   for i in [i for i in listed if i > 0][:4]]
+
+
+def _columns(ev) -> dict[str, np.ndarray]:
+    """Every column of an evaluation: the layout, memory, stages and step-time parts."""
+    out = {f"layout.{k}": v for k, v in ev.candidates.columns().items()}
+    for part, name in ((ev.memory, "memory"), (ev.time, "time"), *((m, f"stage{i}") for i, m in enumerate(ev.stage_memory))):
+        out.update({f"{name}.{f}": getattr(part, f) for f in part.__slots__})
+    return out
+
+
+@pytest.mark.parametrize("name, gpu, gpus", [("llama3-70b", "a100-80g", 16), ("mixtral-8x7b", "h100-80g", 32)])
+def test_step_times_left_for_later_are_those_one_pass_gives(name, gpu, gpus):
+    """Where most layouts do not fit, the search computes the step time of the fitting ones only;
+    the others' are computed when read. Every row, whenever computed, equals one ``evaluate`` pass
+    over the whole table, and the ranking is the one the complete table gives."""
+    from planner.core.evaluate import evaluate
+
+    model, hw, job = get_preset(name), get_profile(gpu), Job()
+    r = S.search(model, hw, job, gpus)
+    assert r._deferred is not None and 0 < r.feasible < r.evaluated / 2  # the case: most do not fit
+    whole = evaluate(model, hw, job, r.candidates, gpus)
+    step = r.partial_table.time.step
+    assert np.array_equal(np.isnan(step), ~whole.fits)  # left out: exactly the layouts that do not fit
+    assert np.array_equal(step[whole.fits], whole.time.step[whole.fits])
+    # Rows read by rank position, fitting or not, come with their step time (a select shares the fill).
+    last = r.evaluated - 1  # the layout furthest from fitting
+    picked = S.select(r, np.arange(r.evaluated))
+    ev = picked.ranked([0, last])
+    row = r.order[last]
+    assert not whole.fits[row] and ev.time.step[1] == whole.time.step[row]
+    assert not np.isnan(r.partial_table.time.step[row])  # filled in the shared table
+    assert np.isnan(r.partial_table.time.step).sum() == (~whole.fits).sum() - 1
+    # The whole table: every column equals the one-pass evaluation's, and so does the rank order.
+    got, want = _columns(r.table), _columns(whole)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
+    assert np.array_equal(r.order, S.rank_order(whole, "time"))

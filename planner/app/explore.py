@@ -108,7 +108,7 @@ def pin_suggestions(table, x) -> tuple[Suggestion, ...]:
     from planner.core.layout import DIMS
     from planner.core.search import matches
 
-    c = table.table.candidates  # the rows' order does not matter here
+    c = table.candidates  # the rows' order does not matter here
     out = []
     for name, value in x.pins.pinned().items():
         rows = matches(c, dataclasses.replace(x.pins, **{name: None}))

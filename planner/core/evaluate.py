@@ -136,16 +136,16 @@ def _in_blocks(f, c: Candidates):
     """``f(c)`` (a dataclass of columns, or a tuple of them), computed a block of rows at a time."""
     if len(c) <= BLOCK_ROWS:
         return f(c)
-    parts = [_checked(f(b), len(b)) for b in (c.take(slice(i, i + BLOCK_ROWS)) for i in range(0, len(c), BLOCK_ROWS))]
-    return _join(parts, [min(BLOCK_ROWS, len(c) - i) for i in range(0, len(c), BLOCK_ROWS)])
+    return _join([_checked(f(b), len(b)) for b in (c.take(slice(i, i + BLOCK_ROWS))
+                                                   for i in range(0, len(c), BLOCK_ROWS))])
 
 
-def _join(parts: list, sizes: list[int]):
+def _join(parts: list):
+    """The blocks' parts as one (each field a column of its block's rows: ``_checked``)."""
     if isinstance(parts[0], tuple):
-        return tuple(_join([p[k] for p in parts], sizes) for k in range(len(parts[0])))
+        return tuple(_join([p[k] for p in parts]) for k in range(len(parts[0])))
     cls = type(parts[0])
-    return cls(*(np.concatenate([np.broadcast_to(getattr(p, f), (n,)) for p, n in zip(parts, sizes)])
-                 for f in cls.__slots__))
+    return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__slots__))
 
 
 def _columns_ok(value, n: int) -> bool:
@@ -174,6 +174,50 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
     sw, hw = _effective(hw, job)
     mem, stages = _memory(model, hw, job, c, sw)
     return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw))
+
+
+class DeferredStepTime:
+    """The step times ``evaluate_deferred`` left out: ``fill(rows)`` computes those of ``rows``
+    (all, with None) still missing and writes them into the table's step-time columns."""
+
+    __slots__ = ("_compute", "missing")
+
+    def __init__(self, missing: np.ndarray, compute) -> None:
+        self.missing = missing  # bool per row: its step time is not computed yet
+        self._compute = compute
+
+    def fill(self, rows: np.ndarray | None = None) -> None:
+        idx = np.flatnonzero(self.missing) if rows is None else np.unique(rows[self.missing[rows]])
+        if idx.size:
+            self._compute(idx)
+            self.missing[idx] = False
+
+
+def evaluate_deferred(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+                      gpus: int) -> tuple[Evaluation, DeferredStepTime | None]:
+    """``evaluate``, with the step time computed now only for the layouts that fit (all a ranking
+    reads: fitting layouts by the objective, the others by memory); the others' step-time columns
+    hold NaN until the returned ``DeferredStepTime`` fills them (None: nothing was left out). Every
+    formula works row by row, so a row's numbers are those ``evaluate`` gives it, whenever computed.
+    On a large table most layouts do not fit (Mixtral 8x22B on 4,096 GPUs: 7%), and the step time
+    is half the evaluation."""
+    sw, hw = _effective(hw, job)
+    mem, stages = _memory(model, hw, job, c, sw)
+    fit = _fits(mem, c, hw.gpu.memory_bytes, hw.network.host_memory_bytes, hw.network.gpus_per_node)
+    n, rows = len(c), np.flatnonzero(fit)
+    if 2 * len(rows) >= n:  # most fit: one pass over the table costs less than two
+        return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw)), None
+    columns = [np.full(n, np.nan) for _ in StepTime.__slots__]
+    st = StepTime(*columns)
+
+    def compute(idx: np.ndarray) -> None:
+        part = _step_time(model, hw, job, c.take(idx), sw)
+        for column, name in zip(columns, StepTime.__slots__):
+            column[idx] = getattr(part, name)
+
+    if rows.size:
+        compute(rows)
+    return _evaluation(model, hw, job, c, gpus, sw, mem, stages, st), DeferredStepTime(~fit, compute)
 
 
 def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,

@@ -82,7 +82,7 @@ def evaluate_table(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, p
 def plan_from_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int,
                     pins: Pins = Pins(), top: int = 5, ops: Operations = Operations()) -> Plan:
     """``plan`` from an evaluated table; raises PlannerError when no layout has these pins."""
-    rows = np.flatnonzero(table.in_rank_order(matches(table.table.candidates, pins)))
+    rows = np.flatnonzero(table.in_rank_order(matches(table.candidates, pins)))
     if rows.size == 0 or pins.pinned():
         # The pins' own checks, and the reason when no layout has them (enumeration only, no evaluation).
         pinned, why = enumerate_layouts(model, gpus, job, pins)
@@ -110,10 +110,9 @@ def _runner_rows(result: SearchResult, pins: Pins, top: int) -> list[int]:
     """The rank positions of the next ``top`` fitting layouts after the best, leaving out ZeRO
     stages above 0 with nothing to shard over (one data-parallel rank: the same layout as ZeRO-0,
     listed again) unless pinned."""
-    t = result.table
-    c = t.candidates
+    c = result.candidates
     useless = (c.zero_stage > 0) & (c.dp * c.cp == 1) if pins.pinned().get("zero_stage") is None else False
-    rows = np.flatnonzero(result.in_rank_order(t.fits & ~useless))
+    rows = np.flatnonzero(result.in_rank_order(result.fits & ~useless))
     return [int(i) for i in rows[rows > 0][:top]]
 
 
@@ -131,9 +130,8 @@ def nearest_in_table(table: SearchResult, model: ModelSpec, hw: HardwareProfile,
     fastest, by default) among those that change the fewest pinned fields, then the best of each
     other set of changed fields, fewest changes first: ``count`` of them, each changing a
     different set of pinned fields (full recompute, or ZeRO-3, or two more GPUs per stage...)."""
-    t = table.table
-    c = t.candidates
-    fits = np.flatnonzero(table.in_rank_order(t.fits & searched_by_default(c, job, model)))  # rank positions
+    c = table.candidates
+    fits = np.flatnonzero(table.in_rank_order(table.fits & searched_by_default(c, job, model)))  # rank positions
     if fits.size == 0:
         return ()
     names = list(pins.pinned())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.core.evaluate import Evaluation, evaluate, evaluate_fitting
+from planner.core.evaluate import DeferredStepTime, Evaluation, evaluate_deferred, evaluate_fitting
 from planner.core.layout import (
     DIMS,
     DUALPIPEV,
@@ -29,6 +29,7 @@ from planner.core.layout import (
     Job,
     default_global_batch,
 )
+from planner.core.memory import Memory
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import HardwareProfile
@@ -62,29 +63,62 @@ class SearchResult:
     table's rows in rank order (fitting ones first, then by the objective), or the selected ones
     (``select``). ``evaluation`` is the table in that order, built on first use (a gather of every
     column: a fifth of a 70K-layout search); ``ranked(k)`` builds only the rows at rank positions k,
-    which is all a plan, a probe or a top-N listing needs."""
+    which is all a plan, a probe or a top-N listing needs. The step time of layouts that do not fit
+    is computed when first read (``table``, ``evaluation``, or ``ranked`` rows that need it):
+    ``candidates``, ``fits`` and ``memory`` read the table without it."""
 
-    table: Evaluation
+    _table: Evaluation
     order: np.ndarray
     evaluated: int
     feasible: int
     search_seconds: float
     objective: str = "time"
     notes: list[str] = field(default_factory=list)
+    _deferred: DeferredStepTime | None = None  # shared by ``select``'s copies: each row is filled once
     _in_order: list = field(default_factory=list, init=False, repr=False, compare=False)  # ``evaluation``, once built
+
+    @property
+    def table(self) -> Evaluation:
+        """Every layout evaluated, step times included."""
+        if self._deferred is not None:
+            self._deferred.fill()
+        return self._table
+
+    @property
+    def partial_table(self) -> Evaluation:
+        """The table as evaluated so far: every column, but the step times of layouts that do not
+        fit are NaN until read through ``table`` or ``ranked``."""
+        return self._table
+
+    @property
+    def candidates(self) -> Candidates:
+        return self._table.candidates
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self._table.fits
+
+    @property
+    def memory(self) -> Memory:
+        return self._table.memory
 
     @property
     def evaluation(self) -> Evaluation:
         """Every selected layout in rank order: fitting ones first."""
         if not self._in_order:
             o = self.order
-            whole = len(o) == len(self.table.candidates) and not np.any(o[1:] < o[:-1])
-            self._in_order.append(self.table if whole else take(self.table, o))
+            whole = len(o) == len(self._table.candidates) and not np.any(o[1:] < o[:-1])
+            if self._deferred is not None:
+                self._deferred.fill(None if whole else o)
+            self._in_order.append(self._table if whole else take(self._table, o))
         return self._in_order[0]
 
     def ranked(self, positions) -> Evaluation:
         """The layouts at these rank positions (0: the best), in that order."""
-        return take(self.table, self.order[np.asarray(positions, dtype=np.int64)])
+        rows = self.order[np.asarray(positions, dtype=np.int64)]
+        if self._deferred is not None:
+            self._deferred.fill(rows)
+        return take(self._table, rows)
 
     def in_rank_order(self, column: np.ndarray) -> np.ndarray:
         """A column of ``table`` (or one computed from it) in rank order."""
@@ -502,11 +536,11 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
         c = without_redundant_hybrid(c, hw.network.gpus_per_node)
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
-    ev = evaluate(model, hw, job, c, gpus)
+    ev, deferred = evaluate_deferred(model, hw, job, c, gpus)
     require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
     order = rank_order(ev, objective) if len(c) > 1 else np.zeros(1, dtype=np.int64)  # one layout: its own order
-    return SearchResult(table=ev, order=order, evaluated=len(c), feasible=int(ev.fits.sum()),
-                        search_seconds=time.perf_counter() - start, objective=objective)
+    return SearchResult(_table=ev, order=order, evaluated=len(c), feasible=int(ev.fits.sum()),
+                        search_seconds=time.perf_counter() - start, objective=objective, _deferred=deferred)
 
 
 def enumerate_counts(model: ModelSpec, counts, job: Job) -> dict[int, Candidates]:
@@ -589,7 +623,7 @@ def select(result: SearchResult, index: np.ndarray) -> SearchResult:
     index = np.asarray(index)
     order = result.order[np.flatnonzero(index) if index.dtype == bool else index]
     return dataclasses.replace(result, order=order, evaluated=len(order),
-                               feasible=int(result.table.fits[order].sum()))
+                               feasible=int(result.fits[order].sum()))
 
 
 def take(ev: Evaluation, index: np.ndarray) -> Evaluation:

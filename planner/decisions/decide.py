@@ -115,7 +115,7 @@ def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), obje
         except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
             return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
         return Probe(gpu=hw.name, gpus=gpus, best=best, capacity_bytes=cap)
-    need = float(result.table.memory.total.min())
+    need = float(result.memory.total.min())
     return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, min_bytes=need,
                  why=f"does not fit: the leanest of {result.evaluated} layouts needs {need / GIB:.1f} GiB per GPU, "
                      f"{hw.name} has {cap / GIB:.0f} GiB"

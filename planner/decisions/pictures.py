@@ -191,7 +191,7 @@ def memory_vs_micro_batch(x, best, sizes=(1, 2, 4, 8, 16, 32)) -> list[dict]:
             continue
         if r.evaluated:
             rows.append({"micro_batch": mb, "GiB": float(r.ranked([0]).memory.total[0]) / 2**30,
-                         "capacity_GiB": r.table.capacity_bytes / 2**30,
+                         "capacity_GiB": r.partial_table.capacity_bytes / 2**30,
                          "chosen": mb == lay.micro_batch})
     return rows
 

@@ -52,7 +52,7 @@ def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = Fals
         if near is not None:
             why = f"with the fields pinned ({pinned}); nearest that fits: {layout_line(near)}"
         else:
-            need = float(result.table.memory.total.min()) / 2**30
+            need = float(result.memory.total.min()) / 2**30
             why = (f"the leanest layout needs {need:.1f} GiB per GPU of {usable_memory(x.hardware, x.job) / 2**30:.0f}; "
                    "more GPUs, a GPU with more memory, or a smaller model")
         raise ExportRefused("layout", pinned or "search", f"no layout fits on {x.gpus} x {x.hardware.name} on the "
@@ -84,7 +84,7 @@ def choose(fmt: str, result, model, hw, job, ops=None, max_memory: float = 1.0) 
     from planner.export.formats import layout_problems
 
     ops = ops or Operations()
-    ev, order = result.table, result.order  # rows looked up by rank, the table never reordered whole
+    ev, order = result.partial_table, result.order  # rows looked up by rank, no step time read
     share = ev.memory.total / ev.capacity_bytes
     best = estimate_at(result.ranked([0]), 0, model, hw, job, ops)
     found: list[list[PlannerError]] = []
