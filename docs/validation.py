@@ -289,7 +289,8 @@ def build(out: Path, plots: bool) -> str:
 def evidence() -> str:
     """planner/evidence.json: one record per run compared here, for the estimate's "checked" line
     (planner/evidence.py): where it was published, the stack it ran as, its GPU, the time error
-    (step time or tokens/s, as its table above) and, where measured, the memory error; ``fitted``:
+    (step time or tokens/s, as its table above), the same as a speed error (> 0: predicted faster)
+    and, where measured, the memory error; ``fitted``:
     whether factors were fitted to the run (in sample: Table 1, torchtitan's rows) or not (Table 2,
     the held-out CPU runs)."""
     import json
@@ -299,9 +300,13 @@ def evidence() -> str:
 
     out = []
 
-    def add(source, label, stack, gpu, fitted, model, layout, time_error, memory_error=None):
+    def add(source, label, stack, gpu, fitted, model, layout, time_error, memory_error=None, *, rate=False):
+        # speed_error: predicted speed / measured speed - 1 (> 0: predicted faster than measured),
+        # one sign for both kinds of row (``rate``: time_error is on tokens/s, else on step time).
+        speed = time_error if rate else 1 / (1 + time_error) - 1
         out.append({"source": source, "run": label, "stack": stack, "gpu": gpu, "fitted": fitted,
                     "moe": model.moe, "cp": layout.cp, "pp": layout.pp, "time_error": round(time_error, 5),
+                    "speed_error": round(speed, 5),
                     "memory_error": None if memory_error is None else round(memory_error, 5)})
 
     ptd, zero = load_table2(DATA / "megatron2021_other.csv")
@@ -320,7 +325,7 @@ def evidence() -> str:
     error = {(p.run, p.quantity): p.error for p in torchtitan_points(str(csv))}  # `planner validate`'s
     for r in load_torchtitan(csv, with_cp=True):
         add("published torchtitan", r.label, r.job.stack, r.gpu, True, r.model, r.layout,  # clock, overhead, cp_overlap
-            error[r.label, "tokens_per_s"], error.get((r.label, "peak_memory_bytes")))
+            error[r.label, "tokens_per_s"], error.get((r.label, "peak_memory_bytes")), rate=True)
     runs, _ = load_measurements([str(CPU_RUNS)])
     calibrated = load_profile_file(CPU_CALIBRATED)
     held = {r.label: r for r in runs if held_out(r.label)}

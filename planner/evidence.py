@@ -43,7 +43,8 @@ def records() -> tuple[dict, ...] | None:
         runs = json.loads(EVIDENCE_FILE.read_text())["runs"]
         return tuple(r for r in runs if isinstance(r, dict) and {"source", "stack", "gpu"} <= set(r)
                      and _number(r.get("time_error")) and (r.get("memory_error") is None
-                                                           or _number(r["memory_error"])))
+                                                           or _number(r["memory_error"]))
+                     and (r.get("speed_error") is None or _number(r["speed_error"])))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -73,6 +74,10 @@ class Evidence:
     like_runs: int = 0  # runs with every one of them
     like_mean_abs_error: float | None = None
     like_worst_abs_error: float | None = None
+    # The worst run's speed error, signed (> 0: predicted faster than measured; None: not recorded).
+    worst_speed_error: float | None = None
+    like_worst_speed_error: float | None = None
+    worst_memory_error: float | None = None  # signed (< 0: predicted below measured)
 
     def sample(self) -> str:
         """Whether the factors were fitted to these runs: in sample, out of sample, or some of each."""
@@ -91,12 +96,14 @@ class Evidence:
     def to_json(self) -> dict:
         return {"runs": self.runs, "on_this_gpu": self.on_gpu, "sources": list(self.sources),
                 "gpus": list(self.gpus), "time_mean_abs_error": self.time_mean_abs_error,
-                "time_worst_abs_error": self.time_worst_abs_error, "memory_runs": self.memory_runs,
+                "time_worst_abs_error": self.time_worst_abs_error, "worst_speed_error": self.worst_speed_error,
+                "memory_runs": self.memory_runs,
                 "memory_mean_abs_error": self.memory_mean_abs_error,
-                "memory_worst_abs_error": self.memory_worst_abs_error, "in_sample": self.fitted, "page": PAGE,
+                "memory_worst_abs_error": self.memory_worst_abs_error, "worst_memory_error": self.worst_memory_error, "in_sample": self.fitted, "page": PAGE,
                 "like_this_plan": {"features": list(self.like), "runs": self.like_runs,
                                    "time_mean_abs_error": self.like_mean_abs_error,
-                                   "time_worst_abs_error": self.like_worst_abs_error} if self.like else None,
+                                   "time_worst_abs_error": self.like_worst_abs_error,
+                                   "worst_speed_error": self.like_worst_speed_error} if self.like else None,
                 "summary": self.line()}
 
     def line(self, on: tuple[str, ...] | None = None) -> str:
@@ -121,17 +128,34 @@ class Evidence:
                     else f"none on the other {len(lack)}" if have else f"none on these {len(lack)}")
             where = f"{', '.join(self.gpus)}; " + ", ".join(x for x in (have, none) if x)
         text = (f"{self.runs} {' and '.join(self.sources)} runs ({where}): "
-                f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%} "
-                f"({self.sample()})")
+                f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%}"
+                f"{_direction(self.worst_speed_error)} ({self.sample()})")
         if self.memory_runs:
+            below = self.worst_memory_error is not None and self.worst_memory_error < 0
             text += (f"; memory ({self.memory_runs} runs) {self.memory_mean_abs_error:.1%}, "
-                     f"worst {self.memory_worst_abs_error:.0%}")
+                     f"worst {self.memory_worst_abs_error:.0%}, predicted {'below' if below else 'above'} measured")
         if self.like:
             names = " + ".join(FEATURES[f][0] for f in self.like)
             text += (f"; like this plan ({names}): " + (
                 f"{self.like_runs}, time {self.like_mean_abs_error:.1%} mean error, worst "
-                f"{self.like_worst_abs_error:.0%}" if self.like_runs else "none"))
+                f"{self.like_worst_abs_error:.0%}{_direction(self.like_worst_speed_error)}"
+                if self.like_runs else "none"))
         return text + f"; {PAGE}"
+
+
+def _direction(speed_error: float | None) -> str:
+    """Which way the worst run was off, for the report (nothing when not recorded)."""
+    if speed_error is None or speed_error == 0:
+        return ""
+    return f", predicted {'faster' if speed_error > 0 else 'slower'} than measured"
+
+
+def _worst_speed(runs: list[dict]) -> float | None:
+    """The signed speed error of the run with the largest time error (None if it has none)."""
+    if not runs:
+        return None
+    worst = max(runs, key=lambda r: abs(r["time_error"]))
+    return worst.get("speed_error")
 
 
 def calibration_line(hw) -> str:
@@ -189,10 +213,14 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False, like: tuple[st
                     per_gpu_error=tuple((g, sum(abs(r["time_error"]) for r in timed if r["gpu"] == g)
                                          / sum(1 for r in timed if r["gpu"] == g))
                                         for g in dict.fromkeys(r["gpu"] for r in timed)),
-                    fitted=sum(1 for r in timed if r.get("fitted") is True), like=like, **_like(timed, like))
+                    fitted=sum(1 for r in timed if r.get("fitted") is True), like=like,
+                    worst_speed_error=_worst_speed(timed),
+                    worst_memory_error=max((r["memory_error"] for r in mine if r.get("memory_error") is not None),
+                                           key=abs, default=None), **_like(timed, like))
 
 
 def _like(timed: list[dict], like: tuple[str, ...]) -> dict:
-    errors = [abs(r["time_error"]) for r in timed if all(FEATURES[f][1](r) for f in like)] if like else []
+    runs = [r for r in timed if all(FEATURES[f][1](r) for f in like)] if like else []
+    errors = [abs(r["time_error"]) for r in runs]
     return {"like_runs": len(errors), "like_mean_abs_error": sum(errors) / len(errors) if errors else None,
-            "like_worst_abs_error": max(errors) if errors else None}
+            "like_worst_abs_error": max(errors) if errors else None, "like_worst_speed_error": _worst_speed(runs)}

@@ -21,7 +21,7 @@ def test_a_stack_is_checked_by_the_runs_of_its_family():
     assert abs(e.time_mean_abs_error - 0.15) < 1e-12 and e.time_worst_abs_error == 0.20
     assert (e.memory_runs, e.memory_mean_abs_error, e.memory_worst_abs_error) == (1, 0.05, 0.05)
     assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g (10.0% mean)): time 15.0% mean error, worst 20% "
-                        "(1 of 2 in sample); memory (1 runs) 5.0%, worst 5%; docs/validation.md")
+                        "(1 of 2 in sample); memory (1 runs) 5.0%, worst 5%, predicted below measured; docs/validation.md")
     assert summarise("megatron-2021", "a100-80g", RUNS).line() == (
         "1 published B runs (all on a100-80g): time 2.0% mean error, worst 2% (out of sample); docs/validation.md")
     assert "none on a100-80g" in summarise("fsdp2-2025", "a100-80g", RUNS).line()
@@ -174,4 +174,37 @@ def test_the_runs_like_the_plan_are_summarised_on_their_own(capsys):
     # From the CLI: an MoE plan on fsdp2 is told no published run of its stack was an MoE.
     assert main(["estimate", "--preset", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80g", "--format", "json"]) == 0
     like = json.loads(capsys.readouterr().out)["stack"]["checked_against"]["like_this_plan"]
-    assert like == {"features": ["moe"], "runs": 0, "time_mean_abs_error": None, "time_worst_abs_error": None}
+    assert like == {"features": ["moe"], "runs": 0, "time_mean_abs_error": None, "time_worst_abs_error": None,
+                    "worst_speed_error": None}
+
+
+def test_the_worst_run_says_which_way_it_was_off():
+    """A speed error > 0 is a prediction faster than the run (tokens/s above, or step time below,
+    the measured); the worst run by |time error| gives the line its direction, memory likewise."""
+    runs = (
+        {"source": "A", "run": "1", "stack": "fsdp2", "gpu": "h100-80g", "time_error": 0.25, "speed_error": 0.25,
+         "memory_error": 0.04, "cp": 4},
+        {"source": "A", "run": "2", "stack": "fsdp2", "gpu": "h100-80g", "time_error": 0.10, "speed_error": -0.0909,
+         "memory_error": -0.12, "cp": 1},
+        {"source": "A", "run": "3", "stack": "fsdp2", "gpu": "h100-80g", "time_error": -0.02, "speed_error": 0.0204,
+         "cp": 2},
+    )
+    e = summarise("fsdp2", "h100-80g", runs, like=("cp",))
+    assert (e.worst_speed_error, e.worst_memory_error, e.like_worst_speed_error) == (0.25, -0.12, 0.25)
+    assert ("time 12.3% mean error, worst 25%, predicted faster than measured (out of sample); "
+            "memory (2 runs) 8.0%, worst 12%, predicted below measured; like this plan (context parallel): 2, "
+            "time 13.5% mean error, worst 25%, predicted faster than measured; docs/validation.md") in e.line()
+    slow = summarise("fsdp2", "h100-80g", runs[1:], like=("cp",))  # run 2 is the worst: a step-time row, predicted slower
+    assert "worst 10%, predicted slower than measured" in slow.line()
+    assert "like this plan (context parallel): 1, time 2.0% mean error, worst 2%, predicted faster" in slow.line()
+
+
+def test_the_committed_speed_errors_have_one_sign_for_both_kinds_of_row():
+    """Tokens/s rows (torchtitan): the speed error is the time error. Step-time rows: speed =
+    1 / (1 + step error) - 1, so (1 + speed)(1 + step error) = 1 and the two have opposite signs."""
+    for r in records():
+        s, t = r["speed_error"], r["time_error"]
+        if r["source"] == "published torchtitan":
+            assert s == t, r
+        else:
+            assert abs((1 + s) * (1 + t) - 1) < 2e-5 and (s * t < 0 or s == t == 0), r
