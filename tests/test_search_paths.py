@@ -227,6 +227,10 @@ def test_step_times_left_for_later_are_those_one_pass_gives(name, gpu, gpus):
     assert not whole.fits[row] and ev.time.step[1] == whole.time.step[row]
     assert not np.isnan(r.partial_table.time.step[row])  # filled in the shared table
     assert np.isnan(r.partial_table.time.step).sum() == (~whole.fits).sum() - 1
+    # A selection's rows in rank order (more than a plan's few: filled by a mask of the rows).
+    third = S.select(r, np.arange(0, r.evaluated, 3)).evaluation
+    rows = r.order[np.arange(0, r.evaluated, 3)]
+    assert np.array_equal(third.time.step, whole.time.step[rows]) and np.array_equal(third.mfu, whole.mfu[rows])
     # The whole table: every column equals the one-pass evaluation's, and so does the rank order.
     got, want = _columns(r.table), _columns(whole)
     assert got.keys() == want.keys()

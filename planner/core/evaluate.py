@@ -187,7 +187,14 @@ class DeferredStepTime:
         self._compute = compute
 
     def fill(self, rows: np.ndarray | None = None) -> None:
-        idx = np.flatnonzero(self.missing) if rows is None else np.unique(rows[self.missing[rows]])
+        if rows is None:
+            idx = np.flatnonzero(self.missing)
+        elif len(rows) <= 16:  # a plan's few rows
+            idx = np.unique(rows[self.missing[rows]])
+        else:
+            want = np.zeros_like(self.missing)
+            want[rows] = True
+            idx = np.flatnonzero(want & self.missing)
         if idx.size:
             self._compute(idx)
             self.missing[idx] = False
@@ -211,6 +218,11 @@ def evaluate_deferred(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candid
     st = StepTime(*columns)
 
     def compute(idx: np.ndarray) -> None:
+        if 2 * len(idx) > n:  # most of the table: one pass over it costs less than gathering the rows
+            whole = _step_time(model, hw, job, c, sw)  # the rows already there come out the same (row by row)
+            for column, name in zip(columns, StepTime.__slots__):
+                column[:] = getattr(whole, name)
+            return
         part = _step_time(model, hw, job, c.take(idx), sw)
         for column, name in zip(columns, StepTime.__slots__):
             column[idx] = getattr(part, name)
