@@ -301,3 +301,39 @@ def test_a_huge_integer_is_refused_in_one_short_line(tmp_path):
         load_profile_file(path)
     text = str(exc.value)
     assert "memory_gib=" in text and "(400 characters)" in text and len(text) < 400
+
+
+# Profiles and the row of the project's datasheet table (benchmarks/data/hardware.csv, a copy of
+# ../shared/data/hardware.csv) that transcribes the same GPU.
+DATASHEET_ROWS = {"h100-80g": "H100 SXM5 80GB", "h200": "H200 SXM 141GB", "h100-nvl": "H100 NVL 94GB",
+                  "h100-pcie": "H100 PCIe 80GB", "a100-80g": "A100 80GB SXM4", "a100-40g": "A100 40GB SXM4",
+                  "a100-pcie": "A100 80GB PCIe", "l40s": "L40S", "a6000": "RTX A6000",
+                  "b200": "B200 (HGX B200, per GPU)", "gb200-nvl72": "GB200 (per Blackwell GPU in NVL72)",
+                  "gb300-nvl72": "GB300 (per Blackwell Ultra GPU in NVL72)"}
+
+
+def test_profiles_carry_the_datasheet_tables_dense_rates():
+    """Dense 16-bit and fp8 rates and HBM bandwidth as the datasheet table gives them, memory within
+    1 GB of its figure (the H200's 141 GB is kept as 140 GiB usable)."""
+    import csv
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "benchmarks" / "data" / "hardware.csv").read_text().splitlines()
+    table = {r["gpu"]: r for r in csv.DictReader(text)}
+    for name, row in DATASHEET_ROWS.items():
+        g, r = get_profile(name).gpu, table[row]
+        assert g.peak_flops["bf16"] == float(r["bf16_tensor_dense_tflops"]) * 1e12, name
+        if r["fp8_tensor_dense_tflops"].replace(".", "").isdigit():
+            assert g.peak_flops["fp8"] == float(r["fp8_tensor_dense_tflops"]) * 1e12, name
+        assert g.hbm_bytes_per_s == float(r["memory_bw_GBps"]) * 1e9, name
+        assert abs(g.memory_bytes / 2**30 - float(r["memory_gb"])) <= 1, name
+
+
+def test_the_gb300_rack_adds_up_to_its_datasheet():
+    """NVIDIA's GB300 NVL72 rack figures (360 PFLOPS fp8 dense for training, 20 TB of HBM3e at
+    576 TB/s, 72 GPUs in one NVLink domain) from the per-GPU profile: an independent check of it."""
+    hw = get_profile("gb300")
+    assert hw.name == "gb300-nvl72" and hw.network.gpus_per_node == 72
+    assert 72 * hw.gpu.peak_flops["fp8"] == 360e15
+    assert 72 * hw.gpu.hbm_bytes_per_s == 576e12
+    assert 20e12 <= 72 * hw.gpu.memory_bytes * 1e9 / 2**30 <= 20.2e12  # 72 x 279 GB
