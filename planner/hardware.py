@@ -41,11 +41,15 @@ class Network:
     intra_latency_s: float  # per collective step (NCCL-level alpha)
     inter_latency_s: float
     description: str = ""
+    # GPUs under one operating system (a Slurm or Kubernetes node: what the launchers count; the
+    # host whose memory offload uses). None: the node's. A rack-scale NVLink domain (GB200 NVL72:
+    # 72 GPUs) is a "node" to the cost model and 18 hosts of 4 GPUs to the scheduler.
+    gpus_per_host: int | None = None
     # Devices of a node that can compute at the same time. GPUs: all of them (None). A CPU host
     # shares its cores among its processes (a probed CPU profile sets this to the core count).
     compute_slots: int | None = None
     # The host, for offload (ZeRO-Offload, FSDP CPU offload): each GPU's PCIe link to it (per
-    # direction), the node's host memory and the bandwidth the CPU optimizer step reaches in it.
+    # direction), the host's memory and the bandwidth the CPU optimizer step reaches in it.
     # Defaults (assumptions, stated in the profile listing): PCIe Gen4 x16 at 80% of its 32 GB/s;
     # 512 GiB and 100 GB/s for the host.
     pcie_bytes_per_s: float = 25e9
@@ -56,6 +60,11 @@ class Network:
     # latency). A probed CPU host sets both: gloo's send costs ~80 us where its all-reduce costs ~1 ms.
     p2p_bytes_per_s: float | None = None
     p2p_latency_s: float | None = None
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs per host (operating-system node): ``gpus_per_host``, or the node's."""
+        return self.gpus_per_host or self.gpus_per_node
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,7 +143,10 @@ class HardwareProfile:
         require(gpus_per_node >= 1, "gpus_per_node", gpus_per_node, "a positive integer")
         # The node's NIC bandwidth is shared by its GPUs: keep the per-node total fixed.
         per_node = self.network.inter_bytes_per_s * self.network.gpus_per_node
-        network = dataclasses.replace(self.network, gpus_per_node=gpus_per_node,
+        # A host of a rack-scale domain stays a host where it divides the new node; else the node is one.
+        host = self.network.gpus_per_host
+        host = host if host and gpus_per_node % host == 0 else None
+        network = dataclasses.replace(self.network, gpus_per_node=gpus_per_node, gpus_per_host=host,
                                       inter_bytes_per_s=per_node / gpus_per_node)
         return dataclasses.replace(self, network=network)
 
@@ -181,9 +193,11 @@ NODE_KEYS = {
     "intra_node_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=5e-6),
     "inter_node_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=10e-6),
     "description": Key(str, default=""), "compute_slots": Key(int, 1, 4096, default=None),
+    "gpus_per_host": Key(int, 1, 1024, default=None, help="GPUs per operating-system node, when the NVLink "
+                                                          "domain (gpus_per_node) spans several"),
     "pcie_gb_per_s": Key(float, 0.1, 1e4, unit="GB/s per GPU per direction, achieved", scale=GB, default=25e9),
-    "host_memory_gib": Key(float, 1, 1e6, unit="GiB per node", scale=GIB, default=512 * GIB),
-    "host_memory_gb_per_s": Key(float, 1, 1e5, unit="GB/s per node", scale=GB, default=100e9),
+    "host_memory_gib": Key(float, 1, 1e6, unit="GiB per host", scale=GIB, default=512 * GIB),
+    "host_memory_gb_per_s": Key(float, 1, 1e5, unit="GB/s per host", scale=GB, default=100e9),
     "p2p_gb_per_s": Key(float, 1e-3, 1e6, unit="GB/s per GPU per direction, achieved", scale=GB, default=None),
     "p2p_latency_us": Key(float, 0, 1e6, unit="us", scale=1e-6, default=None),
 }
@@ -235,10 +249,13 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
     gpu = GPU(model=g["model"] or name, memory_bytes=g["memory_gib"], hbm_bytes_per_s=g["hbm_gb_per_s"],
               tdp_watts=g["tdp_w"], peak_flops={p: g[f"{p}_tflops"] for p in PRECISIONS})
     gpn = n["gpus_per_node"]
+    if n["gpus_per_host"] is not None:
+        require(gpn % n["gpus_per_host"] == 0, f"{path} [node] gpus_per_host", n["gpus_per_host"],
+                f"must divide gpus_per_node={gpn} (an NVLink domain is whole hosts)")
     network = Network(gpus_per_node=gpn, intra_bytes_per_s=n["intra_node_gb_per_s"],
                       inter_bytes_per_s=n["inter_node_gbit_per_s"] / gpn,
                       intra_latency_s=n["intra_node_latency_us"], inter_latency_s=n["inter_node_latency_us"],
-                      description=n["description"], compute_slots=n["compute_slots"],
+                      description=n["description"], compute_slots=n["compute_slots"], gpus_per_host=n["gpus_per_host"],
                       pcie_bytes_per_s=n["pcie_gb_per_s"], host_memory_bytes=n["host_memory_gib"],
                       host_memory_bytes_per_s=n["host_memory_gb_per_s"],
                       p2p_bytes_per_s=n["p2p_gb_per_s"], p2p_latency_s=n["p2p_latency_us"])

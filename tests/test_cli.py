@@ -25,7 +25,7 @@ def test_estimate_json_contract(capsys):
     d = json.loads(out)
     assert set(d["model"]) >= {"name", "params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
                                "seq_len"}
-    assert d["cluster"] == {"gpu": "a100-80g", "gpus": 128, "gpus_per_node": 8}
+    assert d["cluster"] == {"gpu": "a100-80g", "gpus": 128, "gpus_per_node": 8, "gpus_per_host": 8}
     assert set(d["layout"]) >= {"dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "grad_accum", "zero_stage",
                                 "recompute", "sequence_parallel", "precision"}
     assert set(d["memory"]) >= {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",

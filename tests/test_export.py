@@ -172,6 +172,26 @@ def test_slurm_spreads_a_partial_node_count_evenly(capsys):
     assert (sbatch["nodes"], sbatch["gpus-per-node"]) == ("2", "6")
 
 
+def test_a_rack_scale_nvlink_domain_launches_per_host(capsys, tmp_path):
+    """GB200 NVL72: the cost model's node is the 72-GPU NVLink rack, but an operating system (and
+    Slurm, torchrun, Kubernetes) sees a compute tray of 4 GPUs: 144 GPUs are 36 nodes of 4."""
+    out, _ = export(capsys, "slurm", "--params", "70B", "--gpus", "144", "--gpu", "gb200-nvl72")
+    bash_syntax_ok(tmp_path, out)
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)$", out, re.MULTILINE))
+    assert (sbatch["nodes"], sbatch["gpus-per-node"]) == ("36", "4")
+    f = flags(shlex.split(out.strip().splitlines()[-1]))
+    assert (f["--nnodes"], f["--nproc_per_node"]) == ("36", "4")
+    out, _ = export(capsys, "k8s", "--params", "70B", "--gpus", "144", "--gpu", "gb200-nvl72")
+    specs = list(yaml.safe_load_all(out))[1]["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] + specs["Worker"]["replicas"] == 36
+    gpus = specs["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == 4
+    # 70 GPUs are not whole trays: refused in one line, as any count that does not split evenly.
+    code, _, err = run(capsys, "export", "--format", "slurm", "--params", "70B", "--gpus", "70", "--gpu",
+                       "gb200-nvl72")
+    assert code == 2 and err.count("\n") == 1 and "gpus" in err
+
+
 def test_k8s_manifest(capsys):
     out, _ = export(capsys, "k8s", *PINNED, "--image", "registry.example/trainer:1")
     config_map, job = yaml.safe_load_all(out)

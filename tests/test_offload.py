@@ -56,3 +56,28 @@ def test_offload_is_what_the_stack_runs():
     assert err.value.field == "zero_stage"
     pretrain = search(LLAMA2_7B, get_profile("a100-80g"), Job(), 64).evaluation.candidates
     assert (pretrain.offload == 0).all()  # searched for fine-tuning only; pin it to pretrain offloaded
+
+
+def test_offload_on_a_rack_scale_domain_counts_each_host():
+    """GB200 NVL72: host memory belongs to a compute tray (2 Grace CPUs, 894 GiB, 4 GPUs), not to
+    the 72-GPU NVLink domain. Llama 3 70B on 8 GPUs with the optimizer offloaded: each GPU's host
+    share is its shard of fp32 master, AdamW states and fp32 gradients, 16 bytes x 70.55B / 8 =
+    131.4 GiB; a tray holds four of them (526 GiB <= 894), where eight on one host (1,051) would not."""
+    import dataclasses
+
+    model, job = get_preset("llama3-70b"), Job(stack="deepspeed-zero")
+    hw = get_profile("gb200-nvl72")
+    assert (hw.network.host_gpus, hw.network.gpus_per_node) == (4, 72)
+    r = search(model, hw, job, 8, Pins(offload="optimizer"))
+    ev = r.ranked([0])
+    host = float(ev.memory.host[0])
+    assert host == pytest.approx(model.params * 16 / 8, rel=1e-3)
+    assert ev.fits[0] and 4 * host <= hw.network.host_memory_bytes < 8 * host
+    # The same rack with no hosts declared (one OS over the domain's 8 GPUs used here): the layout does not fit.
+    one_host = dataclasses.replace(hw, network=dataclasses.replace(hw.network, gpus_per_host=None))
+    lay = ev.candidates.layout(0)
+    pins = Pins(**{n: getattr(lay, n) for n in Pins.__slots__})
+    assert not search(model, one_host, job, 8, pins).ranked([0]).fits[0]
+    # --gpus-per-node keeps a host that divides the new node, and drops one that does not.
+    assert hw.with_gpus_per_node(36).network.host_gpus == 4
+    assert hw.with_gpus_per_node(6).network.host_gpus == 6

@@ -208,6 +208,7 @@ def cmd_profiles(a: argparse.Namespace) -> int:
         print(json.dumps({p.name: {"gpu": p.gpu.model, "memory_bytes": p.gpu.memory_bytes,
                                    "hbm_bytes_per_s": p.gpu.hbm_bytes_per_s, "tdp_watts": p.gpu.tdp_watts,
                                    "peak_flops": p.gpu.peak_flops, "gpus_per_node": p.network.gpus_per_node,
+                                   "gpus_per_host": p.network.host_gpus,
                                    "intra_node_bytes_per_s": p.network.intra_bytes_per_s,
                                    "inter_node_bytes_per_s": p.network.inter_bytes_per_s,
                                    "calibrated": p.calibrated, "path": p.path} for p in profiles}, indent=2,

@@ -177,7 +177,7 @@ def fastest_fitting_bounded(model: ModelSpec, hw: HardwareProfile, job: Job,
         return fastest_fitting(model, hw, job, table)
     total, host = _table_memory(model, hw_eff, job, together, sw, shared)
     fit = _fits(_MemoryTotals(total, host), together, hw_eff.gpu.memory_bytes, hw_eff.network.host_memory_bytes,
-                hw_eff.network.gpus_per_node)
+                hw_eff.network.host_gpus)
     # The floor's rank bucket, as _rank_keys buckets train_seconds; none for a layout that does not fit.
     floor = np.where(np.isnan(floor), 0.0, floor)  # no floor known: always evaluated
     tokens = (together.global_batch * model.seq_len).astype(float)

@@ -38,17 +38,17 @@ class Evaluation:
     price_usd_per_gpu_hour: float
     packing_efficiency: float
     host_capacity_bytes: float = float("inf")  # host memory of a node (offload)
-    gpus_per_node: int = 8
+    gpus_per_host: int = 8  # GPUs sharing one host's memory (offload)
     stage_memory: tuple[Memory, ...] = ()  # first, fullest and last pipeline stage
 
     @property
     def fits(self) -> np.ndarray:
         """In GPU memory, and what is offloaded in the host memory of its node."""
-        return _fits(self.memory, self.candidates, self.capacity_bytes, self.host_capacity_bytes, self.gpus_per_node)
+        return _fits(self.memory, self.candidates, self.capacity_bytes, self.host_capacity_bytes, self.gpus_per_host)
 
     @property
-    def host_bytes_per_node(self) -> np.ndarray:
-        return _host_bytes_per_node(self.memory, self.candidates, self.gpus_per_node)
+    def host_bytes_per_host(self) -> np.ndarray:
+        return _host_bytes_per_host(self.memory, self.candidates, self.gpus_per_host)
 
     @property
     def step_s(self) -> np.ndarray:
@@ -99,12 +99,12 @@ class Evaluation:
         return self.gpu_hours * self.price_usd_per_gpu_hour
 
 
-def _host_bytes_per_node(mem: Memory, c: Candidates, gpus_per_node: int) -> np.ndarray:
-    return mem.host * np.minimum(c.gpus, gpus_per_node)
+def _host_bytes_per_host(mem: Memory, c: Candidates, gpus_per_host: int) -> np.ndarray:
+    return mem.host * np.minimum(c.gpus, gpus_per_host)
 
 
-def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpus_per_node: int) -> np.ndarray:
-    return (mem.total <= capacity) & (_host_bytes_per_node(mem, c, gpus_per_node) <= host_capacity)
+def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpus_per_host: int) -> np.ndarray:
+    return (mem.total <= capacity) & (_host_bytes_per_host(mem, c, gpus_per_host) <= host_capacity)
 
 
 def usable_memory(hw: HardwareProfile, job: Job) -> float:
@@ -210,7 +210,7 @@ def evaluate_deferred(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candid
     is half the evaluation."""
     sw, hw = _effective(hw, job)
     mem, stages = _memory(model, hw, job, c, sw)
-    fit = _fits(mem, c, hw.gpu.memory_bytes, hw.network.host_memory_bytes, hw.network.gpus_per_node)
+    fit = _fits(mem, c, hw.gpu.memory_bytes, hw.network.host_memory_bytes, hw.network.host_gpus)
     n, rows = len(c), np.flatnonzero(fit)
     if 2 * len(rows) >= n:  # most fit: one pass over the table costs less than two
         return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw)), None
@@ -251,7 +251,7 @@ def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candida
             shared[key] = _checked(memory(model, hw, job, b, sw), len(b))
         mem, stages = shared[key]
         fit = np.flatnonzero(_fits(mem, b, hw.gpu.memory_bytes, hw.network.host_memory_bytes,
-                                   hw.network.gpus_per_node))
+                                   hw.network.host_gpus))
         if len(fit) == 0:
             continue
         if len(fit) < len(b):
@@ -277,4 +277,4 @@ def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
         packing_efficiency=job.packing_efficiency, host_capacity_bytes=hw.network.host_memory_bytes,
-        gpus_per_node=hw.network.gpus_per_node, stage_memory=stages)
+        gpus_per_host=hw.network.host_gpus, stage_memory=stages)

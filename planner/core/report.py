@@ -61,11 +61,11 @@ def stack_line(e: Estimate) -> str:
 def offload_line(e: Estimate) -> str:
     """What CPU offload holds in host memory and what it costs in the step."""
     net = e.hardware.network
-    on_node = min(e.gpus, net.gpus_per_node)
+    on_host = min(e.gpus, net.host_gpus)
     what = ("weights, optimizer states and gradients" if e.layout.offload == "params"
             else "optimizer states and gradients")
     return (f"         offload: {what} in host memory, {e.memory.host_bytes / GIB:.1f} GiB per GPU "
-            f"({e.memory.host_bytes * on_node / GIB:.0f} of {net.host_memory_bytes / GIB:.0f} GiB per node)\n"
+            f"({e.memory.host_bytes * on_host / GIB:.0f} of {net.host_memory_bytes / GIB:.0f} GiB per host)\n"
             f"         it costs the optimizer step on the CPU with its PCIe copies: {e.time.optimizer_s:.3g} s "
             f"of the {e.time.step_s:.3g} s step")
 
@@ -74,6 +74,9 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     e = p.best
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
     nodes = nodes_text(e.gpus, hw.network.gpus_per_node)
+    if hw.network.host_gpus != hw.network.gpus_per_node:  # a rack-scale NVLink domain, and its hosts
+        hosts = -(-e.gpus // hw.network.host_gpus)
+        nodes = nodes.replace("node", "NVLink domain") + f"; {hosts:,} hosts x {hw.network.host_gpus}"
     job = e.job
     tokens_note = ("--tokens" if job.tokens is not None else
                    f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"

@@ -435,7 +435,7 @@ def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray
     behind compute as ZeRO-3's gathers are."""
     e, net, m = hw.efficiency, hw.network, c.m.astype(float)
     act = ACT_BYTES[job.precision]
-    sharing = np.minimum(c.gpus, net.gpus_per_node)  # GPUs whose optimizer steps share the host
+    sharing = np.minimum(c.gpus, net.host_gpus)  # GPUs whose optimizer steps share the host
     cpu_step = held * optim_bytes_per_param / (net.host_memory_bytes_per_s / sharing)
     d2h = held * act / net.pcie_bytes_per_s
     h2d = held * act / net.pcie_bytes_per_s

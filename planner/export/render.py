@@ -75,7 +75,7 @@ def hyper(e: Estimate, opts: ExportOptions) -> Hyper:
 
 
 def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
-    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node) if fmt != "deepspeed" else (0, 0)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.host_gpus) if fmt != "deepspeed" else (0, 0)
     where = f" ({nodes} node{'s' if nodes > 1 else ''} x {per_node} GPUs)" if nodes else ""
     lines = [f"planner export --format {fmt}: {e.model.name} on {e.gpus} x {e.hardware.name}{where}",
              f"layout: {layout_line(e)}; {e.job.precision}, {e.job.attention} attention",
@@ -181,7 +181,7 @@ def _default(var: str, value: str) -> str:
 
 def torchrun_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     steps = train_steps(e, opts)
-    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.host_gpus)
     where = ("one node" if nodes == 1 else
              f"every one of the {nodes} nodes, with NODE_RANK=0..{nodes - 1} and MASTER_ADDR = node 0's address")
     config = yaml_dump(run_config(e, opts))
@@ -237,7 +237,7 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
 
 def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     steps = train_steps(e, opts)
-    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.host_gpus)
     lines = ["#!/usr/bin/env bash", *comment_lines(summary(e, "megatron", steps, note)),
              "# Megatron-LM pretrain_gpt.py (Megatron-Core 0.10 or later): run from a Megatron-LM checkout on "
              + ("one node." if nodes == 1 else f"each of the {nodes} nodes with NODE_RANK and MASTER_ADDR set."),
@@ -315,7 +315,7 @@ def torchtitan_toml(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     from planner.export.torchtitan import job_config
 
     steps = train_steps(e, opts)
-    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.host_gpus)
     config, notes = job_config(e, steps, run_name(e, opts), checkpoint_interval(e), opts.keep_last)
     launch = torchrun_argv(e, nodes, per_node, "$NODE_RANK", "$MASTER_ADDR")
     head = [*summary(e, "torchtitan", steps, note), *notes,
@@ -328,7 +328,7 @@ def torchtitan_toml(e: Estimate, opts: ExportOptions, note: str = "") -> str:
 
 def slurm_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     steps = train_steps(e, opts)
-    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.host_gpus)
     name = run_name(e, opts)
     config = yaml_dump(run_config(e, opts))
     launch = ["srun", "--kill-on-bad-exit=1", "torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(per_node),
@@ -357,7 +357,7 @@ def k8s_manifest(e: Estimate, opts: ExportOptions, note: str = "") -> str:
     """A Kubeflow PyTorchJob (one pod per node; the operator sets MASTER_ADDR, MASTER_PORT and RANK,
     the pod's index) and the ConfigMap holding the run config."""
     steps = train_steps(e, opts)
-    nodes, per_node = node_split(e.gpus, e.hardware.network.gpus_per_node)
+    nodes, per_node = node_split(e.gpus, e.hardware.network.host_gpus)
     name = k8s_name(e, opts)
     config_text = yaml_dump(run_config(e, opts))
     mount = "/etc/planner"

@@ -41,7 +41,7 @@ def common_problems(fmt: str, lay, job, hw, gpus: int) -> list[PlannerError]:
                                                 "full-finetune or pretrain instead"))
     if fmt != "deepspeed":
         try:
-            node_split(gpus, hw.network.gpus_per_node)
+            node_split(gpus, hw.network.host_gpus)
         except PlannerError as exc:
             out.append(exc)
     return out
