@@ -142,3 +142,14 @@ def test_json_has_the_new_keys_beside_the_old(capsys):
     assert d["trainable_params"] == 4_194_304 and d["mode"] == "lora"
     assert {"checkpoint", "reliability", "data_feed", "memory", "time", "train"} <= set(d)
     assert d["checkpoint"]["interval_steps"] >= 1 and 0 < d["reliability"]["goodput"] <= 1
+
+
+def test_a_node_mtbf_is_per_host_on_a_rack_scale_domain(capsys):
+    """--mtbf-node-hours is per scheduler node: a GB200 NVL72 compute tray of 4 GPUs, not the
+    72-GPU NVLink domain. 1,000 h per tray is 4,000 h per GPU: 72 GPUs fail every 55.6 h."""
+    import json
+
+    assert main(["estimate", "--params", "13B", "--gpus", "72", "--gpu", "gb200-nvl72", "--mtbf-node-hours", "1000",
+                 "--format", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)["reliability"]
+    assert r["mtbf_job_hours"] == pytest.approx(1000 * 4 / 72, rel=1e-9)

@@ -117,7 +117,7 @@ def _common(a: argparse.Namespace):
     profiles = [inputs.hardware_from_args(n, a.gpus_per_node) for n in parse_names(profiles_flag(a.gpu), "gpu")]
     job = inputs.job_from_args(a)
     trainable_params(model, job)  # validates LoRA targets and rank against this model
-    ops = [inputs.ops_from_args(a, hw.network.gpus_per_node) for hw in profiles]
+    ops = [inputs.ops_from_args(a, hw.network.host_gpus) for hw in profiles]
     return model, note, options_for(profiles, job, precision_given, ops), inputs.pins_from_args(a)
 
 

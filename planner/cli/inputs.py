@@ -111,8 +111,8 @@ def job_from_args(a: argparse.Namespace) -> Job:
     return job_from(vars(a))
 
 
-def ops_from_args(a: argparse.Namespace, gpus_per_node: int) -> Operations:
-    return ops_from(vars(a), gpus_per_node)
+def ops_from_args(a: argparse.Namespace, gpus_per_host: int) -> Operations:
+    return ops_from(vars(a), gpus_per_host)
 
 
 def pins_from_args(a: argparse.Namespace) -> Pins:

@@ -39,7 +39,7 @@ class OpsOptions:
              "interruptions in 54 days on 16,384 GPUs; inf: none)",
         label="MTBF per GPU, hours (0: no failures)", low=0.0, high=1e9, step=1000.0, group="operations")})
     mtbf_node_hours: float | None = dataclasses.field(default=None, metadata={"option": Option(
-        help="the same per node (divided among its GPUs)")})
+        help="the same per node, a host of the scheduler's (divided among its GPUs)")})
     restart_minutes: float = dataclasses.field(default=_OPS.restart_s / 60, metadata={"option": Option(
         help=f"detect + reschedule + re-init (default {_OPS.restart_s / 60:g})",
         label="Restart after a failure, minutes", low=0.0, high=1440.0, step=1.0, group="operations")})
@@ -98,7 +98,7 @@ def pins_from(values: Mapping[str, object]) -> Pins:
     return Pins(**{d.name: values.get(d.name) for d in PIN_DIMS})
 
 
-def ops_from(values: Mapping[str, object], gpus_per_node: int) -> Operations:
+def ops_from(values: Mapping[str, object], gpus_per_host: int) -> Operations:
     o = OpsOptions(**{opt.name: _value(values, opt) for opt in OPS_OPTIONS})
     if o.mtbf_gpu_hours is not None and o.mtbf_node_hours is not None:
         raise PlannerError("mtbf_node_hours", o.mtbf_node_hours, "give --mtbf-gpu-hours or --mtbf-node-hours")
@@ -106,7 +106,7 @@ def ops_from(values: Mapping[str, object], gpus_per_node: int) -> Operations:
     if o.mtbf_node_hours is not None:
         if not o.mtbf_node_hours > 0:
             raise PlannerError("mtbf_node_hours", o.mtbf_node_hours, "greater than zero hours (inf: no failures)")
-        mtbf = o.mtbf_node_hours * gpus_per_node  # a node failing stops all its GPUs' work
+        mtbf = o.mtbf_node_hours * gpus_per_host  # a node (host) failing stops all its GPUs' work
     for name in ("storage_gbps", "storage_write_gbps", "storage_read_gbps"):
         value = getattr(o, name)
         if value is not None and not value > 0:
@@ -303,4 +303,4 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
             note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"
     trainable_params(model, job)  # validates LoRA targets and rank against this model
     return Inputs(model=model, model_note=note, hardware=hw, gpus=gpus, job=job, pins=pins_from(values),
-                  ops=ops_from(values, hw.network.gpus_per_node))
+                  ops=ops_from(values, hw.network.host_gpus))
