@@ -80,12 +80,14 @@ def test_more_gpus_never_take_longer(gpu):
 
 
 def test_recommend_meets_the_deadline_and_one_node_fewer_does_not():
+    """One node here is a scheduler's node (a host): a node of 8, or a compute tray of 4 inside a
+    GB200 NVL72 rack (whose NVLink domain, 72, is the cost model's node)."""
     model, deadline = get_preset("llama-33b"), 30 * DAY
-    profiles = [get_profile(n) for n in ("a100-80g", "a6000", "v100-32g")]
+    profiles = [get_profile(n) for n in ("a100-80g", "a6000", "v100-32g", "gb200-nvl72")]
     r = recommend(model, options_for(profiles, Job(tokens=1e12), precision_given=False), deadline)
     for a in r.answers:
         hw, job, n = a.option.hardware, a.option.job, a.pick.gpus
-        gpn = hw.network.gpus_per_node
+        gpn = hw.network.host_gpus
         e = plan(model, hw, job, n).best
         assert e.fits and wall_days(e) <= 30
         fewer = plan(model, hw, job, n - gpn).best

@@ -234,9 +234,10 @@ class _Prober:
         return below, None
 
     def bisect(self, lo: int | None, hi: int, passes) -> int:
-        """The smallest passing count between a failing ``lo`` and a passing ``hi``, in whole nodes
-        (counts below one node stay powers of two: the ladder already tried them)."""
-        gpn = self.option.hardware.network.gpus_per_node
+        """The smallest passing count between a failing ``lo`` and a passing ``hi``, in whole hosts
+        (scheduler nodes: an NVL72 rack's trays of 4; counts below one stay powers of two: the
+        ladder already tried them)."""
+        gpn = self.option.hardware.network.host_gpus
         if lo is None or lo < gpn:
             return hi
         a, b = lo // gpn, hi // gpn  # nodes: a fails, b passes
