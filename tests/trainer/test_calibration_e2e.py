@@ -4,7 +4,8 @@ calibrate on half, validate on the other half.
 What is asserted does not depend on how loaded the machine is: the runs to calibrate on and the
 held-out runs alternate in time (the grid is ordered in pairs of like runs), and calibration is
 judged against the uncalibrated profile on the same measurements (it must lower the held-out
-error), never against an absolute figure that a busy machine moves. The absolute held-out error
+error), never against an absolute figure that a busy machine moves; a grid measured while the
+machine's speed changed (the fit cannot match even its own runs) is measured again, once. The absolute held-out error
 is printed here and measured by benchmarks/calibration_cpu.py (full grid)."""
 
 import json
@@ -30,25 +31,37 @@ def test_probe_profile_calibrate_validate(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     probed = tmp_path / "probed.toml"
     assert main(["probe", "--out", str(probed), "--nprocs", "2", "--quick"]) == 0
-    grid = tmp_path / "grid"
-    assert main(["profile", "--grid", "cpu-ci", "--out", str(grid), "--gpu", str(probed), "--steps", "8"]) == 0
-    summary = json.loads((grid / "grid.json").read_text())
-    assert len(summary) == 10 and all(e["status"] == "ok" for e in summary), summary
-    runs = sorted(p for p in grid.iterdir() if (p / "record.json").exists())
-    train = [str(p) for p in runs if int(p.name[:2]) % 2 == 0]
-    held = [str(p) for p in runs if int(p.name[:2]) % 2 == 1]
-    calibrated = tmp_path / "calibrated.toml"
-    capsys.readouterr()
-    assert main(["calibrate", *train, "--base", str(probed), "--out", str(calibrated), "--factors", FACTORS]) == 0
-    fit_table = capsys.readouterr().out
+    err = lambda v: v["summary"]["step_s"]["mean_abs_error"]  # noqa: E731
 
     def validate(profile: Path, runs: list[str]) -> dict:
         assert main(["validate", *runs, "--gpu", str(profile), "--format", "json"]) == 0
         return json.loads(capsys.readouterr().out)
 
+    def grid_and_fit(k: int):
+        grid = tmp_path / f"grid{k}"
+        assert main(["profile", "--grid", "cpu-ci", "--out", str(grid), "--gpu", str(probed), "--steps", "8"]) == 0
+        summary = json.loads((grid / "grid.json").read_text())
+        assert len(summary) == 10 and all(e["status"] == "ok" for e in summary), summary
+        runs = sorted(p for p in grid.iterdir() if (p / "record.json").exists())
+        train = [str(p) for p in runs if int(p.name[:2]) % 2 == 0]
+        held = [str(p) for p in runs if int(p.name[:2]) % 2 == 1]
+        calibrated = tmp_path / f"calibrated{k}.toml"
+        capsys.readouterr()
+        assert main(["calibrate", *train, "--base", str(probed), "--out", str(calibrated), "--factors", FACTORS]) == 0
+        return train, held, calibrated, capsys.readouterr().out
+
+    # Four factors fitted to five runs match them within 0.3-4.5% on a machine that keeps its speed.
+    # A grid the fit cannot match within 10% in sample was measured while the machine's speed changed
+    # under it (seen: one single-process run at 4x its twin's time, the shared host busy): it says
+    # nothing about calibration, and is measured again, once. The checks below hold for that grid.
+    for k in range(2):
+        train, held, calibrated, fit_table = grid_and_fit(k)
+        in_before, in_after = validate(probed, train), validate(calibrated, train)
+        if err(in_after) <= 0.10:
+            break
+        with capsys.disabled():
+            print(f"\n{fit_table}\ngrid {k}: in sample {err(in_after):.1%} after the fit: measured again")
     before, after = validate(probed, held), validate(calibrated, held)
-    in_before, in_after = validate(probed, train), validate(calibrated, train)
-    err = lambda v: v["summary"]["step_s"]["mean_abs_error"]  # noqa: E731
     with capsys.disabled():
         print(f"\n{fit_table}\nheld-out step-time error: {err(before):.1%} before calibration, "
               f"{err(after):.1%} after (in sample {err(in_before):.1%} -> {err(in_after):.1%})")
