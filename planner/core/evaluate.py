@@ -189,9 +189,7 @@ class DeferredStepTime:
     def fill(self, rows: np.ndarray | None = None) -> None:
         if rows is None:
             idx = np.flatnonzero(self.missing)
-        elif len(rows) <= 16:  # a plan's few rows
-            idx = np.unique(rows[self.missing[rows]])
-        else:
+        else:  # the rows by a mask, not a sort: a selection may be the whole table
             want = np.zeros_like(self.missing)
             want[rows] = True
             idx = np.flatnonzero(want & self.missing)

@@ -34,6 +34,14 @@ def stage_of(k: int, pp: int, schedule: str = "1f1b") -> int:
     return k % pp
 
 
+def virtual_stage(rank: int, chunk: int, pp: int, schedule: str = "1f1b") -> int:
+    """The stage a rank's chunk runs (``stage_of``'s inverse): chunk c of rank r is stage c pp + r,
+    or under DualPipeV, on the way back up the V, stage 2 pp - 1 - r."""
+    if schedule == "dualpipev" and chunk > 0:
+        return 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
 def stage_layer_ranges(layers: int, pp: int, vpp: int = 1, schedule: str = "1f1b") -> list[list[tuple[int, int]]]:
     """For each pipeline rank, its [start, end) layer ranges, one per virtual stage it runs (in
     stage order: ``stage_of``). Interleaving needs layers divisible by pp*vpp; otherwise chunks

@@ -73,10 +73,11 @@ def offload_line(e: Estimate) -> str:
 def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     e = p.best
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
-    nodes = nodes_text(e.gpus, hw.network.gpus_per_node)
-    if hw.network.host_gpus != hw.network.gpus_per_node:  # a rack-scale NVLink domain, and its hosts
-        hosts = -(-e.gpus // hw.network.host_gpus)
-        nodes = nodes.replace("node", "NVLink domain") + f"; {hosts:,} hosts x {hw.network.host_gpus}"
+    net = hw.network
+    if net.host_gpus != net.gpus_per_node:  # a rack-scale NVLink domain, and its hosts
+        nodes = f"{nodes_text(e.gpus, net.gpus_per_node, 'NVLink domain')}; {nodes_text(e.gpus, net.host_gpus, 'host')}"
+    else:
+        nodes = nodes_text(e.gpus, net.gpus_per_node)
     job = e.job
     tokens_note = ("--tokens" if job.tokens is not None else
                    f"default: {CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla; --tokens to set"
@@ -136,14 +137,15 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     return "\n".join(lines)
 
 
-def nodes_text(gpus: int, per_node: int) -> str:
-    """'16 nodes x 8'; '13 nodes x 8, the last with 4 GPUs' when the count is not a multiple."""
+def nodes_text(gpus: int, per_node: int, unit: str = "node") -> str:
+    """'16 nodes x 8'; '13 nodes x 8, the last with 4 GPUs' when the count is not a multiple
+    (``unit``: what a node is called, an NVLink domain or a host)."""
     nodes, rest = -(-gpus // per_node), gpus % per_node
-    text = f"{nodes:,} node{'s' if nodes > 1 else ''} x {per_node}"
+    text = f"{nodes:,} {unit}{'s' if nodes > 1 else ''} x {per_node}"
     if rest and nodes > 1:
         text += f", the last with {rest} GPU{'s' if rest > 1 else ''}"
     elif rest:
-        text = f"1 node, {gpus} of its {per_node} GPUs"
+        text = f"1 {unit}, {gpus} of its {per_node} GPUs"
     return text
 
 

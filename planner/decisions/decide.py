@@ -237,17 +237,17 @@ class _Prober:
         """The smallest passing count between a failing ``lo`` and a passing ``hi``, in whole hosts
         (scheduler nodes: an NVL72 rack's trays of 4; counts below one stay powers of two: the
         ladder already tried them)."""
-        gpn = self.option.hardware.network.host_gpus
-        if lo is None or lo < gpn:
+        host = self.option.hardware.network.host_gpus
+        if lo is None or lo < host:
             return hi
-        a, b = lo // gpn, hi // gpn  # nodes: a fails, b passes
+        a, b = lo // host, hi // host  # hosts: a fails, b passes
         while b - a > 1:
             mid = (a + b) // 2
-            if passes(self(mid * gpn)):
+            if passes(self(mid * host)):
                 b = mid
             else:
                 a = mid
-        return b * gpn
+        return b * host
 
 
 def recommend(model: ModelSpec, options: tuple[Option, ...], deadline_s: float, budget_usd: float | None = None,

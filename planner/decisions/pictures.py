@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from planner.core.pipeline import virtual_stage
 from planner.errors import PlannerError
 
 # One colour per part of the step (planner.core.report.TIME_PARTS' labels, in that order), for the
@@ -115,14 +116,6 @@ DUALPIPE_NOTE = ("DualPipeV is drawn as torch's ScheduleDualPipeV orders it, eac
 _DONE_AS = {"F": "F", "B": "B", "I": "B", "W": "W"}  # an input-gradient half lets the previous stage's backward go
 
 
-def _virtual_stage(schedule: str, pp: int, rank: int, chunk: int) -> int:
-    """The stage a rank's chunk is: interleaved, chunk c of rank r is stage c pp + r; DualPipeV's V
-    runs down the ranks and back up (chunk 1 of rank r is stage 2 pp - 1 - r)."""
-    if schedule == "dualpipev":
-        return rank if chunk == 0 else 2 * pp - 1 - rank
-    return chunk * pp + rank
-
-
 def timeline_rows(pp: int, vpp: int, micro_batches: int, schedule: str = "1f1b") -> list[dict]:
     """One row per forward or backward of a micro-batch on a rank: start and end in units of one
     full-model forward per micro-batch split over the stages (a chunk's forward is 1/vpp of a
@@ -146,7 +139,7 @@ def timeline_rows(pp: int, vpp: int, micro_batches: int, schedule: str = "1f1b")
         for r in range(pp):
             while nxt[r] < len(orders[r]):
                 kind, i, c = orders[r][nxt[r]]
-                vs = _virtual_stage(schedule, pp, r, c)
+                vs = virtual_stage(r, c, pp, schedule)
                 if kind == "F":
                     dep = done.get(("F", i, vs - 1)) if vs > 0 else 0.0
                 elif kind == "W":  # after its own input gradient

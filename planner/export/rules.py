@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from planner.core.pipeline import schedule_name
 from planner.errors import PlannerError
 
 TRAINER_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # reference_trainer/config.py: no fp8 path
@@ -107,7 +108,8 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
                                 "(--use-distributed-optimizer) only; pin --zero 0 or 1, or use --format deepspeed"))
     if lay.pp > 1 and lay.schedule in ("gpipe", "dualpipev"):
         out.append(PlannerError("schedule", lay.schedule, "Megatron-LM runs 1F1B (interleaved when vpp > 1), not "
-                                + ("GPipe" if lay.schedule == "gpipe" else "DualPipeV; use --format torchtitan")))
+                                + schedule_name(lay.schedule, lay.vpp)
+                                + ("; use --format torchtitan" if lay.schedule == "dualpipev" else "")))
     if job.precision == "tf32":
         out.append(PlannerError("precision", "tf32", "Megatron-LM has no TF32 switch; use fp32, bf16, fp16 or fp8"))
     if getattr(lay, "offload", "none") == "optimizer" and lay.zero_stage != 1:
