@@ -128,6 +128,20 @@ def test_torchtitan_context_parallel_rows():
         assert abs(p.memory_bytes / r.measured_memory_bytes - 1) <= mem_tol, r.label
 
 
+def test_validation_page_states_how_the_8b_step_grows_with_the_sequence():
+    """Table 2's 8B rows hold 32K tokens per GPU each (local batch 1 x cp ranks): the step is
+    32768 / (tokens/s per GPU). By hand from the table: 32768/3890 = 8.42 s, /2540 = 12.90 s,
+    /1071 = 30.60 s, /548 = 59.80 s; per 32K tokens of sequence added: 4.48, 17.70/2 = 8.85,
+    29.20/4 = 7.30 s."""
+    from planner.calibration.torchtitan import _sequence_increments
+
+    csv = Path(__file__).parent.parent / "benchmarks" / "data" / "torchtitan_performance.csv"
+    text, = _sequence_increments(csv)
+    assert "the step gains 4.5 s from cp 1 to 2" in text
+    assert "8.8 s from cp 2 to 4" in text  # 8.849
+    assert "7.3 s from cp 4 to 8" in text
+
+
 def test_the_exchange_grows_with_the_query_heads_under_torchtitan():
     """torchtitan repeats K/V to the query heads before SDPA: Llama 3 405B (128 heads, 8 K/V
     heads) exchanges 16x the bytes a GQA-aware ring would; at cp 8 across nodes (tp 8 fills each

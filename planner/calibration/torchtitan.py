@@ -174,8 +174,41 @@ def context_parallel_section(csv: Path) -> list[str]:
          "its cache and retrying (each retry synchronises the GPU). The table reports neither allocated memory "
          "nor allocation retries, so neither can be confirmed here; a run on 4-8 GPUs logging "
          "`torch.cuda.memory_stats()` (`num_alloc_retries`) would."),
+        "",
+        *_sequence_increments(csv),
     ]
     return lines
+
+
+def _sequence_increments(csv: Path) -> list[str]:
+    """How Llama 3 8B's step grows with the sequence on its 8 GPUs (cp 1-8, 32K tokens per GPU
+    each): measured and modelled seconds added per 32K tokens of sequence, from one row to the next."""
+    from planner.calibration.published import load_torchtitan
+
+    rows = sorted((r for r in load_torchtitan(csv, with_cp=True)
+                   if r.model.name == "llama3-8b" and r.gpus == 8 and r.model.seq_len >= 32768), key=lambda r: r.cp)
+    if len(rows) < 3:
+        return []
+
+    def step(r, tokens_per_s_per_gpu: float) -> float:  # seconds: the batch's tokens over the cluster's rate
+        return r.layout.global_batch * r.model.seq_len / (tokens_per_s_per_gpu * r.gpus)
+
+    measured, modelled = [], []
+    for a, b in zip(rows, rows[1:]):
+        per = (b.model.seq_len - a.model.seq_len) / 32768
+        measured.append((step(b, b.measured_tokens_per_s_per_gpu) - step(a, a.measured_tokens_per_s_per_gpu)) / per)
+        modelled.append((step(b, predict_torchtitan(b).tokens_per_s_per_gpu)
+                         - step(a, predict_torchtitan(a).tokens_per_s_per_gpu)) / per)
+    first, *rest = [f"{m:.1f} s from cp {a.cp} to {b.cp}" for a, b, m in zip(rows, rows[1:], measured)]
+    lo, hi = min(modelled), max(modelled)
+    return [
+        "How the 8B step grows with the sequence (each of these rows holds 32K tokens per GPU, so only the "
+        f"attention a GPU does and the ring's steps grow): measured, the step gains {first} per 32K tokens of "
+        f"sequence, {', '.join(rest[:-1])}{' and ' if len(rest) > 1 else ''}{rest[-1]}; modelled, "
+        f"{lo:.1f}-{hi:.1f} s each time. The measured growth is not smooth in the sequence: what the model lacks "
+        "sets in between cp 2 and cp 4 and does not grow after it. No term linear or quadratic in the sequence, "
+        "nor one per step of the ring (one more per 32K tokens here), gives these three numbers."
+    ]
 
 
 def one_f_one_b_section(csv: Path) -> list[str]:
