@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -194,21 +195,20 @@ def _sequence_increments(csv: Path) -> list[str]:
         return r.layout.global_batch * r.model.seq_len / (tokens_per_s_per_gpu * r.gpus)
 
     measured, modelled = [], []
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         per = (b.model.seq_len - a.model.seq_len) / 32768
         measured.append((step(b, b.measured_tokens_per_s_per_gpu) - step(a, a.measured_tokens_per_s_per_gpu)) / per)
         modelled.append((step(b, predict_torchtitan(b).tokens_per_s_per_gpu)
                          - step(a, predict_torchtitan(a).tokens_per_s_per_gpu)) / per)
-    first, *rest = [f"{m:.1f} s from cp {a.cp} to {b.cp}" for a, b, m in zip(rows, rows[1:], measured)]
-    lo, hi = min(modelled), max(modelled)
-    return [
-        "How the 8B step grows with the sequence (each of these rows holds 32K tokens per GPU, so only the "
-        f"attention a GPU does and the ring's steps grow): measured, the step gains {first} per 32K tokens of "
-        f"sequence, {', '.join(rest[:-1])}{' and ' if len(rest) > 1 else ''}{rest[-1]}; modelled, "
-        f"{lo:.1f}-{hi:.1f} s each time. The measured growth is not smooth in the sequence: what the model lacks "
-        "sets in between cp 2 and cp 4 and does not grow after it. No term linear or quadratic in the sequence, "
-        "nor one per step of the ring (one more per 32K tokens here), gives these three numbers."
-    ]
+    first, *rest = [f"{m:.1f} s from cp {a.cp} to {b.cp}" for (a, b), m in zip(itertools.pairwise(rows), measured)]
+    later = ", ".join(rest[:-1]) + " and " + rest[-1] if len(rest) > 1 else rest[0]
+    text = (f"How the 8B step grows with the sequence (each of these rows holds 32K tokens per GPU, so only the "
+            f"attention a GPU does and the ring's steps grow): measured, the step gains {first} per 32K tokens "
+            f"of sequence, {later}; modelled, {min(modelled):.1f}-{max(modelled):.1f} s each time. The measured "
+            "growth is not smooth in the sequence: what the model lacks sets in between cp 2 and cp 4 and does not "
+            "grow after it. No term linear or quadratic in the sequence, nor one per step of the ring (one more "
+            "per 32K tokens here), gives these three numbers.")
+    return [text]
 
 
 def one_f_one_b_section(csv: Path) -> list[str]:
