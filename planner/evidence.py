@@ -78,6 +78,10 @@ class Evidence:
     worst_speed_error: float | None = None
     like_worst_speed_error: float | None = None
     worst_memory_error: float | None = None  # signed (< 0: predicted below measured)
+    like_memory_runs: int = 0  # of the runs like this plan, those with a memory comparison
+    like_memory_mean_abs_error: float | None = None
+    like_memory_worst_abs_error: float | None = None
+    like_worst_memory_error: float | None = None  # signed, as ``worst_memory_error``
 
     def sample(self) -> str:
         """Whether the factors were fitted to these runs: in sample, out of sample, or some of each."""
@@ -103,7 +107,11 @@ class Evidence:
                 "like_this_plan": {"features": list(self.like), "runs": self.like_runs,
                                    "time_mean_abs_error": self.like_mean_abs_error,
                                    "time_worst_abs_error": self.like_worst_abs_error,
-                                   "worst_speed_error": self.like_worst_speed_error} if self.like else None,
+                                   "worst_speed_error": self.like_worst_speed_error,
+                                   "memory_runs": self.like_memory_runs,
+                                   "memory_mean_abs_error": self.like_memory_mean_abs_error,
+                                   "memory_worst_abs_error": self.like_memory_worst_abs_error,
+                                   "worst_memory_error": self.like_worst_memory_error} if self.like else None,
                 "summary": self.line()}
 
     def line(self, on: tuple[str, ...] | None = None) -> str:
@@ -127,19 +135,21 @@ class Evidence:
             none = ("" if not lack else f"none on {', '.join(lack)}" if len(lack) <= 2
                     else f"none on the other {len(lack)}" if have else f"none on these {len(lack)}")
             where = f"{', '.join(self.gpus)}; " + ", ".join(x for x in (have, none) if x)
-        text = (f"{self.runs} {' and '.join(self.sources)} runs ({where}): "
+        text = (f"{self.runs} {' and '.join(self.sources)} run{'' if self.runs == 1 else 's'} ({where}): "
                 f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%}"
                 f"{_direction(self.worst_speed_error)} ({self.sample()})")
         if self.memory_runs:
-            below = self.worst_memory_error is not None and self.worst_memory_error < 0
-            text += (f"; memory ({self.memory_runs} runs) {self.memory_mean_abs_error:.1%}, "
-                     f"worst {self.memory_worst_abs_error:.0%}, predicted {'below' if below else 'above'} measured")
+            text += "; " + _memory_text(self.memory_runs, self.memory_mean_abs_error, self.memory_worst_abs_error,
+                                        self.worst_memory_error)
         if self.like:
             names = " + ".join(FEATURES[f][0] for f in self.like)
             text += (f"; like this plan ({names}): " + (
                 f"{self.like_runs}, time {self.like_mean_abs_error:.1%} mean error, worst "
                 f"{self.like_worst_abs_error:.0%}{_direction(self.like_worst_speed_error)}"
                 if self.like_runs else "none"))
+            if self.like_memory_runs:
+                text += ", " + _memory_text(self.like_memory_runs, self.like_memory_mean_abs_error,
+                                            self.like_memory_worst_abs_error, self.like_worst_memory_error)
         return text + f"; {PAGE}"
 
 
@@ -148,6 +158,13 @@ def _direction(speed_error: float | None) -> str:
     if speed_error is None or speed_error == 0:
         return ""
     return f", predicted {'faster' if speed_error > 0 else 'slower'} than measured"
+
+
+def _memory_text(runs: int, mean: float, worst: float, signed: float | None) -> str:
+    """The memory clause: how many runs, the mean and worst |error|, and which way the worst was off."""
+    below = signed is not None and signed < 0
+    return (f"memory ({runs} run{'' if runs == 1 else 's'}) {mean:.1%}, worst {worst:.0%}, "
+            f"predicted {'below' if below else 'above'} measured")
 
 
 def _worst_speed(runs: list[dict]) -> float | None:
@@ -215,12 +232,23 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False, like: tuple[st
                                         for g in dict.fromkeys(r["gpu"] for r in timed)),
                     fitted=sum(1 for r in timed if r.get("fitted") is True), like=like,
                     worst_speed_error=_worst_speed(timed),
-                    worst_memory_error=max((r["memory_error"] for r in mine if r.get("memory_error") is not None),
-                                           key=abs, default=None), **_like(timed, like))
+                    worst_memory_error=_worst_memory(mine), **_like(mine, like))
 
 
-def _like(timed: list[dict], like: tuple[str, ...]) -> dict:
-    runs = [r for r in timed if all(FEATURES[f][1](r) for f in like)] if like else []
-    errors = [abs(r["time_error"]) for r in runs]
+def _worst_memory(runs: list[dict]) -> float | None:
+    """The signed memory error of the run with the largest |memory error| (None: no run has one)."""
+    return max((r["memory_error"] for r in runs if r.get("memory_error") is not None), key=abs, default=None)
+
+
+def _like(mine: list[dict], like: tuple[str, ...]) -> dict:
+    """The runs with every feature of the plan: their time errors and, where measured, memory errors."""
+    runs = [r for r in mine if all(FEATURES[f][1](r) for f in like)] if like else []
+    timed = [r for r in runs if r.get("time_error") is not None]
+    errors = [abs(r["time_error"]) for r in timed]
+    memory = [abs(r["memory_error"]) for r in runs if r.get("memory_error") is not None]
     return {"like_runs": len(errors), "like_mean_abs_error": sum(errors) / len(errors) if errors else None,
-            "like_worst_abs_error": max(errors) if errors else None, "like_worst_speed_error": _worst_speed(runs)}
+            "like_worst_abs_error": max(errors) if errors else None, "like_worst_speed_error": _worst_speed(timed),
+            "like_memory_runs": len(memory),
+            "like_memory_mean_abs_error": sum(memory) / len(memory) if memory else None,
+            "like_memory_worst_abs_error": max(memory) if memory else None,
+            "like_worst_memory_error": _worst_memory(runs)}

@@ -3,7 +3,7 @@
 import json
 
 from planner.cli.main import main
-from planner.evidence import EVIDENCE_FILE, family, records, summarise
+from planner.evidence import EVIDENCE_FILE, evidence_for, family, records, summarise
 
 RUNS = (  # made-up records: the summary is worked out by hand below
     {"source": "published A", "run": "a1", "stack": "fsdp2-2024", "gpu": "h100-80g", "time_error": 0.10,
@@ -21,9 +21,9 @@ def test_a_stack_is_checked_by_the_runs_of_its_family():
     assert abs(e.time_mean_abs_error - 0.15) < 1e-12 and e.time_worst_abs_error == 0.20
     assert (e.memory_runs, e.memory_mean_abs_error, e.memory_worst_abs_error) == (1, 0.05, 0.05)
     assert e.line() == ("2 published A runs (h100-80g, h200; 1 on h100-80g (10.0% mean)): time 15.0% mean error, worst 20% "
-                        "(1 of 2 in sample); memory (1 runs) 5.0%, worst 5%, predicted below measured; docs/validation.md")
+                        "(1 of 2 in sample); memory (1 run) 5.0%, worst 5%, predicted below measured; docs/validation.md")
     assert summarise("megatron-2021", "a100-80g", RUNS).line() == (
-        "1 published B runs (all on a100-80g): time 2.0% mean error, worst 2% (out of sample); docs/validation.md")
+        "1 published B run (all on a100-80g): time 2.0% mean error, worst 2% (out of sample); docs/validation.md")
     assert "none on a100-80g" in summarise("fsdp2-2025", "a100-80g", RUNS).line()
 
 
@@ -175,7 +175,8 @@ def test_the_runs_like_the_plan_are_summarised_on_their_own(capsys):
     assert main(["estimate", "--preset", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80g", "--format", "json"]) == 0
     like = json.loads(capsys.readouterr().out)["stack"]["checked_against"]["like_this_plan"]
     assert like == {"features": ["moe"], "runs": 0, "time_mean_abs_error": None, "time_worst_abs_error": None,
-                    "worst_speed_error": None}
+                    "worst_speed_error": None, "memory_runs": 0, "memory_mean_abs_error": None,
+                    "memory_worst_abs_error": None, "worst_memory_error": None}
 
 
 def test_the_worst_run_says_which_way_it_was_off():
@@ -191,12 +192,28 @@ def test_the_worst_run_says_which_way_it_was_off():
     )
     e = summarise("fsdp2", "h100-80g", runs, like=("cp",))
     assert (e.worst_speed_error, e.worst_memory_error, e.like_worst_speed_error) == (0.25, -0.12, 0.25)
+    # Like this plan (cp > 1): runs 1 and 3; only run 1 has a memory error (+4%: above the measured).
     assert ("time 12.3% mean error, worst 25%, predicted faster than measured (out of sample); "
             "memory (2 runs) 8.0%, worst 12%, predicted below measured; like this plan (context parallel): 2, "
-            "time 13.5% mean error, worst 25%, predicted faster than measured; docs/validation.md") in e.line()
+            "time 13.5% mean error, worst 25%, predicted faster than measured, memory (1 run) 4.0%, worst 4%, "
+            "predicted above measured; docs/validation.md") in e.line()
+    assert (e.like_memory_runs, e.like_worst_memory_error) == (1, 0.04)
     slow = summarise("fsdp2", "h100-80g", runs[1:], like=("cp",))  # run 2 is the worst: a step-time row, predicted slower
     assert "worst 10%, predicted slower than measured" in slow.line()
     assert "like this plan (context parallel): 1, time 2.0% mean error, worst 2%, predicted faster" in slow.line()
+    assert slow.line().endswith("predicted faster than measured; docs/validation.md")  # run 3: no memory measured
+
+
+def test_the_runs_like_the_plan_give_their_own_memory_error():
+    """torchtitan's six pipelined rows (Tables 5 and 6) are the runs like a pipelined plan; their
+    memory errors in docs/validation.md: -14.5, +6.5, -6.3, -4.0, -4.8, -12.3% (mean |e| 8.1%,
+    worst 14.5%, below). The line gives them beside the family's (20 runs, worst 14.5% too)."""
+    e = evidence_for("fsdp2", "h100-96g-hbm2e", like=("pp",))
+    assert e.like_memory_runs == 6
+    assert abs(e.like_memory_mean_abs_error - 0.081) < 0.002
+    assert abs(e.like_memory_worst_abs_error - 0.145) < 0.002 and e.like_worst_memory_error < 0
+    assert "like this plan (pipeline parallel): 6, time " in e.line()
+    assert ", memory (6 runs) 8.1%, worst 15%, predicted below measured; docs/validation.md" in e.line()
 
 
 def test_the_committed_speed_errors_have_one_sign_for_both_kinds_of_row():
