@@ -13,7 +13,7 @@ from planner.core.memory import allocated_bytes, outside_allocator
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.core.step_parts import STEPTIME_FIELDS
-from planner.evidence import Evidence
+from planner.evidence import FEATURES, Evidence, for_stack, plan_features
 from planner.hardware import HardwareProfile
 
 
@@ -165,6 +165,23 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in d.items()}
 
 
+def _measured_memory_over(model: ModelSpec, layout: Layout, job: Job, hw: HardwareProfile) -> tuple[float, str]:
+    """How much more memory than predicted the measured runs like this plan (its pipeline, context
+    parallel or MoE: planner.evidence) used at worst, as a fraction, and what they were; (0, "")
+    when none was predicted low, or the plan has none of those features."""
+    from planner.stacks import software
+
+    like = plan_features(model, layout)
+    if not like:
+        return 0.0, ""
+    e = for_stack(software(job).stack, hw.name, like)
+    worst = e.like_worst_memory_error
+    if worst is None or worst >= 0:
+        return 0.0, ""
+    runs = f"{e.like_memory_runs} {' and '.join(e.sources)} run{'' if e.like_memory_runs == 1 else 's'}"
+    return -worst, f"{' + '.join(FEATURES[f][0] for f in like)}: {runs}"
+
+
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
                 ops: Operations = Operations()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate."""
@@ -196,7 +213,8 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                             capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
                             grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
                             feed=feed, reliability=reliability,
-                            ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep)
+                            ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep,
+                            gpu_bytes=hw.gpu.memory_bytes, measured_over=_measured_memory_over(model, layout, job, hw))
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=f(ev.tokens_per_s),
                     model_tflops_per_gpu=f(ev.model_flops_per_gpu) / 1e12, mfu=f(ev.mfu), hfu=f(ev.hfu),
