@@ -234,29 +234,31 @@ def test_a_plan_fuller_than_its_like_runs_were_underpredicted_is_warned():
     from planner.core.checks import warnings_for
 
     gib = 2**30
-    common = dict(comm_fraction=0.0, bubble_fraction=0.0, pp=8, vpp=1, grad_accum=64, tp=8, gpus_per_node=8)
+    common = {"comm_fraction": 0.0, "bubble_fraction": 0.0, "pp": 8, "vpp": 1, "grad_accum": 64, "tp": 8,
+              "gpus_per_node": 8}
     like = (0.145, "pipeline parallel: 6 published torchtitan runs")
-    w = warnings_for(total_bytes=84 * gib, capacity_bytes=96 * gib, gpu_bytes=96 * gib, measured_over=like, **common)
-    assert w == ["memory at 88% of the GPU's, and the measured runs like this plan (pipeline parallel: 6 published "
-                 "torchtitan runs) used up to 14% more than predicted; fix: --memory-headroom 0.15 (plan with that "
-                 "share free), recompute, a smaller micro-batch or a higher ZeRO stage"]
+    w = warnings_for(total_bytes=84 * gib, capacity_bytes=96 * gib, gpu_bytes=96 * gib, measured_under=like, **common)
+    assert w == [("memory at 88% of the GPU's, and the measured runs like this plan (pipeline parallel: 6 published "
+                  "torchtitan runs) were predicted up to 14.5% below the memory they used; fix: --memory-headroom 0.15 (plan with that "
+                  "share free), recompute, a smaller micro-batch or a higher ZeRO stage")]
     # 80 GiB leaves 16.7% free: nothing to say. Nor under --memory-headroom 0.15 (capacity 81.6 GiB).
-    assert warnings_for(total_bytes=80 * gib, capacity_bytes=96 * gib, gpu_bytes=96 * gib, measured_over=like,
+    assert warnings_for(total_bytes=80 * gib, capacity_bytes=96 * gib, gpu_bytes=96 * gib, measured_under=like,
                         **common) == []
     kept = warnings_for(total_bytes=81 * gib, capacity_bytes=0.85 * 96 * gib, gpu_bytes=96 * gib,
-                        measured_over=like, **common)  # 84% of the GPU: the headroom covers the runs
+                        measured_under=like, **common)  # 84% of the GPU: the headroom covers the runs
     assert not any("like this plan" in x for x in kept)
     # Runs predicted within 5% leave the 5% rule alone.
     near = warnings_for(total_bytes=92 * gib, capacity_bytes=96 * gib, gpu_bytes=96 * gib,
-                        measured_over=(0.04, "x"), **common)
+                        measured_under=(0.04, "x"), **common)
     assert len(near) == 1 and near[0].startswith("memory at 96% of capacity (within 5%)")
 
 
 def test_the_estimate_warns_from_the_runs_like_its_plan():
     """70B on 64 H100s with pp 4 and tp 2 pinned, micro-batch 1: the plan runs context parallel
-    too at 78.2 of 80 GiB. The runs with both (torchtitan's 405B at cp 2, 4, 8 with PP 8) measured
-    4.0, 4.8 and 12.3% above their prediction (docs/validation.md): the plan leaves 2% free, so the
-    warning names them and --memory-headroom 0.13. A plan with none of those features is not told."""
+    too at 78.2 of 80 GiB. The runs with both (torchtitan's 405B at cp 2, 4, 8 with PP 8) were
+    predicted 4.0, 4.8 and 12.3% below the memory they used (docs/validation.md): the plan leaves 2%
+    free, so the warning names them and --memory-headroom 0.13. A plan with none of those features
+    is not told."""
     from planner.core.layout import Job
     from planner.core.plan import plan
     from planner.core.presets import get_preset
@@ -268,6 +270,6 @@ def test_the_estimate_warns_from_the_runs_like_its_plan():
     assert best.layout.cp > 1 and best.memory.total_bytes > 0.877 * h100.gpu.memory_bytes
     said = [w for w in best.warnings if "like this plan" in w]
     assert said and "(context parallel + pipeline parallel: 3 published torchtitan runs)" in said[0]
-    assert "used up to 12% more than predicted; fix: --memory-headroom 0.13" in said[0]
+    assert "were predicted up to 12.3% below the memory they used; fix: --memory-headroom 0.13" in said[0]
     flat = plan(get_preset("llama3-8b"), h100, Job(), 8, Pins(pp=1, cp=1), top=0).best
     assert not any("like this plan" in w for w in flat.warnings)

@@ -26,23 +26,25 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                  pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
                  feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None,
                  ep_fraction: float = 0.0, ep: int = 1, gpu_bytes: float | None = None,
-                 measured_over: tuple[float, str] = (0.0, "")) -> list[str]:
+                 measured_under: tuple[float, str] = (0.0, "")) -> list[str]:
     """The report's warnings. ``gpu_bytes``: the GPU's whole memory (``capacity_bytes`` is what a
-    plan may fill: less with --memory-headroom); ``measured_over``: how much more memory than
-    predicted the measured runs like this plan used at worst (a fraction), and what they were."""
+    plan may fill: less with --memory-headroom); ``measured_under``: how far below the memory they
+    used the measured runs like this plan were predicted at worst (a fraction of what they used: a
+    plan that leaves that share of the GPU free covers them), and what they were."""
     out = []
-    over_share, like = measured_over
+    under_share, like = measured_under
     gpu_bytes = capacity_bytes if gpu_bytes is None else gpu_bytes
     if total_bytes > capacity_bytes:
         over = (total_bytes - capacity_bytes) / 2**30
         out.append(f"does not fit: {total_bytes / 2**30:.1f} GiB needed, {capacity_bytes / 2**30:.0f} GiB available "
                    f"({over:.1f} GiB over); fix: activation recompute, a higher ZeRO stage, more tp/pp, "
                    "or a smaller micro-batch")
-    elif over_share > MEMORY_HEADROOM and total_bytes > (1 - over_share) * gpu_bytes:
-        need = math.ceil(over_share * 100) / 100
+    elif under_share > MEMORY_HEADROOM and total_bytes > (1 - under_share) * gpu_bytes:
+        need = math.ceil(under_share * 100) / 100
         out.append(f"memory at {total_bytes / gpu_bytes:.0%} of the GPU's, and the measured runs like this plan "
-                   f"({like}) used up to {over_share:.0%} more than predicted; fix: --memory-headroom {need:.2f} "
-                   "(plan with that share free), recompute, a smaller micro-batch or a higher ZeRO stage")
+                   f"({like}) were predicted up to {under_share:.1%} below the memory they used; fix: "
+                   f"--memory-headroom {need:.2f} (plan with that share free), recompute, a smaller micro-batch or "
+                   "a higher ZeRO stage")
     elif total_bytes > (1 - MEMORY_HEADROOM) * capacity_bytes:
         out.append(f"memory at {total_bytes / capacity_bytes:.0%} of capacity (within {MEMORY_HEADROOM:.0%}): "
                    "allocator spikes may OOM; fix: a smaller micro-batch, recompute or a higher ZeRO stage")

@@ -165,10 +165,11 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in d.items()}
 
 
-def _measured_memory_over(model: ModelSpec, layout: Layout, job: Job, hw: HardwareProfile) -> tuple[float, str]:
-    """How much more memory than predicted the measured runs like this plan (its pipeline, context
-    parallel or MoE: planner.evidence) used at worst, as a fraction, and what they were; (0, "")
-    when none was predicted low, or the plan has none of those features."""
+def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: HardwareProfile) -> tuple[float, str]:
+    """How far below the memory they used the measured runs like this plan (its pipeline, context
+    parallel or MoE: planner.evidence) were predicted at worst, a fraction of what they used (the
+    share of the GPU a plan must leave free to cover them), and what they were; (0, "") when none
+    was predicted low, or the plan has none of those features."""
     from planner.stacks import software
 
     like = plan_features(model, layout)
@@ -214,7 +215,7 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                             grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
                             feed=feed, reliability=reliability,
                             ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep,
-                            gpu_bytes=hw.gpu.memory_bytes, measured_over=_measured_memory_over(model, layout, job, hw))
+                            gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw))
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=f(ev.tokens_per_s),
                     model_tflops_per_gpu=f(ev.model_flops_per_gpu) / 1e12, mfu=f(ev.mfu), hfu=f(ev.hfu),
