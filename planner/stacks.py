@@ -97,6 +97,10 @@ class Stack:
     fp8_cast_bytes: float  # HBM bytes per element cast to fp8 (amax, scale, cast, transposed copy)
     fp8_cast_bytes_compiled: float  # the same when compiled (casts fused into neighbouring kernels)
     fp8_all_gather: bool  # ZeRO-3 / FSDP gathers fp8 weights (1 byte) instead of 16-bit ones
+    # Sequence-parallel TP all-gathers activations (forward) and output gradients (backward) in fp8
+    # (torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput, which
+    # torchtitan uses with Float8 and TP); the reduce-scatters stay 16-bit.
+    fp8_tp_all_gather: bool = False
     # Mixture of experts: expert parallel's all-to-all (planner.core.moe)
     ep_dispatch_bytes: float  # bytes per hidden element a token carries to its experts (0: the activations')
     ep_combine_bytes: float  # the same back from them, and for the gradients (0: the activations')
@@ -162,12 +166,15 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "fp8_cast_bytes": ("fp8_cast_bytes", "float", (0.0, 64.0)),
     "fp8_cast_bytes_compiled": ("fp8_cast_bytes_compiled", "float", (0.0, 64.0)),
     "fp8_all_gather": ("fp8_all_gather", "bool", None),
+    "fp8_tp_all_gather": ("fp8_tp_all_gather", "bool", None),
     "ep_dispatch_bytes": ("ep_dispatch_bytes", "float", (0.0, 4.0)),
     "ep_combine_bytes": ("ep_combine_bytes", "float", (0.0, 4.0)),
     "ep_dedup": ("ep_dedup", "bool", None),
     "ep_overlap": ("ep_overlap", "float", (0.0, 1.0)),
     "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
+# Keys added after stack files were published: a file without them has these values.
+OPTIONAL_KEYS = {"fp8_tp_all_gather": False}
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 
@@ -229,6 +236,7 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
                 raise PlannerError(f"stack {path} [{table}]", key, f"unknown key; allowed: {', '.join(_KEYS)}")
             attr, kind, allowed = _KEYS[key]
             values[attr] = _value(f"stack {path} [{table}]", key, value, kind, allowed)
+    values = {**{_KEYS[k][0]: v for k, v in OPTIONAL_KEYS.items()}, **values}
     missing = [k for k, (attr, _, _) in _KEYS.items() if attr not in values]
     if missing:
         raise PlannerError(f"stack {path}", "missing", f"needs key(s): {', '.join(missing)}")

@@ -43,7 +43,7 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ("zero_stages = [0, 3]", "zero_stages = [0, 4]", "zero_stages", "a non-empty list of 0, 1, 2, 3"),
     ("interleaved = true", 'interleaved = "yes"', "interleaved", "true or false"),
     ('name = "fsdp2"', 'name = "fsdp2"\ncolour = "blue"', "colour", "unknown key"),
-    ("layer_overhead_us = 2258", "", "missing", "layer_overhead_us"),
+    ("layer_overhead_us = 2250", "", "missing", "layer_overhead_us"),
     ("dp_bucket_mib = 100", "dp_bucket_mib = -1", "dp_bucket_mib", "from 0 to 1e+06"),
     ("dtensor_optimizer_ratio = 1", "dtensor_optimizer_ratio = 0.5", "dtensor_optimizer_ratio", "from 1 to 100"),
     ('master_weights = "param"', 'master_weights = "fp32"', "master_weights", "one of separate, param"),
@@ -67,7 +67,7 @@ def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_
 
 
 def test_a_stack_file_by_path_is_used(tmp_path, capsys):
-    path = _write(tmp_path, "layer_overhead_us = 2258", "layer_overhead_us = 0")
+    path = _write(tmp_path, "layer_overhead_us = 2250", "layer_overhead_us = 0")
     assert cli_main(["estimate", "--params", "7B", "--gpus", "8", "--stack", str(path), "--format", "json"]) in (0, 3)
     out = capsys.readouterr().out
     assert '"name": "fsdp2"' in out and str(path) in out
@@ -270,3 +270,40 @@ def test_what_a_stack_does_not_model_is_said_beside_the_estimate(capsys):
     assert out[i + 1] == f"         not modelled: {hai.not_modelled}"
     assert main(["estimate", "--params", "7B", "--gpus", "8"]) == 0
     assert "not modelled" not in capsys.readouterr().out
+
+
+def test_fp8_tp_all_gathers_send_one_byte_and_the_reduce_scatters_two(tmp_path):
+    """torchtitan with Float8 and TP (torchao's Float8ColwiseParallel, Float8RowwiseParallel and
+    PrepareFloat8ModuleInput): under sequence parallel each layer's forward all-gathers its two
+    matmul inputs in fp8 and reduce-scatters two outputs in bf16, and the backward all-gathers the
+    two output gradients in fp8 (e5m2) and reduce-scatters two input gradients in bf16. As many
+    all-gathers as reduce-scatters: the TP bytes are (1 + 2) / 2 = 3/4 of bf16's. With the links'
+    latency at 0 the collectives' time is their bytes over the bandwidth, so the TP communication
+    of an fp8 layout is 0.75 of what it is when the stack gathers 16-bit (a file of the user's on
+    fsdp2 that says so); without sequence parallel (all-reduces) and in bf16 nothing changes. A stack
+    file that leaves the key out (written before it existed) gathers 16-bit."""
+    import dataclasses
+
+    sixteen = tmp_path / "sixteen.toml"
+    sixteen.write_text('base = "fsdp2"\nname = "sixteen"\ndescription = "d"\nsource = "s"\n'
+                       "[fp8]\nfp8_tp_all_gather = false\n")
+    assert get_stack("fsdp2").fp8_tp_all_gather and not get_stack("megatron-core").fp8_tp_all_gather
+    hw = get_profile("h100-80g")
+    hw = dataclasses.replace(hw, network=dataclasses.replace(hw.network, intra_latency_s=0.0, inter_latency_s=0.0))
+    model = get_preset("llama3-70b")
+
+    def tp_comm(stack: str, precision: str, sp: bool) -> float:
+        from planner.core.evaluate import evaluate
+        from planner.core.layout import Candidates
+
+        lay = Layout(dp=1, tp=8, pp=1, micro_batch=1, global_batch=8, recompute="full", sequence_parallel=sp)
+        job = Job(precision=precision, stack=stack)
+        return float(evaluate(model, hw, job, Candidates.from_layouts([lay]), 8).time.tp_comm[0])
+
+    assert tp_comm("fsdp2", "fp8", True) == pytest.approx(0.75 * tp_comm(str(sixteen), "fp8", True), rel=1e-12)
+    assert tp_comm("fsdp2", "fp8", False) == pytest.approx(tp_comm(str(sixteen), "fp8", False), rel=1e-12)
+    assert tp_comm("fsdp2", "bf16", True) == pytest.approx(tp_comm(str(sixteen), "bf16", True), rel=1e-12)
+    full = (STACKS / "fsdp2.toml").read_text()
+    old = tmp_path / "old.toml"
+    old.write_text("\n".join(x for x in full.splitlines() if not x.startswith("fp8_tp_all_gather")))
+    assert not load_stack_file(old).fp8_tp_all_gather

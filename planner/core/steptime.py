@@ -217,7 +217,10 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     # before its last collective (the MLP output's all-reduce, or reduce-scatter: half of one); the
     # host work around the collectives (tp_calls: DTensor's dispatch) is all redone up to there.
     if np.any(c.tp > 1):
-        collective = comm.tp_collective(links, act * tokens * model.hidden, c.tp)
+        # Under sequence parallel half the collectives are all-gathers; a stack that gathers fp8
+        # (``fp8_tp_all_gather``) sends those at 1 byte, the reduce-scatters at the activations'.
+        tp_bytes = np.where(c.sequence_parallel, (1 + act) / 2, act) if fp8 and sw.stack.fp8_tp_all_gather else act
+        collective = comm.tp_collective(links, tp_bytes * tokens * model.hidden, c.tp)
         again = 2 - sw.stack.recompute_early_stop * np.where(c.sequence_parallel, 0.5, 1.0)
         calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
         sent = np.where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0) * collective
