@@ -291,7 +291,8 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
 
 def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
                    links: comm.Links, trained: np.ndarray, shard: np.ndarray, fwd_mb: np.ndarray,
-                   bwd_mb: np.ndarray, layers_pace: np.ndarray, busy, expert_share=0.0) -> np.ndarray:
+                   bwd_mb: np.ndarray, layers_pace: np.ndarray, busy, expert_share=0.0,
+                   rc_mb: np.ndarray | float = 0.0) -> np.ndarray:
     """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
     gathers of weights, minus what the stack hides behind compute. ``expert_share`` of the bytes
     (an MoE's routed experts) go over the dp*cp/ep ranks holding the same experts, tp*ep apart."""
@@ -360,8 +361,14 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     zero3 = ag_step = zero1 = zero2 = 0.0
     if has3:
         edge = (ag3 + rs3) / np.maximum(layers_pace, 1)
-        each = np.maximum(0.0, 2 * ag3 + rs3 - e.zero3_overlap * (fwd_mb + bwd_mb)) + edge
-        once = np.maximum(0.0, ag3 + rs3 - e.zero3_overlap * m * (fwd_mb + bwd_mb)) + edge
+        # A pass's prefetch hides the next block's collectives behind this block's compute in the
+        # same pass: the forward's gathers behind the forward, the backward's gathers and
+        # reduce-scatters behind the backward (and the forward it recomputes under recompute).
+        fwd_hides, bwd_hides = e.zero3_overlap * fwd_mb, e.zero3_overlap * (bwd_mb + rc_mb)
+        each = np.maximum(0.0, ag3 - fwd_hides) + np.maximum(0.0, ag3 + rs3 - bwd_hides) + edge
+        # Kept gathered under pp: gathered in the first micro-batch's forward, reduce-scattered in
+        # the last one's backward.
+        once = np.maximum(0.0, ag3 - fwd_hides) + np.maximum(0.0, rs3 - bwd_hides) + edge
         zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
@@ -511,7 +518,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     expert_share = 0.0 if job.lora else experts / shard
     trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
     dp = _data_parallel(hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
-                        layers_pace * lt.backward * slow, layers_pace, busy, expert_share)
+                        layers_pace * lt.backward * slow, layers_pace, busy, expert_share,
+                        layers_pace * lt.recompute * slow)
 
     # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights
     # (none where the fp32 parameters are the master: FSDP2 casts them at each gather).
