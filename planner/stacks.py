@@ -173,8 +173,8 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "ep_overlap": ("ep_overlap", "float", (0.0, 1.0)),
     "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
-# Keys added after stack files were published: a file without them has these values.
-OPTIONAL_KEYS = {"fp8_tp_all_gather": False}
+# Keys added after stack files were published: a file without one has the Stack field's default.
+OPTIONAL_KEYS = ("fp8_tp_all_gather",)
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 
@@ -236,7 +236,8 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
                 raise PlannerError(f"stack {path} [{table}]", key, f"unknown key; allowed: {', '.join(_KEYS)}")
             attr, kind, allowed = _KEYS[key]
             values[attr] = _value(f"stack {path} [{table}]", key, value, kind, allowed)
-    values = {**{_KEYS[k][0]: v for k, v in OPTIONAL_KEYS.items()}, **values}
+    defaults = {f.name: f.default for f in dataclasses.fields(Stack)}
+    values = {**{_KEYS[k][0]: defaults[_KEYS[k][0]] for k in OPTIONAL_KEYS}, **values}
     missing = [k for k, (attr, _, _) in _KEYS.items() if attr not in values]
     if missing:
         raise PlannerError(f"stack {path}", "missing", f"needs key(s): {', '.join(missing)}")
