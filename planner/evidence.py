@@ -217,22 +217,25 @@ def summarise(stack: str, gpu: str, runs, own_file: bool = False, like: tuple[st
     user's (``own_file``)."""
     mine = [] if own_file or runs is None else [r for r in runs if r["stack"] in family(stack)]
     timed = [r for r in mine if r.get("time_error") is not None]
-    time = [abs(r["time_error"]) for r in timed]
-    memory = [abs(r["memory_error"]) for r in mine if r.get("memory_error") is not None]
-    return Evidence(stack=stack, gpu=gpu, runs=len(time),
+    n_time, time_mean, time_worst = _abs_errors(mine, "time_error")
+    n_memory, memory_mean, memory_worst = _abs_errors(mine, "memory_error")
+    return Evidence(stack=stack, gpu=gpu, runs=n_time,
                     sources=tuple(dict.fromkeys(r["source"] for r in mine)),  # first-seen order, no repeats
                     gpus=tuple(dict.fromkeys(r["gpu"] for r in mine)),
-                    time_mean_abs_error=sum(time) / len(time) if time else None,
-                    time_worst_abs_error=max(time) if time else None, memory_runs=len(memory),
-                    memory_mean_abs_error=sum(memory) / len(memory) if memory else None,
-                    memory_worst_abs_error=max(memory) if memory else None, own_file=own_file,
+                    time_mean_abs_error=time_mean, time_worst_abs_error=time_worst, memory_runs=n_memory,
+                    memory_mean_abs_error=memory_mean, memory_worst_abs_error=memory_worst, own_file=own_file,
                     per_gpu=tuple(Counter(r["gpu"] for r in timed).items()), unavailable=runs is None,
-                    per_gpu_error=tuple((g, sum(abs(r["time_error"]) for r in timed if r["gpu"] == g)
-                                         / sum(1 for r in timed if r["gpu"] == g))
+                    per_gpu_error=tuple((g, _abs_errors([r for r in timed if r["gpu"] == g], "time_error")[1])
                                         for g in dict.fromkeys(r["gpu"] for r in timed)),
                     fitted=sum(1 for r in timed if r.get("fitted") is True), like=like,
                     worst_speed_error=_worst_speed(timed),
                     worst_memory_error=_worst_memory(mine), **_like(mine, like))
+
+
+def _abs_errors(runs: list[dict], key: str) -> tuple[int, float | None, float | None]:
+    """How many of ``runs`` have ``key`` (an error), and their mean and worst |error| (None: none has it)."""
+    errors = [abs(r[key]) for r in runs if r.get(key) is not None]
+    return len(errors), (sum(errors) / len(errors) if errors else None), (max(errors) if errors else None)
 
 
 def _worst_memory(runs: list[dict]) -> float | None:
@@ -243,12 +246,9 @@ def _worst_memory(runs: list[dict]) -> float | None:
 def _like(mine: list[dict], like: tuple[str, ...]) -> dict:
     """The runs with every feature of the plan: their time errors and, where measured, memory errors."""
     runs = [r for r in mine if all(FEATURES[f][1](r) for f in like)] if like else []
-    timed = [r for r in runs if r.get("time_error") is not None]
-    errors = [abs(r["time_error"]) for r in timed]
-    memory = [abs(r["memory_error"]) for r in runs if r.get("memory_error") is not None]
-    return {"like_runs": len(errors), "like_mean_abs_error": sum(errors) / len(errors) if errors else None,
-            "like_worst_abs_error": max(errors) if errors else None, "like_worst_speed_error": _worst_speed(timed),
-            "like_memory_runs": len(memory),
-            "like_memory_mean_abs_error": sum(memory) / len(memory) if memory else None,
-            "like_memory_worst_abs_error": max(memory) if memory else None,
-            "like_worst_memory_error": _worst_memory(runs)}
+    n_time, time_mean, time_worst = _abs_errors(runs, "time_error")
+    n_memory, memory_mean, memory_worst = _abs_errors(runs, "memory_error")
+    return {"like_runs": n_time, "like_mean_abs_error": time_mean, "like_worst_abs_error": time_worst,
+            "like_worst_speed_error": _worst_speed([r for r in runs if r.get("time_error") is not None]),
+            "like_memory_runs": n_memory, "like_memory_mean_abs_error": memory_mean,
+            "like_memory_worst_abs_error": memory_worst, "like_worst_memory_error": _worst_memory(runs)}

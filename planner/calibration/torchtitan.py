@@ -194,12 +194,11 @@ def _sequence_increments(csv: Path) -> list[str]:
     def step(r, tokens_per_s_per_gpu: float) -> float:  # seconds: the batch's tokens over the cluster's rate
         return r.layout.global_batch * r.model.seq_len / (tokens_per_s_per_gpu * r.gpus)
 
-    measured, modelled = [], []
-    for a, b in itertools.pairwise(rows):
-        per = (b.model.seq_len - a.model.seq_len) / 32768
-        measured.append((step(b, b.measured_tokens_per_s_per_gpu) - step(a, a.measured_tokens_per_s_per_gpu)) / per)
-        modelled.append((step(b, predict_torchtitan(b).tokens_per_s_per_gpu)
-                         - step(a, predict_torchtitan(a).tokens_per_s_per_gpu)) / per)
+    measured_s = [step(r, r.measured_tokens_per_s_per_gpu) for r in rows]
+    modelled_s = [step(r, predict_torchtitan(r).tokens_per_s_per_gpu) for r in rows]
+    per = [(b.model.seq_len - a.model.seq_len) / 32768 for a, b in itertools.pairwise(rows)]  # 32Ks added
+    measured = [(b - a) / n for (a, b), n in zip(itertools.pairwise(measured_s), per)]
+    modelled = [(b - a) / n for (a, b), n in zip(itertools.pairwise(modelled_s), per)]
     first, *rest = [f"{m:.1f} s from cp {a.cp} to {b.cp}" for (a, b), m in zip(itertools.pairwise(rows), measured)]
     later = ", ".join(rest[:-1]) + " and " + rest[-1] if len(rest) > 1 else rest[0]
     text = (f"How the 8B step grows with the sequence (each of these rows holds 32K tokens per GPU, so only the "
