@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import time
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -247,10 +248,11 @@ def _values(d, job: Job, model: ModelSpec, pinned: object, widen: bool) -> list:
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins(),
-                      widen: bool = False) -> tuple[Candidates, str]:
+                      widen: bool = False, gpus_per_node: int | None = None) -> tuple[Candidates, str]:
     """All valid layouts as columns, and a reason when there are none. ``widen``: every layout of
     the free search plus the pinned values, unchecked, so that the layouts of these pins, and of
-    any of them freed, are a selection of one table (``matches``)."""
+    any of them freed, are a selection of one table (``matches``). ``gpus_per_node``: leave out
+    the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``)."""
     if not widen:
         _check_pins(model, gpus, pins, job.global_batch, get_stack(job.stack).uneven_interleave)
         check_stack_pins(get_stack(job.stack), pins)
@@ -290,6 +292,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         (("sharding", "zero_stage", "ep"),
          lambda c: (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))),
     )
+    if gpus_per_node is not None:
+        rules += ((("sharding",), lambda c: _not_redundant_hybrid(c, gpus_per_node)),)
     if len(gb) == 1 and all(len(v) == 1 for v in codes.values()):  # one layout (every field pinned)
         c = Candidates(**mesh_cols, **codes, global_batch=gb[0])  # the columns the product would give
         keep = batch_ok[0].copy()  # the batch rule, read from its table
@@ -300,15 +304,18 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         return c.take(np.flatnonzero(keep)), _NO_SPLIT.format(job.global_batch, pins.pinned())
     # The product grows a dimension at a time; each rule applies once the columns it reads exist
     # (at the last step when one of them is no dimension of the product).
+    # A rule applies as soon as the columns it reads exist: before the product grows when it reads
+    # only the mesh and dimensions of one value (constant columns from the start), else when the
+    # last dimension it reads of several values is added (at the last step when one of them is no
+    # dimension of the product).
     names = [d.name for d in free]
-    at = [max((names.index(n) for n in needs if n in names), default=0)
+    grows = [n for n in names if len(codes[n]) > 1]
+    at = [max((names.index(n) for n in needs if n in grows), default=-1)
           if all(n in names or n in mesh_cols for n in needs) else len(names) - 1 for needs, _ in rules]
-    if all(len(v) <= 1 for v in codes.values()):  # nothing multiplies the mesh rows: every rule at once
-        at = [len(names) - 1] * len(rules)
     c = _Product(mesh_cols, codes, gb, batch_ok)
+    c.keep([rule for (_, rule), when in zip(rules, at) if when == -1])
     for step, name in enumerate(names):
-        c.extend(name)
-        c.keep([rule for (_, rule), when in zip(rules, at) if when == step])
+        c.extend(name, [rule for (_, rule), when in zip(rules, at) if when == step])
     c = c.candidates()
     if len(c) == 0:
         return c, _NO_SPLIT.format(job.global_batch, pins.pinned())
@@ -358,27 +365,53 @@ class _Product:
         self._code = np.arange(len(gb), dtype=np.int64)
         self._bits = {"mesh": _bits(len(gb))}  # the fields of the code, most significant first
         self._read: dict[str, np.ndarray] = {}  # fields and columns read from the current code
+        self._fixed: tuple[str, int] | None = None  # (dimension, value index) tried before it is added
 
-    def extend(self, name: str) -> None:
+    def extend(self, name: str, rules: list = ()) -> None:
+        """Add dimension ``name`` (each row times its values), keeping the rows where ``rules`` hold.
+        With several values the rules are read once per value on the rows before they multiply
+        (the columns of the other dimensions read once for all values), and only the rows kept
+        are built."""
         k = len(self._codes[name])
-        self._bits[name] = _bits(k)
         if k == 0:  # a dimension with no value: no layout
+            self._bits[name] = 0
             self._code, self._read = self._code[:0], {}
-        elif k > 1:
-            self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
-            self._read = {}
+            return
+        if k == 1 or not rules:
+            self._bits[name] = _bits(k)
+            if k > 1:
+                self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
+                self._read = {}
+            self.keep(rules)
+            return
+        held = np.empty((len(self._code), k), dtype=bool)
+        for v in range(k):
+            self._fixed = (name, v)
+            held[:, v] = self._holds(rules)
+        self._fixed = None
+        self._bits[name] = _bits(k)
+        self._code, self._read = ((self._code[:, None] << self._bits[name]) | np.arange(k))[held], {}
+
+    def _holds(self, rules: list) -> np.ndarray:
+        keep = np.ones(len(self._code), dtype=bool)
+        for rule in rules:
+            keep &= rule(self)
+        return keep
 
     def keep(self, rules: list) -> None:
         if rules:
-            keep = np.ones(len(self._code), dtype=bool)
-            for rule in rules:
-                keep &= rule(self)
+            keep = self._holds(rules)
             if not keep.all():
                 self._code, self._read = self._code[keep], {}
 
     def _index(self, name: str) -> np.ndarray:
         """Which value of dimension ``name`` (or which mesh row) each row holds."""
+        if self._fixed is not None and name == self._fixed[0]:  # the value being tried (``extend``)
+            return self._fixed[1]
         if name not in self._read:
+            if name not in self._bits:  # a dimension of one value not added yet: its only value
+                assert len(self._codes[name]) == 1, name
+                return np.zeros(len(self._code), dtype=np.int64)
             fields = list(self._bits)
             shift = sum(self._bits[f] for f in fields[fields.index(name) + 1:])
             self._read[name] = (self._code >> shift) & ((1 << self._bits[name]) - 1)
@@ -399,10 +432,16 @@ class _Product:
             raise AttributeError(name)
         if name in _CANDIDATE_PROPERTIES:  # m, gpus, shard_group, ...: as Candidates computes them
             return _CANDIDATE_PROPERTIES[name].fget(self)
+        if name == "zero_group":  # a method of the columns, as Candidates has it
+            return types.MethodType(Candidates.zero_group, self)
         key = "column " + name
-        if key not in self._read:
-            self._read[key] = self._column(name)
-        return self._read[key]
+        if key in self._read:
+            return self._read[key]
+        column = self._column(name)
+        fixed = self._fixed and self._fixed[0]
+        if name != fixed and not (fixed == "micro_batch" and name in ("global_batch", "batch_ok")):
+            self._read[key] = column  # kept while the value being tried changes: it does not read it
+        return column
 
     def candidates(self) -> Candidates:
         return Candidates(**{name: getattr(self, name) for name in DIMS})
@@ -432,7 +471,11 @@ def one_of(column: np.ndarray, values) -> np.ndarray:
 
 def without_redundant_hybrid(c: Candidates, gpus_per_node: int) -> Candidates:
     """Drop hybrid-sharded layouts whose group fits in one node: there hybrid is full sharding."""
-    return c.take(np.flatnonzero((c.sharding == 0) | (c.zero_group(gpus_per_node) < c.shard_group)))
+    return c.take(np.flatnonzero(_not_redundant_hybrid(c, gpus_per_node)))
+
+
+def _not_redundant_hybrid(c: Candidates, gpus_per_node: int) -> np.ndarray:
+    return (c.sharding == 0) | (c.zero_group(gpus_per_node) < c.shard_group)
 
 
 def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
@@ -506,8 +549,16 @@ def searched_by_default(c: Candidates, job: Job, model: ModelSpec) -> np.ndarray
 
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     """Fitting layouts first; within each group by the objective, then by memory; layouts that
-    do not fit by how much they exceed capacity."""
-    return np.lexsort(_rank_keys(ev, objective))
+    do not fit by how much they exceed capacity. (``np.lexsort`` of ``_rank_keys``, sorted in two
+    parts: the layouts ranked by the objective first, then the rest, most of a large table, by
+    memory alone where that is all their keys hold.)"""
+    mem, second, bucket = _rank_keys(ev, objective)
+    head, tail = np.flatnonzero(np.isfinite(bucket)), np.flatnonzero(~np.isfinite(bucket))
+    head = head[np.lexsort((mem[head], second[head], bucket[head]))]
+    mem_tail, second_tail = mem[tail], second[tail]
+    if np.array_equal(second_tail, mem_tail):  # none fits: ranked by memory (a stable sort keeps ties in order)
+        return np.concatenate([head, tail[np.argsort(mem_tail, kind="stable")]])
+    return np.concatenate([head, tail[np.lexsort((mem_tail, second_tail))]])
 
 
 def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -531,9 +582,9 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
         have = [p for p in hw.gpu.peak_flops if hw.gpu.supports(p)]
         raise PlannerError("precision", job.precision, f"{hw.name} has no {job.precision} tensor rate; "
                                                        f"choose one of {', '.join(have)}")
-    c, why = enumerate_layouts(model, gpus, job, pins, widen)
-    if len(c) and pins.sharding is None:  # hybrid where the group fits in a node is full sharding
-        c = without_redundant_hybrid(c, hw.network.gpus_per_node)
+    # Hybrid sharding where the group fits in a node is full sharding: left out unless pinned.
+    c, why = enumerate_layouts(model, gpus, job, pins, widen,
+                               hw.network.gpus_per_node if pins.sharding is None else None)
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
     ev, deferred = evaluate_deferred(model, hw, job, c, gpus)
