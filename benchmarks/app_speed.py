@@ -14,8 +14,9 @@ Target (issue 14): every explorer interaction under 100 ms server-side: the "pag
 whole script run for an input not seen before) is the one held to it; each row says whether it
 meets it, and the last line gives the slowest.
 
-The Hardware tab's views (every profile at one GPU count; the days-vs-GPUs sweep, every profile x
-10 counts) are computed a profile at a time: a page run works on them until
+The Plan tab's two what-if pictures (memory vs micro-batch; the step-time parts at five GPU counts,
+each searched) and the Hardware tab's views (every profile at one GPU count; the days-vs-GPUs sweep,
+every profile x 10 counts) are computed a step at a time: a page run works on them until
 planner.app.page.PAGE_BUDGET_S after it began and draws what is done; the views then rerun alone
 (a Streamlit fragment, in the browser) until they are complete. "filled in" replays those runs
 (AppTest has no browser timer: each is a whole page run, more than a fragment's) and gives how many
@@ -96,17 +97,21 @@ def page_times(field: str, values: list, tab: str = "Plan") -> tuple[float, floa
     return statistics.median(first), statistics.median(again), new_cpu
 
 
-def fill_times(params: float) -> tuple[int, float, float]:
-    """The Hardware tab open, the model changed to ``params`` (billions): the page runs until the
-    sweep's chart is complete (its caption says so): (runs, the slowest run's seconds, all runs')."""
+FILLED = {"Hardware": "Fastest fitting layout per point",  # the sweep's caption once every profile is drawn
+          "Plan": "The best layout's step parts"}  # the step-time picture's, once its GPU counts are searched
+
+
+def fill_times(params: float, tab: str = "Hardware") -> tuple[int, float, float]:
+    """The tab open, the model changed to ``params`` (billions): the page runs until the tab's views
+    are complete (a caption says so): (runs, the slowest run's seconds, all runs')."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.query_params["tab"] = "Hardware"
+    at.query_params["tab"] = tab
     at.run()
     at.number_input(key="params").set_value(params).run()
     times = [at.session_state["_run_ms"] / 1e3]
-    while not any(c.value.startswith("Fastest fitting layout per point") for c in at.caption) and len(times) < 200:
+    while not any(c.value.startswith(FILLED[tab]) for c in at.caption) and len(times) < 200:
         at.run()
         assert not at.exception, [e.message for e in at.exception]
         times.append(at.session_state["_run_ms"] / 1e3)
@@ -159,6 +164,12 @@ def main() -> None:
     for params, (runs, slowest_run, total) in zip((15.0, 72.0), fills):
         print(f"{f'Hardware tab filled in ({params:g}B): {runs} runs':42s} {'':>8s} {ms(slowest_run):>10s} {'':>10s} "
               f"{'':>9s}  slowest run {verdict(slowest_run)}; all runs {ms(total).strip()} ms")
+    print("\nPlan tab's what-if pictures (memory vs micro-batch; step time at five GPU counts, each searched)")
+    for params in (16.0, 73.0, 180.0):  # models not seen before
+        runs, slowest_run, total = fill_times(params, tab="Plan")
+        worst = max(worst, (f"pictures filled in ({params:g}B)", slowest_run), key=lambda w: w[1])
+        print(f"{f'Plan tab filled in ({params:g}B): {runs} runs':42s} {'':>8s} {ms(slowest_run):>10s} {'':>10s} "
+              f"{'':>9s}  slowest run {verdict(slowest_run)}; all runs {ms(total).strip()} ms", flush=True)
     print(f"\nslowest Plan-tab interaction (page, new): {worst[0]}, {ms(worst[1]).strip()} ms; target < 100 ms: "
           f"{verdict(worst[1])}")
     slowest = max(new_gpus, new_model)

@@ -145,6 +145,19 @@ def pictures(values: Mapping[str, object], best=None) -> tuple[list, list]:
     """(memory vs micro-batch rows, step-time parts vs GPUs rows) for the plan of these inputs
     (planner.decisions.pictures); empty lists when there is no fitting plan. ``best``: that plan's
     best estimate when the caller has it (``compute(values).best``), else it is planned here."""
+    parts = dict(item for step in _picture_steps(values, best) for item in step)
+    return parts.get("memory", []), parts.get("time", [])
+
+
+def pictures_in_progress(values: Mapping[str, object], best=None) -> "InProgress":
+    """``pictures`` a step at a time (its ``items``: ("memory", rows) and ("time", rows) once done)."""
+    return InProgress(_picture_steps(values, best), 2)
+
+
+def _picture_steps(values: Mapping[str, object], best):
+    """``pictures`` in steps of a few milliseconds: yields (("memory", rows),), then () while the
+    counts of the step-time picture are searched, then (("time", rows),); nothing without a
+    fitting plan."""
     from planner.core.options import build_inputs
     from planner.core.plan import plan
     from planner.decisions import pictures as pic
@@ -155,12 +168,14 @@ def pictures(values: Mapping[str, object], best=None) -> tuple[list, list]:
             best = plan(x.model, x.hardware, x.job, x.gpus, x.pins, str(values.get("sort") or "time"), top=0,
                         ops=x.ops).best
     except PlannerError:
-        return [], []
+        return
     if not best.fits:
-        return [], []
+        return
+    yield (("memory", pic.memory_vs_micro_batch(x, best)),)
     # The free search by time at this count is the plan itself when nothing is pinned.
     free = not x.pins.pinned() and str(values.get("sort") or "time") == "time"
-    return pic.memory_vs_micro_batch(x, best), pic.breakdown_vs_gpus(x, known={x.gpus: best} if free else None)
+    for rows in pic.breakdown_steps(x, known={x.gpus: best} if free else None):
+        yield () if rows is None else (("time", rows),)
 
 
 # --- figures for the page -----------------------------------------------------------------------
@@ -471,7 +486,7 @@ def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
     profile's, or none while a count's layouts are enumerated)."""
     from planner.core.memory import hardware_read
     from planner.core.results import estimate_at
-    from planner.core.bounded import fastest_fitting_bounded, least_memory
+    from planner.core.bounded import fastest_fitting_bounded, least_memory, least_memory_steps
 
     x, options = _options(values, profiles)
     counts = sorted(set(counts))
@@ -483,8 +498,9 @@ def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
                 yield ()
         table = _counts_table(x.model, o, counts, tables)
         if ("memory", o.job, hardware_read(o.hardware)) not in tables and table[0]:  # shared by some profiles
+            for _ in least_memory_steps(x.model, o.hardware, o.job, table):  # a block of layouts a step
+                yield ()
             tables["memory", o.job, hardware_read(o.hardware)] = least_memory(x.model, o.hardware, o.job, table)
-            yield ()
         try:
             best = fastest_fitting_bounded(x.model, o.hardware, o.job, table)
         except PlannerError:

@@ -49,9 +49,10 @@ def sweep_in_progress(values: dict) -> explore.InProgress:
     return explore.sweep_in_progress(values)
 
 
-@st.cache_data(show_spinner="Drawing the pictures...", max_entries=128)
-def cached_pictures(values: dict, _best=None) -> tuple[list, list]:  # _best: compute(values).best, not hashed
-    return explore.pictures(values, _best)
+@st.cache_resource(show_spinner=False, max_entries=32)
+def pictures_in_progress(values: dict, _best=None) -> explore.InProgress:  # _best: compute(values).best, not hashed
+    """The Plan tab's two what-if pictures, computed like the Hardware tab's views: a step at a time."""
+    return explore.pictures_in_progress(values, _best)
 
 
 def init_state() -> None:
@@ -242,18 +243,12 @@ def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
                                                           "micro-batches." if drawn < lay["grad_accum"] else "")
                + (f" {DUALPIPE_NOTE}" if lay["schedule"] == "dualpipev" else ""))
     if values is not None:
-        mem_rows, time_rows = cached_pictures(values, best)
-        left, right = st.columns(2)
-        with left:
-            st.subheader("Memory vs micro-batch")
-            st.vega_lite_chart(spec=charts.memory_vs_micro_batch(mem_rows), width="stretch")
-            st.caption("Peak memory per GPU of this layout with each micro-batch size; ringed: the plan's; "
-                       "red: the capacity.")
-        with right:
-            st.subheader("Step time vs GPUs")
-            st.vega_lite_chart(spec=charts.breakdown_vs_gpus(time_rows), width="stretch")
-            st.caption("The best layout's step parts at a quarter, half, the same, twice and four times the GPUs "
-                       "(same global batch).")
+        progress = pictures_in_progress(values, best)
+        progress.advance(st.session_state.get("_run_started", time.perf_counter()) + PAGE_BUDGET_S)
+        if progress.done:
+            picture_views(progress)
+        else:  # the rest in runs of the pictures alone, until they are done
+            st.fragment(picture_views, run_every=POLL_S)(progress, polling=True)
     st.subheader(f"Bubble vs micro-batches (pp {lay['pp']}, vpp {lay['vpp']})")
     if lay["pp"] == 1:
         st.caption("pp = 1: no pipeline, no bubble. Pin pp to see its curve.")
@@ -262,6 +257,32 @@ def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
         st.vega_lite_chart(spec=charts.bubble_curve(rows, lay["grad_accum"], BUBBLE_LIMIT), width="stretch")
         st.caption(f"Ideal bubble share (p-1)/(v m + p-1) of the step. The plan runs m = {lay['grad_accum']} "
                    f"micro-batches per step (dotted line); dashed red: the {BUBBLE_LIMIT:.0%} warning threshold.")
+
+
+def picture_views(progress: explore.InProgress, polling: bool = False) -> None:
+    """The memory-vs-micro-batch and step-time-vs-GPUs pictures, as far as they are done; run as a
+    fragment while they are not (each run advances them SLICE_S), and the page once more when they are."""
+    from planner.app import charts
+
+    if polling and "_run_started" not in st.session_state:  # a run of the fragment alone
+        if progress.done:
+            st.rerun()  # the whole page once more: drawn without polling
+        progress.advance(time.perf_counter() + SLICE_S)
+    if progress.error is not None:
+        st.warning(f"The pictures could not be computed: {progress.error}")
+    parts = dict(progress.items)
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Memory vs micro-batch")
+        st.vega_lite_chart(spec=charts.memory_vs_micro_batch(parts.get("memory", [])), width="stretch")
+        st.caption("Peak memory per GPU of this layout with each micro-batch size; ringed: the plan's; "
+                   "red: the capacity." if "memory" in parts or progress.done else "Computing...")
+    with right:
+        st.subheader("Step time vs GPUs")
+        st.vega_lite_chart(spec=charts.breakdown_vs_gpus(parts.get("time", [])), width="stretch")
+        st.caption("The best layout's step parts at a quarter, half, the same, twice and four times the GPUs "
+                   "(same global batch)." if "time" in parts or progress.done
+                   else "Searching the best layout at each GPU count...")
 
 
 def layouts_tab(view: explore.View) -> None:

@@ -122,16 +122,33 @@ def _table_memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
                   shared: dict) -> tuple[np.ndarray, np.ndarray]:
     """(peak bytes, host bytes) per GPU of every row, a block at a time, kept in ``shared`` for the
     profiles that read the same of the hardware (memory.hardware_read)."""
-    from planner.core.evaluate import BLOCK_ROWS
-    from planner.core.memory import hardware_read, memory
+    for _ in _table_memory_steps(model, hw, job, c, sw, shared):
+        pass
+    return shared[_table_memory_key(model, hw, job)]
 
-    key = ("table memory", model, job, hardware_read(hw))
-    if key not in shared:
-        parts = [memory(model, hw, job, c.take(slice(i, i + BLOCK_ROWS)), sw)[0] for i in range(0, len(c), BLOCK_ROWS)]
-        shared[key] = tuple(np.concatenate([np.broadcast_to(getattr(m, f), (min(BLOCK_ROWS, len(c) - i),))
-                                            for m, i in zip(parts, range(0, len(c), BLOCK_ROWS))])
-                            for f in ("total", "host"))
-    return shared[key]
+
+def _table_memory_key(model: ModelSpec, hw: HardwareProfile, job: Job) -> tuple:
+    from planner.core.memory import hardware_read
+
+    return "table memory", model, job, hardware_read(hw)
+
+
+def _table_memory_steps(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw, shared: dict):
+    """``_table_memory``'s work, yielding after each block (a few milliseconds); the whole is kept
+    in ``shared`` once the last block is done."""
+    from planner.core.evaluate import BLOCK_ROWS
+    from planner.core.memory import memory
+
+    key = _table_memory_key(model, hw, job)
+    if key in shared:
+        return
+    parts = []
+    for i in range(0, len(c), BLOCK_ROWS):
+        parts.append(memory(model, hw, job, c.take(slice(i, i + BLOCK_ROWS)), sw)[0])
+        yield
+    shared[key] = tuple(np.concatenate([np.broadcast_to(getattr(m, f), (min(BLOCK_ROWS, len(c) - i),))
+                                        for m, i in zip(parts, range(0, len(c), BLOCK_ROWS))])
+                        for f in ("total", "host"))
 
 
 def least_memory(model: ModelSpec, hw: HardwareProfile, job: Job,
@@ -146,6 +163,18 @@ def least_memory(model: ModelSpec, hw: HardwareProfile, job: Job,
     total = _table_memory(model, hw, job, together, sw, shared)[0]
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
     return {counts[k]: float(v) for k, v in zip(segment[starts], np.minimum.reduceat(total, starts))}
+
+
+def least_memory_steps(model: ModelSpec, hw: HardwareProfile, job: Job,
+                       table: tuple[list[int], Candidates, np.ndarray, dict]):
+    """``least_memory``'s work a block of layouts at a time (yields between blocks), for a caller
+    that must come back to its page within milliseconds; ``least_memory`` then reads it."""
+    from planner.core.evaluate import _effective
+
+    counts, together, _, shared = table
+    if counts:
+        sw, hw = _effective(hw, job)
+        yield from _table_memory_steps(model, hw, job, together, sw, shared)
 
 
 def _evaluate_rows(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, rows: np.ndarray, sw) -> Evaluation:

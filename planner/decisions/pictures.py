@@ -195,7 +195,14 @@ def breakdown_vs_gpus(x, counts=None, known=None) -> list[dict]:
     best estimate of that free search (by time)} a caller already has. The other counts are searched
     together (planner.core.bounded.fastest_fitting_bounded: each count's first layout of a free
     search by time, when it fits, with the step time of only the layouts that could rank first)."""
-    from planner.core.bounded import fastest_fitting_bounded
+    *_, rows = breakdown_steps(x, counts, known)
+    return rows
+
+
+def breakdown_steps(x, counts=None, known=None):
+    """``breakdown_vs_gpus`` in steps of a few milliseconds (a count's layouts enumerated, a block
+    of their memory, the search among them): yields None after each, and its rows last."""
+    from planner.core.bounded import fastest_fitting_bounded, least_memory_steps
     from planner.core.report import TIME_PARTS
     from planner.core.results import estimate_at
     from planner.core.search import counts_table, enumerate_counts
@@ -203,11 +210,16 @@ def breakdown_vs_gpus(x, counts=None, known=None) -> list[dict]:
     g = x.gpus
     counts = counts or sorted({max(1, g // 4), max(1, g // 2), g, g * 2, g * 4})
     known = dict(known or {})
-    tables = enumerate_counts(x.model, [n for n in counts if n not in known], x.job)
+    tables = {}
+    for n in (n for n in counts if n not in known):
+        tables.update(enumerate_counts(x.model, [n], x.job))
+        yield None
     if tables:
+        table = counts_table(tables, x.hardware.network.gpus_per_node)
+        for _ in least_memory_steps(x.model, x.hardware, x.job, table):  # kept in the table for the search
+            yield None
         try:
-            found = fastest_fitting_bounded(x.model, x.hardware, x.job,
-                                            counts_table(tables, x.hardware.network.gpus_per_node))
+            found = fastest_fitting_bounded(x.model, x.hardware, x.job, table)
         except PlannerError:  # the precision on this GPU, say: no count has a plan
             found = {}
         for n, ev in found.items():
@@ -220,4 +232,4 @@ def breakdown_vs_gpus(x, counts=None, known=None) -> list[dict]:
         t = best.time
         rows += [{"GPUs": n, "part": label, "seconds": getattr(t, key)} for key, label in TIME_PARTS
                  if getattr(t, key, 0) > 0]
-    return rows
+    yield rows

@@ -314,3 +314,34 @@ def test_every_tab_renders_for_the_newer_dimensions(query):
     for tab in TABS:
         at = new_app({**query, "tab": tab})
         assert not at.error, (tab, [e.value for e in at.error])
+
+
+def test_plan_tab_pictures_fill_in_over_runs():
+    """The Plan tab's what-if pictures (memory vs micro-batch, step time vs GPUs: five GPU counts
+    searched) are computed a step at a time, as the Hardware tab's views are: a page run draws the
+    plan and the pictures as far as they are done, and runs of the pictures alone (in a browser: a
+    fragment) complete them, with the rows that computing them in one pass gives."""
+    from planner.app import explore
+    from planner.app import state as explore_state
+
+    at = new_app({"params": "71"})
+    for _ in range(1000):  # a quiet 2-core machine needs a few runs; a busy one more
+        done = any(c.value.startswith("The best layout's step parts") for c in at.caption)
+        if done:
+            break
+        assert any(c.value == "Searching the best layout at each GPU count..." for c in at.caption)
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+    assert done
+    import pyarrow
+
+    charts = [(json.loads(c.proto.spec), c.proto) for c in at.get("vega_lite_chart")]
+    memory = next(s for s, _ in charts if "layer" in s and s["layer"][0]["encoding"]["x"]["field"] == "micro_batch")
+    # Streamlit sends a chart's top-level data beside its spec, as an Arrow stream
+    bars = next(p for s, p in charts if s.get("mark") == "bar" and s["encoding"]["x"]["field"] == "GPUs")
+    parts = pyarrow.ipc.open_stream(bars.data.data).read_all().to_pylist()
+    want_memory, want_time = explore.pictures(explore_state.mapping_from_state({**explore_state.defaults(),
+                                                                                "params": 71.0}))
+    assert memory["layer"][0]["data"]["values"] == want_memory and len(want_memory) >= 3
+    assert [{k: r[k] for k in ("GPUs", "part", "seconds")} for r in parts] == want_time
+    assert {r["GPUs"] for r in want_time} == {32, 64, 128, 256, 512}  # a quarter to four times the plan's 128

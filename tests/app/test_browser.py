@@ -225,3 +225,14 @@ def test_the_hardware_sweep_fills_in_by_itself(browser_page):
     sync_api.expect(page.get_by_text("Fastest fitting layout per point", exact=False)).to_be_visible(timeout=240_000)
     sync_api.expect(page.get_by_text("profiles drawn so far", exact=False)).to_have_count(0)
     sync_api.expect(page.get_by_role("heading", name="Hardware comparison on 128 GPUs")).to_be_visible()
+
+
+def test_the_plan_pictures_fill_in_by_themselves(browser_page):
+    """The Plan tab's what-if pictures are computed a step at a time: they rerun alone (a fragment)
+    until the step-time picture's five GPU counts are searched, with no click."""
+    page, server = browser_page
+    page.goto(f"{server}/?params=69")
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    # About 0.1 s of work on a quiet 2-core machine, in slices between polls: a generous bound for a busy one.
+    sync_api.expect(page.get_by_text("The best layout's step parts", exact=False)).to_be_visible(timeout=120_000)
+    sync_api.expect(page.get_by_text("Searching the best layout at each GPU count", exact=False)).to_have_count(0)
