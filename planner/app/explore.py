@@ -149,7 +149,7 @@ def pictures(values: Mapping[str, object], best=None) -> tuple[list, list]:
     return parts.get("memory", []), parts.get("time", [])
 
 
-def pictures_in_progress(values: Mapping[str, object], best=None) -> "InProgress":
+def pictures_in_progress(values: Mapping[str, object], best=None) -> InProgress:
     """``pictures`` a step at a time (its ``items``: ("memory", rows) and ("time", rows) once done)."""
     return InProgress(_picture_steps(values, best), 2)
 
