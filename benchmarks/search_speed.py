@@ -142,7 +142,42 @@ def pinned_estimates(repeat: int) -> None:
         print(f"one pinned estimate, {label}: median {ms(med)} (min {ms(low)}; CPU {ms(CPU[0])})"
               f"{'' if p.fits else ' (does not fit: nearest fit searched)'}", flush=True)
     print(f"one pinned estimate: worst median {ms(worst)}; target < 1 ms: {verdict(worst, 1e-3)} "
-          f"(llm-analysis 1.07 ms, Calculon 6.6 ms on this machine kind)", flush=True)
+          f"(the issue's machine: llm-analysis 1.07 ms, Calculon 6.6 ms)", flush=True)
+    peer = llm_analysis_seconds(50 * repeat)
+    if peer is None:
+        print("llm-analysis on this machine: not installed (`pip install llm-analysis` to time it beside the planner)")
+    else:
+        silent, logged = peer
+        print(f"llm-analysis on this machine, one training estimate (LLaMA 30B on 128 A100 80GB, ZeRO-3, its "
+              f"train()): median {ms(silent)} silent, {ms(logged)} with its default INFO log", flush=True)
+
+
+def llm_analysis_seconds(repeat: int) -> tuple[float, float] | None:
+    """Median seconds of one llm-analysis training estimate (its ``train()``: a bundled LLaMA-30B
+    config on 128 A100 80GB, ZeRO-3, micro-batch 2, a given FLOPs efficiency), with its log off
+    and at its default INFO level (written to a null stream): what the issue compared the pinned
+    estimate with, timed here on the same machine. None when it is not installed."""
+    import contextlib
+    import io
+    import logging
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            from llm_analysis.analysis import train
+            from llm_analysis.logger import logger
+    except ImportError:
+        return None
+    for h in logger.handlers:  # its handler holds the stream it was made with: send it nowhere
+        if isinstance(h, logging.StreamHandler):
+            h.setStream(io.StringIO())
+
+    def one(level: str) -> None:
+        train(model_name="decapoda-research_llama-30b-hf", gpu_name="a100-sxm-80gb", total_num_gpus=128,
+              ds_zero=3, batch_size_per_gpu=2, seq_len=2048, global_batch_size=1024, total_num_tokens=1e12,
+              flops_efficiency=0.5, log_level=level)
+
+    out = [timed(lambda level=level: one(level), repeat)[0] for level in ("CRITICAL", "INFO")]
+    return out[0], out[1]
 
 
 def end_to_end(runs: int) -> None:
