@@ -73,6 +73,21 @@ def test_enumeration_is_the_filtered_full_product(name, gpus, job):
         assert np.array_equal(got[key], want[key]), key
 
 
+@pytest.mark.parametrize("name,gpus,job", CASES)
+def test_enumeration_for_a_node_size_leaves_out_hybrid_that_is_full(name, gpus, job):
+    """Given the GPUs per node, the enumeration also drops hybrid sharding whose shard group fits in
+    one node's ranks (gpus_per_node // tp of them): there it is full sharding. The same rows as the
+    filtered full product, in the same order."""
+    model = get_preset(name)
+    c, keep = product_and_verdicts(model, gpus, job)
+    for per_node in (4, 8):
+        spans_nodes = np.minimum(c.shard_group, np.maximum(1, per_node // c.tp)) < c.shard_group
+        want = c.take(np.flatnonzero(keep & ((c.sharding == 0) | spans_nodes))).columns()
+        got = enumerate_layouts(model, gpus, job, gpus_per_node=per_node)[0].columns()
+        for key in want:
+            assert np.array_equal(got[key], want[key]), key
+
+
 def pinned_verdict(model, gpus: int, job: Job, row: Candidates) -> bool:
     """Whether the rules keep a one-row table when every field is pinned: the free search's rules,
     except that the batch rule sees only the pinned (dp, micro-batch) and a pinned SP stands."""
@@ -152,14 +167,21 @@ def test_take_is_indexing_each_column():
     assert np.array_equal(got.tokens_per_step, ev.tokens_per_step[index])
 
 
-@pytest.mark.parametrize("objective", ["time", "memory"])
+def test_when_nothing_fits_the_order_is_by_memory_then_row():
+    r = S.search(get_preset("llama3-405b"), get_profile("a100-40g"), Job(), 8)
+    assert r.feasible == 0 and r.evaluated > 10
+    mem = r.memory.total.tolist()
+    assert r.order.tolist() == sorted(range(len(mem)), key=lambda i: (mem[i], i))
+
+
+@pytest.mark.parametrize("objective", ["time", "memory", "cost"])
 def test_ranked_rows_are_the_rows_of_the_table_in_rank_order(objective):
     model, hw, job = get_preset("mixtral-8x7b"), get_profile("h100-80g"), Job()
     r = S.search(model, hw, job, 128, objective=objective)
     t = r.table
     # The ranking rule row by row (the long way): fitting first; then the objective in 0.1% buckets
     # of its logarithm, the step time (fitting) or memory (not fitting), the memory, the row's place.
-    primary = (t.train_seconds if objective == "time" else t.memory.total).tolist()
+    primary = {"time": t.train_seconds, "memory": t.memory.total, "cost": t.cost_usd}[objective].tolist()
     fits, step, mem = t.fits.tolist(), t.step_s.tolist(), t.memory.total.tolist()
 
     def key(i):
