@@ -119,6 +119,8 @@ class SearchResult:
         rows = self.order[np.asarray(positions, dtype=np.int64)]
         if self._deferred is not None:
             self._deferred.fill(rows)
+        if len(rows) == len(self._table.candidates) and np.array_equal(rows, np.arange(len(rows))):
+            return self._table  # every row in table order (one pinned layout): the table itself
         return take(self._table, rows)
 
     def in_rank_order(self, column: np.ndarray) -> np.ndarray:
