@@ -277,3 +277,20 @@ def test_a_shape_flag_equal_to_the_presets_value_keeps_the_preset():
     assert (same, note) == (get_preset("llama3-70b"), "preset llama3-70b")
     other, note = model_from({"preset": "llama3-70b", "seq_len": 4096, "layers": 80})
     assert other.name == "llama3-70b+custom" and other.seq_len == 4096 and note == "preset llama3-70b with seq_len=4096"
+
+
+@pytest.mark.parametrize("argv,basis", [
+    (["--params", "7B", "--gpus", "8", "--gpu", "h100-80g"], ""),
+    (["--params", "7B", "--gpus", "8", "--gpu", "h100-80g", "--precision", "fp8"], " (of the bf16 peak)"),
+    (["--preset", "olmoe-1b-7b", "--gpus", "8", "--gpu", "h100-80g"], " (active parameters)"),
+    (["--preset", "olmoe-1b-7b", "--gpus", "8", "--gpu", "h100-80g", "--precision", "fp8"],
+     " (of the bf16 peak; active parameters)"),
+])
+def test_the_mfu_line_says_what_it_counts_against(capsys, argv, basis):
+    """fp8 MFU is against the bf16 peak and an MoE's against its active parameters: the report says
+    which, once, beside the figure the JSON gives."""
+    code, out, _ = run(capsys, "estimate", *argv)
+    assert code == 0
+    code, js, _ = run(capsys, "estimate", *argv, "--format", "json")
+    mfu = json.loads(js)["mfu"]
+    assert f"| MFU {mfu:.1%}{basis} | HFU" in out

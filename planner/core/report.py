@@ -70,6 +70,13 @@ def offload_line(e: Estimate) -> str:
             f"of the {e.time.step_s:.3g} s step")
 
 
+def _mfu_basis(fp8: bool, moe: bool) -> str:
+    """What MFU is counted against, when it is not the plain convention: " (of the bf16 peak; active
+    parameters)" for an fp8 MoE job."""
+    said = [s for s, on in (("of the bf16 peak", fp8), ("active parameters", moe)) if on]
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     e = p.best
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
@@ -121,8 +128,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"step     {t.step_s:.3g} s = " + " + ".join(
             f"{label} {getattr(t, key):.3g}" for key, label in TIME_PARTS if getattr(t, key) > 0.0005 * t.step_s),
         f"         bubble {_pct(e.bubble_fraction)} | communication {_pct(e.comm_fraction)} of step (exposed) | "
-        f"MFU {e.mfu:.1%}{' (of the bf16 peak)' if job.precision == 'fp8' else ''}"
-        f"{' (active parameters)' if e.model.moe else ''} | HFU {e.hfu:.1%} | "
+        f"MFU {e.mfu:.1%}{_mfu_basis(job.precision == 'fp8', e.model.moe)} | HFU {e.hfu:.1%} | "
         f"{e.model_tflops_per_gpu:.0f} TFLOP/s per GPU | "
         f"{fmt_count(e.tokens_per_s)} tokens/s",
         "",
