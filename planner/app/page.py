@@ -244,11 +244,7 @@ def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
                + (f" {DUALPIPE_NOTE}" if lay["schedule"] == "dualpipev" else ""))
     if values is not None:
         progress = pictures_in_progress(values, best)
-        progress.advance(st.session_state.get("_run_started", time.perf_counter()) + PAGE_BUDGET_S)
-        if progress.done:
-            picture_views(progress)
-        else:  # the rest in runs of the pictures alone, until they are done
-            st.fragment(picture_views, run_every=POLL_S)(progress, polling=True)
+        draw_in_progress((progress,), picture_views, progress)
     st.subheader(f"Bubble vs micro-batches (pp {lay['pp']}, vpp {lay['vpp']})")
     if lay["pp"] == 1:
         st.caption("pp = 1: no pipeline, no bubble. Pin pp to see its curve.")
@@ -264,10 +260,8 @@ def picture_views(progress: explore.InProgress, polling: bool = False) -> None:
     fragment while they are not (each run advances them SLICE_S), and the page once more when they are."""
     from planner.app import charts
 
-    if polling and "_run_started" not in st.session_state:  # a run of the fragment alone
-        if progress.done:
-            st.rerun()  # the whole page once more: drawn without polling
-        progress.advance(time.perf_counter() + SLICE_S)
+    if polling:
+        advance_alone((progress,))
     if progress.error is not None:
         st.warning(f"The pictures could not be computed: {progress.error}")
     parts = dict(progress.items)
@@ -307,14 +301,33 @@ def hardware_tab(state: dict, j: dict) -> None:
     comparison = comparison_in_progress(explore_state.comparison_mapping(state), int(state["gpus"]))
     sweep = sweep_in_progress(explore_state.sweep_mapping(state))
     current = {"profile": state["gpu"], "GPUs": j["cluster"]["gpus"], "days": j["train"]["days"]}
-    args = (comparison, sweep, j["train"]["tokens"], state, current)
+    # the table first: it is one GPU count
+    draw_in_progress((comparison, sweep), hardware_views, comparison, sweep, j["train"]["tokens"], state, current)
+
+
+def draw_in_progress(views: tuple[explore.InProgress, ...], draw, *args) -> None:
+    """Work on ``views`` (in turn) until PAGE_BUDGET_S after the page run began; then ``draw(*args)``
+    them as they are: at once when they are done, else as a fragment rerun alone every POLL_S
+    until they are (``draw`` calls ``advance_alone`` when polling)."""
     deadline = st.session_state.get("_run_started", time.perf_counter()) + PAGE_BUDGET_S
-    comparison.advance(deadline)  # the table first: it is one GPU count
-    sweep.advance(deadline)
-    if comparison.done and sweep.done:
-        hardware_views(*args)
-    else:  # the rest in runs of the views alone, until they are done
-        st.fragment(hardware_views, run_every=POLL_S)(*args, polling=True)
+    for view in views:
+        view.advance(deadline)
+    if all(view.done for view in views):
+        draw(*args)
+    else:
+        st.fragment(draw, run_every=POLL_S)(*args, polling=True)
+
+
+def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
+    """In a run of a fragment alone (not the page's): the whole page once more when ``views`` are
+    done (drawn without polling), else SLICE_S more work on them."""
+    if "_run_started" in st.session_state:
+        return
+    if all(view.done for view in views):
+        st.rerun()
+    deadline = time.perf_counter() + SLICE_S
+    for view in views:
+        view.advance(deadline)
 
 
 def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, tokens: float, state: dict,
@@ -323,12 +336,8 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
     while they are not (each run advances them SLICE_S), and the page once more when they are."""
     from planner.app import charts
 
-    if polling and "_run_started" not in st.session_state:  # a run of the fragment alone
-        if comparison.done and sweep.done:
-            st.rerun()  # the whole page once more: drawn without polling
-        deadline = time.perf_counter() + SLICE_S
-        comparison.advance(deadline)
-        sweep.advance(deadline)
+    if polling:
+        advance_alone((comparison, sweep))
     for view in (comparison, sweep):
         if view.error is not None:
             st.warning(f"Part of this tab could not be computed: {view.error}")

@@ -108,7 +108,7 @@ class SearchResult:
         """Every selected layout in rank order: fitting ones first."""
         if not self._in_order:
             o = self.order
-            whole = len(o) == len(self._table.candidates) and not np.any(o[1:] < o[:-1])
+            whole = _every_row_in_order(o, len(self._table.candidates))
             if self._deferred is not None:
                 self._deferred.fill(None if whole else o)
             self._in_order.append(self._table if whole else take(self._table, o))
@@ -119,13 +119,18 @@ class SearchResult:
         rows = self.order[np.asarray(positions, dtype=np.int64)]
         if self._deferred is not None:
             self._deferred.fill(rows)
-        if len(rows) == len(self._table.candidates) and np.array_equal(rows, np.arange(len(rows))):
-            return self._table  # every row in table order (one pinned layout): the table itself
+        if _every_row_in_order(rows, len(self._table.candidates)):
+            return self._table  # one pinned layout, say: the table itself
         return take(self._table, rows)
 
     def in_rank_order(self, column: np.ndarray) -> np.ndarray:
         """A column of ``table`` (or one computed from it) in rank order."""
         return column[self.order]
+
+
+def _every_row_in_order(rows: np.ndarray, n: int) -> bool:
+    """Whether ``rows`` are 0..n-1 in order: the table itself, no gather needed."""
+    return len(rows) == n and bool(np.all(rows == np.arange(n)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -304,12 +309,10 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         if keep.all():
             return c, ""
         return c.take(np.flatnonzero(keep)), _NO_SPLIT.format(job.global_batch, pins.pinned())
-    # The product grows a dimension at a time; each rule applies once the columns it reads exist
+    # The product grows a dimension at a time. A rule applies as soon as the columns it reads exist:
+    # before the product grows when it reads only the mesh and dimensions of one value (constant
+    # columns from the start), else when the last dimension it reads of several values is added
     # (at the last step when one of them is no dimension of the product).
-    # A rule applies as soon as the columns it reads exist: before the product grows when it reads
-    # only the mesh and dimensions of one value (constant columns from the start), else when the
-    # last dimension it reads of several values is added (at the last step when one of them is no
-    # dimension of the product).
     names = [d.name for d in free]
     grows = [n for n in names if len(codes[n]) > 1]
     at = [max((names.index(n) for n in needs if n in grows), default=-1)
@@ -368,6 +371,7 @@ class _Product:
         self._bits = {"mesh": _bits(len(gb))}  # the fields of the code, most significant first
         self._read: dict[str, np.ndarray] = {}  # fields and columns read from the current code
         self._fixed: tuple[str, int] | None = None  # (dimension, value index) tried before it is added
+        self._read_fixed = False  # whether the column being read read that value
 
     def extend(self, name: str, rules: list = ()) -> None:
         """Add dimension ``name`` (each row times its values), keeping the rows where ``rules`` hold.
@@ -409,6 +413,7 @@ class _Product:
     def _index(self, name: str) -> np.ndarray:
         """Which value of dimension ``name`` (or which mesh row) each row holds."""
         if self._fixed is not None and name == self._fixed[0]:  # the value being tried (``extend``)
+            self._read_fixed = True
             return self._fixed[1]
         if name not in self._read:
             if name not in self._bits:  # a dimension of one value not added yet: its only value
@@ -439,10 +444,10 @@ class _Product:
         key = "column " + name
         if key in self._read:
             return self._read[key]
+        self._read_fixed = False
         column = self._column(name)
-        fixed = self._fixed and self._fixed[0]
-        if name != fixed and not (fixed == "micro_batch" and name in ("global_batch", "batch_ok")):
-            self._read[key] = column  # kept while the value being tried changes: it does not read it
+        if not self._read_fixed:  # kept while ``extend`` tries the next value: it does not read that one
+            self._read[key] = column
         return column
 
     def candidates(self) -> Candidates:
@@ -555,7 +560,8 @@ def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     parts: the layouts ranked by the objective first, then the rest, most of a large table, by
     memory alone where that is all their keys hold.)"""
     mem, second, bucket = _rank_keys(ev, objective)
-    head, tail = np.flatnonzero(np.isfinite(bucket)), np.flatnonzero(~np.isfinite(bucket))
+    ranked = np.isfinite(bucket)
+    head, tail = np.flatnonzero(ranked), np.flatnonzero(~ranked)
     head = head[np.lexsort((mem[head], second[head], bucket[head]))]
     mem_tail, second_tail = mem[tail], second[tail]
     if np.array_equal(second_tail, mem_tail):  # none fits: ranked by memory (a stable sort keeps ties in order)
