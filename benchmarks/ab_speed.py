@@ -50,10 +50,14 @@ mixtral, job = get_preset("mixtral-8x22b"), Job(attention="standard", global_bat
 m33 = resolve_params(33e9)[0]
 lay = plan(m33, a100, Job(), 128).best.layout
 pins = Pins(**{n: getattr(lay, n) for n in Pins.__slots__})
+v3 = get_preset("deepseek-v3")
+lay3 = plan(v3, h100, Job(), 2048).best.layout
+pins3 = Pins(**{n: getattr(lay3, n) for n in Pins.__slots__})
 print(json.dumps({
     "large search, Mixtral 8x22B on 4,096 GPUs (ms)": 1e3 * least(lambda: search(mixtral, h100, job, 4096), 10),
     "free plan, 33B on 128 A100 (ms)": 1e3 * least(lambda: plan(m33, a100, Job(), 128), 20),
     "pinned estimate, 33B on 128 A100 (ms)": 1e3 * least(lambda: plan(m33, a100, Job(), 128, pins), 100),
+    "pinned estimate, DeepSeek-V3 on 2,048 H100 (ms)": 1e3 * least(lambda: plan(v3, h100, Job(), 2048, pins3), 100),
 }))
 """
 

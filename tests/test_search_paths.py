@@ -8,7 +8,9 @@
 - a search's rows taken by rank position (``ranked``, the rest left unordered) are the rows of the
   whole table put in rank order, and that order is the one the ranking rule gives row by row;
 - the step times a search leaves for later (layouts that do not fit), whenever computed, equal one
-  ``evaluate`` pass over the whole table.
+  ``evaluate`` pass over the whole table;
+- one layout evaluated alone (its columns numpy scalars: a pinned estimate) equals its row of the
+  table, every part to the bit.
 """
 
 from __future__ import annotations
@@ -259,3 +261,40 @@ def test_step_times_left_for_later_are_those_one_pass_gives(name, gpu, gpus):
     for k in want:
         assert np.array_equal(got[k], want[k]), k
     assert np.array_equal(r.order, S.rank_order(whole, "time"))
+
+
+# A spread of what the formulas branch on: GPT with dropout and learned positions, LLaMA, MoE with
+# MLA and shared experts; flash and standard attention; bf16, fp8, fp16 (V100); pretraining, LoRA
+# and full fine-tuning (offload searched); every stack; eager and compiled kernels; pinned values
+# the search does not try (gpipe, dualpipev, hybrid sharding, offloaded parameters) widened in.
+ONE_ROW_CASES = [
+    ("gpt3-1.3b", "a100-80g", 16, Job(attention="standard", stack="megatron-2021"), Pins(schedule="gpipe")),
+    ("llama2-7b", "h100-80g", 64, Job(precision="fp8"), Pins(sharding="hybrid")),
+    ("llama3-8b", "h100-80g", 16, Job(stack="fsdp2", compile=True), Pins(schedule="dualpipev")),
+    ("llama3-70b", "a100-80g", 64, Job(stack="deepspeed-zero", global_batch=512), Pins()),
+    ("llama2-13b", "a100-80g", 8, Job(stack="reference", kernels="eager"), Pins()),
+    ("llama2-7b", "a6000", 2, Job(mode="full-finetune"), Pins(offload="params")),
+    ("llama2-7b", "a100-80g", 4, Job(mode="lora", lora_targets=("q_proj", "o_proj", "down_proj")), Pins()),
+    ("gpt3-2.7b", "v100-32g", 8, Job(precision="fp16", attention="standard"), Pins()),
+    ("mixtral-8x7b", "h100-80g", 64, Job(stack="megatron-core", precision="fp8"), Pins()),
+    ("deepseek-v2-lite", "h100-80g", 32, Job(attention="standard", global_batch=256), Pins(schedule="dualpipev")),
+    ("qwen3-30b-a3b", "b200", 32, Job(stack="fsdp2", async_tp=True), Pins()),
+]
+
+
+@pytest.mark.parametrize("name, gpu, gpus, job, pins", ONE_ROW_CASES)
+def test_one_layout_evaluated_alone_is_its_row_of_the_table(name, gpu, gpus, job, pins):
+    """One layout (a pinned estimate) is evaluated with its columns as numpy scalars
+    (``Candidates.one_row``, planner.core.columns), a table as arrays, through the same formulas:
+    each part of each layout, evaluated alone, equals its row of the table's one pass to the bit."""
+    from planner.core.evaluate import evaluate
+
+    model, hw = get_preset(name), get_profile(gpu)
+    c, _ = enumerate_layouts(model, gpus, job, pins, widen=True)
+    whole = _columns(evaluate(model, hw, job, c, gpus))
+    rows = np.unique(np.linspace(0, len(c) - 1, min(len(c), 120)).astype(int))
+    for i in rows:
+        alone = _columns(evaluate(model, hw, job, c.take(np.array([i])), gpus))
+        for k, column in whole.items():
+            assert alone[k].shape == (1,) and alone[k].dtype == column.dtype, (k, alone[k])
+            assert np.array_equal(alone[k], column[i:i + 1], equal_nan=True), (i, c.layout(i), k, alone[k], column[i])

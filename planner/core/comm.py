@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.columns import where
 from planner.hardware import HardwareProfile
 
 
@@ -40,7 +41,7 @@ def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: floa
     """``passes`` = 2 for all-reduce, 1 for reduce-scatter or all-gather; zero when n == 1."""
     n = np.asarray(n, dtype=float)
     steps = passes * (n - 1)
-    return np.where(n > 1, steps / np.maximum(n, 1) * bytes_ / bw + steps * lat, 0.0)
+    return where(n > 1, steps / np.maximum(n, 1) * bytes_ / bw + steps * lat, 0.0)
 
 
 def in_node(links: Links, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
@@ -106,7 +107,7 @@ def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.
     tpf = tp.astype(float)
     across = bytes_ / tpf / links.inter_bw + links.inter_lat + _ring(bytes_, tp, links.intra_bw, links.intra_lat, 1.0)
     inside = bytes_ / links.p2p_bw + links.p2p_lat
-    return np.where(inter, across, inside)
+    return where(inter, across, inside)
 
 
 def flat_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray,
@@ -119,7 +120,7 @@ def flat_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: 
     spans = size * np.maximum(stride, 1) > links.gpus_per_node
     across = _ring(bytes_, size, links.inter_bw, links.inter_lat, passes)
     inside = _ring(bytes_, size, links.intra_bw, links.intra_lat, passes)
-    return np.where(spans, across, inside)
+    return where(spans, across, inside)
 
 
 
@@ -131,6 +132,6 @@ def all_to_all(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.nd
     size = np.asarray(size, dtype=float)
     k = in_node(links, size, stride)
     n = np.maximum(size, 1.0)
-    inside = bytes_ * (k - 1) / n / links.intra_bw + np.where(k > 1, links.intra_lat, 0.0)
-    across = bytes_ * (size - k) / n / links.inter_bw + np.where(size > k, links.inter_lat, 0.0)
-    return np.where(size > 1, np.maximum(inside, across), 0.0)
+    inside = bytes_ * (k - 1) / n / links.intra_bw + where(k > 1, links.intra_lat, 0.0)
+    across = bytes_ * (size - k) / n / links.inter_bw + where(size > k, links.inter_lat, 0.0)
+    return where(size > 1, np.maximum(inside, across), 0.0)

@@ -133,11 +133,26 @@ BLOCK_ROWS = 8192
 
 
 def _in_blocks(f, c: Candidates):
-    """``f(c)`` (a dataclass of columns, or a tuple of them), computed a block of rows at a time."""
+    """``f(c)`` (a dataclass of columns, or a tuple of them), computed a block of rows at a time;
+    one layout with its columns as scalars (``Candidates.one_row``), its parts made columns of one row."""
+    if len(c) == 1:
+        return _as_rows(f(c.one_row()))
     if len(c) <= BLOCK_ROWS:
         return f(c)
     return _join([_checked(f(b), len(b)) for b in (c.take(slice(i, i + BLOCK_ROWS))
                                                    for i in range(0, len(c), BLOCK_ROWS))])
+
+
+def _as_rows(value):
+    """Each field of a one-layout result (scalars) as a column of one row."""
+    if isinstance(value, tuple):
+        return tuple(_as_rows(v) for v in value)
+    return type(value)(*(_one(getattr(value, f)) for f in type(value).__slots__))
+
+
+def _one(x) -> np.ndarray:
+    """A scalar (or a one-element array) as a column of one row, of its dtype."""
+    return x.reshape(1) if type(x) is np.ndarray else np.array([x])
 
 
 def _join(parts: list):

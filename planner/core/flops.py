@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.core.columns import where
 from planner.core.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
     layer_gemms = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
     attention = attention_flops_per_token(model, causal)
     selective_flops = attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms
-    return np.where(recompute == 2, layer_gemms + attention, np.where(recompute == 1, selective_flops, 0.0))
+    return where(recompute == 2, layer_gemms + attention, where(recompute == 1, selective_flops, 0.0))
 
 
 def megatron_eq3_flops(model: ModelSpec, batch_seqs: float) -> float:

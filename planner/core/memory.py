@@ -14,6 +14,7 @@ from dataclasses import dataclass, make_dataclass
 
 import numpy as np
 
+from planner.core.columns import any_, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.layout import DUALPIPEV, Candidates, Job
 from planner.core.model import ModelSpec
@@ -107,12 +108,12 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
     rc = c.recompute if recompute is None else recompute
     # The dense and the MoE layer in one pass: row 0 at the dense MLP's width, row 1 at the routed
     # width (element by element the same arithmetic as two calls; integer widths are exact in float64).
-    width = np.stack([np.full(len(c), float(model.ffn_hidden)), moe.moe_mlp_width(model, job, c)])
-    if np.ndim(rc) == 2:  # several recompute columns (rows of rc): each width against each
-        width = width[:, None, :]
+    width = np.stack([c.full(model.ffn_hidden), moe.moe_mlp_width(model, job, c)])
+    if np.ndim(rc) > np.ndim(c.dp):  # several recompute columns (rows of rc): each width against each
+        width = width[:, None]
     dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
     tokens = c.micro_batch * model.seq_len / c.cp
-    extra = np.where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
+    extra = where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
     return ((model.layers - model.moe_layers) * dense + model.moe_layers * (routed + extra)) / model.layers
 
 
@@ -175,7 +176,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # TP rank with one K/V head repeats it as a view (expand and reshape merge): no copy is kept.
     kv = hkv
     if sw.stack.attention_kv_heads == "query":
-        kv = np.where(model.kv_heads > c.tp, attention_kv_width(model, sw), hkv)
+        kv = where(model.kv_heads > c.tp, attention_kv_width(model, sw), hkv)
     # A fused QKV projection split into views: with RoPE copying Q and K, attention keeps V's view
     # and with it the whole output, Q and K parts included (the stack's qkv_buffer_kept).
     qkv_buffer = sw.stack.qkv_buffer_kept and not model.learned_positions and not model.kv_lora_rank
@@ -183,19 +184,19 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
-        scores = np.where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
+        scores = where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
     else:
-        scores = np.full(len(c), 4.0 * a)
+        scores = c.full(4.0 * a)
     tp = c.tp.astype(float)
-    per_token = np.where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
+    per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
     if sw.stack.tp_saves_gathered_inputs:
         per_token = per_token + gathered
     if sw.stack.selective == "op":  # input and the second matmul's output (replicated), the rest split
         kept_split = (h + hkv + f if model.gated_mlp else h + 2 * hkv + f) + h  # + attention output
-        op = np.where(c.sequence_parallel, 2 * e * h / tp, 2 * e * h) + (e * kept_split + 4.0 * a) / tp
-        per_token = np.where(rc == 1, op, per_token)
-    full = np.where(c.sequence_parallel, e * h / tp, e * h)
-    per_token = np.where(rc == 2, full, per_token)
+        op = where(c.sequence_parallel, 2 * e * h / tp, 2 * e * h) + (e * kept_split + 4.0 * a) / tp
+        per_token = where(rc == 1, op, per_token)
+    full = where(c.sequence_parallel, e * h / tp, e * h)
+    per_token = where(rc == 2, full, per_token)
     return per_token * c.micro_batch * s / c.cp  # context parallel: each GPU keeps 1/cp of the tokens
 
 
@@ -226,39 +227,39 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence
     # What does not depend on the stage: ZeRO's divisors by stage (dense, routed experts), the
     # memory outside the allocator, the offload flags.
-    divisors = {k: (np.where(c.zero_stage >= k, dp, 1), np.where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
+    divisors = {k: (where(c.zero_stage >= k, dp, 1), where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
     outside = outside_allocator(hw, c)
     offload_opt, offload_par = c.offload >= 1, c.offload == 2
-    offloads = bool(offload_opt.any())
+    offloads = any_(offload_opt)
     # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3), per micro-batch in flight.
     mask_per_flight = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden
-    mask_split = np.where(c.sequence_parallel, tp, 1)
+    mask_split = where(c.sequence_parallel, tp, 1)
     # The loss's peak: the stack's bytes per logit (vocabulary split across TP ranks).
-    logits = np.where(tp > 1, sw.logit_bytes_tp, sw.logit_bytes) * tokens * model.vocab / tp
+    logits = where(tp > 1, sw.logit_bytes_tp, sw.logit_bytes) * tokens * model.vocab / tp
     # torch.distributed.pipelining keeps each micro-batch's output on the last stage for the step's
     # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
     kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
-    last_extra = logits + np.where(pp > 1, kept, 0.0)
+    last_extra = logits + where(pp > 1, kept, 0.0)
     # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in 16-bit).
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
-    gather_blocks = np.where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
+    gather_blocks = where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
     # The three stages as rows of one (3, layouts) table (one row when no layout pipelines: the
     # stages are then one and the same), so each formula below runs once for all of them.
-    if np.any(pp > 1):
+    if any_(pp > 1):
         index = np.stack([np.zeros_like(pp), np.minimum(1, pp - 1), pp - 1])
         layers = np.stack([first, fullest, last])
     else:
         index, layers = np.zeros_like(pp)[None], first[None]
     is_first, is_last = index == 0, index == pp - 1
-    if np.any(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
-        is_last = np.where(c.schedule == DUALPIPEV, is_first, is_last)
+    if any_(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
+        is_last = where(c.schedule == DUALPIPEV, is_first, is_last)
     params = stage_params(model, pp, layers, is_first, is_last)
     # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
     # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
     experts = layers * n.layer_expert_params / (tp * c.ep)
     shard = (params - layers * n.layer_expert_params) / tp + experts
-    ratio = np.where(shard > 0, experts / np.where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
+    ratio = where(shard > 0, experts / where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
 
     def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
         return bytes_ * ((1 - ratio) / divisors[stage][0] + ratio / divisors[stage][1])
@@ -267,9 +268,9 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
     trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
     if job.lora:
-        weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / np.where(c.zero_stage >= 3, dp, 1)
-        grads = trained * gb / np.where(c.zero_stage >= 2, dp, 1)
-        optim = trained * ob / np.where(c.zero_stage >= 1, dp, 1)
+        weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / where(c.zero_stage >= 3, dp, 1)
+        grads = trained * gb / where(c.zero_stage >= 2, dp, 1)
+        optim = trained * ob / where(c.zero_stage >= 1, dp, 1)
     else:
         weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
         grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
@@ -284,28 +285,28 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
                    grads * (grad_b / gb), optim * (optim_b / ob))  # sharded alike: scaled
             if offloads:  # offloaded layouts keep the separate count
                 kept = c.offload == 0
-                own = tuple(np.where(kept, new, old) for new, old in zip(own, (weights, grads, optim)))
+                own = tuple(where(kept, new, old) for new, old in zip(own, (weights, grads, optim)))
             weights, grads, optim = own
     # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
     # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
     # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
     # leave only the gathered layers (``gather`` below) on the GPU.
     if offloads:
-        host = np.where(offload_opt, optim + grads, 0.0) + np.where(offload_par, weights, 0.0)
-        grads = np.where(offload_opt, grads * e / gb, grads)
-        optim = np.where(offload_opt, 0.0, optim)
-        weights = np.where(offload_par, 0.0, weights)
+        host = where(offload_opt, optim + grads, 0.0) + where(offload_par, weights, 0.0)
+        grads = where(offload_opt, grads * e / gb, grads)
+        optim = where(offload_opt, 0.0, optim)
+        weights = where(offload_par, 0.0, weights)
     else:  # nothing offloaded: the same values as the lines above give
-        host = np.zeros(len(c))
+        host = c.full(0.0)
     flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
     acts = layers * act_layer * flight + working
-    acts = acts + np.where(is_first, mask_per_flight * flight / mask_split, 0.0)
-    acts = acts + np.where(is_last, last_extra, 0.0)
+    acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
+    acts = acts + where(is_last, last_extra, 0.0)
     # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
     # keeps the stage's weights gathered and its gradients unsharded (fp32).
     gather = gather_blocks
     if not sw.stack.reshard_in_pipeline:
-        gather = np.where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
+        gather = where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
     other = outside + gather + eff.fragmentation * (acts + grads + gather)
     table = Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights),
                       gather + np.zeros_like(weights))
@@ -328,12 +329,12 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     recompute less those kept: computed beside them, recompute as two rows) and its MLP's
     gradients (``backward_working``). Measured in eager torch: benchmarks/activation_memory.py."""
     recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
-    if recomputed.any():
+    if any_(recomputed):
         act_layer, no_rc = layer_activation_bytes(model, c, job, np.stack([c.recompute, np.zeros_like(c.recompute)]),
                                                   sw=sw)
     else:
         act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
-    return act_layer, np.where(recomputed, no_rc - act_layer, 0.0) + backward_working(model, c, job, sw)
+    return act_layer, where(recomputed, no_rc - act_layer, 0.0) + backward_working(model, c, job, sw)
 
 
 def backward_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> np.ndarray:
@@ -347,13 +348,13 @@ def backward_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) ->
     docs/validation.md), counted here as eager's. An MoE layer's MLP is its routed width per token
     (planner.core.moe.moe_mlp_width)."""
     e = ACT_BYTES[job.precision]
-    width = np.full(len(c), float(model.ffn_hidden)) if model.layers > model.moe_layers else np.zeros(len(c))
+    width = c.full(model.ffn_hidden) if model.layers > model.moe_layers else c.full(0.0)
     if model.moe:
         from planner.core import moe
 
         width = np.maximum(width, moe.moe_mlp_width(model, job, c))
     inner = 2.0 if model.gated_mlp else 1.0
-    arriving = np.where(c.sequence_parallel, model.hidden / c.tp, model.hidden)
+    arriving = where(c.sequence_parallel, model.hidden / c.tp, model.hidden)
     return e * (arriving + inner * width / c.tp) * c.micro_batch * model.seq_len / c.cp
 
 
@@ -379,17 +380,17 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     gathered = 2 * e * local * c.cp * width
     # dQ (query width), dK and dV (exchanged width), fp32, and their copies for the send and receive
     grads = model.q_width + 2 * width + 4 * width
-    extra = np.where(st.cp_exchange == "torch", st.cp_grad_bytes * local * grads, gathered)
-    return np.where(c.cp > 1, gathered + extra, 0.0)
+    extra = where(st.cp_exchange == "torch", st.cp_grad_bytes * local * grads, gathered)
+    return where(c.cp > 1, gathered + extra, 0.0)
 
 
 def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first, is_last) -> np.ndarray:
     """Parameters of a pipeline stage: its layers, the embedding on the first, the final norm and
     the head on the last (a tied head is a copy there when pp > 1)."""
     n = counts(model)
-    head = n.head_params if not model.tied_embeddings else np.where(pp > 1, model.vocab * model.hidden, 0)
-    return (layers * n.layer_params + np.where(is_first, n.embedding_params, 0)
-            + np.where(is_last, n.norm_params + head, 0))
+    head = n.head_params if not model.tied_embeddings else where(pp > 1, model.vocab * model.hidden, 0)
+    return (layers * n.layer_params + where(is_first, n.embedding_params, 0)
+            + where(is_last, n.norm_params + head, 0))
 
 
 def allocated_bytes(m: Memory) -> np.ndarray:
@@ -403,4 +404,4 @@ def outside_allocator(hw: HardwareProfile, c: Candidates) -> np.ndarray:
     """Memory torch's caching allocator does not count (max_memory_reserved leaves it out): the
     CUDA context with its library workspaces, and NCCL's buffers when any group has > 1 rank."""
     distributed = c.gpus > 1
-    return hw.efficiency.cuda_context_bytes + np.where(distributed, hw.efficiency.comm_buffer_bytes, 0.0)
+    return hw.efficiency.cuda_context_bytes + where(distributed, hw.efficiency.comm_buffer_bytes, 0.0)

@@ -25,6 +25,7 @@ AV over v_head_dim. The low-rank RMSNorms (q_a_layernorm, kv_a_layernorm) are pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
@@ -339,7 +340,7 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        return self.layers_params + self.embedding_params + self.norm_params + self.head_params
+        return _params(self)
 
     @property
     def active_params(self) -> int:
@@ -423,3 +424,10 @@ def spec_from_dict(name: str, data: dict) -> ModelSpec:
     if unknown:
         raise PlannerError(f"preset {name}", unknown[0], f"unknown key; allowed: {', '.join(sorted(allowed))}")
     return ModelSpec(name=name, **{k: v for k, v in data.items() if k in allowed})
+
+
+@functools.lru_cache(maxsize=256)
+def _params(model: ModelSpec) -> int:
+    """Every parameter of ``model``, counted once per model (a ModelSpec is frozen; the count
+    reads every part's properties: ~10 us for an MoE, read several times per estimate)."""
+    return model.layers_params + model.embedding_params + model.norm_params + model.head_params

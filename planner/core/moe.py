@@ -34,6 +34,7 @@ import math
 import numpy as np
 
 from planner.core import comm
+from planner.core.columns import where
 from planner.core.flops import Gemm
 from planner.core.layout import Candidates, Job
 from planner.core.model import ModelSpec
@@ -46,7 +47,7 @@ def routed_per_token(model: ModelSpec) -> float:
 
 
 def imbalance(job: Job, c: Candidates) -> np.ndarray:
-    return np.where(c.ep > 1, job.expert_imbalance, 1.0)
+    return where(c.ep > 1, job.expert_imbalance, 1.0)
 
 
 def moe_mlp_width(model: ModelSpec, job: Job, c: Candidates) -> np.ndarray:
@@ -138,11 +139,11 @@ def all_to_all_time(model: ModelSpec, job: Job, c: Candidates, links: comm.Links
         return comm.all_to_all(links, bytes_, c.ep, c.tp)
     size = np.asarray(c.ep, dtype=float)
     k = comm.in_node(links, size, c.tp)
-    inside = bytes_ * (k - 1) / k / links.intra_bw + np.where(k > 1, links.intra_lat, 0.0)
+    inside = bytes_ * (k - 1) / k / links.intra_bw + where(k > 1, links.intra_lat, 0.0)
     padded = model.capacity_factor if model.capacity_factor > 0 else 1.0  # buffers padded to capacity
     across = (per_copy * padded * remote_nodes_per_token(model, size / k) / links.inter_bw
-              + np.where(size > k, links.inter_lat, 0.0))
-    return np.where(size > 1, np.maximum(inside, across), 0.0)
+              + where(size > k, links.inter_lat, 0.0))
+    return where(size > 1, np.maximum(inside, across), 0.0)
 
 
 def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, elem_bytes: float,
@@ -172,7 +173,7 @@ def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Li
     if overlap > 0:
         hidden = np.minimum(total, overlap * np.asarray(compute, dtype=float))
         total = total - hidden + hidden * sms / (1.0 - sms)
-    return np.where(c.ep > 1, total, 0.0)
+    return where(c.ep > 1, total, 0.0)
 
 
 def activation_extra_per_token(model: ModelSpec, job: Job, c: Candidates, elem_bytes: float) -> np.ndarray:
@@ -180,4 +181,4 @@ def activation_extra_per_token(model: ModelSpec, job: Job, c: Candidates, elem_b
     the permuted copies of the expert inputs (kept for the experts' weight gradients; gathered
     over tp, as the experts are split across it) and the router's fp32 logits and probabilities."""
     routed = routed_per_token(model) * imbalance(job, c)
-    return elem_bytes * model.hidden * routed + 8.0 * model.experts / np.where(c.sequence_parallel, c.tp, 1)
+    return elem_bytes * model.hidden * routed + 8.0 * model.experts / where(c.sequence_parallel, c.tp, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.core.columns import any_, where
 from planner.core.layout import DUALPIPEV, GPIPE
 from planner.errors import require
 
@@ -77,9 +78,9 @@ def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0
     --account-for-loss-in-pipeline-split / --decoder-last-pipeline-num-layers); the others share
     the rest evenly."""
     base, extra = np.divmod(layers, pp)
-    first = np.where(pp == 1, layers, base)
+    first = where(pp == 1, layers, base)
     fullest = base + (extra > 0)
-    last = np.where(pp == 1, layers, base + (extra >= pp - 1) * (extra > 0))
+    last = where(pp == 1, layers, base + (extra >= pp - 1) * (extra > 0))
     if head_layers > 0:
         ppf = np.maximum(pp, 1).astype(float)
         balanced_last = np.clip(np.rint((layers + head_layers) / ppf - head_layers), 1,
@@ -87,9 +88,9 @@ def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0
         rest = layers - balanced_last
         even = -(-rest // np.maximum(pp - 1, 1))  # ceil: the fullest of the other stages
         use = pp > 1
-        last = np.where(use, balanced_last, last).astype(np.int64)
-        fullest = np.where(use, np.maximum(even, last), fullest).astype(np.int64)
-        first = np.where(use, rest // np.maximum(pp - 1, 1), first).astype(np.int64)
+        last = where(use, balanced_last, last).astype(np.int64)
+        fullest = where(use, np.maximum(even, last), fullest).astype(np.int64)
+        first = where(use, rest // np.maximum(pp - 1, 1), first).astype(np.int64)
     return first, fullest, last
 
 
@@ -109,9 +110,9 @@ def stage_layers(model, c, sw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     h = head_layers(model, sw)
     arrays = stage_layers_arrays(model.layers, c.pp, h)
     v_shape = c.schedule == DUALPIPEV
-    if h > 0 and np.any(v_shape):
+    if h > 0 and any_(v_shape):
         even = stage_layers_arrays(model.layers, c.pp, 0.0)
-        arrays = tuple(np.where(v_shape, a, b) for a, b in zip(even, arrays))
+        arrays = tuple(where(v_shape, a, b) for a, b in zip(even, arrays))
     return arrays
 
 
@@ -132,9 +133,9 @@ def in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, schedule: np.ndarr
     one of its two chunks (DeepSeek's DualPipe README, PP = 2p chunks), p + 1/2 of its two.
     Never more than the micro-batches that exist.
     """
-    one_f_one_b = (pp - stage) + np.where(vpp > 1, (pp - 1) / vpp, 0.0)  # 1 without a pipeline
+    one_f_one_b = (pp - stage) + where(vpp > 1, (pp - 1) / vpp, 0.0)  # 1 without a pipeline
     piped = pp > 1  # without one, accumulation holds one micro-batch whatever the schedule's name
-    held = np.where(piped & (schedule == GPIPE), m, np.where(piped & (schedule == DUALPIPEV), pp + 0.5, one_f_one_b))
+    held = where(piped & (schedule == GPIPE), m, where(piped & (schedule == DUALPIPEV), pp + 0.5, one_f_one_b))
     return np.minimum(held, m)
 
 

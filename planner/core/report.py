@@ -6,7 +6,7 @@ from pathlib import Path
 
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan
-from planner.core.results import Estimate
+from planner.core.results import Estimate, flat_fields
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
 from planner.stacks import DEFAULT_STACK, software
@@ -273,8 +273,8 @@ CSV_COLUMNS = ("model", "params", "gpu", "gpus", *(d.name for d in LAYOUT_DIMS),
 
 
 def csv_row(e: Estimate) -> list:
-    j = e.to_json()
-    flat = {**j["layout"], **j["memory"], **j["time"], "model": e.model.name, "params": e.model.params,
+    flat = {**e.layout.to_json(), "precision": e.job.precision, **flat_fields(e.memory), **flat_fields(e.time),
+            "model": e.model.name, "params": e.model.params,
             "gpu": e.hardware.name, "gpus": e.gpus, "bubble_fraction": e.bubble_fraction,
             "comm_fraction": e.comm_fraction, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu, "hfu": e.hfu,
             "train_days": e.train.days, "gpu_hours": e.train.gpu_hours, "energy_kwh": e.train.energy_kwh,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core import comm
+from planner.core.columns import any_, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
@@ -120,7 +121,7 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
     softmax = (2 + 2.5 * drop) * a * s if sw.attention == "standard" else 0.0
     tp = c.tp.astype(float)
     tokens = c.micro_batch * s / c.cp  # this GPU's tokens: context parallel splits the sequence
-    layer = e * tokens * (np.where(c.sequence_parallel, replicated / tp, replicated) + split / tp)
+    layer = e * tokens * (where(c.sequence_parallel, replicated / tp, replicated) + split / tp)
     return layer, e * tokens * softmax / tp
 
 
@@ -185,7 +186,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     # fp8: amax, scaling and casts of each GEMM's operands, memory-bound, forward and backward.
     cast_elements = fp8_cast_elements(model)
     mlp = timed(dense_mlp)
-    ep_comm = np.zeros(len(c))
+    ep_comm = c.full(0.0)
     if model.moe:  # the mean over layers: the leading dense ones and the MoE ones
         from planner.core import moe
 
@@ -206,8 +207,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     if sw.stack.selective == "op":  # every second matmul and all element-wise work again
         selective = op_sac_recomputed_share(model) * gemms + ew_layer / hbm + 0.4 * cast
     else:  # the attention core again (Korthikanti et al. 2022); flash attention recomputes it anyway
-        selective = np.where(sw.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
-    recompute = np.where(c.recompute == 2, fwd, np.where(c.recompute == 1, selective, 0.0))
+        selective = where(sw.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
+    recompute = where(c.recompute == 2, fwd, where(c.recompute == 1, selective, 0.0))
     if model.moe:  # what its all-to-alls may hide behind: the layer's own compute per micro-batch
         ep_comm = share * moe.exposed_all_to_all(model, job, c, links, act, c.recompute == 2, sw.stack,
                                                  fwd + bwd + recompute)
@@ -216,16 +217,16 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     # torch's non-reentrant checkpoint stops recomputing once the layer's saved tensors are back,
     # before its last collective (the MLP output's all-reduce, or reduce-scatter: half of one); the
     # host work around the collectives (tp_calls: DTensor's dispatch) is all redone up to there.
-    if np.any(c.tp > 1):
+    if any_(c.tp > 1):
         # Under sequence parallel half the collectives are all-gathers; a stack that gathers fp8
         # (``fp8_tp_all_gather``) sends those at 1 byte, the reduce-scatters at the activations'.
-        tp_bytes = np.where(c.sequence_parallel, (1 + act) / 2, act) if fp8 and sw.stack.fp8_tp_all_gather else act
+        tp_bytes = where(c.sequence_parallel, (1 + act) / 2, act) if fp8 and sw.stack.fp8_tp_all_gather else act
         collective = comm.tp_collective(links, tp_bytes * tokens * model.hidden, c.tp)
-        again = 2 - sw.stack.recompute_early_stop * np.where(c.sequence_parallel, 0.5, 1.0)
-        calls = np.where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
-        sent = np.where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0) * collective
+        again = 2 - sw.stack.recompute_early_stop * where(c.sequence_parallel, 0.5, 1.0)
+        calls = where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
+        sent = where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0) * collective
     else:  # no layout splits the layers: the same zeros
-        calls = sent = np.zeros(len(c))
+        calls = sent = c.full(0.0)
     return _LayerTimes(fwd, bwd, recompute, sent, calls,
                        context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm,
                        weight_grads * gemms + adapter)
@@ -248,8 +249,8 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     value) to the next rank, waited after the next step's attention: cp sends, the last exposed.
     Each of the cp - 1 remote steps merges the partial output in fp32 (forward) and accumulates
     dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element."""
-    if not np.any(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
-        return np.zeros(len(c))
+    if not any_(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
+        return c.full(0.0)
     st, act, cp = sw.stack, ACT_BYTES[job.precision], c.cp.astype(float)
     grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
     width = attention_kv_width(model, sw)
@@ -261,13 +262,13 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     else:
         grads = grad_bytes / act * kv / np.maximum(cp, 1)  # one rank's dK/dV
         across = c.cp * c.tp > links.gpus_per_node  # the ring leaves the node somewhere: that hop sets the pace
-        send = np.where(across, grads / links.inter_bw + links.inter_lat, grads / links.intra_bw + links.intra_lat)
+        send = where(across, grads / links.inter_bw + links.inter_lat, grads / links.intra_bw + links.intra_lat)
         step_f, step_b = st.cp_overlap * attn_fwd / cp, st.cp_overlap * attn_bwd / cp
         elems = c.micro_batch * model.seq_len / cp * model.attn_out_width / c.tp  # the local attention output
         fwd = np.maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
         bwd = (np.maximum(0.0, gather - step_b) + (cp - 1) * np.maximum(0.0, send - step_b) + send
                + (cp - 1) * st.cp_accumulate_bytes * elems / hbm)
-    return np.where(c.cp > 1, fwd + bwd + np.where(c.recompute == 2, fwd, 0.0), 0.0)
+    return where(c.cp > 1, fwd + bwd + where(c.recompute == 2, fwd, 0.0), 0.0)
 
 
 def time_shared(hw: HardwareProfile, c: Candidates) -> np.ndarray:
@@ -285,7 +286,7 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
     on_node = np.minimum(c.gpus, hw.network.gpus_per_node)
     share = on_node / hw.network.compute_slots  # processes per core
     threads = 1.0 / np.minimum(share, 1.0)  # cores per process, when it has more than one
-    slow = np.where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
+    slow = where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
     return slow, np.maximum(1.0, share)
 
 
@@ -305,10 +306,10 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # Hybrid sharding (HSDP): ZeRO's collectives over the group's ranks inside a node, and the
     # gradients, reduce-scattered there, all-reduced between the replicas across nodes.
     hybrid = c.sharding == SHARDING.index("hybrid")
-    group = np.where(hybrid, c.zero_group(links.gpus_per_node), group)
-    replicas = np.where(hybrid, c.shard_group // group, 1)
+    group = where(hybrid, c.zero_group(links.gpus_per_node), group)
+    replicas = where(hybrid, c.shard_group // group, 1)
 
-    moe_ = bool(np.any(expert_share))
+    moe_ = any_(expert_share)
     groups = {"dense": (group, c.tp), "routed": (group // c.ep, c.tp * c.ep)}  # (size, stride)
     lines: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # each group's collective as a line, computed once
 
@@ -325,19 +326,19 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         if not moe_:
             return dense * busy
         routed = one(collective, bytes_ * expert_share, "routed", passes)
-        return (dense + np.where(expert_share > 0, routed, 0.0)) * busy
+        return (dense + where(expert_share > 0, routed, 0.0)) * busy
 
     # Each ZeRO stage's time is computed only when some layout has that stage (np.select below
     # reads a stage's value only for those layouts; 0.0 stands in for the others).
     zero = c.zero_stage
-    present = np.bincount(zero, minlength=4)
+    present = np.bincount(np.ravel(zero), minlength=4)
     has0, has12, has3 = bool(present[0]), bool(present[1] or present[2]), bool(present[3:].any())
     ar = over(comm.group_collective, grad_bytes, 2.0) if has0 else 0.0
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
     zcoll = comm.group_collective if sw.stack.hierarchical else comm.flat_collective
-    replica_ar = (np.where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
-                           0.0) * busy if (has12 or has3) and np.any(replicas > 1) else 0.0)
+    replica_ar = (where(replicas > 1, comm.group_collective(links, grad_bytes / group, replicas, c.tp * group, 2.0),
+                           0.0) * busy if (has12 or has3) and any_(replicas > 1) else 0.0)
     rs = (over(comm.group_collective, grad_bytes, 1.0) + replica_ar
           if has12 or (has3 and zcoll is comm.group_collective) else 0.0)
     ag3 = over(zcoll, param_bytes, 1.0) if has3 or has12 else 0.0  # ZeRO-1/2's step gather may be this call
@@ -369,7 +370,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         # Kept gathered under pp: gathered in the first micro-batch's forward, reduce-scattered in
         # the last one's backward.
         once = np.maximum(0.0, ag3 - fwd_hides) + np.maximum(0.0, rs3 - bwd_hides) + edge
-        zero3 = np.where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
+        zero3 = where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
     if has12:
@@ -381,7 +382,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * zero1 + ag_step
         zero1 = zero1 + ag_step
     if not (has0 or has12):  # ZeRO-3 only (FSDP searches, most pinned estimates): no selection
-        return zero3 * np.ones(len(c))
+        return zero3 * c.full(1.0)
     return np.select([zero == 0, zero == 1, zero == 2], [np.maximum(ar_last, ar - hidden), zero1, zero2], zero3)
 
 
@@ -413,18 +414,18 @@ def optimizer_host_time(model: ModelSpec, hw: HardwareProfile, c: Candidates, sw
     and, with tied embeddings under pp > 1, the embedding gradient's all-reduce between the first
     and last stages (Narayanan et al. 2021, Sec. 4: Megatron-LM sums them there too)."""
     e, act_grad = hw.efficiency, 4.0  # the tied gradient summed in fp32 (main gradients)
-    out = comm.small_all_reduce(links, c.gpus, np.ones(len(c)))
+    out = comm.small_all_reduce(links, c.gpus, c.full(1.0))
     if e.optimizer_tensor_overhead_s > 0:  # (0 on the GPU profiles: nothing to count)
         per_layer, embed, head = param_tensors(model)
-        tensors = np.where(c.pp > 1, np.maximum(np.maximum(first * per_layer + embed, fullest * per_layer),
+        tensors = where(c.pp > 1, np.maximum(np.maximum(first * per_layer + embed, fullest * per_layer),
                                                 last * per_layer + head), first * per_layer + embed + head)
         dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
-        ratio = np.where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
+        ratio = where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
         out = out + tensors * e.optimizer_tensor_overhead_s * ratio
-    if model.tied_embeddings and np.any(c.pp > 1):
+    if model.tied_embeddings and any_(c.pp > 1):
         tied_bytes = act_grad * model.vocab * model.hidden / c.tp
-        tied = comm.group_collective(links, tied_bytes, np.full(len(c), 2), c.gpus // c.pp * (c.pp - 1), 2.0)
-        out = out + np.where(c.pp > 1, tied, 0.0)
+        tied = comm.group_collective(links, tied_bytes, c.full(2, int), c.gpus // c.pp * (c.pp - 1), 2.0)
+        out = out + where(c.pp > 1, tied, 0.0)
     return out * busy
 
 
@@ -451,7 +452,7 @@ def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray
     h2d = held * act / net.pcie_bytes_per_s
     optimizer = cpu_step + h2d + np.maximum(0.0, d2h - e.dp_overlap * bwd_mb)
     stream = 2 * weights * act / net.pcie_bytes_per_s
-    params = np.where(c.offload == 2, m * np.maximum(0.0, stream - e.zero3_overlap * (fwd_mb + bwd_mb)), 0.0)
+    params = where(c.offload == 2, m * np.maximum(0.0, stream - e.zero3_overlap * (fwd_mb + bwd_mb)), 0.0)
     return _Offload(optimizer=optimizer, params=params)
 
 
@@ -475,9 +476,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     per_layer = (lt.forward + lt.backward + lt.recompute) * slow + overhead_layer
     # The pace of the pipeline is set by its slowest stage (the one with the head: the last, or
     # under DualPipeV the first).
-    headed = np.where(v_shape, first, last)
+    headed = where(v_shape, first, last)
     compute_mb = np.maximum(fullest * per_layer, headed * per_layer + head_time)
-    layers_pace = np.where(fullest * per_layer >= headed * per_layer + head_time, fullest, headed)
+    layers_pace = where(fullest * per_layer >= headed * per_layer + head_time, fullest, headed)
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     # That fixed cost is host work on the training thread (DTensor's redistribute and dispatch, the
@@ -491,7 +492,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     m = c.m.astype(float)
     p, v = c.pp, c.vpp.astype(float)
     p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len / c.cp * model.hidden, c.tp, c.shard_group) * busy
-    pp_mb = np.where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
+    pp_mb = where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
     # On a CPU host whose cores the processes time-share (busy > 1), the pipeline's fill and drain
     # leave about half the stages idle: the working ones get their cores back and run those
     # micro-batches up to ``busy`` times faster (one thread each, so never faster than alone).
@@ -501,8 +502,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # and every GPU, keeps m and the whole bubble.
     ramp = np.maximum(1.0, np.asarray(busy) / 2) / busy
     share = 1 / v  # of (p - 1) micro-batches' time: 1F1B, interleaved, GPipe
-    if np.any(v_shape):
-        share = np.where(v_shape, dualpipe_bubble_ratio(lt.forward, lt.backward + lt.recompute, lt.weight_grad), share)
+    if any_(v_shape):
+        share = where(v_shape, dualpipe_bubble_ratio(lt.forward, lt.backward + lt.recompute, lt.weight_grad), share)
     bubble = (p - 1) * share * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
     runs = np.maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
 
@@ -526,15 +527,15 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     mixed = job.precision in ("fp16", "bf16", "fp8")
     optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed and not param_master(job, sw) else 0)
     zg = c.zero_group(hw.network.gpus_per_node)
-    held = trained * ((1 - expert_share) / np.where(c.zero_stage >= 1, zg, 1)
-                      + expert_share / np.where(c.zero_stage >= 1, zg / c.ep, 1))
+    held = trained * ((1 - expert_share) / where(c.zero_stage >= 1, zg, 1)
+                      + expert_share / where(c.zero_stage >= 1, zg / c.ep, 1))
     optimizer = held * optim_bytes_per_param / hbm * slow
     optimizer = optimizer + optimizer_host_time(model, hw, c, sw, links, first, fullest, last, busy)
-    if np.any(c.offload >= 1):
-        offload = offload_times(hw, job, c, held, shard / np.where(c.zero_stage >= 3, zg, 1),
+    if any_(c.offload >= 1):
+        offload = offload_times(hw, job, c, held, shard / where(c.zero_stage >= 3, zg, 1),
                                 optim_bytes_per_param, layers_pace * lt.forward * slow,
                                 layers_pace * lt.backward * slow)
-        optimizer = np.where(c.offload >= 1, offload.optimizer, optimizer)
+        optimizer = where(c.offload >= 1, offload.optimizer, optimizer)
         dp = dp + offload.params
 
     overhead_mb = layers_pace * overhead_layer
