@@ -406,7 +406,7 @@ class Candidates:
         """``value`` in every row: a column of this table's length (float64, or int64 for ``int``)."""
         return np.full(len(self), value, dtype=np.float64 if dtype is float else np.int64)
 
-    def one_row(self, i: int = 0) -> "Candidates":
+    def one_row(self, i: int = 0) -> Candidates:
         """Layout ``i`` alone, its columns numpy scalars: the formulas evaluate one layout so ~10x
         cheaper per operation, with the numbers its row of a table gets (planner.core.columns)."""
         return _OneRow(**{name: getattr(self, name)[i] for name in DIMS})
