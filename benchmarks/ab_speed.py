@@ -9,7 +9,8 @@ process, ``--pairs`` times. Each process prints the minimum over its repeats of:
 (Mixtral 8x22B on 4,096 H100s, 69,471 layouts), a free plan (33B on 128 A100s, what `planner
 estimate --params 33B --gpus 128` computes) and one pinned estimate (that plan's layout pinned). The
 last lines give, per figure, the median of each tree's minima and their ratio (REV / this tree:
-above 1, this tree is faster).
+above 1, this tree is faster), and the median of the ratios within each pair (the two run a few
+seconds apart: less moved by the machine's slow minutes, which can fall on either tree's runs).
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def main() -> int:
     for key in runs["this tree"][0]:
         old = statistics.median(r[key] for r in runs[label])
         new = statistics.median(r[key] for r in runs["this tree"])
-        print(f"{key}: {label} {old:.2f}, this tree {new:.2f}; ratio {old / new:.2f}")
+        pairs = statistics.median(a[key] / b[key] for a, b in zip(runs[label], runs["this tree"]))
+        print(f"{key}: {label} {old:.2f}, this tree {new:.2f}; ratio {old / new:.2f} (median of the pairs' "
+              f"ratios {pairs:.2f})")
     return 0
 
 

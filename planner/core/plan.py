@@ -97,7 +97,7 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
           pins: Pins, top: int, ops: Operations) -> Plan:
     """The plan from the layouts with these pins (``result``, in rank order); ``table`` (the
     widened one) is needed only when the best does not fit, for the nearest fitting layouts."""
-    rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
+    rows = [0, *_runner_rows(result, pins, top)] if result.feasible and result.evaluated > 1 else [0]
     ev = result.ranked(rows)  # only these rows: the rest of the table is never put in rank order
     best = estimate_at(ev, 0, model, hw, job, ops)
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))

@@ -303,12 +303,11 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         rules += ((("sharding",), lambda c: _not_redundant_hybrid(c, gpus_per_node)),)
     if len(gb) == 1 and all(len(v) == 1 for v in codes.values()):  # one layout (every field pinned)
         c = Candidates(**mesh_cols, **codes, global_batch=gb[0])  # the columns the product would give
-        keep = batch_ok[0].copy()  # the batch rule, read from its table
-        for _, rule in (r for r in rules if r is not batch_rule):
-            keep &= rule(c)
-        if keep.all():
+        one = c.one_row()  # the rules read its values as scalars
+        # The batch rule read from its table, then the others.
+        if bool(batch_ok[0][0]) and all(bool(rule(one)) for _, rule in rules if rule is not batch_rule[1]):
             return c, ""
-        return c.take(np.flatnonzero(keep)), _NO_SPLIT.format(job.global_batch, pins.pinned())
+        return c.take(np.zeros(0, dtype=np.int64)), _NO_SPLIT.format(job.global_batch, pins.pinned())
     # The product grows a dimension at a time. A rule applies as soon as the columns it reads exist:
     # before the product grows when it reads only the mesh and dimensions of one value (constant
     # columns from the start), else when the last dimension it reads of several values is added
