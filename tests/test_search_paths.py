@@ -10,7 +10,8 @@
 - the step times a search leaves for later (layouts that do not fit), whenever computed, equal one
   ``evaluate`` pass over the whole table;
 - one layout evaluated alone (its columns numpy scalars: a pinned estimate) equals its row of the
-  table, every part to the bit.
+  table, every part to the bit;
+- an estimate read from its row alone (``Evaluation.row``) has the whole table's figures at that row.
 """
 
 from __future__ import annotations
@@ -298,3 +299,24 @@ def test_one_layout_evaluated_alone_is_its_row_of_the_table(name, gpu, gpus, job
         for k, column in whole.items():
             assert alone[k].shape == (1,) and alone[k].dtype == column.dtype, (k, alone[k])
             assert np.array_equal(alone[k], column[i:i + 1], equal_nan=True), (i, c.layout(i), k, alone[k], column[i])
+
+
+def test_an_estimate_read_from_its_row_is_the_tables_figures_at_that_row():
+    """``estimate_at`` reads a layout's derived figures from its row alone (``Evaluation.row``), so
+    that listing every layout of a table (`planner search --all`) stays linear in its size: each
+    figure equals the whole table's property at that row."""
+    from planner.core.results import estimate_at
+
+    model, hw, job = get_preset("mixtral-8x7b"), get_profile("h100-80g"), Job()
+    ev = S.search(model, hw, job, 64).evaluation
+    assert len(ev.candidates) > 1000
+    for i in (0, 1, len(ev.candidates) // 2, len(ev.candidates) - 1):
+        e = estimate_at(ev, i, model, hw, job)
+        assert e.layout == ev.candidates.layout(i)
+        assert (e.fits, e.memory.total_bytes, e.time.step_s) == (ev.fits[i], ev.memory.total[i], ev.time.step[i])
+        assert (e.mfu, e.hfu, e.tokens_per_s) == (ev.mfu[i], ev.hfu[i], ev.tokens_per_s[i])
+        assert (e.bubble_fraction, e.comm_fraction) == (ev.bubble_fraction[i], ev.comm_fraction[i])
+        assert (e.train.seconds, e.train.gpu_hours, e.train.cost_usd) == (ev.train_seconds[i], ev.gpu_hours[i],
+                                                                          ev.cost_usd[i])
+        stages = {int(m.stage[i]): float(m.total[i]) for m in ev.stage_memory}
+        assert [(s.stage, s.total_bytes) for s in e.stage_memory] == sorted(stages.items())

@@ -98,6 +98,20 @@ class Evaluation:
     def cost_usd(self) -> np.ndarray:
         return self.gpu_hours * self.price_usd_per_gpu_hour
 
+    def row(self, i: int) -> Evaluation:
+        """Layout ``i`` alone (every column cut to its one row): the derived figures above are
+        computed for the whole table on each read, so reading a layout's from its row keeps
+        listing every layout of a table linear in its size."""
+        if len(self.candidates) == 1:
+            return self
+        s = slice(i, i + 1)
+        cut = lambda part: type(part)(*(getattr(part, f)[s] for f in part.__slots__))  # noqa: E731
+        return dataclasses.replace(self, candidates=self.candidates.take(s), memory=cut(self.memory),
+                                   time=cut(self.time), tokens_per_step=self.tokens_per_step[s],
+                                   model_flops_per_step=self.model_flops_per_step[s],
+                                   hardware_flops_per_step=self.hardware_flops_per_step[s],
+                                   stage_memory=tuple(cut(m) for m in self.stage_memory))
+
 
 def _host_bytes_per_host(mem: Memory, c: Candidates, gpus_per_host: int) -> np.ndarray:
     return mem.host * np.minimum(c.gpus, gpus_per_host)

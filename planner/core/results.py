@@ -191,6 +191,7 @@ def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: Hardw
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
                 ops: Operations = Operations()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate."""
+    ev, i = ev.row(i), 0  # its figures read from its row alone, whatever the table's size
     c, mem, t = ev.candidates, ev.memory, ev.time
     layout = c.layout(i)
     f = lambda x: float(x[i])  # noqa: E731
