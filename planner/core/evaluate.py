@@ -105,7 +105,7 @@ class Evaluation:
         if len(self.candidates) == 1:
             return self
         s = slice(i, i + 1)
-        cut = lambda part: type(part)(*(getattr(part, f)[s] for f in part.__slots__))  # noqa: E731
+        cut = lambda part: type(part)(*(getattr(part, f)[s] for f in part.__slots__))
         return dataclasses.replace(self, candidates=self.candidates.take(s), memory=cut(self.memory),
                                    time=cut(self.time), tokens_per_step=self.tokens_per_step[s],
                                    model_flops_per_step=self.model_flops_per_step[s],
