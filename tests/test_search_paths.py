@@ -11,7 +11,7 @@
   ``evaluate`` pass over the whole table;
 - one layout evaluated alone (its columns numpy scalars: a pinned estimate) equals its row of the
   table, every part to the bit;
-- an estimate read from its row alone (``Evaluation.row``) has the whole table's figures at that row.
+- an estimate read from its row alone (``take``) has the whole table's figures at that row.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def test_one_layout_evaluated_alone_is_its_row_of_the_table(name, gpu, gpus, job
 
 
 def test_an_estimate_read_from_its_row_is_the_tables_figures_at_that_row():
-    """``estimate_at`` reads a layout's derived figures from its row alone (``Evaluation.row``), so
+    """``estimate_at`` reads a layout's derived figures from its row alone (``take``), so
     that listing every layout of a table (`planner search --all`) stays linear in its size: each
     figure equals the whole table's property at that row."""
     from planner.core.results import estimate_at

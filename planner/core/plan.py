@@ -97,7 +97,7 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
           pins: Pins, top: int, ops: Operations) -> Plan:
     """The plan from the layouts with these pins (``result``, in rank order); ``table`` (the
     widened one) is needed only when the best does not fit, for the nearest fitting layouts."""
-    rows = [0, *_runner_rows(result, pins, top)] if result.feasible and result.evaluated > 1 else [0]
+    rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
     ev = result.ranked(rows)  # only these rows: the rest of the table is never put in rank order
     best = estimate_at(ev, 0, model, hw, job, ops)
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
@@ -110,6 +110,8 @@ def _runner_rows(result: SearchResult, pins: Pins, top: int) -> list[int]:
     """The rank positions of the next ``top`` fitting layouts after the best, leaving out ZeRO
     stages above 0 with nothing to shard over (one data-parallel rank: the same layout as ZeRO-0,
     listed again) unless pinned."""
+    if result.evaluated == 1:  # one layout (every field pinned): none after it
+        return []
     c = result.candidates
     useless = (c.zero_stage > 0) & (c.dp * c.cp == 1) if pins.pinned().get("zero_stage") is None else False
     rows = np.flatnonzero(result.in_rank_order(result.fits & ~useless))

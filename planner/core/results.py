@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.core.checks import warnings_for
-from planner.core.evaluate import Evaluation
+from planner.core.evaluate import Evaluation, take
 from planner.core.finetune import trainable_params
 from planner.core.layout import Job, Layout
 from planner.core.memory import allocated_bytes, outside_allocator
@@ -191,7 +193,8 @@ def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: Hardw
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
                 ops: Operations = Operations()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate."""
-    ev, i = ev.row(i), 0  # its figures read from its row alone, whatever the table's size
+    if len(ev.candidates) > 1:  # the derived figures are computed for the whole table on each read:
+        ev, i = take(ev, np.array([i])), 0  # read from the row alone, listing a table stays linear
     c, mem, t = ev.candidates, ev.memory, ev.time
     layout = c.layout(i)
     f = lambda x: float(x[i])  # noqa: E731
@@ -199,8 +202,8 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                          optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
                          other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
                          fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]), host_bytes=f(mem.host),
-                         torch_reserved_bytes=f(mem.total) - float(outside_allocator(hw, c.one_row(i))),
-                         torch_allocated_bytes=float(allocated_bytes(mem.row(i))[0]))
+                         torch_reserved_bytes=f(mem.total) - f(outside_allocator(hw, c)),
+                         torch_allocated_bytes=f(allocated_bytes(mem)))
     time = TimeParts(step_s=f(t.step), **{f"{name}_s": f(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = f(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),
