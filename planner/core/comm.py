@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.columns import where
+from planner.core.columns import as_array, as_float, maximum, minimum, ones_like, where
 from planner.hardware import HardwareProfile
 
 
@@ -39,14 +39,14 @@ class Links:
 
 def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: float) -> np.ndarray:
     """``passes`` = 2 for all-reduce, 1 for reduce-scatter or all-gather; zero when n == 1."""
-    n = np.asarray(n, dtype=float)
+    n = as_float(n)
     steps = passes * (n - 1)
-    return where(n > 1, steps / np.maximum(n, 1) * bytes_ / bw + steps * lat, 0.0)
+    return where(n > 1, steps / maximum(n, 1) * bytes_ / bw + steps * lat, 0.0)
 
 
 def in_node(links: Links, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
     """Ranks of a group of ``size`` ranks ``stride`` apart that share one node (ranks fill nodes in order)."""
-    return np.minimum(size, np.maximum(links.gpus_per_node // np.maximum(stride, 1), 1))
+    return minimum(size, maximum(links.gpus_per_node // maximum(stride, 1), 1))
 
 
 def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray,
@@ -57,9 +57,9 @@ def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride:
     reduce-scatter inside the node, the n/k node-level shards cross the network in parallel
     (one NIC share per GPU), and the result is gathered inside the node again.
     """
-    size = np.asarray(size)
+    size = as_array(size)
     k = in_node(links, size, stride)
-    nodes = np.maximum(size // k, 1)
+    nodes = maximum(size // k, 1)
     inside = _ring(bytes_, k, links.intra_bw, links.intra_lat, passes)
     across = _ring(bytes_ / k, nodes, links.inter_bw, links.inter_lat, passes)
     return inside + across
@@ -71,9 +71,9 @@ def group_coefficients(links: Links, size: np.ndarray, stride: np.ndarray) -> tu
     timing several collectives over the same group (the data-parallel reduction, gathers, the
     last bucket) computes the group's shape once. (k - 1)/k and (nodes - 1)/nodes vanish for a
     group of one, as ``_ring``'s zero does."""
-    size = np.asarray(size, dtype=float)
+    size = as_float(size)
     k = in_node(links, size, stride)
-    nodes = np.maximum(np.floor(size / k), 1)
+    nodes = maximum(np.floor(size / k), 1)
     per_byte = (k - 1) / k / links.intra_bw + (nodes - 1) / nodes / k / links.inter_bw
     return per_byte, (k - 1) * links.intra_lat + (nodes - 1) * links.inter_lat
 
@@ -83,16 +83,16 @@ def small_all_reduce(links: Links, size: np.ndarray, stride: np.ndarray) -> np.n
     latency only, up and down a tree, log2 of the ranks in a node and of the nodes (NCCL's trees
     for small messages, Sanders et al. 2009 double binary trees; NCCL 2.4 release notes). A ring's
     2(n-1) latencies would charge 16,384 GPUs ~40 ms for 16 bytes."""
-    size = np.asarray(size, dtype=float)
+    size = as_float(size)
     k = in_node(links, size, stride)
-    nodes = np.maximum(size / k, 1)
+    nodes = maximum(size / k, 1)
     return 2 * (np.ceil(np.log2(k)) * links.intra_lat + np.ceil(np.log2(nodes)) * links.inter_lat)
 
 
 def tp_collective(links: Links, bytes_: np.ndarray, tp: np.ndarray, passes: float = 2.0) -> np.ndarray:
     """A tensor-parallel all-reduce (or its reduce-scatter + all-gather pair under sequence
     parallel: the same bytes) over contiguous ranks."""
-    return group_collective(links, bytes_, tp, np.ones_like(tp), passes)
+    return group_collective(links, bytes_, tp, ones_like(tp), passes)
 
 
 def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:
@@ -116,8 +116,8 @@ def flat_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: 
     every step crosses the network at each GPU's NIC share (no intra-node stage first). DeepSpeed's
     ZeRO-3 collectives ran this way in 2021 (Narayanan et al. 2021, Table 2: step time constant as
     the GPU count doubled at a fixed batch, i.e. each GPU moving the whole model at its NIC rate)."""
-    size = np.asarray(size)
-    spans = size * np.maximum(stride, 1) > links.gpus_per_node
+    size = as_array(size)
+    spans = size * maximum(stride, 1) > links.gpus_per_node
     across = _ring(bytes_, size, links.inter_bw, links.inter_lat, passes)
     inside = _ring(bytes_, size, links.intra_bw, links.intra_lat, passes)
     return where(spans, across, inside)
@@ -129,9 +129,9 @@ def all_to_all(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.nd
     and sends 1/n to each other rank, all at once. The k - 1 peers inside the node take theirs
     over NVLink, the n - k outside over the GPU's NIC share, concurrently: the slower tier sets
     the time, plus one latency per tier used (NCCL issues the n - 1 sends together)."""
-    size = np.asarray(size, dtype=float)
+    size = as_float(size)
     k = in_node(links, size, stride)
-    n = np.maximum(size, 1.0)
+    n = maximum(size, 1.0)
     inside = bytes_ * (k - 1) / n / links.intra_bw + where(k > 1, links.intra_lat, 0.0)
     across = bytes_ * (size - k) / n / links.inter_bw + where(size > k, links.inter_lat, 0.0)
-    return where(size > 1, np.maximum(inside, across), 0.0)
+    return where(size > 1, maximum(inside, across), 0.0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.columns import minimum
 from planner.core.flops import model_flops_per_token, recompute_flops_per_token
 from planner.core.layout import Candidates, Job
 from planner.core.memory import Memory, hardware_read, memory
@@ -116,6 +117,18 @@ def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
                                model_flops_per_step=taken[k + 1], hardware_flops_per_step=taken[k + 2])
 
 
+def row_of(ev: Evaluation, i: int) -> Evaluation:
+    """Row ``i`` of the evaluation alone, every column a numpy scalar (its candidates
+    ``Candidates.one_row``): the derived figures (MFU, days, cost) read from it are the table's at
+    that row (the same float64 operations), at a scalar's cost rather than a column's."""
+    parts = [type(part)(*(getattr(part, f)[i] for f in part.__slots__)) for part in (ev.memory, ev.time,
+                                                                                     *ev.stage_memory)]
+    return dataclasses.replace(ev, candidates=ev.candidates.one_row(i), memory=parts[0], time=parts[1],
+                               stage_memory=tuple(parts[2:]), tokens_per_step=ev.tokens_per_step[i],
+                               model_flops_per_step=ev.model_flops_per_step[i],
+                               hardware_flops_per_step=ev.hardware_flops_per_step[i])
+
+
 def _take_columns(columns: list[np.ndarray], index: np.ndarray) -> list[np.ndarray]:
     """Each column at ``index``. The columns of one dtype (float64, int64) and of the table's length
     are stacked and taken in one pass: the same values as one gather per column, in a third less
@@ -136,7 +149,7 @@ def _take_columns(columns: list[np.ndarray], index: np.ndarray) -> list[np.ndarr
 
 
 def _host_bytes_per_host(mem: Memory, c: Candidates, gpus_per_host: int) -> np.ndarray:
-    return mem.host * np.minimum(c.gpus, gpus_per_host)
+    return mem.host * minimum(c.gpus, gpus_per_host)
 
 
 def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpus_per_host: int) -> np.ndarray:
@@ -188,7 +201,7 @@ def _as_rows(value):
 
 def _one(x) -> np.ndarray:
     """A scalar (or a one-element array) as a column of one row, of its dtype."""
-    return x.reshape(1) if type(x) is np.ndarray else np.array([x])
+    return x.reshape(1) if isinstance(x, (np.ndarray, np.generic)) else np.array([x])
 
 
 def _join(parts: list):

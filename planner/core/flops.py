@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.core.columns import where
+from planner.core.columns import minimum, where
 from planner.core.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Gemm:
 
     @property
     def min_dim(self) -> np.ndarray:
-        return np.minimum(np.minimum(self.m, self.n), self.k)
+        return minimum(minimum(self.m, self.n), self.k)
 
 
 def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> list[Gemm]:

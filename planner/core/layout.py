@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.columns import where
+from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
 from planner.errors import require
 from planner.hardware import PRECISIONS
@@ -399,7 +399,7 @@ class Candidates:
     def zero_group(self, gpus_per_node: int) -> np.ndarray:
         """Ranks ZeRO shards over: the shard group, or under hybrid sharding its ranks inside one
         node (tp apart: gpus_per_node // tp of them, at most the group)."""
-        in_node = np.minimum(self.shard_group, np.maximum(1, gpus_per_node // self.tp))
+        in_node = minimum(self.shard_group, maximum(1, gpus_per_node // self.tp))
         return where(self.sharding == SHARDING.index("hybrid"), in_node, self.shard_group)
 
     def full(self, value: float, dtype: type = float) -> np.ndarray:
@@ -409,7 +409,10 @@ class Candidates:
     def one_row(self, i: int = 0) -> Candidates:
         """Layout ``i`` alone, its columns numpy scalars: the formulas evaluate one layout so ~10x
         cheaper per operation, with the numbers its row of a table gets (planner.core.columns)."""
-        return _OneRow(**{name: getattr(self, name)[i] for name in DIMS})
+        row = object.__new__(_OneRow)  # its columns are this table's: no names to check
+        for name in DIMS:
+            object.__setattr__(row, name, getattr(self, name)[i])
+        return row
 
     def take(self, index: np.ndarray) -> "Candidates":
         return Candidates(**{name: column[index] for name, column in self.columns().items()})
@@ -446,4 +449,4 @@ def default_global_batch(model: ModelSpec, dp_mb: np.ndarray | int,
                          target_tokens: int = TARGET_BATCH_TOKENS) -> np.ndarray:
     """About ``target_tokens`` per step, rounded to a multiple of dp*micro_batch (at least one)."""
     per_seq = target_tokens / model.seq_len
-    return np.maximum(1, np.rint(per_seq / dp_mb)).astype(np.int64) * dp_mb
+    return maximum(1, np.rint(per_seq / dp_mb)).astype(np.int64) * dp_mb

@@ -14,7 +14,7 @@ from dataclasses import dataclass, make_dataclass
 
 import numpy as np
 
-from planner.core.columns import any_, where
+from planner.core.columns import any_, maximum, minimum, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.layout import DUALPIPEV, Candidates, Job
 from planner.core.model import ModelSpec
@@ -104,10 +104,14 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
     rc = c.recompute if recompute is None else recompute
     # The dense and the MoE layer in one pass: row 0 at the dense MLP's width, row 1 at the routed
     # width (element by element the same arithmetic as two calls; integer widths are exact in float64).
-    width = np.stack([c.full(model.ffn_hidden), moe.moe_mlp_width(model, job, c)])
-    if np.ndim(rc) > np.ndim(c.dp):  # several recompute columns (rows of rc): each width against each
-        width = width[:, None]
-    dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
+    if type(rc) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
+        dense, routed = (activation_bytes_per_layer(model, c, job, recompute, sw, ffn=np.float64(w))
+                         for w in (model.ffn_hidden, moe.moe_mlp_width(model, job, c)))
+    else:
+        width = np.stack([c.full(model.ffn_hidden), moe.moe_mlp_width(model, job, c)])
+        if np.ndim(rc) > np.ndim(c.dp):  # several recompute columns (rows of rc): each width against each
+            width = width[:, None]
+        dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
     tokens = c.micro_batch * model.seq_len / c.cp
     extra = where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
     return ((model.layers - model.moe_layers) * dense + model.moe_layers * (routed + extra)) / model.layers
@@ -240,72 +244,86 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
     gather_blocks = where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
+
+    def stage(index, layers) -> Memory:
+        """The memory of the stages ``index`` holding ``layers`` layers: rows (stages, layouts) of
+        a table, or one layout's stage as scalars."""
+        is_first, is_last = index == 0, index == pp - 1
+        if any_(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
+            is_last = where(c.schedule == DUALPIPEV, is_first, is_last)
+        params = stage_params(model, pp, layers, is_first, is_last)
+        # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
+        # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
+        experts = layers * n.layer_expert_params / (tp * c.ep)
+        shard = (params - layers * n.layer_expert_params) / tp + experts
+        ratio = where(shard > 0, experts / where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
+
+        def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
+            return bytes_ * ((1 - ratio) / divisors[stage][0] + ratio / divisors[stage][1])
+
+        # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
+        # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
+        trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
+        if job.lora:
+            weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / where(c.zero_stage >= 3, dp, 1)
+            grads = trained * gb / where(c.zero_stage >= 2, dp, 1)
+            optim = trained * ob / where(c.zero_stage >= 1, dp, 1)
+        else:
+            weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
+            grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
+            if param_master(job, sw):
+                # The fp32 parameters are the master (FSDP2, DDP under autocast): no 16-bit copy of
+                # them is kept (ZeRO 0 and 3); ZeRO 1-2 keep the gathered 16-bit weights from the
+                # forward to the backward beside their fp32 shard. Their gradients are fp32 (the
+                # parameters' dtype, fp16 jobs too); the optimizer holds AdamW's 8 bytes.
+                master, grad_b, optim_b = state_bytes(job, sw)
+                mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
+                own = (weights * mid + sharded(shard * master, 1),
+                       grads * (grad_b / gb), optim * (optim_b / ob))  # sharded alike: scaled
+                if offloads:  # offloaded layouts keep the separate count
+                    kept = c.offload == 0
+                    own = tuple(where(kept, new, old) for new, old in zip(own, (weights, grads, optim)))
+                weights, grads, optim = own
+        # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
+        # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
+        # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
+        # leave only the gathered layers (``gather`` below) on the GPU.
+        if offloads:
+            host = where(offload_opt, optim + grads, 0.0) + where(offload_par, weights, 0.0)
+            grads = where(offload_opt, grads * e / gb, grads)
+            optim = where(offload_opt, 0.0, optim)
+            weights = where(offload_par, 0.0, weights)
+        else:  # nothing offloaded: the same values as the lines above give
+            host = c.full(0.0)
+        flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
+        acts = layers * act_layer * flight + working
+        acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
+        acts = acts + where(is_last, last_extra, 0.0)
+        # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
+        # keeps the stage's weights gathered and its gradients unsharded (fp32).
+        gather = gather_blocks
+        if not sw.stack.reshard_in_pipeline:
+            gather = where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
+        other = outside + gather + eff.fragmentation * (acts + grads + gather)
+        if type(index) is np.ndarray:  # rows of stages: what is the same on every stage, on each
+            host, gather = host * np.ones_like(weights), gather + np.zeros_like(weights)
+        return Memory.of(weights, grads, optim, acts, other, index, host, gather)
+
+    if type(pp) is not np.ndarray:  # one layout (Candidates.one_row): each stage as scalars
+        stages = [stage(np.int64(0), first)]
+        if pp > 1:
+            stages += [stage(minimum(np.int64(1), pp - 1), fullest), stage(pp - 1, last)]
+        stages += [stages[0]] * (3 - len(stages))
+        # The peak: the first stage that holds the most, as np.argmax picks it below.
+        return stages[max(range(3), key=lambda k: stages[k].total)], tuple(stages)
     # The three stages as rows of one (3, layouts) table (one row when no layout pipelines: the
-    # stages are then one and the same), so each formula below runs once for all of them.
+    # stages are then one and the same), so each formula runs once for all of them.
     if any_(pp > 1):
-        index = np.stack([np.zeros_like(pp), np.minimum(1, pp - 1), pp - 1])
+        index = np.stack([np.zeros_like(pp), minimum(1, pp - 1), pp - 1])
         layers = np.stack([first, fullest, last])
     else:
         index, layers = np.zeros_like(pp)[None], first[None]
-    is_first, is_last = index == 0, index == pp - 1
-    if any_(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
-        is_last = where(c.schedule == DUALPIPEV, is_first, is_last)
-    params = stage_params(model, pp, layers, is_first, is_last)
-    # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
-    # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
-    experts = layers * n.layer_expert_params / (tp * c.ep)
-    shard = (params - layers * n.layer_expert_params) / tp + experts
-    ratio = where(shard > 0, experts / where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
-
-    def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
-        return bytes_ * ((1 - ratio) / divisors[stage][0] + ratio / divisors[stage][1])
-
-    # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
-    # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
-    trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
-    if job.lora:
-        weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / where(c.zero_stage >= 3, dp, 1)
-        grads = trained * gb / where(c.zero_stage >= 2, dp, 1)
-        optim = trained * ob / where(c.zero_stage >= 1, dp, 1)
-    else:
-        weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
-        grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
-        if param_master(job, sw):
-            # The fp32 parameters are the master (FSDP2, DDP under autocast): no 16-bit copy of
-            # them is kept (ZeRO 0 and 3); ZeRO 1-2 keep the gathered 16-bit weights from the
-            # forward to the backward beside their fp32 shard. Their gradients are fp32 (the
-            # parameters' dtype, fp16 jobs too); the optimizer holds AdamW's 8 bytes.
-            master, grad_b, optim_b = state_bytes(job, sw)
-            mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
-            own = (weights * mid + sharded(shard * master, 1),
-                   grads * (grad_b / gb), optim * (optim_b / ob))  # sharded alike: scaled
-            if offloads:  # offloaded layouts keep the separate count
-                kept = c.offload == 0
-                own = tuple(where(kept, new, old) for new, old in zip(own, (weights, grads, optim)))
-            weights, grads, optim = own
-    # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
-    # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
-    # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
-    # leave only the gathered layers (``gather`` below) on the GPU.
-    if offloads:
-        host = where(offload_opt, optim + grads, 0.0) + where(offload_par, weights, 0.0)
-        grads = where(offload_opt, grads * e / gb, grads)
-        optim = where(offload_opt, 0.0, optim)
-        weights = where(offload_par, 0.0, weights)
-    else:  # nothing offloaded: the same values as the lines above give
-        host = c.full(0.0)
-    flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
-    acts = layers * act_layer * flight + working
-    acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
-    acts = acts + where(is_last, last_extra, 0.0)
-    # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
-    # keeps the stage's weights gathered and its gradients unsharded (fp32).
-    gather = gather_blocks
-    if not sw.stack.reshard_in_pipeline:
-        gather = where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
-    other = outside + gather + eff.fragmentation * (acts + grads + gather)
-    table = Memory.of(weights, grads, optim, acts, other, index, host * np.ones_like(weights),
-                      gather + np.zeros_like(weights))
+    table = stage(index, layers)
     columns = [getattr(table, f) for f in Memory.__slots__]  # each (stages, layouts): every part reads ``layers``
     assert all(col.shape == index.shape for col in columns), "memory: a part is not one value per stage and layout"
     stages = [Memory(*(col[k] for col in columns)) for k in range(len(index))]
@@ -325,7 +343,10 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     recompute less those kept: computed beside them, recompute as two rows) and its MLP's
     gradients (``backward_working``). Measured in eager torch: benchmarks/activation_memory.py."""
     recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
-    if any_(recomputed):
+    if type(recomputed) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
+        act_layer = layer_activation_bytes(model, c, job, sw=sw)
+        no_rc = layer_activation_bytes(model, c, job, np.int64(0), sw=sw) if recomputed else 0.0
+    elif any_(recomputed):
         act_layer, no_rc = layer_activation_bytes(model, c, job, np.stack([c.recompute, np.zeros_like(c.recompute)]),
                                                   sw=sw)
     else:
@@ -348,7 +369,7 @@ def backward_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) ->
     if model.moe:
         from planner.core import moe
 
-        width = np.maximum(width, moe.moe_mlp_width(model, job, c))
+        width = maximum(width, moe.moe_mlp_width(model, job, c))
     inner = 2.0 if model.gated_mlp else 1.0
     arriving = where(c.sequence_parallel, model.hidden / c.tp, model.hidden)
     return e * (arriving + inner * width / c.tp) * c.micro_batch * model.seq_len / c.cp

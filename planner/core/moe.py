@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from planner.core import comm
-from planner.core.columns import where
+from planner.core.columns import as_float, maximum, minimum, where
 from planner.core.flops import Gemm
 from planner.core.layout import Candidates, Job
 from planner.core.model import ModelSpec
@@ -67,7 +67,7 @@ def moe_gemms(model: ModelSpec, job: Job, c: Candidates) -> list[Gemm]:
     per_expert = tokens * routed_per_token(model) * c.ep / model.experts * imbalance(job, c)
     local = model.experts / c.ep
     router = model.experts + model.shared_expert_gate  # Qwen's shared-expert gate: one more output
-    out = [Gemm(tokens, np.full_like(c.tp, router, dtype=float), h),  # router (replicated)
+    out = [Gemm(tokens, c.full(router), h),  # router (replicated)
            Gemm(per_expert, inner * ef / c.tp, h, local),  # experts in (gate and up when gated)
            Gemm(per_expert, h, ef / c.tp, local)]  # experts out
     if model.shared_experts:
@@ -94,7 +94,7 @@ def remote_nodes_per_token(model: ModelSpec, nodes: np.ndarray) -> np.ndarray:
     C(E_R - x, k) / C(E_R, k); x is a node's experts when its group was picked (a group spanning
     whole nodes), or j groups' experts with j hypergeometric (a node holding several groups). The
     token's own node is touched like any other, so (N - 1) x P(touched) of the others are."""
-    n_all = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    n_all = maximum(np.asarray(nodes, dtype=float), 1.0)
     out = np.zeros(n_all.shape)
     e, g, pick, k = model.experts, model.expert_groups, model.groups_per_token, model.top_k
     reach = pick * e // g
@@ -137,13 +137,13 @@ def all_to_all_time(model: ModelSpec, job: Job, c: Candidates, links: comm.Links
     bytes_ = per_copy * routed_per_token(model)
     if not dedup:
         return comm.all_to_all(links, bytes_, c.ep, c.tp)
-    size = np.asarray(c.ep, dtype=float)
+    size = as_float(c.ep)
     k = comm.in_node(links, size, c.tp)
     inside = bytes_ * (k - 1) / k / links.intra_bw + where(k > 1, links.intra_lat, 0.0)
     padded = model.capacity_factor if model.capacity_factor > 0 else 1.0  # buffers padded to capacity
     across = (per_copy * padded * remote_nodes_per_token(model, size / k) / links.inter_bw
               + where(size > k, links.inter_lat, 0.0))
-    return where(size > 1, np.maximum(inside, across), 0.0)
+    return where(size > 1, maximum(inside, across), 0.0)
 
 
 def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, elem_bytes: float,
@@ -171,7 +171,7 @@ def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Li
     forwards = 1 + recompute_full
     total = forwards * (dispatch + combine + counts) + dispatch + combine
     if overlap > 0:
-        hidden = np.minimum(total, overlap * np.asarray(compute, dtype=float))
+        hidden = minimum(total, overlap * as_float(compute))
         total = total - hidden + hidden * sms / (1.0 - sms)
     return where(c.ep > 1, total, 0.0)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.core.columns import any_, where
+from planner.core.columns import any_, maximum, minimum, where
 from planner.core.layout import DUALPIPEV, GPIPE
 from planner.errors import require
 
@@ -82,15 +82,15 @@ def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0
     fullest = base + (extra > 0)
     last = where(pp == 1, layers, base + (extra >= pp - 1) * (extra > 0))
     if head_layers > 0:
-        ppf = np.maximum(pp, 1).astype(float)
+        ppf = maximum(pp, 1).astype(float)
         balanced_last = np.clip(np.rint((layers + head_layers) / ppf - head_layers), 1,
-                                np.maximum(layers - (pp - 1), 1))
+                                maximum(layers - (pp - 1), 1))
         rest = layers - balanced_last
-        even = -(-rest // np.maximum(pp - 1, 1))  # ceil: the fullest of the other stages
+        even = -(-rest // maximum(pp - 1, 1))  # ceil: the fullest of the other stages
         use = pp > 1
         last = where(use, balanced_last, last).astype(np.int64)
-        fullest = where(use, np.maximum(even, last), fullest).astype(np.int64)
-        first = where(use, rest // np.maximum(pp - 1, 1), first).astype(np.int64)
+        fullest = where(use, maximum(even, last), fullest).astype(np.int64)
+        first = where(use, rest // maximum(pp - 1, 1), first).astype(np.int64)
     return first, fullest, last
 
 
@@ -136,7 +136,7 @@ def in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, schedule: np.ndarr
     one_f_one_b = (pp - stage) + where(vpp > 1, (pp - 1) / vpp, 0.0)  # 1 without a pipeline
     piped = pp > 1  # without one, accumulation holds one micro-batch whatever the schedule's name
     held = where(piped & (schedule == GPIPE), m, where(piped & (schedule == DUALPIPEV), pp + 0.5, one_f_one_b))
-    return np.minimum(held, m)
+    return minimum(held, m)
 
 
 def dualpipe_bubble_ratio(forward: np.ndarray, backward: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -146,5 +146,5 @@ def dualpipe_bubble_ratio(forward: np.ndarray, backward: np.ndarray, weight: np.
     (its weight gradients) are half a rank's; F&B, a forward and a backward chunk run together,
     is F + B when nothing overlaps them (torch runs them one after the other). So the ratio is
     (F + 2B - 3W) / (2 (F + B)) in a rank's per-layer times: 1/3 when B = 2F and W = F."""
-    total = np.maximum(forward + backward, 1e-30)
+    total = maximum(forward + backward, 1e-30)
     return np.clip((forward + 2 * backward - 3 * weight) / (2 * total), 0.0, 1.0)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from planner.core.checks import warnings_for
-from planner.core.evaluate import Evaluation, take
+from planner.core.evaluate import Evaluation, row_of
 from planner.core.finetune import trainable_params
 from planner.core.layout import Job, Layout
 from planner.core.memory import allocated_bytes, outside_allocator
@@ -193,32 +191,32 @@ def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: Hardw
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
                 ops: Operations = Operations()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate."""
-    if len(ev.candidates) > 1:  # the derived figures are computed for the whole table on each read:
-        ev, i = take(ev, np.array([i])), 0  # read from the row alone, listing a table stays linear
+    layout = ev.candidates.layout(i)
+    # The derived figures are computed for the whole table on each read: read from the row alone,
+    # its columns scalars, listing a table stays linear and one estimate costs scalars' time.
+    ev = row_of(ev, i)
     c, mem, t = ev.candidates, ev.memory, ev.time
-    layout = c.layout(i)
-    f = lambda x: float(x[i])  # noqa: E731
-    memory = MemoryParts(weights_bytes=f(mem.weights), gradients_bytes=f(mem.gradients),
-                         optimizer_bytes=f(mem.optimizer), activations_bytes=f(mem.activations),
-                         other_bytes=f(mem.other), total_bytes=f(mem.total), capacity_bytes=ev.capacity_bytes,
-                         fits=bool(ev.fits[i]), peak_stage=int(mem.stage[i]), host_bytes=f(mem.host),
-                         torch_reserved_bytes=f(mem.total) - f(outside_allocator(hw, c)),
-                         torch_allocated_bytes=f(allocated_bytes(mem)))
-    time = TimeParts(step_s=f(t.step), **{f"{name}_s": f(getattr(t, name)) for name in STEPTIME_FIELDS})
-    seconds = f(ev.train_seconds)
-    train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=f(ev.gpu_hours),
-                        energy_kwh=f(ev.energy_kwh), cost_usd=f(ev.cost_usd),
+    memory = MemoryParts(weights_bytes=float(mem.weights), gradients_bytes=float(mem.gradients),
+                         optimizer_bytes=float(mem.optimizer), activations_bytes=float(mem.activations),
+                         other_bytes=float(mem.other), total_bytes=float(mem.total), capacity_bytes=ev.capacity_bytes,
+                         fits=bool(ev.fits), peak_stage=int(mem.stage), host_bytes=float(mem.host),
+                         torch_reserved_bytes=float(mem.total) - float(outside_allocator(hw, c)),
+                         torch_allocated_bytes=float(allocated_bytes(mem)))
+    time = TimeParts(step_s=float(t.step), **{f"{name}_s": float(getattr(t, name)) for name in STEPTIME_FIELDS})
+    seconds = float(ev.train_seconds)
+    train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(ev.gpu_hours),
+                        energy_kwh=float(ev.energy_kwh), cost_usd=float(ev.cost_usd),
                         price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue)
     stages = {}
     for sm in ev.stage_memory:  # first, fullest, last: the same stage may appear twice
-        k = int(sm.stage[i])
-        stages[k] = StageMemory(stage=k, weights_bytes=f(sm.weights), gradients_bytes=f(sm.gradients),
-                                optimizer_bytes=f(sm.optimizer), activations_bytes=f(sm.activations),
-                                other_bytes=f(sm.other), total_bytes=f(sm.total))
-    bubble, comm = f(ev.bubble_fraction), f(ev.comm_fraction)
+        k = int(sm.stage)
+        stages[k] = StageMemory(stage=k, weights_bytes=float(sm.weights), gradients_bytes=float(sm.gradients),
+                                optimizer_bytes=float(sm.optimizer), activations_bytes=float(sm.activations),
+                                other_bytes=float(sm.other), total_bytes=float(sm.total))
+    bubble, comm = float(ev.bubble_fraction), float(ev.comm_fraction)
     trainable = trainable_params(model, job)
     checkpoint, reliability, feed = plan_operations(model, job, layout, ev.gpus, time.step_s, seconds,
-                                                    f(ev.tokens_per_s), trainable, ops)
+                                                    float(ev.tokens_per_s), trainable, ops)
     warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=memory.total_bytes,
                             capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
                             grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
@@ -226,7 +224,7 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                             ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep,
                             gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw))
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
-                    bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=f(ev.tokens_per_s),
-                    model_tflops_per_gpu=f(ev.model_flops_per_gpu) / 1e12, mfu=f(ev.mfu), hfu=f(ev.hfu),
+                    bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=float(ev.tokens_per_s),
+                    model_tflops_per_gpu=float(ev.model_flops_per_gpu) / 1e12, mfu=float(ev.mfu), hfu=float(ev.hfu),
                     train=train, warnings=tuple(warnings), stage_memory=tuple(stages[k] for k in sorted(stages)),
                     trainable_params=trainable, checkpoint=checkpoint, reliability=reliability, data_feed=feed)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core import comm
-from planner.core.columns import any_, where
+from planner.core.columns import any_, as_float, maximum, minimum, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
@@ -75,7 +75,7 @@ def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float, fp8:
     compute = g.flops / (peak * gemm_efficiency(hw, g.min_dim, fp8))
     hbm = hw.gpu.hbm_bytes_per_s * hw.efficiency.memory
     traffic = elem_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / hbm
-    return np.maximum(compute, traffic)
+    return maximum(compute, traffic)
 
 
 def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem_bytes: float,
@@ -83,6 +83,11 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
     """``sum(gemm_time(g, ...) for g in gs)`` for ``rows`` layouts, the GEMMs as the rows of one
     array: one pass instead of one per GEMM, the same numbers (each element sees the same
     operations, in float64, where integer sizes are exact; the GEMMs are added in order)."""
+    if all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):  # one layout: scalars
+        total = 0  # each GEMM's dimensions in float64, as the rows below hold them
+        for g in gs:
+            total = total + gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8)
+        return total
     shape = (len(gs), rows)
     dims = [np.empty(shape) for _ in range(4)]
     for i, g in enumerate(gs):
@@ -161,7 +166,7 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     half_peak = reference_peak(hw, job.precision)
     if sw.attention == "standard":
         flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
-        fwd = flops / (half_peak * gemm_efficiency(hw, np.asarray(float(model.head_dim))))
+        fwd = flops / (half_peak * gemm_efficiency(hw, np.float64(model.head_dim)))
         return fwd, 2 * fwd
     kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
     fwd = attention_core_flops(model, c.micro_batch, c.tp, cp=c.cp) / (half_peak * kernel)
@@ -257,16 +262,16 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     kv = 2 * act * c.micro_batch * model.seq_len * width / c.tp
     gather = comm.group_collective(links, kv, c.cp, c.tp, 1.0)
     if st.cp_exchange == "gather":
-        fwd = np.maximum(0.0, gather - st.cp_overlap * attn_fwd)
-        bwd = np.maximum(0.0, (1 + grad_bytes / act) * gather - st.cp_overlap * attn_bwd)
+        fwd = maximum(0.0, gather - st.cp_overlap * attn_fwd)
+        bwd = maximum(0.0, (1 + grad_bytes / act) * gather - st.cp_overlap * attn_bwd)
     else:
-        grads = grad_bytes / act * kv / np.maximum(cp, 1)  # one rank's dK/dV
+        grads = grad_bytes / act * kv / maximum(cp, 1)  # one rank's dK/dV
         across = c.cp * c.tp > links.gpus_per_node  # the ring leaves the node somewhere: that hop sets the pace
         send = where(across, grads / links.inter_bw + links.inter_lat, grads / links.intra_bw + links.intra_lat)
         step_f, step_b = st.cp_overlap * attn_fwd / cp, st.cp_overlap * attn_bwd / cp
         elems = c.micro_batch * model.seq_len / cp * model.attn_out_width / c.tp  # the local attention output
-        fwd = np.maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
-        bwd = (np.maximum(0.0, gather - step_b) + (cp - 1) * np.maximum(0.0, send - step_b) + send
+        fwd = maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
+        bwd = (maximum(0.0, gather - step_b) + (cp - 1) * maximum(0.0, send - step_b) + send
                + (cp - 1) * st.cp_accumulate_bytes * elems / hbm)
     return where(c.cp > 1, fwd + bwd + where(c.recompute == 2, fwd, 0.0), 0.0)
 
@@ -283,11 +288,11 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
     if not hw.network.compute_slots:
         return 1.0, 1.0
     e = hw.efficiency
-    on_node = np.minimum(c.gpus, hw.network.gpus_per_node)
+    on_node = minimum(c.gpus, hw.network.gpus_per_node)
     share = on_node / hw.network.compute_slots  # processes per core
-    threads = 1.0 / np.minimum(share, 1.0)  # cores per process, when it has more than one
+    threads = 1.0 / minimum(share, 1.0)  # cores per process, when it has more than one
     slow = where(share >= 1, share, 1.0 / (1.0 + (threads - 1.0) * e.thread_scaling))
-    return slow, np.maximum(1.0, share)
+    return slow, maximum(1.0, share)
 
 
 def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
@@ -351,7 +356,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # The stack's ``dp_bucket_bytes`` (0: one bucket, reduced after the backward).
     bucket = sw.stack.dp_bucket_bytes
     whole = bucket <= 0 or bool(np.all(grad_bytes <= bucket))  # one bucket: the reduction itself
-    last_bucket = grad_bytes if whole else np.minimum(grad_bytes, bucket)
+    last_bucket = grad_bytes if whole else minimum(grad_bytes, bucket)
     ar_last = (ar if whole else over(comm.group_collective, last_bucket, 2.0)) if has0 else 0.0
     rs_last = over(comm.group_collective, last_bucket, 1.0) if has12 else 0.0
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
@@ -361,15 +366,15 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # gathered across micro-batches (FSDP2 under pp) gathers and reduces once per step.
     zero3 = ag_step = zero1 = zero2 = 0.0
     if has3:
-        edge = (ag3 + rs3) / np.maximum(layers_pace, 1)
+        edge = (ag3 + rs3) / maximum(layers_pace, 1)
         # A pass's prefetch hides the next block's collectives behind this block's compute in the
         # same pass: the forward's gathers behind the forward, the backward's gathers and
         # reduce-scatters behind the backward (and the forward it recomputes under recompute).
         fwd_hides, bwd_hides = e.zero3_overlap * fwd_mb, e.zero3_overlap * (bwd_mb + rc_mb)
-        each = np.maximum(0.0, ag3 - fwd_hides) + np.maximum(0.0, ag3 + rs3 - bwd_hides) + edge
+        each = maximum(0.0, ag3 - fwd_hides) + maximum(0.0, ag3 + rs3 - bwd_hides) + edge
         # Kept gathered under pp: gathered in the first micro-batch's forward, reduce-scattered in
         # the last one's backward.
-        once = np.maximum(0.0, ag3 - fwd_hides) + np.maximum(0.0, rs3 - bwd_hides) + edge
+        once = maximum(0.0, ag3 - fwd_hides) + maximum(0.0, rs3 - bwd_hides) + edge
         zero3 = where((c.pp > 1) & (not sw.stack.reshard_in_pipeline), once, m * each)
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
@@ -377,13 +382,13 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
         step_bytes = trained * act
         same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # the same call as ag3
         ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
-        ag_step = np.maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
-        zero1 = np.maximum(rs_last, rs - hidden)
+        ag_step = maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
+        zero1 = maximum(rs_last, rs - hidden)
         zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * zero1 + ag_step
         zero1 = zero1 + ag_step
     if not (has0 or has12):  # ZeRO-3 only (FSDP searches, most pinned estimates): no selection
         return zero3 * c.full(1.0)
-    return np.select([zero == 0, zero == 1, zero == 2], [np.maximum(ar_last, ar - hidden), zero1, zero2], zero3)
+    return select([zero == 0, zero == 1, zero == 2], [maximum(ar_last, ar - hidden), zero1, zero2], zero3)
 
 
 def param_tensors(model: ModelSpec) -> tuple[float, float, float]:
@@ -417,7 +422,7 @@ def optimizer_host_time(model: ModelSpec, hw: HardwareProfile, c: Candidates, sw
     out = comm.small_all_reduce(links, c.gpus, c.full(1.0))
     if e.optimizer_tensor_overhead_s > 0:  # (0 on the GPU profiles: nothing to count)
         per_layer, embed, head = param_tensors(model)
-        tensors = where(c.pp > 1, np.maximum(np.maximum(first * per_layer + embed, fullest * per_layer),
+        tensors = where(c.pp > 1, maximum(maximum(first * per_layer + embed, fullest * per_layer),
                                                 last * per_layer + head), first * per_layer + embed + head)
         dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
         ratio = where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
@@ -446,13 +451,13 @@ def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray
     behind compute as ZeRO-3's gathers are."""
     e, net, m = hw.efficiency, hw.network, c.m.astype(float)
     act = ACT_BYTES[job.precision]
-    sharing = np.minimum(c.gpus, net.host_gpus)  # GPUs whose optimizer steps share the host
+    sharing = minimum(c.gpus, net.host_gpus)  # GPUs whose optimizer steps share the host
     cpu_step = held * optim_bytes_per_param / (net.host_memory_bytes_per_s / sharing)
     d2h = held * act / net.pcie_bytes_per_s
     h2d = held * act / net.pcie_bytes_per_s
-    optimizer = cpu_step + h2d + np.maximum(0.0, d2h - e.dp_overlap * bwd_mb)
+    optimizer = cpu_step + h2d + maximum(0.0, d2h - e.dp_overlap * bwd_mb)
     stream = 2 * weights * act / net.pcie_bytes_per_s
-    params = where(c.offload == 2, m * np.maximum(0.0, stream - e.zero3_overlap * (fwd_mb + bwd_mb)), 0.0)
+    params = where(c.offload == 2, m * maximum(0.0, stream - e.zero3_overlap * (fwd_mb + bwd_mb)), 0.0)
     return _Offload(optimizer=optimizer, params=params)
 
 
@@ -477,7 +482,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # The pace of the pipeline is set by its slowest stage (the one with the head: the last, or
     # under DualPipeV the first).
     headed = where(v_shape, first, last)
-    compute_mb = np.maximum(fullest * per_layer, headed * per_layer + head_time)
+    compute_mb = maximum(fullest * per_layer, headed * per_layer + head_time)
     layers_pace = where(fullest * per_layer >= headed * per_layer + head_time, fullest, headed)
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
@@ -500,24 +505,24 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # idle: the bubble shortens by ``ramp``, and so do those micro-batches (``runs``: the
     # micro-batches' worth of time at the shared pace). A host with a core per process (busy 1),
     # and every GPU, keeps m and the whole bubble.
-    ramp = np.maximum(1.0, np.asarray(busy) / 2) / busy
+    ramp = maximum(1.0, as_float(busy) / 2) / busy
     share = 1 / v  # of (p - 1) micro-batches' time: 1F1B, interleaved, GPipe
     if any_(v_shape):
         share = where(v_shape, dualpipe_bubble_ratio(lt.forward, lt.backward + lt.recompute, lt.weight_grad), share)
     bubble = (p - 1) * share * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
-    runs = np.maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
+    runs = maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
 
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
-    params = np.maximum(np.maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
+    params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
                                    stage_params(model, pp, first, True, (pp == 1) | v_shape)),
                         stage_params(model, pp, last, pp == 1, ~v_shape))
     # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
-    expert_layers = np.maximum(np.maximum(fullest, first), last) * counts(model).layer_expert_params
+    expert_layers = maximum(maximum(fullest, first), last) * counts(model).layer_expert_params
     experts = expert_layers / (c.tp * c.ep)
     shard = (params - expert_layers) / c.tp + experts
     expert_share = 0.0 if job.lora else experts / shard
-    trained = shard if not job.lora else np.maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
+    trained = shard if not job.lora else maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
     dp = _data_parallel(hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
                         layers_pace * lt.backward * slow, layers_pace, busy, expert_share,
                         layers_pace * lt.recompute * slow)
