@@ -60,6 +60,16 @@ def test_search_json(capsys):
     d = json.loads(out)
     assert code == 0 and d["evaluated"] >= d["feasible"] > 0 and len(d["results"]) == 3
     assert d["results"][0]["time"]["step_s"] <= d["results"][1]["time"]["step_s"] * 1.001
+    # Written a row at a time, the text is json's own indented text of the whole document.
+    assert out == json.dumps(d, indent=2) + "\n"
+
+
+def test_search_json_with_no_row_is_jsons_text(capsys):
+    """Nothing fits (405B on 8 GPUs): an empty list, as json writes it, and exit 3."""
+    code, out, _ = run(capsys, "search", "--preset", "llama3-405b", "--gpus", "8", "--format", "json")
+    d = json.loads(out)
+    assert code == 3 and d["feasible"] == 0 and d["results"] == []
+    assert out == json.dumps(d, indent=2) + "\n"
 
 
 def test_text_report_and_csv(capsys):

@@ -6,8 +6,10 @@ Exit codes: 0 ok, 2 bad input (one line on stderr), 3 the layout asked for does 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
+import textwrap
 
 from planner.errors import PlannerError
 
@@ -167,13 +169,15 @@ def cmd_search(a: argparse.Namespace) -> int:
     if a.top:
         limit = min(limit, a.top)
     ev = r.ranked(np.arange(limit))  # only the rows listed are put in rank order
-    rows = [estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit)]
+    # Each row's estimate is made as it is written: a listing of every layout (--all) holds one at a time.
+    rows = (estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit))
     if a.format == "json":
-        print(json.dumps({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds,
-                          "results": [e.to_json() for e in rows]}, indent=2, allow_nan=False))
+        _print_json_listing({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds},
+                            "results", (e.to_json() for e in rows))
     elif a.format == "csv":
-        _print_csv([CSV_COLUMNS, *(csv_row(e) for e in rows)])
+        _print_csv(itertools.chain([CSV_COLUMNS], (csv_row(e) for e in rows)))
     else:
+        rows = list(rows)
         print(f"{x.model.describe()} on {x.gpus} x {x.hardware.name}: {r.feasible} of {r.evaluated} layouts fit "
               f"({r.search_seconds * 1e3:.1f} ms); top {len(rows)} by {a.sort}")
         print(table(rows))
@@ -266,6 +270,22 @@ def _print_rows(rows: list[tuple], fmt: str) -> None:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _print_json_listing(head: dict, key: str, items) -> None:
+    """Print ``json.dumps({**head, key: list(items)}, indent=2)``'s text, each item encoded and
+    written as it comes: a listing of 20,000 layouts holds one at a time, not every one with the
+    encoder's pieces of all (1.1 GB there)."""
+    out = sys.stdout
+    out.write("{\n")
+    for k, v in head.items():
+        out.write(f"  {json.dumps(k)}: {json.dumps(v, allow_nan=False)},\n")
+    first = True
+    for item in items:
+        out.write(f"  {json.dumps(key)}: [\n" if first else ",\n")
+        first = False
+        out.write(textwrap.indent(json.dumps(item, indent=2, allow_nan=False), "    "))
+    out.write(f"  {json.dumps(key)}: []\n}}\n" if first else "\n  ]\n}\n")
 
 
 def _print_csv(rows) -> None:
