@@ -82,8 +82,9 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
                fp8: bool = False) -> np.ndarray:
     """``sum(gemm_time(g, ...) for g in gs)`` for ``rows`` layouts, the GEMMs as the rows of one
     array: one pass instead of one per GEMM, the same numbers (each element sees the same
-    operations, in float64, where integer sizes are exact; the GEMMs are added in order)."""
-    if all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):  # one layout: scalars
+    operations, in float64, where integer sizes are exact; the GEMMs are added in order). One
+    layout whose columns are scalars (``Candidates.one_row``): the GEMMs one by one, as scalars."""
+    if rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):
         total = 0  # each GEMM's dimensions in float64, as the rows below hold them
         for g in gs:
             total = total + gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8)
