@@ -35,6 +35,13 @@ EAGER_NORMS = ("fused", "plain", "upcast")
 # fp32 parameters themselves, cast per use (FSDP2's MixedPrecisionPolicy, DDP under autocast:
 # 4 + 4 + 8). planner.core.memory.model_state_bytes.
 MASTER_WEIGHTS = ("separate", "param")
+# Under CPU offload of the optimizer, the gradients the GPU holds (planner.core.memory): its
+# gradient buffer as without offload, its shard copied out at the step ("shard": Megatron-Core's
+# buffer stays on the GPU; the default for a file that does not say), or only those in flight,
+# each sent to the host as soon as it is reduced: one 16-bit bucket ("bucket": DeepSpeed
+# ZeRO-Offload's reduce_bucket_size, ``dp_bucket_mib``) or one wrapped block's, unsharded, in the
+# reduce dtype ("block": FSDP2's CPUOffloadPolicy).
+OFFLOAD_GRADS = ("shard", "bucket", "block")
 DEFAULT_STACK = "fsdp2"
 
 
@@ -76,6 +83,7 @@ class Stack:
     reshard_in_pipeline: bool  # False: under pp > 1 a stage keeps its weights gathered across micro-batches
     master_weights: str  # mixed precision: "separate" fp32 copy beside 16-bit weights, or the fp32 "param"s are it
     offload: tuple[str, ...]  # the CPU offload modes it runs (none always)
+    offload_grads: str = "shard"  # under offload, the gradients the GPU holds: its shard, one bucket or one block (OFFLOAD_GRADS)
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
     dp_bucket_bytes: float  # ZeRO 0-2 gradient bucket; the last one is reduced after the backward (0: one bucket)
     # Pipeline
@@ -151,6 +159,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "grad_sync_once_per_step": ("grad_sync_once_per_step", "bool", None),
     "dp_bucket_mib": ("dp_bucket_bytes", "mib", (0.0, 1e6)),
     "offload": ("offload", "strs", ("none", "optimizer", "params")),
+    "offload_grads": ("offload_grads", "str", OFFLOAD_GRADS),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe", "dualpipev")),
     "interleaved": ("interleaved", "bool", None),
     "balance_pipeline": ("balance_pipeline", "bool", None),
@@ -174,7 +183,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
-OPTIONAL_KEYS = ("fp8_tp_all_gather",)
+OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

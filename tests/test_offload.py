@@ -43,7 +43,29 @@ def test_the_optimizer_step_on_the_host_by_hand():
     h2d = held * 2 / 25e9
     assert float(ev.time.optimizer[0]) == pytest.approx(cpu + h2d, rel=1e-6)
     assert float(ev.memory.optimizer[0]) == 0.0
-    assert float(ev.memory.gradients[0]) == pytest.approx(P * 2 / 8, rel=1e-6)  # 16-bit, sharded (ZeRO-2)
+    # Each reduce bucket's partition goes straight to the host's fp32 gradients (DeepSpeed
+    # stage_1_and_2.py under cpu_offload: no GPU partition buffer): the GPU holds one 16-bit
+    # bucket, reduce_bucket_size's default 5e8 elements x 2 bytes, less than the 16-bit shard (P x 2 / 8).
+    assert P * 2 / 8 > 1e9
+    assert float(ev.memory.gradients[0]) == pytest.approx(5e8 * 2, rel=1e-4)
+
+
+def test_the_gradients_an_offloading_gpu_still_holds_by_stack():
+    """FSDP2's CPUOffloadPolicy copies each block's reduced gradients to the host as soon as they
+    are reduce-scattered (torch's foreach_reduce, offload_to_cpu): Llama 2 7B fine-tuned on one GPU
+    holds one layer's, unsharded and in fp32 (the reduce dtype): 4 h^2 + 3 h f + 2 h = 202,383,360
+    parameters x 4 bytes. Megatron-Core's --optimizer-cpu-offload keeps its fp32 gradient buffer
+    on the GPU: ZeRO-1 on 8 GPUs holds all P x 4 bytes, as without offload."""
+    h, f = 4096, 11008
+    layer = 4 * h * h + 3 * h * f + 2 * h
+    assert layer == 202_383_360
+    lay = Layout(dp=1, micro_batch=1, global_batch=64, zero_stage=3, offload="params")
+    ev = evaluate_one(LLAMA2_7B, lay, Job(mode="full-finetune"))
+    assert float(ev.memory.gradients[0]) == pytest.approx(layer * 4, rel=1e-9)
+    for offload in ("optimizer", "none"):
+        lay = Layout(dp=8, micro_batch=1, global_batch=64, zero_stage=1, offload=offload)
+        ev = evaluate_one(LLAMA2_7B, lay, Job(stack="megatron-core"))
+        assert float(ev.memory.gradients[0]) == pytest.approx(P * 4, rel=1e-9)
 
 
 def test_offload_is_what_the_stack_runs():

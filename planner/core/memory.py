@@ -286,11 +286,20 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
                 weights, grads, optim = own
         # CPU offload (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al. 2021, ZeRO-Infinity): the
         # fp32 master weights, AdamW states and fp32 gradients of this GPU's shard move to host
-        # memory; the GPU keeps 16-bit gradients until they are copied out. Offloaded parameters
-        # leave only the gathered layers (``gather`` below) on the GPU.
+        # memory. What the GPU still holds of the gradients is the stack's ``offload_grads``: its
+        # gradient buffer as without offload, copied out at the step (Megatron-Core), or, each
+        # copied out as soon as it is reduced, one 16-bit DP bucket's (DeepSpeed) or one wrapped
+        # block's, unsharded, in the reduce dtype (FSDP2). Offloaded parameters leave only the
+        # gathered layers (``gather`` below) on the GPU.
         if offloads:
             host = where(offload_opt, optim + grads, 0.0) + where(offload_par, weights, 0.0)
-            grads = where(offload_opt, grads * e / gb, grads)
+            if sw.stack.offload_grads == "bucket":
+                held = minimum(grads * e / gb, sw.stack.dp_bucket_bytes)
+            elif sw.stack.offload_grads == "block":
+                held = minimum(grads, block * sw.stack.grad_reduce_bytes)
+            else:  # "shard"
+                held = grads
+            grads = where(offload_opt, held, grads)
             optim = where(offload_opt, 0.0, optim)
             weights = where(offload_par, 0.0, weights)
         else:  # nothing offloaded: the same values as the lines above give
