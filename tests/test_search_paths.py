@@ -280,6 +280,11 @@ ONE_ROW_CASES = [
     ("mixtral-8x7b", "h100-80g", 64, Job(stack="megatron-core", precision="fp8"), Pins()),
     ("deepseek-v2-lite", "h100-80g", 32, Job(attention="standard", global_batch=256), Pins(schedule="dualpipev")),
     ("qwen3-30b-a3b", "b200", 32, Job(stack="fsdp2", async_tp=True), Pins()),
+    # the optimizer offloaded as DeepSpeed (one bucket of gradients kept) and Megatron-Core (the buffer) do it
+    ("llama2-7b", "a100-80g", 8, Job(stack="deepspeed-zero", mode="full-finetune"), Pins(offload="optimizer")),
+    ("llama2-7b", "h100-80g", 8, Job(stack="megatron-core", mode="full-finetune"), Pins(offload="optimizer")),
+    # processes sharing a CPU host's cores (the reference trainer's CPU runs)
+    ("llama2-7b", "cpu-2core", 4, Job(stack="reference", precision="fp32"), Pins()),
 ]
 
 
