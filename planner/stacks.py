@@ -42,6 +42,10 @@ MASTER_WEIGHTS = ("separate", "param")
 # ZeRO-Offload's reduce_bucket_size, ``dp_bucket_mib``) or one wrapped block's, unsharded, in the
 # reduce dtype ("block": FSDP2's CPUOffloadPolicy).
 OFFLOAD_GRADS = ("shard", "bucket", "block")
+# The dtype a 16-bit job's gradients are kept (accumulated) in under ZeRO 1-3: fp32 (Megatron's
+# main grads, FSDP2's fp32 parameters; planner.core.memory.GRAD_BYTES), or the training dtype
+# ("model": DeepSpeed's grad_accum_dtype default under ZeRO, engine.get_data_types; ZeRO 0 fp32).
+GRAD_DTYPES = ("fp32", "model")
 DEFAULT_STACK = "fsdp2"
 
 
@@ -84,6 +88,7 @@ class Stack:
     master_weights: str  # mixed precision: "separate" fp32 copy beside 16-bit weights, or the fp32 "param"s are it
     offload: tuple[str, ...]  # the CPU offload modes it runs (none always)
     offload_grads: str = "shard"  # under offload, the gradients the GPU holds: its shard, one bucket or one block (OFFLOAD_GRADS)
+    grad_dtype: str = "fp32"  # a 16-bit job's gradients under ZeRO 1-3: kept in fp32 or in the training dtype (GRAD_DTYPES)
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
     dp_bucket_bytes: float  # ZeRO 0-2 gradient bucket; the last one is reduced after the backward (0: one bucket)
     # Pipeline
@@ -160,6 +165,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "dp_bucket_mib": ("dp_bucket_bytes", "mib", (0.0, 1e6)),
     "offload": ("offload", "strs", ("none", "optimizer", "params")),
     "offload_grads": ("offload_grads", "str", OFFLOAD_GRADS),
+    "grad_dtype": ("grad_dtype", "str", GRAD_DTYPES),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe", "dualpipev")),
     "interleaved": ("interleaved", "bool", None),
     "balance_pipeline": ("balance_pipeline", "bool", None),
@@ -183,7 +189,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
-OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads")
+OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

@@ -49,6 +49,26 @@ def test_model_states_zero_paper_figure1(zero, expected_gb):
     assert float(states[0]) / 1e9 == pytest.approx(expected_gb * model.params / 7.5e9, abs=0.06)
 
 
+@pytest.mark.parametrize("zero, expected_gb", [(1, 31.4), (2, 16.6), (3, 1.9)])
+def test_deepspeed_bf16_keeps_the_zero_papers_16_bytes(zero, expected_gb):
+    """DeepSpeed accumulates a bf16 job's gradients in bf16 under ZeRO 1-3 (engine.get_data_types:
+    grad_accum_dtype defaults to the model dtype with ZeRO), so its model states are the ZeRO
+    paper's 2 + 2 + 12 bytes per parameter, Fig. 1's figures as for fp16; without ZeRO it keeps them
+    in fp32, and Megatron-Core keeps fp32 main gradients: 4 bytes each."""
+    model = get_preset("megatron-7.5b")
+    lay = Layout(dp=64, micro_batch=1, global_batch=64, zero_stage=zero)
+    ev = evaluate_one(model, lay, Job(precision="bf16", stack="deepspeed-zero"))
+    states = ev.memory.weights + ev.memory.gradients + ev.memory.optimizer
+    assert float(states[0]) / 1e9 == pytest.approx(expected_gb * model.params / 7.5e9, abs=0.06)
+    grads = {1: model.params * 2, 2: model.params * 2 / 64, 3: model.params * 2 / 64}[zero]
+    assert float(ev.memory.gradients[0]) == pytest.approx(grads, rel=1e-9)
+    ddp = evaluate_one(model, lay.replace(zero_stage=0), Job(precision="bf16", stack="deepspeed-zero"))
+    assert float(ddp.memory.gradients[0]) == pytest.approx(model.params * 4, rel=1e-9)
+    if zero == 1:
+        mcore = evaluate_one(model, lay, Job(precision="bf16", stack="megatron-core"))
+        assert float(mcore.memory.gradients[0]) == pytest.approx(model.params * 4, rel=1e-9)
+
+
 def test_first_pipeline_stage_holds_one_microbatch_of_the_whole_model():
     # 1F1B: stage 0 holds p micro-batches of L/p layers: L layers' worth, independent of p
     # (Korthikanti et al. 2022, Sec. 4.2.3); interleaving multiplies it by 1 + (p-1)/(p*v).

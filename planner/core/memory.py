@@ -220,6 +220,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
     tp, dp, pp = c.tp.astype(float), c.zero_group(hw.network.gpus_per_node).astype(float), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
+    if sw.stack.grad_dtype == "model" and gb > wb:  # kept in the training dtype under ZeRO 1-3 (DeepSpeed)
+        gb = where(c.zero_stage >= 1, float(wb), float(gb))
     act_layer, working = layer_activations_and_working(model, c, job, sw)
     working = working + context_parallel_working(model, c, job, sw)
     first, fullest, last = stage_layers(model, c, sw)
@@ -292,7 +294,9 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # block's, unsharded, in the reduce dtype (FSDP2). Offloaded parameters leave only the
         # gathered layers (``gather`` below) on the GPU.
         if offloads:
-            host = where(offload_opt, optim + grads, 0.0) + where(offload_par, weights, 0.0)
+            # the host's gradients are fp32 (those kept in the training dtype are widened there)
+            host = (where(offload_opt, optim + grads * (GRAD_BYTES[job.precision] / gb), 0.0)
+                    + where(offload_par, weights, 0.0))
             if sw.stack.offload_grads == "bucket":
                 held = minimum(grads * e / gb, sw.stack.dp_bucket_bytes)
             elif sw.stack.offload_grads == "block":
