@@ -50,6 +50,18 @@ def test_the_optimizer_step_on_the_host_by_hand():
     assert float(ev.memory.gradients[0]) == pytest.approx(5e8 * 2, rel=1e-4)
 
 
+def test_megatron_core_copies_its_gradient_shard_out_at_the_step():
+    """Megatron-Core's --optimizer-cpu-offload keeps the fp32 gradient buffer on the GPU and copies
+    each rank's shard to the host at the step, before the CPU's AdamW: the copy is hidden by
+    nothing and moves 4 bytes per parameter. ZeRO-1 on 8 GPUs: the eighth's AdamW at the host's
+    bandwidth shared by 8 GPUs, its fp32 gradients out and its 16-bit weights back over PCIe."""
+    lay = Layout(dp=8, micro_batch=1, global_batch=64, zero_stage=1, offload="optimizer")
+    ev = evaluate_one(LLAMA2_7B, lay, Job(stack="megatron-core"))
+    held = P / 8
+    cpu = held * (4 + 24 + 2) / (300e9 / 8)
+    assert float(ev.time.optimizer[0]) == pytest.approx(cpu + held * 2 / 25e9 + held * 4 / 25e9, rel=1e-6)
+
+
 def test_the_gradients_an_offloading_gpu_still_holds_by_stack():
     """FSDP2's CPUOffloadPolicy copies each block's reduced gradients to the host as soon as they
     are reduce-scattered (torch's foreach_reduce, offload_to_cpu): Llama 2 7B fine-tuned on one GPU

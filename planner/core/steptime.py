@@ -442,21 +442,26 @@ class _Offload:
 
 
 def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray, weights: np.ndarray,
-                  optim_bytes_per_param: float, fwd_mb: np.ndarray, bwd_mb: np.ndarray) -> _Offload:
+                  optim_bytes_per_param: float, fwd_mb: np.ndarray, bwd_mb: np.ndarray,
+                  sw: Software) -> _Offload:
     """CPU offload's time (Ren et al. 2021, ZeRO-Offload, Sec. 4; Rajbhandari et al. 2021,
-    ZeRO-Infinity): each GPU copies its 16-bit gradients to the host over PCIe during the backward
-    (hidden as the DP reduction is), the CPU runs AdamW over its ``held`` parameters at the host's
-    memory bandwidth, shared by the node's GPUs, and the updated 16-bit weights come back; none
-    of it overlaps the next step here (DeepSpeed's one-step-delayed update is not modelled).
-    Offloaded parameters stream in per layer for the forward and again for the backward, hidden
-    behind compute as ZeRO-3's gathers are."""
+    ZeRO-Infinity): each GPU copies its 16-bit gradients to the host over PCIe during the backward,
+    as each bucket or block is reduced (hidden as the DP reduction is), the CPU runs AdamW over its
+    ``held`` parameters at the host's memory bandwidth, shared by the node's GPUs, and the updated
+    16-bit weights come back; none of it overlaps the next step here (DeepSpeed's one-step-delayed
+    update is not modelled). A stack that keeps its gradient buffer on the GPU (``offload_grads``
+    "shard": Megatron-Core) copies its shard out at the step, in the buffer's dtype, hidden by
+    nothing. Offloaded parameters stream in per layer for the forward and again for the backward,
+    hidden behind compute as ZeRO-3's gathers are."""
     e, net, m = hw.efficiency, hw.network, c.m.astype(float)
     act = ACT_BYTES[job.precision]
     sharing = minimum(c.gpus, net.host_gpus)  # GPUs whose optimizer steps share the host
     cpu_step = held * optim_bytes_per_param / (net.host_memory_bytes_per_s / sharing)
-    d2h = held * act / net.pcie_bytes_per_s
     h2d = held * act / net.pcie_bytes_per_s
-    optimizer = cpu_step + h2d + maximum(0.0, d2h - e.dp_overlap * bwd_mb)
+    if sw.stack.offload_grads == "shard":
+        optimizer = cpu_step + h2d + held * GRAD_BYTES[job.precision] / net.pcie_bytes_per_s
+    else:
+        optimizer = cpu_step + h2d + maximum(0.0, held * act / net.pcie_bytes_per_s - e.dp_overlap * bwd_mb)
     stream = 2 * weights * act / net.pcie_bytes_per_s
     params = where(c.offload == 2, m * maximum(0.0, stream - e.zero3_overlap * (fwd_mb + bwd_mb)), 0.0)
     return _Offload(optimizer=optimizer, params=params)
@@ -540,7 +545,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     if any_(c.offload >= 1):
         offload = offload_times(hw, job, c, held, shard / where(c.zero_stage >= 3, zg, 1),
                                 optim_bytes_per_param, layers_pace * lt.forward * slow,
-                                layers_pace * lt.backward * slow)
+                                layers_pace * lt.backward * slow, sw)
         optimizer = where(c.offload >= 1, offload.optimizer, optimizer)
         dp = dp + offload.params
 
