@@ -173,14 +173,16 @@ def test_what_an_eager_rmsnorm_and_repeat_kv_keep_by_hand(tmp_path):
 def test_what_torch_counts_as_allocated_includes_the_zero3_gather_buffers():
     """torch.cuda.max_memory_allocated (what run records report and planner validate compares)
     counts every tensor: under ZeRO-3 the current block's gathered 16-bit weights and the next's,
-    prefetched (fsdp2: gather_layers = 2); not the CUDA context or the allocator's fragmentation."""
+    prefetched (fsdp2: gather_layers = 2), and in the backward a block's 16-bit gradients beside
+    their fp32 copy for the reduce-scatter (fsdp2: reduce_scatter_bytes = 2 + 4); not the CUDA
+    context or the allocator's fragmentation."""
     from planner.core.memory import allocated_bytes
 
     model = get_preset("llama3-8b")
     lay = Layout(dp=8, micro_batch=1, global_batch=8, recompute="full")
     h, kv, f = 4096, 1024, 14336
     layer = h * (h + kv + kv + h) + 3 * h * f + 2 * h  # q, k, v, o; gate, up, down; two norms
-    for zero, gathered in ((0, 0.0), (3, 2 * 2 * layer)):
+    for zero, gathered in ((0, 0.0), (3, 2 * 2 * layer + (2 + 4) * layer)):
         ev = evaluate_one(model, lay.replace(zero_stage=zero), Job(stack="fsdp2"), gpu="h100-80g")
         m = ev.memory
         tensors = float(m.weights[0] + m.gradients[0] + m.optimizer[0] + m.activations[0])

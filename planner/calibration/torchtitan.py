@@ -170,7 +170,7 @@ def context_parallel_section(csv: Path) -> list[str]:
          "Without the exchange, the measured step exceeds the model's by -0.3 s at cp 2 and by 7.4 and 16.5 s at "
          "cp 4 and 8: 77 and 172 ms per layer and pass (forward, recompute, backward), the time to move that "
          "layer's gathered K/V (2 and 4 GiB) once at 25-28 GB/s. Second, all four 8B runs report 84.0-84.5 GiB "
-         "reserved while the demand modelled here grows from 80 to 88 GiB, and the 405B cp 8 and 8K 1F1B rows "
+         "reserved while the demand modelled here grows from 82 to 90 GiB, and the 405B cp 8 and 8K 1F1B rows "
          "sit at the same level (84.9, 82.5): what torch's caching allocator would show at its ceiling, freeing "
          "its cache and retrying (each retry synchronises the GPU). The table reports neither allocated memory "
          "nor allocation retries, so neither can be confirmed here; a run on 4-8 GPUs logging "

@@ -246,6 +246,11 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
     gather_blocks = where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
+    # Its backward also holds a block's gradients for the reduce-scatter (the stack's
+    # ``reduce_scatter_bytes`` per parameter; a stage that keeps its gradients unsharded under
+    # pipelining reduces them after the peak, below).
+    if sw.stack.reduce_scatter_bytes:
+        gather_blocks = gather_blocks + where(c.zero_stage >= 3, sw.stack.reduce_scatter_bytes * block, 0.0)
 
     def stage(index, layers) -> Memory:
         """The memory of the stages ``index`` holding ``layers`` layers: rows (stages, layouts) of
