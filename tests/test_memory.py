@@ -69,6 +69,21 @@ def test_deepspeed_bf16_keeps_the_zero_papers_16_bytes(zero, expected_gb):
         assert float(mcore.memory.gradients[0]) == pytest.approx(model.params * 4, rel=1e-9)
 
 
+def test_deepspeed_holds_its_gradient_bucket_beside_the_gradients():
+    """DeepSpeed's contiguous_gradients (on by default) copies gradients into a bucket buffer of
+    reduce_bucket_size elements (5e8) in the training dtype before reducing them: ZeRO 1-2 allocate
+    it for each backward, ZeRO-3 once; ZeRO 0 (plain data parallel) has none. Offloading, the
+    gradients the GPU holds are that bucket (counted with them, not twice)."""
+    model, job = get_preset("llama2-7b"), Job(stack="deepspeed-zero")
+    bucket = 5e8 * 2
+    for zero, want in ((0, 0.0), (1, bucket), (2, bucket)):
+        ev = evaluate_one(model, Layout(dp=8, micro_batch=1, global_batch=64, zero_stage=zero), job)
+        assert float(ev.memory.gathered[0]) == pytest.approx(want, rel=1e-4)
+    off = evaluate_one(model, Layout(dp=8, micro_batch=1, global_batch=64, zero_stage=2, offload="optimizer"), job)
+    assert float(off.memory.gathered[0]) == 0.0
+    assert float(off.memory.gradients[0]) == pytest.approx(bucket, rel=1e-4)
+
+
 def test_first_pipeline_stage_holds_one_microbatch_of_the_whole_model():
     # 1F1B: stage 0 holds p micro-batches of L/p layers: L layers' worth, independent of p
     # (Korthikanti et al. 2022, Sec. 4.2.3); interleaving multiplies it by 1 + (p-1)/(p*v).

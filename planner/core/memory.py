@@ -322,6 +322,9 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         gather = gather_blocks
         if not sw.stack.reshard_in_pipeline:
             gather = where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
+        if sw.stack.grad_bucket_buffer:  # DeepSpeed's gradient bucket (offloading, the gradients it holds are it)
+            bucket = (c.zero_stage >= 1) & ~offload_opt if offloads else c.zero_stage >= 1
+            gather = gather + where(bucket, sw.stack.dp_bucket_bytes, 0.0)
         other = outside + gather + eff.fragmentation * (acts + grads + gather)
         if type(index) is np.ndarray:  # rows of stages: what is the same on every stage, on each
             host, gather = host * np.ones_like(weights), gather + np.zeros_like(weights)
