@@ -58,6 +58,11 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ("ep_dispatch_bytes = 0", "ep_dispatch_bytes = 8", "ep_dispatch_bytes", "from 0 to 4"),
     ("ep_overlap = 0.0", "", "missing", "ep_overlap"),
     ('name = "fsdp2"', 'name = "fsdp2"\nnot_modelled = 3', "not_modelled", "a string"),
+    ('offload_grads = "block"', 'offload_grads = "blocks"', "offload_grads", "one of shard, bucket, block"),
+    ("reduce_scatter_bytes = 6", "reduce_scatter_bytes = -6", "reduce_scatter_bytes", "from 0 to 64"),
+    ("reduce_scatter_bytes = 6", 'reduce_scatter_bytes = 6\ngrad_dtype = "bf16"', "grad_dtype", "one of fp32, model"),
+    ("reduce_scatter_bytes = 6", "reduce_scatter_bytes = 6\ngrad_bucket_buffer = 1", "grad_bucket_buffer",
+     "true or false"),
 ])
 def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_path, old, new, field, allowed):
     with pytest.raises(PlannerError) as err:
