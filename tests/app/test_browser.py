@@ -146,7 +146,19 @@ def test_planner_app_serves_the_explorer_after_a_plain_install(installed_venv, t
                     page.goto(url)
                     days = (page.locator('[data-testid="stMetric"]').filter(has_text="time to train")
                             .locator('[data-testid="stMetricValue"]'))
-                    sync_api.expect(days).to_have_text(expected_days(128), timeout=60_000)
+                    want = expected_days(128)
+                    try:
+                        sync_api.expect(days).to_have_text(want, timeout=60_000)
+                    except AssertionError:
+                        # Once (seen in one CI run of many, on a loaded machine): the first page of a fresh
+                        # install never showed its metrics. Load it again as a user would; a page that
+                        # still does not render fails, with what the page and the app said.
+                        page.reload()
+                        try:
+                            sync_api.expect(days).to_have_text(want, timeout=60_000)
+                        except AssertionError:
+                            pytest.fail(f"the page did not render the plan; page text:\n"
+                                        f"{page.inner_text('body')[-2000:]}\napp log:\n{log_path.read_text()[-3000:]}")
                 finally:
                     browser.close()
         finally:
