@@ -31,12 +31,10 @@ def where(cond, a, b):
     np.where gives it: float64 when either branch is a float, else int64 (two ints) or bool."""
     if type(cond) in _BOOLS:
         ta, tb = type(a), type(b)
-        if ta in _FLOATS or tb in _FLOATS:
-            if (ta in _FLOATS or ta in _INTS) and (tb in _FLOATS or tb in _INTS):
-                return np.float64(a if cond else b)
-        elif ta in _INTS and tb in _INTS:
-            return np.int64(a if cond else b)
-        elif ta in _BOOLS and tb in _BOOLS:
+        kind = _scalar_kind(ta, tb)
+        if kind is not None:
+            return kind(a if cond else b)
+        if ta in _BOOLS and tb in _BOOLS:
             return np.bool_(a if cond else b)
     return np.where(cond, a, b)
 

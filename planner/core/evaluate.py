@@ -102,31 +102,34 @@ class Evaluation:
 
 def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
     """The evaluation restricted (and reordered) to ``index``."""
-    parts = (ev.memory, ev.time, *ev.stage_memory)
     names = list(ev.candidates.columns())
-    columns = list(ev.candidates.columns().values())
-    columns += [getattr(part, f) for part in parts for f in part.__slots__]
-    columns += [ev.tokens_per_step, ev.model_flops_per_step, ev.hardware_flops_per_step]
-    taken = _take_columns(columns, index)
-    out, k = [], len(names)
-    for part in parts:
-        out.append(type(part)(*taken[k:k + len(part.__slots__)]))
-        k += len(part.__slots__)
-    return dataclasses.replace(ev, candidates=Candidates(**dict(zip(names, taken))), memory=out[0], time=out[1],
-                               stage_memory=tuple(out[2:]), tokens_per_step=taken[k],
-                               model_flops_per_step=taken[k + 1], hardware_flops_per_step=taken[k + 2])
+    taken = _take_columns([*ev.candidates.columns().values(), *_columns(ev)], index)
+    return _with_columns(ev, Candidates(**dict(zip(names, taken))), taken[len(names):])
 
 
 def row_of(ev: Evaluation, i: int) -> Evaluation:
     """Row ``i`` of the evaluation alone, every column a numpy scalar (its candidates
     ``Candidates.one_row``): the derived figures (MFU, days, cost) read from it are the table's at
     that row (the same float64 operations), at a scalar's cost rather than a column's."""
-    parts = [type(part)(*(getattr(part, f)[i] for f in part.__slots__)) for part in (ev.memory, ev.time,
-                                                                                     *ev.stage_memory)]
-    return dataclasses.replace(ev, candidates=ev.candidates.one_row(i), memory=parts[0], time=parts[1],
-                               stage_memory=tuple(parts[2:]), tokens_per_step=ev.tokens_per_step[i],
-                               model_flops_per_step=ev.model_flops_per_step[i],
-                               hardware_flops_per_step=ev.hardware_flops_per_step[i])
+    return _with_columns(ev, ev.candidates.one_row(i), [col[i] for col in _columns(ev)])
+
+
+def _columns(ev: Evaluation) -> list[np.ndarray]:
+    """The evaluation's columns besides its candidates', in the order ``_with_columns`` reads them."""
+    parts = (ev.memory, ev.time, *ev.stage_memory)
+    return [*(getattr(part, f) for part in parts for f in part.__slots__),
+            ev.tokens_per_step, ev.model_flops_per_step, ev.hardware_flops_per_step]
+
+
+def _with_columns(ev: Evaluation, candidates: Candidates, columns: list) -> Evaluation:
+    """``ev`` with these candidates and ``columns`` (``_columns``' order) in place of its own."""
+    out, k = [], 0
+    for part in (ev.memory, ev.time, *ev.stage_memory):
+        out.append(type(part)(*columns[k:k + len(part.__slots__)]))
+        k += len(part.__slots__)
+    return dataclasses.replace(ev, candidates=candidates, memory=out[0], time=out[1], stage_memory=tuple(out[2:]),
+                               tokens_per_step=columns[k], model_flops_per_step=columns[k + 1],
+                               hardware_flops_per_step=columns[k + 2])
 
 
 def _take_columns(columns: list[np.ndarray], index: np.ndarray) -> list[np.ndarray]:

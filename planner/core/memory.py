@@ -251,6 +251,14 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # pipelining reduces them after the peak, below).
     if sw.stack.reduce_scatter_bytes:
         gather_blocks = gather_blocks + where(c.zero_stage >= 3, sw.stack.reduce_scatter_bytes * block, 0.0)
+    # What does not depend on the stage either: bytes per weight held (TE's fp8 copy beside the
+    # 16-bit ones), and where the fp32 parameters are the master, their bytes and ZeRO 1-2's flag.
+    weight_b = wb + fp8_weight_bytes(sw)
+    param_is_master = not job.lora and param_master(job, sw)
+    if param_is_master:
+        master, grad_b, optim_b = state_bytes(job, sw)
+        mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
+    lora_layer = lora_params_per_layer(model, job) if job.lora else 0  # adapter parameters per layer
 
     def stage(index, layers) -> Memory:
         """The memory of the stages ``index`` holding ``layers`` layers: rows (stages, layouts) of
@@ -270,21 +278,19 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
 
         # What trains: everything, or under LoRA the adapters of this stage's layers; frozen
         # weights are kept in 16-bit only (no master copy, gradients or optimizer states).
-        trained = shard if not job.lora else layers * lora_params_per_layer(model, job) / tp
+        trained = shard if not job.lora else layers * lora_layer / tp
         if job.lora:
-            weights = (shard * (wb + fp8_weight_bytes(sw)) + trained * wb) / where(c.zero_stage >= 3, dp, 1)
+            weights = (shard * weight_b + trained * wb) / where(c.zero_stage >= 3, dp, 1)
             grads = trained * gb / where(c.zero_stage >= 2, dp, 1)
             optim = trained * ob / where(c.zero_stage >= 1, dp, 1)
         else:
-            weights = sharded(shard * (wb + fp8_weight_bytes(sw)), 3)
+            weights = sharded(shard * weight_b, 3)
             grads, optim = sharded(trained * gb, 2), sharded(trained * ob, 1)
-            if param_master(job, sw):
+            if param_is_master:
                 # The fp32 parameters are the master (FSDP2, DDP under autocast): no 16-bit copy of
                 # them is kept (ZeRO 0 and 3); ZeRO 1-2 keep the gathered 16-bit weights from the
                 # forward to the backward beside their fp32 shard. Their gradients are fp32 (the
                 # parameters' dtype, fp16 jobs too); the optimizer holds AdamW's 8 bytes.
-                master, grad_b, optim_b = state_bytes(job, sw)
-                mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
                 own = (weights * mid + sharded(shard * master, 1),
                        grads * (grad_b / gb), optim * (optim_b / ob))  # sharded alike: scaled
                 if offloads:  # offloaded layouts keep the separate count

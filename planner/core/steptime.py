@@ -85,16 +85,14 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
     operations, in float64, where integer sizes are exact; the GEMMs are added in order). One
     layout whose columns are scalars (``Candidates.one_row``): the GEMMs one by one, as scalars."""
     if rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):
-        total = 0  # each GEMM's dimensions in float64, as the rows below hold them
-        for g in gs:
-            total = total + gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8)
-        return total
-    shape = (len(gs), rows)
-    dims = [np.empty(shape) for _ in range(4)]
-    for i, g in enumerate(gs):
-        for out, value in zip(dims, (g.m, g.n, g.k, g.count)):
-            out[i] = value
-    times = gemm_time(Gemm(*dims), hw, peak, elem_bytes, fp8)
+        # each GEMM's dimensions in float64, as the rows below hold them
+        times = [gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8) for g in gs]
+    else:
+        dims = [np.empty((len(gs), rows)) for _ in range(4)]
+        for i, g in enumerate(gs):
+            for out, value in zip(dims, (g.m, g.n, g.k, g.count)):
+                out[i] = value
+        times = gemm_time(Gemm(*dims), hw, peak, elem_bytes, fp8)
     total = 0
     for t in times:
         total = total + t
