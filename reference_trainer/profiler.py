@@ -230,6 +230,52 @@ def book(c: dict, step: tuple[float, float], fb: tuple[float, float]) -> dict[st
             "step_window_s": (step[1] - step[0]) / 1e6, "comm_alone_s": length(alone) / 1e6}
 
 
+class _Range(NamedTuple):
+    start: float
+    end: float
+
+
+class TracedEvent(NamedTuple):
+    """One event of a live trace with what ``spans`` reads of a torch.profiler FunctionEvent."""
+
+    name: str
+    id: int
+    thread: int
+    time_range: _Range
+    device_type: object
+    linked_correlation_id: int
+
+
+def traced_events(prof) -> list:
+    """The events of a live trace as ``prof.events()`` lists them (the same names, ids, threads
+    and microseconds since the trace's start), read from Kineto's raw results.
+
+    ``prof.events()`` also builds each event's memory use, kernel lists and the call tree, which
+    nothing here reads: about 2 s for 34,000 events on this 2-core CPU (one traced step of a small
+    model per rank), against 0.03 s read raw. Building the tree, it also drops an op that is its
+    same-named parent's only child (an op that dispatches to itself); the raw read keeps it, inside
+    its parent's span, where no booking sees it: compute and waits are unions, and communication
+    ops do not nest so. Where this torch lacks what the raw read needs, the events are
+    ``prof.events()``'s."""
+    try:
+        from torch.autograd.profiler_util import StringTable, _filter_name
+
+        result = prof.profiler.kineto_results
+        raw, t0 = result.events(), result.trace_start_ns()
+    except (ImportError, AttributeError):
+        return prof.events()
+    names = StringTable()  # demangled names, as FunctionEvent's (torch's _rewrite_name, no wildcard)
+    out = []
+    for e in raw:
+        name = e.name()
+        if _filter_name(name) or getattr(e, "is_hidden_event", lambda: False)():
+            continue
+        out.append(TracedEvent(names[name], e.correlation_id(), e.start_thread_id(),
+                               _Range((e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000), e.device_type(),
+                               e.linked_correlation_id()))
+    return out
+
+
 def tracer(device_type: str):
     from torch.profiler import ProfilerActivity, profile
 

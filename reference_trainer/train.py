@@ -302,7 +302,7 @@ def _one_step(loop: _Loop, i: int, traced: bool):
         t3 = time.perf_counter()
     analysis = None
     if prof is not None:
-        analysis = profiler.analyse(prof.events(), device.type)
+        analysis = profiler.analyse(profiler.traced_events(prof), device.type)
         dist.barrier()  # the analysis must not leak into other ranks' next step
     tokens_per_step = loop.config.layout.global_batch * loop.config.spec.seq_len
     row = {"step": i + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,

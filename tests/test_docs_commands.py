@@ -140,3 +140,39 @@ def test_doc_command_runs_as_written(where, cmd, code, shown, tmp_path):
             assert any(p.startswith(line[:-3].rstrip()) for p in printed), f"{where}: stale: {line}"
         else:
             assert line in printed, f"{where}: stale: {line}"
+
+
+def _estimate_json(*flags: str) -> dict:
+    import contextlib
+    import io
+    import json
+
+    from planner.cli.main import main as planner_main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert planner_main(["estimate", "--params", "33B", "--gpus", "128", *flags, "--format", "json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_the_readmes_sentences_about_the_headline_plan_say_what_it_prints():
+    # Figures the README states in prose next to the headline transcript (the transcript itself is
+    # compared above): the MFU, the share of the capacity the plan fills, and what
+    # --memory-headroom 0.15 changes. Each is read back from the README and compared with the
+    # estimate, so an update of the model that moves them fails here until the prose follows.
+    text = " ".join((ROOT / "README.md").read_text().split())
+    plain, kept = _estimate_json(), _estimate_json("--memory-headroom", "0.15")
+    mem, gib = plain["memory"], 2**30
+    m = re.search(r"(\d+)% MFU for 33B on 128 A100s", text)
+    assert m and int(m.group(1)) == round(100 * plain["mfu"]), m
+    m = re.search(r"the one above uses (\d+)% of it", text)
+    assert m and int(m.group(1)) == round(100 * mem["total_bytes"] / mem["capacity_bytes"]), m
+    m = re.search(r"judged against the rest \((\d+) GiB here\)", text)
+    assert m and int(m.group(1)) == round(0.85 * mem["capacity_bytes"] / gib), m
+    m = re.search(r"the plan becomes dp (\d+) x tp (\d+) x pp (\d+) \(interleaved\) at ([\d.]+) GiB and ([\d.]+)% MFU",
+                  text)
+    lay = kept["layout"]
+    assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (lay["dp"], lay["tp"], lay["pp"]), m
+    assert lay["vpp"] > 1
+    assert float(m.group(4)) == round(kept["memory"]["total_bytes"] / gib, 1)
+    assert float(m.group(5)) == round(100 * kept["mfu"], 1)

@@ -95,6 +95,11 @@ def grid_runs(grid: str, steps: int, runs_dir: Path, profile: str | None) -> lis
                 "--global-batch", str(gb), "--recompute", rc, "--precision", precision, "--steps", str(steps),
                 "--profile-warmup-steps", "2", "--checkpoint-interval", "0", "--run-name", name,
                 "--runs-dir", str(runs_dir), "--log-every", str(steps)]
+        if not grid.startswith("gpu"):
+            # Synthetic tokens made in the training process: a loader worker would be one more
+            # process importing torch (about 2 s of a 10 s run on 2 cores) and competing with the
+            # ranks for the cores, to prefetch what takes microseconds to make.
+            argv += ["--workers", "0"]
         if profile:
             argv += ["--gpu", profile]
         out.append(GridRun(name=name, argv=tuple(argv)))

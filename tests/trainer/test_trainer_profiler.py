@@ -358,3 +358,40 @@ def test_nvml_failure_gives_a_reason(monkeypatch):
     reason = sampler.start()
     assert reason.startswith("NVML unavailable") and sampler.stop() is None
     assert sampler.latest() == {"gpu_util_percent": None, "power_w": None}
+
+
+def test_the_raw_read_of_a_live_trace_gives_prof_events_spans(tmp_path, monkeypatch):
+    # A traced step on this CPU: a model's forward and backward between the trainer's marks, a
+    # gloo all-reduce (its enqueue op on this thread, its gloo:* event on gloo's) and a functional
+    # collective's wait. The raw read (``traced_events``) must list what ``prof.events()`` lists,
+    # to the microsecond, and so book the step the same; beside them it keeps only the ops that
+    # prof.events() merges into their same-named parent (aten::mean inside aten::mean).
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29700 + next(_ids) % 200))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+        x = torch.randn(16, 64)
+        with profiler.tracer("cpu") as prof, profiler.mark(profiler.STEP_MARK):
+            with profiler.mark(profiler.FWD_BWD_MARK):
+                model(x).square().mean().backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            dist.all_reduce(grads)
+            funcol.all_reduce(grads, "sum", dist.group.WORLD).wait()
+    finally:
+        dist.destroy_process_group()
+    raw, full = profiler.traced_events(prof), prof.events()
+    assert type(raw[0]) is profiler.TracedEvent  # the raw read ran, not the fallback
+    names = {s.name for s in profiler.spans(full)}
+    assert {"aten::addmm", profiler.STEP_MARK, profiler.FWD_BWD_MARK} <= names
+    assert any(n.startswith("gloo:") for n in names) and any(n in profiler.WAIT_OPS for n in names)
+    got, want = profiler.spans(raw), profiler.spans(full)
+    assert set(want) <= set(got)
+    extra = [s for s in got if s not in set(want)]
+    assert len(got) == len(want) + len(extra)
+    for s in extra:  # each nested in a span of its name that prof.events() lists
+        assert any(w.name == s.name and w.start <= s.start and s.end <= w.end for w in want), s
+    assert profiler.analyse(raw, "cpu") == profiler.analyse(full, "cpu")
