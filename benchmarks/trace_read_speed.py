@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from reference_trainer import profiler  # noqa: E402
+from reference_trainer import profiler
 
 
 def main() -> int:
@@ -27,10 +27,9 @@ def main() -> int:
     model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(a.layers)])
     x = torch.randn(64, 128)
     model(x).sum().backward()  # warm-up, outside the trace
-    with profiler.tracer("cpu") as prof, profiler.mark(profiler.STEP_MARK):
-        with profiler.mark(profiler.FWD_BWD_MARK):
-            for _ in range(a.steps):
-                model(x).sum().backward()
+    with profiler.tracer("cpu") as prof, profiler.mark(profiler.STEP_MARK), profiler.mark(profiler.FWD_BWD_MARK):
+        for _ in range(a.steps):
+            model(x).sum().backward()
     t0 = time.perf_counter()
     raw = profiler.traced_events(prof)
     t1 = time.perf_counter()
