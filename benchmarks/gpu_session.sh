@@ -12,7 +12,8 @@
 # Steps, each under its own time limit, the whole under a 400 s budget (a step that would not fit
 # in what is left is skipped and said so in session.log):
 #  1. nvidia-smi -> nvidia-smi.txt
-#  2. probe (matmul curve, copy bandwidth, collectives) -> probed.toml
+#  2. probe (matmul curve, copy bandwidth, collectives) -> probed.toml; the trainer's raw read of a
+#     traced step against prof.events() on this device (benchmarks/trace_read_speed.py) -> trace_read.txt
 #  3. 6 short runs of 350M and 760M GPT-3 shapes in bf16 across micro-batch and recompute
 #     (benchmarks/trainer_gpu.py) -> runs/<name>/{record.json,steps.csv,tensorboard/}, runs/summary.json
 #  4. with more than one GPU: one tp2 run and one pp2 run -> runs/tp2, runs/pp2
@@ -57,6 +58,7 @@ if [ "$DRY" = 1 ]; then
   MODEL=(--arch gpt --layers 2 --hidden 64 --heads 4 --vocab 512 --seq-len 64 --dropout 0 --precision fp32)
   STEPS=6
   FACTORS=matmul,layer_overhead_s
+  DEVICE=cpu
 else
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   PROBE=(--base "$BASE" --nprocs 1 --quick)
@@ -64,10 +66,12 @@ else
   MODEL=(--preset gpt3-350m --seq-len 2048 --dropout 0 --precision bf16 --gpu "$BASE")
   STEPS=30
   FACTORS=matmul,memory,layer_overhead_s
+  DEVICE=cuda
 fi
 log "output: $OUT_DIR; dry run: $DRY; GPUs: $GPUS; base profile: $BASE"
 step nvidia-smi 10 bash -c "nvidia-smi > '$OUT_DIR/nvidia-smi.txt' 2>&1 || echo 'no nvidia-smi' > '$OUT_DIR/nvidia-smi.txt'"
 step probe 60 python -m planner probe --out "$OUT_DIR/probed.toml" "${PROBE[@]}"
+step trace-read 30 bash -c "python benchmarks/trace_read_speed.py --device $DEVICE > '$OUT_DIR/trace_read.txt' 2>&1"
 step runs 200 python benchmarks/trainer_gpu.py --out "$OUT_DIR/runs" "${RUNS[@]}"
 if [ "$GPUS" -gt 1 ]; then
   for layout in "tp2:--tp 2 --sequence-parallel" "pp2:--pp 2"; do

@@ -43,6 +43,8 @@ def test_gpu_session_dry_run_writes_everything_under_its_folder(tmp_path):
     assert all(r["config"]["profile"]["memory_fraction"] is None for r in capped.values())
     assert "step" in log.split("ceiling (limit")[1] and "x the uncapped run's" in log
     assert "skip" not in log  # everything fitted in the budget
+    # The raw read of a traced step booked it as prof.events() does, on the session's device.
+    assert "the same booking: yes" in (out / "trace_read.txt").read_text()
 
 
 def test_a_ceiling_rerun_of_no_finished_run_is_one_line(tmp_path):
