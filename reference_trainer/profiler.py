@@ -251,8 +251,8 @@ def traced_events(prof) -> list:
     and microseconds since the trace's start), read from Kineto's raw results.
 
     ``prof.events()`` also builds each event's memory use, kernel lists and the call tree, which
-    nothing here reads: about 2 s for 34,000 events on this 2-core CPU (one traced step of a small
-    model per rank), against 0.03 s read raw. Building the tree, it also drops an op that is its
+    nothing here reads: 1.8-2.4 s for 34,000 events on this 2-core CPU, against 0.13-0.2 s read raw
+    (``python benchmarks/trace_read_speed.py``). Building the tree, it also drops an op that is its
     same-named parent's only child (an op that dispatches to itself); the raw read keeps it, inside
     its parent's span, where no booking sees it: compute and waits are unions, and communication
     ops do not nest so. Where this torch lacks what the raw read needs, the events are
