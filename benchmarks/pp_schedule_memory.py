@@ -107,6 +107,9 @@ def worker(schedule: str, fsdp: bool) -> None:
 
 
 def main() -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import numpy as np
 
