@@ -117,14 +117,19 @@ class Evidence:
     def line(self, on: tuple[str, ...] | None = None) -> str:
         """One line for the report: how many measured runs check this stack, on which GPUs, how well;
         ``on``: the GPUs to count runs on (the estimate's own by default)."""
+        return "; ".join(self.clauses(on))
+
+    def clauses(self, on: tuple[str, ...] | None = None) -> list[str]:
+        """``line``'s clauses, in order (the report prints one per line): the runs and their time
+        error, their memory error, the runs like this plan; the last names the page that has them all."""
         if self.unavailable:
-            return f"the records of measured runs ({EVIDENCE_FILE.name}) are missing from this install"
+            return [f"the records of measured runs ({EVIDENCE_FILE.name}) are missing from this install"]
         if self.own_file:
-            return (f"no measured run checks your stack file ({self.stack}); `planner calibrate` fits its "
-                    "factors to your runs")
+            return [f"no measured run checks your stack file ({self.stack})",
+                    "`planner calibrate` fits its factors to your runs"]
         if not self.runs:
-            return (f"no measured run checks {self.stack}: its factors are the public figures its file cites; "
-                    "`planner calibrate` fits them to your runs")
+            return [f"no measured run checks {self.stack}: its factors are the public figures its file cites",
+                    "`planner calibrate` fits them to your runs"]
         on = on or (self.gpu,)
         if len(on) == 1 and set(self.gpus) == set(on):
             where = f"all on {on[0]}"
@@ -135,22 +140,25 @@ class Evidence:
             none = ("" if not lack else f"none on {', '.join(lack)}" if len(lack) <= 2
                     else f"none on the other {len(lack)}" if have else f"none on these {len(lack)}")
             where = f"{', '.join(self.gpus)}; " + ", ".join(x for x in (have, none) if x)
-        text = (f"{self.runs} {' and '.join(self.sources)} run{'' if self.runs == 1 else 's'} ({where}): "
+        runs = (f"{self.runs} {' and '.join(self.sources)} run{'' if self.runs == 1 else 's'} ({where}): "
                 f"time {self.time_mean_abs_error:.1%} mean error, worst {self.time_worst_abs_error:.0%}"
                 f"{_direction(self.worst_speed_error)} ({self.sample()})")
+        out = [runs]
         if self.memory_runs:
-            text += "; " + _memory_text(self.memory_runs, self.memory_mean_abs_error, self.memory_worst_abs_error,
-                                        self.worst_memory_error)
+            out.append(_memory_text(self.memory_runs, self.memory_mean_abs_error, self.memory_worst_abs_error,
+                                    self.worst_memory_error))
         if self.like:
             names = " + ".join(FEATURES[f][0] for f in self.like)
-            text += (f"; like this plan ({names}): " + (
+            like = (f"like this plan ({names}): " + (
                 f"{self.like_runs}, time {self.like_mean_abs_error:.1%} mean error, worst "
                 f"{self.like_worst_abs_error:.0%}{_direction(self.like_worst_speed_error)}"
                 if self.like_runs else "none"))
             if self.like_memory_runs:
-                text += ", " + _memory_text(self.like_memory_runs, self.like_memory_mean_abs_error,
+                like += ", " + _memory_text(self.like_memory_runs, self.like_memory_mean_abs_error,
                                             self.like_memory_worst_abs_error, self.like_worst_memory_error)
-        return text + f"; {PAGE}"
+            out.append(like)
+        out[-1] += f"; {PAGE}"
+        return out
 
 
 def _direction(speed_error: float | None) -> str:

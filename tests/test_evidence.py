@@ -55,8 +55,20 @@ def test_the_committed_records_are_the_published_rows():
 
 def test_the_estimate_names_what_checks_it(capsys):
     assert main(["estimate", "--params", "33B", "--gpus", "128"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checked  "))
+    out = capsys.readouterr().out.splitlines()
+    at = next(k for k, x in enumerate(out) if x.startswith("checked  "))
+    line = out[at]
     assert line.startswith("checked  31 published torchtitan runs (") and "on a100-80g" in line
+    # One clause per line, the rest indented under the first, the page named last: the same clauses
+    # as the one-line form (compare's header, the explorer, the JSON summary).
+    shown = [line[9:]]
+    for x in out[at + 1:]:
+        if not x.startswith(" " * 9) or x.startswith(" " * 10):
+            break
+        shown.append(x[9:])
+    assert shown[1].startswith("memory (") and shown[-1].endswith("; docs/validation.md")
+    assert main(["estimate", "--params", "33B", "--gpus", "128", "--format", "json"]) == 0
+    assert "; ".join(shown) == json.loads(capsys.readouterr().out)["stack"]["checked_against"]["summary"]
     assert main(["estimate", "--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--format", "json"]) == 0
     got = json.loads(capsys.readouterr().out)["stack"]["checked_against"]
     assert got["runs"] == 0 and got["time_mean_abs_error"] is None

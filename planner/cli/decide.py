@@ -195,7 +195,7 @@ def _stack_lines(options) -> list[str]:
         e = for_stack(stack, gpus[0])
         out += [f"stack  {stack.name}: {stack.description}",
                 *([f"       not modelled: {stack.not_modelled}"] if stack.not_modelled else []),
-                f"       checked against {e.line(gpus)}"]
+                *(f"{'       checked against' if k == 0 else '':<22} {clause}" for k, clause in enumerate(e.clauses(gpus)))]
     return out
 
 

@@ -100,7 +100,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{job.attention} attention",
         f"stack    {stack_line(e)}",
         *([f"         not modelled: {unmodelled}"] if (unmodelled := software(job).stack.not_modelled) else []),
-        f"checked  {e.evidence().line()}",
+        *(f"{'checked' if k == 0 else '':<9}{clause}" for k, clause in enumerate(e.evidence().clauses())),
         *([f"         {calibration_line(hw)}"] if hw.calibration else []),
         f"layout   {layout_line(e)}",
         f"         best of {p.result.feasible} fitting layouts out of {p.result.evaluated} evaluated "
