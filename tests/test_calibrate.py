@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.calibration.calibrate import calibrate, calibrated_profile_toml, check_factors
+from planner.calibration.calibrate import calibrate, calibrated_profile_toml, check_factors, describe_fit
 from planner.calibration.measured import Measurement, load_measurements
 from planner.calibration.validate import compare, summary, table
 from planner.cli.main import main
@@ -48,6 +48,18 @@ def test_fit_recovers_known_factors():
     assert fit.efficiency.layer_overhead_s == pytest.approx(2e-4, rel=0.1)
     assert np.mean(np.abs(fit.base_errors)) > 0.1  # the defaults were clearly off
     assert fit.loo_errors is not None and np.max(np.abs(fit.loo_errors)) < 0.01
+
+
+def test_a_fit_with_fewer_than_two_runs_per_factor_says_so():
+    truth = A100.efficiency.replace(matmul=0.55, memory=0.6, layer_overhead_s=2e-4)
+    runs = synthetic_runs(truth)  # 8 runs
+    factors = ("matmul", "memory", "layer_overhead_s")
+    note = [x for x in describe_fit(calibrate(runs[:5], A100, factors), runs[:5]).splitlines() if x.startswith("note:")]
+    want = ("note: 3 factors from 5 runs: the fit can follow the runs' noise, and each leave-one-out fit has 4 "
+            "runs for 3; 6 or more runs (or fewer factors, --factors) give figures that say more")
+    assert note == [want]
+    assert not [x for x in describe_fit(calibrate(runs[:6], A100, factors), runs[:6]).splitlines()
+                if x.startswith("note:")]
 
 
 def test_too_few_runs_for_the_factors_is_refused():

@@ -195,5 +195,10 @@ def describe_fit(fit: Fit, runs: list[Measurement]) -> str:
                 + (f"; leave-one-out: {mean(fit.loo_errors)}" if fit.loo_errors is not None else ""))
     fitted = ", ".join(f"{f} = {getattr(fit.efficiency, f):.4g}" for f in fit.factors)
     rows.append(f"factors: {fitted}")
+    k = len(fit.factors)
+    if len(runs) < 2 * k:
+        rows.append(f"note: {k} factor{'s' if k > 1 else ''} from {len(runs)} runs: the fit can follow the runs' "
+                    f"noise, and each leave-one-out fit has {len(runs) - 1} runs for {k}; {2 * k} or more runs "
+                    "(or fewer factors, --factors) give figures that say more")
     return "\n".join(rows)
 
