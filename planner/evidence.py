@@ -150,7 +150,8 @@ class Evidence:
         if self.like:
             names = " + ".join(FEATURES[f][0] for f in self.like)
             like = (f"like this plan ({names}): " + (
-                f"{self.like_runs}, time {self.like_mean_abs_error:.1%} mean error, worst "
+                f"{self.like_runs} run{'' if self.like_runs == 1 else 's'}, time {self.like_mean_abs_error:.1%} "
+                f"mean error, worst "
                 f"{self.like_worst_abs_error:.0%}{_direction(self.like_worst_speed_error)}"
                 if self.like_runs else "none"))
             if self.like_memory_runs:

@@ -179,7 +179,8 @@ def test_the_runs_like_the_plan_are_summarised_on_their_own(capsys):
     assert (cp.like_runs, cp.like_worst_abs_error) == (2, 0.30) and abs(cp.like_mean_abs_error - 0.20) < 1e-12
     both = summarise("fsdp2", "h100-80g", runs, like=("cp", "pp"))
     assert both.like_runs == 1 and both.line().endswith(
-        "like this plan (context parallel + pipeline parallel): 1, time 10.0% mean error, worst 10%; docs/validation.md")
+        "like this plan (context parallel + pipeline parallel): 1 run, time 10.0% mean error, worst 10%; "
+        "docs/validation.md")
     assert summarise("fsdp2", "h100-80g", runs, like=("moe",)).line().endswith(
         "like this plan (mixture-of-experts): none; docs/validation.md")
     assert "like this plan" not in summarise("fsdp2", "h100-80g", runs).line()
@@ -206,13 +207,13 @@ def test_the_worst_run_says_which_way_it_was_off():
     assert (e.worst_speed_error, e.worst_memory_error, e.like_worst_speed_error) == (0.25, -0.12, 0.25)
     # Like this plan (cp > 1): runs 1 and 3; only run 1 has a memory error (+4%: above the measured).
     assert ("time 12.3% mean error, worst 25%, predicted faster than measured (out of sample); "
-            "memory (2 runs) 8.0%, worst 12%, predicted below measured; like this plan (context parallel): 2, "
+            "memory (2 runs) 8.0%, worst 12%, predicted below measured; like this plan (context parallel): 2 runs, "
             "time 13.5% mean error, worst 25%, predicted faster than measured, memory (1 run) 4.0%, worst 4%, "
             "predicted above measured; docs/validation.md") in e.line()
     assert (e.like_memory_runs, e.like_worst_memory_error) == (1, 0.04)
     slow = summarise("fsdp2", "h100-80g", runs[1:], like=("cp",))  # run 2 is the worst: a step-time row, predicted slower
     assert "worst 10%, predicted slower than measured" in slow.line()
-    assert "like this plan (context parallel): 1, time 2.0% mean error, worst 2%, predicted faster" in slow.line()
+    assert "like this plan (context parallel): 1 run, time 2.0% mean error, worst 2%, predicted faster" in slow.line()
     assert slow.line().endswith("predicted faster than measured; docs/validation.md")  # run 3: no memory measured
 
 
@@ -224,7 +225,7 @@ def test_the_runs_like_the_plan_give_their_own_memory_error():
     assert e.like_memory_runs == 6
     assert abs(e.like_memory_mean_abs_error - 0.081) < 0.002
     assert abs(e.like_memory_worst_abs_error - 0.145) < 0.002 and e.like_worst_memory_error < 0
-    assert "like this plan (pipeline parallel): 6, time " in e.line()
+    assert "like this plan (pipeline parallel): 6 runs, time " in e.line()
     assert ", memory (6 runs) 8.1%, worst 15%, predicted below measured; docs/validation.md" in e.line()
 
 
