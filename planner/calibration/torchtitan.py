@@ -222,12 +222,13 @@ def one_f_one_b_section(csv: Path) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     high = 0.0  # the interleaved row's error
-    fp8_errors = []  # each row's error were its stage's gathered weights counted at 1 byte (fp8 all-gather)
+    savings, fp8_errors = [], []  # were each row's gathered stage weights counted at 1 byte (fp8 all-gather)
     for r in rows:
         p = predict_torchtitan(r)
         if r.layout.vpp > 1:
             high = p.memory_bytes / r.measured_memory_bytes - 1
-        fp8_errors.append((p.memory_bytes - _fp8_gather_saving(r)) / r.measured_memory_bytes - 1)
+        savings.append(_fp8_gather_saving(r))
+        fp8_errors.append((p.memory_bytes - savings[-1]) / r.measured_memory_bytes - 1)
         lines.append(f"| {r.label} | {r.layout.micro_batch} x {r.model.seq_len // 1024}K | {r.layout.global_batch // (r.layout.dp * r.layout.micro_batch)} | "
                      f"{r.measured_memory_bytes / 2**30:.1f} | {p.memory_bytes / 2**30:.1f} | "
                      f"{_pct(p.memory_bytes / r.measured_memory_bytes - 1)} |")
@@ -260,7 +261,7 @@ def one_f_one_b_section(csv: Path) -> list[str]:
         "the linear layers' weights in fp8 and keeps them so (torchao's `fsdp_post_all_gather` returns a "
         "Float8 tensor over the gathered bytes), and under pipelining a stage keeps its gathered weights "
         "from the first micro-batch to the last. The planner counts them at 2 bytes. At 1 byte these rows "
-        f"would hold {_fp8_gather_saving(rows[0]) / 2**30:.1f} GiB less each: errors "
+        f"would hold {savings[0] / 2**30:.1f} GiB less each: errors "
         + ", ".join(_pct(e) for e in fp8_errors) + " in the table's order, the interleaved row within "
         "bounds and the 1F1B ones further below. Until a run of this stack with `torch.cuda.memory_stats()` "
         "says what a 1F1B stage holds, the 2-byte count stands.",
