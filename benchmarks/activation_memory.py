@@ -28,6 +28,7 @@ so the per-token figures are 8B's.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import weakref
 from collections import defaultdict
@@ -45,6 +46,26 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 MODES = ("none", "op", "full")
 
 
+# A CPU without bf16 instructions (AVX2 only) runs torch's bf16 matmuls 7-80x slower than fp32 ones
+# (a 2048 x 1024 x 3584 product: 0.2 s in fp32, 1-15 s in bf16, by the operands' layout). What is
+# counted here is storages, not values: a bf16 product is computed in fp32 and rounded to bf16, the
+# same shape, dtype and a new storage as the bf16 kernel returns (the fp32 operands are this
+# handler's own temporaries, made while the mode is off, and are not counted).
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+            torch.ops.aten.baddbmm.default}
+
+
+def _bf16_matmul_in_fp32(func, args, kwargs):
+    """``func(*args, **kwargs)`` for a matmul of bf16 CPU tensors, computed in fp32 and rounded to
+    bf16; None for any other call (other dtypes or devices, an ``out=``)."""
+    if kwargs or not all(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 and a.device.type == "cpu"
+                         for a in args if isinstance(a, torch.Tensor)):
+        return None
+    if not any(isinstance(a, torch.Tensor) for a in args):
+        return None
+    return func(*[a.float() if isinstance(a, torch.Tensor) else a for a in args]).to(torch.bfloat16)
+
+
 class LiveBytes(TorchDispatchMode):
     """Bytes of the tensor storages created under the mode and still alive, and their peak.
     Storages that existed before (``known``) are not counted when an op returns them."""
@@ -59,7 +80,9 @@ class LiveBytes(TorchDispatchMode):
         self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = _bf16_matmul_in_fp32(func, args, kwargs) if func in _MATMULS else None
+        if out is None:
+            out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
@@ -264,9 +287,12 @@ def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2) -> tuple[f
     return (after - before) / layers, _status_bytes("VmHWM") - after
 
 
-def compiled_per_token(dims, seq: int, mode: str) -> tuple[float, float] | None:
-    """(kept per layer, working) in bytes per token of torchtitan's blocks under torch.compile, or
-    None where that cannot be measured here (not Linux: no /proc/self/clear_refs; no C++ compiler)."""
+def compiled_per_token(dims, seq: int, mode: str, batches: tuple[int, int] = (1, 2)) -> tuple[float, float] | None:
+    """(kept per layer, working) in bytes per token of torchtitan's blocks under torch.compile, the
+    slope between ``batches`` sequences, or None where that cannot be measured here (not Linux: no
+    /proc/self/clear_refs; no C++ compiler). Resident memory also moves with the process's own heap,
+    in steps of 128 KiB at a time: over one sequence of 512 tokens a step is 0.7% of a layer's kept
+    bytes; a slope over two sequences halves it."""
     import json
     import os
     import shutil
@@ -274,12 +300,14 @@ def compiled_per_token(dims, seq: int, mode: str) -> tuple[float, float] | None:
 
     if not Path("/proc/self/clear_refs").exists() or not (shutil.which("g++") or shutil.which("c++")):
         return None  # torch.compile on the CPU needs a C++ compiler
-    args = [sys.executable, __file__, "--rss-child", mode, str(seq), *map(str, dims)]
+    low, high = batches
+    args = [sys.executable, __file__, "--rss-child", mode, str(seq), str(low), str(high), *map(str, dims)]
     out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **RSS_ENV}, timeout=900, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"activation_memory --rss-child: {out.stderr.strip().splitlines()[-1:]}")
     one, two = json.loads(out.stdout.strip().splitlines()[-1])
-    return (two[0] - one[0]) / seq, (two[1] - one[1]) / seq
+    tokens = (high - low) * seq
+    return (two[0] - one[0]) / tokens, (two[1] - one[1]) / tokens
 
 
 def _rss_child(argv: list[str]) -> int:
@@ -287,13 +315,14 @@ def _rss_child(argv: list[str]) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")  # inductor's notes on complex operators (RoPE), not the figures
-    mode, seq, *dims = argv
+    mode, seq, low, high, *dims = argv
     dims = tuple(int(d) for d in dims)
-    print(json.dumps([rss_bytes(dims, b, int(seq), mode) for b in (1, 2)]))
+    print(json.dumps([rss_bytes(dims, int(b), int(seq), mode) for b in (low, high)]))
     return 0
 
 
-def measured_per_token(case: str, dims, seq: int, mode: str) -> tuple[float, float]:
+@functools.cache  # deterministic (byte counts); docs/validation.py and the tests measure the same shapes
+def measured_per_token(case: str, dims: tuple, seq: int, mode: str) -> tuple[float, float]:
     """(kept per layer, working) in bytes per token: the slope between 1 and 2 sequences."""
     _, _, dtype, build = CASES[case]
     one, two = (live_bytes(build(dims, seq, mode), b, seq, dims[0], dtype, mode) for b in (1, 2))

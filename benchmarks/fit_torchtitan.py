@@ -33,7 +33,7 @@ def main() -> int:
     print(f"fit on {len(runs)} rows: h100-96g-hbm2e clock {x[0]:.3f} of the H100 SXM's; "
           f"fsdp2 per-block overhead {x[1]:.0f} us")
     print(f"in sample: mean |error| {err.mean():.1%}, worst {err.max():.1%}")
-    loo = np.abs(leave_one_out(runs))
+    loo = np.abs(leave_one_out(runs, x))
     print(f"leave-one-out: mean |error| {loo.mean():.1%}, worst {loo.max():.1%}")
     if a.cp:
         cp_runs = [r for r in load_torchtitan(a.csv, with_cp=True) if r.cp > 1]

@@ -315,7 +315,18 @@ def draw_in_progress(views: tuple[explore.InProgress, ...], draw, *args) -> None
     if all(view.done for view in views):
         draw(*args)
     else:
+        # What the fragment polls, for a run without a browser (AppTest) to work on as it would
+        # (work_a_slice): a page run that reaches the views after its budget adds nothing to them.
+        st.session_state["_polled"] = st.session_state.get("_polled", ()) + views
         st.fragment(draw, run_every=POLL_S)(*args, polling=True)
+
+
+def work_a_slice(views: tuple[explore.InProgress, ...]) -> None:
+    """What one run of the polling fragment computes: SLICE_S more work on ``views`` (a step begun
+    runs to its end, so each slice adds at least one step to a view not done)."""
+    deadline = time.perf_counter() + SLICE_S
+    for view in views:
+        view.advance(deadline)
 
 
 def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
@@ -325,9 +336,7 @@ def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
         return
     if all(view.done for view in views):
         st.rerun()
-    deadline = time.perf_counter() + SLICE_S
-    for view in views:
-        view.advance(deadline)
+    work_a_slice(views)
 
 
 def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, tokens: float, state: dict,
@@ -470,6 +479,7 @@ def main() -> None:
     st.set_page_config(page_title="planner: what-if explorer", layout="wide")
     start = time.perf_counter()
     st.session_state["_run_started"] = start  # a page run (fragments run without it)
+    st.session_state["_polled"] = ()  # the views this run leaves to the fragment (draw_in_progress)
     try:
         page()
     finally:

@@ -174,7 +174,7 @@ def _calibrate_torchtitan(a: argparse.Namespace) -> int:
                                                      "fitting 2 factors needs at least 3")
     base_err = np.exp(residuals((_clock_now(), _overhead_now_us()), runs)) - 1
     x = fit(runs)
-    errors, loo = np.exp(residuals(x, runs)) - 1, leave_one_out(runs)
+    errors, loo = np.exp(residuals(x, runs)) - 1, leave_one_out(runs, x)
     print(f"{'row':<84} {'base err':>9} {'fit err':>8} {'LOO err':>8}")
     for r, b, e, lo in zip(runs, base_err, errors, loo):
         print(f"{r.label[:84]:<84} {b:+9.1%} {e:+8.1%} {lo:+8.1%}")
