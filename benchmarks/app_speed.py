@@ -33,7 +33,7 @@ import statistics
 import time
 from pathlib import Path
 
-from planner.app import explore, page
+from planner.app import explore
 from planner.app import state as explore_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,11 +111,13 @@ def fill_times(params: float, tab: str = "Hardware") -> tuple[int, float, float]
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.query_params["tab"] = tab
     at.run()
+    from planner.app.page import work_a_slice  # imported by the run (its caches want Streamlit's runtime)
+
     at.number_input(key="params").set_value(params).run()
     times = [at.session_state["_run_ms"] / 1e3]
     while not any(c.value.startswith(FILLED[tab]) for c in at.caption) and len(times) < 200:
         start = time.perf_counter()
-        page.work_a_slice(at.session_state["_polled"])  # what the polling fragment computes in a run
+        work_a_slice(at.session_state["_polled"])  # what the polling fragment computes in a run
         work = time.perf_counter() - start
         at.run()
         assert not at.exception, [e.message for e in at.exception]
