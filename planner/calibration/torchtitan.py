@@ -53,8 +53,8 @@ def fit(runs: list[TorchtitanRun], start=START) -> np.ndarray:
 
 def leave_one_out(runs: list[TorchtitanRun], start=None) -> np.ndarray:
     """Each row's error when the factors are fitted on the other rows. ``start``: where each fit
-    begins, by default the fit on every row (one row moves the optimum little: a third of the
-    evaluations the fixed START takes)."""
+    begins, by default the fit on every row (one row moves the optimum little: the 25 fits of the
+    torchtitan rows evaluate the rows 291 times from there, 750 from START, to the same errors)."""
     start = fit(runs) if start is None else start
     return np.array([np.exp(residuals(fit(runs[:i] + runs[i + 1:], start), [runs[i]])[0]) - 1
                      for i in range(len(runs))])
