@@ -58,10 +58,8 @@ _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.ate
 def _bf16_matmul_in_fp32(func, args, kwargs):
     """``func(*args, **kwargs)`` for a matmul of bf16 CPU tensors, computed in fp32 and rounded to
     bf16; None for any other call (other dtypes or devices, an ``out=``)."""
-    if kwargs or not all(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 and a.device.type == "cpu"
-                         for a in args if isinstance(a, torch.Tensor)):
-        return None
-    if not any(isinstance(a, torch.Tensor) for a in args):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if kwargs or not tensors or any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
         return None
     return func(*[a.float() if isinstance(a, torch.Tensor) else a for a in args]).to(torch.bfloat16)
 

@@ -186,6 +186,7 @@ def _header(model, note: str, options) -> list[str]:
 
 def _stack_lines(options) -> list[str]:
     """The stack each option is planned for, and the measured runs that check it on these GPUs."""
+    from planner.core.report import labelled
     from planner.evidence import for_stack
     from planner.stacks import software
 
@@ -195,7 +196,7 @@ def _stack_lines(options) -> list[str]:
         e = for_stack(stack, gpus[0])
         out += [f"stack  {stack.name}: {stack.description}",
                 *([f"       not modelled: {stack.not_modelled}"] if stack.not_modelled else []),
-                *(f"{'       checked against' if k == 0 else '':<22} {clause}" for k, clause in enumerate(e.clauses(gpus)))]
+                *labelled("       checked against", e.clauses(gpus), 23)]
     return out
 
 

@@ -49,6 +49,12 @@ def _pct(x: float) -> str:
     return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x:.1%}"
 
 
+def labelled(label: str, lines, width: int) -> list[str]:
+    """``lines`` one per line from column ``width``, the first after ``label`` (a report's "checked"
+    clauses, indented under their label)."""
+    return [f"{label if k == 0 else '':<{width}}{line}" for k, line in enumerate(lines)]
+
+
 def stack_line(e: Estimate) -> str:
     """The software stack, what it runs, and where its factors come from."""
     s = e.stack_json()
@@ -100,7 +106,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"{job.attention} attention",
         f"stack    {stack_line(e)}",
         *([f"         not modelled: {unmodelled}"] if (unmodelled := software(job).stack.not_modelled) else []),
-        *(f"{'checked' if k == 0 else '':<9}{clause}" for k, clause in enumerate(e.evidence().clauses())),
+        *labelled("checked", e.evidence().clauses(), 9),
         *([f"         {calibration_line(hw)}"] if hw.calibration else []),
         f"layout   {layout_line(e)}",
         f"         best of {p.result.feasible} fitting layouts out of {p.result.evaluated} evaluated "
