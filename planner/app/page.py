@@ -62,6 +62,7 @@ def init_state() -> None:
     values, notes = explore_state.state_from_query(st.query_params.to_dict())
     for key, value in values.items():
         st.session_state[key] = value
+    open_groups(values)
     st.session_state["_notes"] = notes  # shown once
     tab = st.query_params.get("tab", TABS[0])
     st.session_state["_first_tab"] = tab if tab in TABS else TABS[0]  # fixed for the session: it keys the tabs
@@ -89,6 +90,58 @@ def set_values(values: dict) -> None:
         st.session_state[key] = value
 
 
+def keep_hidden(drawn: set[str]) -> dict:
+    """The values of the fields this run does not draw, kept under one session key ("_hidden"):
+    Streamlit forgets a keyed widget's value after a run that does not draw it, and every key in
+    the session state costs each widget drawn (its filtered_state). A field drawn again takes its
+    kept value, unless a callback has just set one."""
+    kept = st.session_state.setdefault("_hidden", {})
+    for f in explore_state.fields():
+        if f.name in drawn:
+            if f.name in kept:
+                value = kept.pop(f.name)
+                if f.name not in st.session_state:
+                    st.session_state[f.name] = value
+        elif f.name in st.session_state:
+            kept[f.name] = st.session_state[f.name]
+            del st.session_state[f.name]
+    return kept
+
+
+# The sidebar's groups drawn only while open (their expanders rerun the page when toggled): a
+# widget drawn costs every page run about 0.5 ms (benchmarks/app_speed.py). Their values are
+# kept while closed (keep_hidden) and count as always. Session key and label per field group.
+GROUPS = {"hardware_custom": ("_open_hardware", "Custom hardware (overrides the profile)"),
+          "finetune": ("_open_finetune", "Fine-tuning"),
+          "operations": ("_open_operations", "Failures, checkpoints, data")}
+
+
+def open_groups(values: dict) -> None:
+    """A group opens on a session's first run when one of its fields is not at its default (a link
+    that sets one shows it); later, as the user leaves it."""
+    for group, (key, _) in GROUPS.items():
+        st.session_state[key] = any(values[f.name] != f.default for f in explore_state.fields() if f.group == group)
+
+
+def drawn_fields(source: str) -> set[str]:
+    """The fields this run draws: a shape's when the model comes from a shape, an open group's
+    (LoRA's only under LoRA), and the rest."""
+    kept = st.session_state.get("_hidden", {})
+    lora = (st.session_state["mode"] if "mode" in st.session_state else kept["mode"]) == "lora"
+    out = set()
+    for f in explore_state.fields():
+        if f.group == "shape":
+            shown = source == "shape"
+        elif f.group in GROUPS:
+            shown = st.session_state.get(GROUPS[f.group][0], False) and (
+                f.group != "finetune" or f.name == "mode" or lora)
+        else:
+            shown = True
+        if shown:
+            out.add(f.name)
+    return out
+
+
 def sidebar() -> dict:
     fields = explore_state.field_map()
     sb = st.sidebar
@@ -96,33 +149,36 @@ def sidebar() -> dict:
     sb.radio(fields["model"].label, fields["model"].choices, key="model", horizontal=True,
              format_func={"params": "parameters", "preset": "preset", "shape": "shape", "hf": "HF config"}.get)
     source = st.session_state["model"]
+    drawn = drawn_fields(source)
+    kept = keep_hidden(drawn)
     widget(fields["params"], sb, disabled=source != "params")
     widget(fields["preset"], sb, disabled=source != "preset")
     upload = sb.file_uploader("Hugging Face config.json", type=["json"], key="hf_upload",
                               disabled=source != "hf", help="`--hf-config`: llama, mistral, qwen2 or gpt2 keys")
-    with sb.expander("Shape", expanded=source == "shape"):
-        for f in explore_state.fields():
-            if f.group == "shape":
-                widget(f, st, disabled=source != "shape")
+    if source == "shape":
+        with sb.expander("Shape", expanded=True):
+            for f in explore_state.fields():
+                if f.group == "shape":
+                    widget(f, st)
+    widget(fields["seq_len"], sb)
+
+    def group(name: str) -> None:
+        key, label = GROUPS[name]
+        with sb.expander(label, key=key, on_change="rerun"):
+            for f in explore_state.fields():
+                if f.group == name and f.name in drawn:
+                    widget(f, st)
+
     sb.header("Hardware")
     widget(fields["gpu"], sb)
     widget(fields["gpus"], sb)
-    with sb.expander("Custom hardware (overrides the profile)"):
-        for f in explore_state.fields():
-            if f.group == "hardware_custom":
-                widget(f, st)
+    group("hardware_custom")
     sb.header("Job")
     for f in explore_state.fields():
         if f.group == "job":
             widget(f, sb)
-    with sb.expander("Fine-tuning", expanded=st.session_state["mode"] != "pretrain"):
-        for f in explore_state.fields():
-            if f.group == "finetune":
-                widget(f, st, disabled=f.name != "mode" and st.session_state["mode"] != "lora")
-    with sb.expander("Failures, checkpoints, data"):
-        for f in explore_state.fields():
-            if f.group == "operations":
-                widget(f, st)
+    group("finetune")
+    group("operations")
     sb.header("Layout")
     sb.caption("0 or auto: searched. dp follows from GPUs / (tp x pp).")
     for name in explore_state.LAYOUT_PINS:
@@ -130,7 +186,7 @@ def sidebar() -> dict:
     widget(fields["sort"], sb)
     sb.button("Search every field (unpin all)", on_click=set_values,
               args=({n: explore_state.defaults()[n] for n in explore_state.LAYOUT_PINS},))
-    values = {f.name: st.session_state[f.name] for f in explore_state.fields()}
+    values = {f.name: kept[f.name] if f.name in kept else st.session_state[f.name] for f in explore_state.fields()}
     if source == "hf" and upload is not None:
         values["hf_config"] = upload.getvalue()
     return values

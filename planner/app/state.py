@@ -112,6 +112,9 @@ def fields() -> tuple[Field, ...]:
               step=1.0, group="model", help="`--params`: e.g. 33 for 33B"),
         Field(name="preset", label="Preset", kind="choice", default="llama-33b", choices=tuple(presets()),
               group="model", help="`planner presets` lists them with their sources"),
+        Field(name="seq_len", label="Sequence length (0: the model's own)", kind="int", default=0, low=0,
+              high=1048576, step=1024, group="model",
+              help="`--seq-len`: tokens per sequence, for any model; 0: the preset's or config's own (a shape: 2048)"),
         Field(name="arch", label="Architecture", kind="choice", default="llama", choices=ARCHS, group="shape"),
         Field(name="layers", label="Layers", kind="int", default=32, low=1, high=1024, group="shape"),
         Field(name="hidden", label="Hidden size", kind="int", default=4096, low=64, high=131072, step=64,
@@ -122,8 +125,6 @@ def fields() -> tuple[Field, ...]:
         Field(name="ffn_hidden", label="FFN hidden (0: architecture default)", kind="int", default=0, low=0,
               high=1048576, step=256, group="shape"),
         Field(name="vocab", label="Vocabulary", kind="int", default=32000, low=1, high=1048576, step=256,
-              group="shape"),
-        Field(name="seq_len", label="Sequence length", kind="int", default=2048, low=16, high=1048576, step=256,
               group="shape"),
         Field(name="gpu", label="GPU profile", kind="choice", default=DEFAULT_GPU, choices=tuple(profile_names()),
               group="hardware", help="built-in and calibrated profiles (`planner profiles`)"),
@@ -257,8 +258,10 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
     elif s["model"] == "params":
         out["params"] = float(s["params"]) * 1e9
     else:
-        out.update({k: s[k] for k in ("arch", "layers", "hidden", "heads", "vocab", "seq_len")})
+        out.update({k: s[k] for k in ("arch", "layers", "hidden", "heads", "vocab")})
         out.update({k: s[k] for k in ("kv_heads", "ffn_hidden") if s[k]})
+    if s["seq_len"]:  # any source: a preset's, a count's or a config's own length replaced (--seq-len)
+        out["seq_len"] = int(s["seq_len"])
     for f in fields():
         if f.group not in ("model", "shape", "hardware", "hardware_custom") and f.name != "sort":
             value = _declared(f, s[f.name])
@@ -283,8 +286,10 @@ def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
     elif "params" in m:
         argv += ["--params", _count(float(m["params"]))]
     else:
-        argv += [x for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
+        argv += [x for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
                  if k in m for x in ("--" + k.replace("_", "-"), str(m[k]))]
+    if "seq_len" in m:
+        argv += ["--seq-len", str(m["seq_len"])]
     argv += ["--gpu", str(m["gpu"]), "--gpus", str(m["gpus"])]
     argv += [x for n in HW_OVERRIDES if m.get(n) is not None for x in ("--" + n.replace("_", "-"), f"{m[n]:.10g}")]
     for o in (*JOB_OPTIONS, *OPS_OPTIONS):

@@ -66,13 +66,26 @@ def scaled_llama(target: float, vocab: int = 32000, seq_len: int = 4096) -> Mode
     """
     import math
 
-    candidates = []
+    best = None
+    for hidden, fixed, per_layer, probe in _widths(vocab, seq_len):
+        layers = max(1, round((target - fixed) / per_layer))
+        error = abs((fixed + layers * per_layer) / target - 1)  # a dense model's count is affine in its depth
+        key = (error > 0.02, abs(math.log(hidden / layers / 112)), error)
+        if best is None or key < best[0]:
+            best = (key, probe, layers)
+    _, probe, layers = best
+    return probe.replace(layers=layers, name=f"llama-style-{target / 1e9:g}b")
+
+
+@functools.cache
+def _widths(vocab: int, seq_len: int) -> tuple[tuple[int, int, int, ModelSpec], ...]:
+    """Per width of the scaling rule: (hidden, the parameters outside the layers, per layer, a
+    one-layer probe). They do not depend on the target, so a process builds them once: each
+    '--params' value not seen before then costs one model instead of 154 (the explorer's model-size
+    field: benchmarks/app_speed.py)."""
+    out = []
     for hidden in [*range(256, 4096, 256), *range(4096, 65536 + 1, 1024)]:
         probe = ModelSpec(arch="llama", layers=1, hidden=hidden, heads=max(1, hidden // 128),
                           vocab=vocab, seq_len=seq_len)
-        fixed = probe.params - probe.layer_params
-        layers = max(1, round((target - fixed) / probe.layer_params))
-        spec = probe.replace(layers=layers, name=f"llama-style-{target / 1e9:g}b")
-        error = abs(spec.params / target - 1)
-        candidates.append(((error > 0.02, abs(math.log(hidden / layers / 112)), error), hidden, spec))
-    return min(candidates, key=lambda c: (c[0], c[1]))[2]
+        out.append((hidden, probe.params - probe.layer_params, probe.layer_params, probe))
+    return tuple(out)

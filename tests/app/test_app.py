@@ -225,11 +225,24 @@ def test_export_tab_is_what_planner_export_writes():
 
 def test_lora_and_operations_figures_follow_the_cli():
     at = new_app()
+    # The fine-tuning and operations groups are closed: their fields are drawn once opened.
+    assert not any(w.key in ("mode", "lora_r", "mtbf_gpu_hours") for w in [*at.selectbox, *at.number_input])
+    at.session_state["_open_finetune"] = True  # what a click on the expander sets
+    at.run()
+    assert not any(w.key == "lora_r" for w in at.number_input)  # LoRA's fields: only under LoRA
     at.selectbox(key="mode").set_value("lora")
+    at.run()
+    assert at.number_input(key="lora_r").value == 8
+    at.session_state["_open_operations"] = True
     at.run()
     at.number_input(key="mtbf_gpu_hours").set_value(10000.0)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
+    # Closed again, both groups' values still count.
+    at.session_state["_open_finetune"] = at.session_state["_open_operations"] = False
+    at.run()
+    assert not any(w.key in ("mode", "mtbf_gpu_hours") for w in [*at.selectbox, *at.number_input])
+    assert at.query_params["mode"] == "lora" and at.query_params["mtbf_gpu_hours"] == "10000"
     j = cli_json({**DEFAULT_FLAGS, "--mode": "lora", "--lora-r": "8", "--lora-alpha": "16",
                   "--lora-targets": "q_proj,v_proj", "--mtbf-gpu-hours": "10000"})
     figures = shown(at)
@@ -257,9 +270,32 @@ def test_nothing_fits_shows_what_would_fit_not_metrics():
     assert any("more GPUs" in i.value for i in at.info)
 
 
+def test_a_presets_sequence_length_is_set_as_the_cli_sets_it():
+    """Long context with a preset (Llama 3 8B at 128K on 8 GPUs, context parallel 4, as torchtitan
+    ran it): the sequence-length field replaces the preset's own 8,192, as `--seq-len` does."""
+    query = {"model": "preset", "preset": "llama3-8b", "gpus": "8", "gpu": "h100-96g-hbm2e", "cp": "4",
+             "precision": "fp8"}
+    at = new_app({**query, "seq_len": "131072"})
+    assert not at.error, [e.value for e in at.error]
+    assert at.number_input(key="seq_len").value == 131072
+    assert not any(w.key == "layers" for w in at.number_input)  # a shape's fields: only for a shape
+    j = cli_json({"--preset": "llama3-8b", "--gpus": "8", "--gpu": "h100-96g-hbm2e", "--cp": "4",
+                  "--precision": "fp8", "--seq-len": "131072"})
+    assert j["model"]["seq_len"] == 131072 and j["model"]["layers"] == 32
+    assert shown_core(at) == expected(j)
+    at.number_input(key="seq_len").set_value(0).run()  # 0: the preset's own
+    own = cli_json({"--preset": "llama3-8b", "--gpus": "8", "--gpu": "h100-96g-hbm2e", "--cp": "4",
+                    "--precision": "fp8"})
+    assert own["model"]["seq_len"] == 8192 and shown_core(at) == expected(own) != expected(j)
+    assert "seq_len" not in at.query_params
+    at.radio(key="model").set_value("shape").run()
+    assert at.number_input(key="layers").value == 32  # the shape's fields drawn, with their values
+
+
 def test_hardware_overrides_from_the_url_reach_the_plan():
     at = new_app({"gpu_memory_gib": "40"})
     assert not at.exception and not at.error
+    assert at.number_input(key="gpu_memory_gib").value == 40  # its group opens: a link that sets one shows it
     assert shown(at)["memory per GPU"].endswith("/40 GiB")
     j = cli_json({**DEFAULT_FLAGS, "--gpu-memory-gib": "40"})
     assert shown_core(at) == expected(j)

@@ -43,6 +43,9 @@ def test_new_dimensions_survive_the_url_and_plan_like_the_cli(changes):
         assert argv[argv.index(f"--{name}") + 1] == str(changes[name])
     view = explore.compute(explore_state.mapping_from_state(state))
     assert view.to_json() == cli_estimate(argv)
+    if "seq_len" in changes:  # a preset's own length replaced, as --seq-len does
+        assert argv[argv.index("--seq-len") + 1] == str(changes["seq_len"])
+        assert view.to_json()["model"]["seq_len"] == changes["seq_len"]
     layout = view.to_json()["layout"]
     assert all(layout[k] == v for k, v in changes.items() if k in ("cp", "ep", "offload", "tp"))
 
