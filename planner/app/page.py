@@ -128,6 +128,9 @@ def drawn_fields(source: str) -> set[str]:
     (LoRA's only under LoRA), and the rest."""
     kept = st.session_state.get("_hidden", {})
     lora = (st.session_state["mode"] if "mode" in st.session_state else kept["mode"]) == "lora"
+    for f in explore_state.fields():  # a group holding a value out of range opens, to show the field named
+        if f.group in GROUPS and explore_state.out_of_range({f.name: st.session_state.get(f.name, kept.get(f.name))}):
+            st.session_state[GROUPS[f.group][0]] = True
     out = set()
     for f in explore_state.fields():
         if f.group == "shape":

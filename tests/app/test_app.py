@@ -262,6 +262,20 @@ def test_an_out_of_range_input_is_named_not_silently_kept():
     assert not at.metric  # no plan shown for inputs that are not the ones the user sees
 
 
+def test_a_closed_group_holding_a_value_out_of_range_opens_to_show_it():
+    at = new_app()
+    at.session_state["_open_operations"] = True
+    at.run()
+    at.number_input(key="packing_efficiency").set_value(1.5).run()
+    at.session_state["_open_operations"] = False  # closed by the user: the value is kept, and named
+    at.run()
+    assert not at.exception
+    assert any("Out of range: Packing efficiency: 1.5" in e.value for e in at.error)
+    assert at.number_input(key="packing_efficiency").value == 1.5  # drawn again, so it can be mended
+    at.number_input(key="packing_efficiency").set_value(0.9).run()
+    assert not at.error and at.metric
+
+
 def test_nothing_fits_shows_what_would_fit_not_metrics():
     at = new_app({"params": "405", "gpus": "8"})
     assert not at.exception

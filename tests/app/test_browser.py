@@ -248,3 +248,26 @@ def test_the_plan_pictures_fill_in_by_themselves(browser_page):
     # About 0.1 s of work on a quiet 2-core machine, in slices between polls: a generous bound for a busy one.
     sync_api.expect(page.get_by_text("The best layout's step parts", exact=False)).to_be_visible(timeout=120_000)
     sync_api.expect(page.get_by_text("Searching the best layout at each GPU count", exact=False)).to_have_count(0)
+
+
+def test_a_closed_group_opens_on_a_click_and_keeps_its_values_when_closed(browser_page):
+    """The sidebar's rarely changed groups draw their fields only while open (an expander that
+    reruns the page when clicked); closed again, what was set in them still counts."""
+    page, server = browser_page
+    page.goto(server)
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    memory = page.get_by_label("GPU memory, GiB", exact=True)
+    sync_api.expect(memory).to_have_count(0)  # closed: not drawn
+    group = page.get_by_text("Custom hardware (overrides the profile)", exact=True)
+    group.click()
+    sync_api.expect(memory).to_be_visible(timeout=30_000)
+    memory.fill("40")
+    memory.press("Enter")
+    sync_api.expect(page).to_have_url(f"{server}/?gpu_memory_gib=40", timeout=30_000)
+    sync_api.expect(_metric(page, "memory per GPU")).to_contain_text("/40 GiB", timeout=30_000)
+    group.click()
+    sync_api.expect(memory).to_have_count(0, timeout=30_000)
+    page.get_by_label("GPUs", exact=True).fill("256")
+    page.get_by_label("GPUs", exact=True).press("Enter")
+    sync_api.expect(page).to_have_url(f"{server}/?gpus=256&gpu_memory_gib=40", timeout=30_000)
+    sync_api.expect(_metric(page, "memory per GPU")).to_contain_text("/40 GiB", timeout=30_000)
