@@ -14,8 +14,8 @@ class PlannerError(ValueError):
         self.value = value
         self.allowed = allowed
         shown = repr(value)
-        if len(shown) > 80:  # a 400-digit number or a binary blob stays one readable line
-            shown = f"{shown[:60]}...({len(shown)} characters)"
+        if len(shown) > 160:  # a 400-digit number or a binary blob stays one readable line; a path keeps its end
+            shown = f"{shown[:100]}...{shown[-40:]} ({len(shown)} characters)"
         super().__init__(f"{field}={shown}: {allowed}")
 
 

@@ -253,6 +253,27 @@ def test_binary_or_malformed_profile_files(tmp_path, capsys, content, needle):
     one_line_refusal(capsys, ["estimate", *MODEL, "--gpu", str(path)], str(path), needle)
 
 
+def test_a_long_path_in_a_refusal_keeps_its_file_name(tmp_path, capsys):
+    """The value in a one-line refusal is shortened only past 160 characters, and then keeps its
+    end: a profile path of 150 characters (a CI runner's temporary folders are long) is named
+    whole, and a longer one still shows which file it was."""
+    def bad_profile_at(length: int) -> str:  # a path whose repr() is ``length`` characters
+        pad = length - len(repr(str(tmp_path / "x" / "bad.toml")))
+        folder = tmp_path / ("d" * (pad + 1))
+        folder.mkdir()
+        (folder / "bad.toml").write_bytes(b"this is [not toml")
+        path = str(folder / "bad.toml")
+        assert len(repr(path)) == length
+        return path
+
+    path = bad_profile_at(150)
+    one_line_refusal(capsys, ["estimate", *MODEL, "--gpu", path], f"{path!r}:", "not valid TOML")
+    path = bad_profile_at(230)
+    err = one_line_refusal(capsys, ["estimate", *MODEL, "--gpu", path], "dddd/bad.toml' (230 characters):",
+                           "not valid TOML")
+    assert path not in err and repr(path)[:100] in err
+
+
 def test_every_shipped_profile_passes_the_schema():
     from planner.hardware import profile_names
 
