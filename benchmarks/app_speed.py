@@ -8,7 +8,8 @@ app's own wall-clock timer around one script run (st.session_state["_run_ms"]), 
 not seen before (the search runs), then with a value seen before (st.cache_data answers); "new, CPU"
 is the CPU time this process spent on a new value's run (on a shared machine the wall clock also
 counts the time other processes held the cores). The Hardware tab searches every profile, so it
-is timed on its own.
+is timed on its own. "sidebar" is the share of a page run Streamlit spends drawing the sidebar's
+widgets (each reads the whole session state), over 40 runs of values seen before.
 
 Target (issue 14): every explorer interaction under 100 ms server-side: the "page, new" column (the
 whole script run for an input not seen before) is the one held to it; each row says whether it
@@ -125,6 +126,36 @@ def fill_times(params: float, tab: str = "Hardware") -> tuple[int, float, float]
     return len(times), max(times), sum(times)
 
 
+def sidebar_times(runs: int = 40) -> tuple[float, float]:
+    """Median seconds of the sidebar (``planner.app.page.sidebar``: Streamlit drawing its widgets,
+    each reading the whole session state) and of the whole page run, over ``runs`` page runs of
+    values seen before (GPUs 256 and 128 in turn: the plan comes from the cache)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.run()
+    from planner.app import page  # imported by the run (its caches want Streamlit's runtime)
+
+    spent, pages, original = [], [], page.sidebar
+
+    def timed() -> dict:
+        start = time.perf_counter()
+        try:
+            return original()
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    page.sidebar = timed  # page() looks it up in the module at each run
+    try:
+        for i in range(runs):
+            at.number_input(key="gpus").set_value((256, 128)[i % 2]).run()
+            assert not at.exception, [e.message for e in at.exception]
+            pages.append(at.session_state["_run_ms"] / 1e3)
+    finally:
+        page.sidebar = original
+    return statistics.median(spent[-runs:]), statistics.median(pages)
+
+
 TARGET_S = 0.1  # every interaction, server-side
 
 
@@ -146,6 +177,9 @@ def main() -> None:
         new, seen, cpu = page_times(field, values)
         worst = max(worst, (label, new), key=lambda w: w[1])
         print(f"{label:42s} {ms(c):>8s} {ms(new):>10s} {ms(seen):>10s} {ms(cpu):>9s}  {verdict(new)}", flush=True)
+    side, whole = sidebar_times()
+    print(f"\nsidebar (Streamlit drawing its widgets), median of 40 page runs of values seen before: "
+          f"{ms(side).strip()} ms of a {ms(whole).strip()} ms page run")
     print("\nHardware tab (every profile; the sweep: every profile x 10 GPU counts)")
     state = explore_state.defaults()
     start, cpu0 = time.perf_counter(), time.process_time()
