@@ -127,10 +127,14 @@ def drawn_fields(source: str) -> set[str]:
     """The fields this run draws: a shape's when the model comes from a shape, an open group's
     (LoRA's only under LoRA), and the rest."""
     kept = st.session_state.get("_hidden", {})
-    lora = (st.session_state["mode"] if "mode" in st.session_state else kept["mode"]) == "lora"
-    for f in explore_state.fields():  # a group holding a value out of range opens, to show the field named
-        if f.group in GROUPS and explore_state.out_of_range({f.name: st.session_state.get(f.name, kept.get(f.name))}):
-            st.session_state[GROUPS[f.group][0]] = True
+
+    def value(name: str):  # drawn last run: in the session; else kept
+        return st.session_state[name] if name in st.session_state else kept[name]
+
+    lora = value("mode") == "lora"
+    for group, (key, _) in GROUPS.items():  # a group holding a value out of range opens, to show the field named
+        if explore_state.out_of_range({f.name: value(f.name) for f in explore_state.fields() if f.group == group}):
+            st.session_state[key] = True
     out = set()
     for f in explore_state.fields():
         if f.group == "shape":
