@@ -5,6 +5,8 @@ The CLI prints ``str(error)`` as a single line and exits with code 2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class PlannerError(ValueError):
     """Bad input. ``field`` and ``value`` say what was wrong, ``allowed`` what would do."""
@@ -19,10 +21,11 @@ class PlannerError(ValueError):
         super().__init__(f"{field}={shown}: {allowed}")
 
 
-def require(condition: bool, field: str, value: object, allowed: str) -> None:
-    """Raise ``PlannerError(field, value, allowed)`` unless ``condition`` holds."""
+def require(condition: bool, field: str, value: object, allowed: str | Callable[[], str]) -> None:
+    """Raise ``PlannerError(field, value, allowed)`` unless ``condition`` holds. ``allowed`` may be
+    a function giving the text, called only on failure (checks on every estimate build no text)."""
     if not condition:
-        raise PlannerError(field, value, allowed)
+        raise PlannerError(field, value, allowed() if callable(allowed) else allowed)
 
 
 def closest_names(name: str, choices: list[str], n: int = 3) -> str:

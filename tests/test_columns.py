@@ -72,3 +72,35 @@ def test_as_float_as_array_and_ones_like_are_numpys():
             (np.ndim(x) == 0 and type(columns.ones_like(x)) is type(x) and columns.ones_like(x) == 1)
     # scalars stay numpy scalars (a 0-d array would cost an array's time in every operation after it)
     assert type(columns.as_float(np.int64(3))) is np.float64 and type(columns.as_array(3)) is np.int64
+
+
+@pytest.mark.parametrize("ours, numpys", [(columns.any_, np.any), (columns.all_, np.all)])
+def test_any_and_all_are_numpys(ours, numpys):
+    # scalars of every kind the formulas hold (a NaN is true, -0.0 false), and arrays
+    for x in [*VALUES, np.array([0.0, -0.0]), np.array([], dtype=float), np.array([True, False])]:
+        assert ours(x) is bool(numpys(x)), (x, ours(x), numpys(x))
+
+
+def test_one_gemm_list_in_python_floats_is_the_tables_row():
+    """gemms_time of one layout (scalars, in Python floats) gives to the bit what the array path
+    gives that row, over random GEMM shapes on GPUs of different roofs; a GEMM of no size gives
+    the array path's NaN."""
+    from planner.core.flops import Gemm
+    from planner.core.steptime import gemms_time
+    from planner.hardware import get_profile
+
+    rng = np.random.default_rng(7)
+    for gpu in ("a100-80g", "h100-80g", "v100-32g"):
+        hw = get_profile(gpu)
+        for _ in range(200):
+            dims = rng.integers(1, 1 << 17, size=(int(rng.integers(1, 8)), 4))
+            scalar = [Gemm(np.int64(m), np.float64(n), int(k), np.float64(c % 64 + 1)) for m, n, k, c in dims]
+            table = [Gemm(np.array([m, 5.0]), np.array([n, 7.0]), np.array([k, 9.0]), np.array([c % 64 + 1, 1.0]))
+                     for m, n, k, c in dims]
+            fp8, elem = bool(rng.integers(2)), int(rng.integers(1, 3))
+            got = gemms_time(scalar, 1, hw, 312e12, elem, fp8)
+            want = gemms_time(table, 2, hw, 312e12, elem, fp8)[0]
+            assert type(got) is np.float64 and got == want, (gpu, dims, got, want)
+    with np.errstate(all="ignore"):
+        empty = gemms_time([Gemm(np.int64(0), np.int64(0), np.int64(8))], 1, get_profile("a100-80g"), 312e12, 2)
+    assert np.isnan(empty)

@@ -312,3 +312,23 @@ def test_fp8_tp_all_gathers_send_one_byte_and_the_reduce_scatters_two(tmp_path):
     old = tmp_path / "old.toml"
     old.write_text("\n".join(x for x in full.splitlines() if not x.startswith("fp8_tp_all_gather")))
     assert not load_stack_file(old).fp8_tp_all_gather
+
+
+def test_effective_profile_is_remembered_per_profile_and_stack():
+    """A stack's factors replace the profile's (those its file does not set); the answer is kept
+    per (profile, stack, async TP) object and stays that pair's: another profile object, even an
+    equal one, and async TP get their own."""
+    import dataclasses
+
+    from planner.hardware import get_profile
+    from planner.stacks import effective, get_stack
+
+    hw, fsdp2, mcore = get_profile("a100-80g"), get_stack("fsdp2"), get_stack("megatron-core")
+    first = effective(hw, fsdp2)
+    assert effective(hw, fsdp2) is first
+    assert first.efficiency.layer_overhead_s == fsdp2.layer_overhead_s
+    assert first.efficiency.dp_overlap == fsdp2.dp_overlap
+    assert effective(hw, mcore).efficiency.layer_overhead_s == mcore.layer_overhead_s
+    assert effective(hw, mcore, True).efficiency.tp_overlap == mcore.tp_overlap_async
+    slower = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, matmul=0.5))
+    assert effective(slower, fsdp2).efficiency.matmul == 0.5 and first.efficiency.matmul == hw.efficiency.matmul

@@ -65,9 +65,18 @@ def ones_like(x):
     return type(x)(1) if type(x) in _NUMPY else np.ones_like(x)
 
 
+_SCALARS = (*_BOOLS, *_FLOATS, *_INTS)
+
+
 def any_(x) -> bool:
-    """``bool(np.any(x))``, a scalar read directly (np.any costs 2-4 us on any input)."""
-    return bool(x) if type(x) in _BOOLS else bool(np.any(x))
+    """``bool(np.any(x))``, a scalar read directly (np.any costs 2-4 us on any input; a NaN is
+    true to both)."""
+    return bool(x) if type(x) in _SCALARS else bool(np.any(x))
+
+
+def all_(x) -> bool:
+    """``bool(np.all(x))``, a scalar read directly."""
+    return bool(x) if type(x) in _SCALARS else bool(np.all(x))
 
 
 def _scalar_kind(ta, tb):

@@ -199,12 +199,16 @@ def _as_rows(value):
     """Each field of a one-layout result (scalars) as a column of one row."""
     if isinstance(value, tuple):
         return tuple(_as_rows(v) for v in value)
-    return type(value)(*(_one(getattr(value, f)) for f in type(value).__slots__))
+    values = [getattr(value, f) for f in type(value).__slots__]
+    # The float64 scalars (most fields) stacked into one (n, 1) array, whose rows are the columns:
+    # 0.24 us a field where one array each costs 0.4-0.6 us.
+    rows = iter(np.array([x for x in values if type(x) is np.float64]).reshape(-1, 1))
+    return type(value)(*(next(rows) if type(x) is np.float64 else _one(x) for x in values))
 
 
 def _one(x) -> np.ndarray:
     """A scalar (or a one-element array) as a column of one row, of its dtype."""
-    return x.reshape(1) if isinstance(x, (np.ndarray, np.generic)) else np.array([x])
+    return x.reshape(1) if type(x) is np.ndarray else np.array([x])
 
 
 def _join(parts: list):

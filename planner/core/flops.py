@@ -14,6 +14,7 @@ tokens that adds 12-14% to a Llama 3 8B's FLOPs, at 128K it more than doubles th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,6 +85,7 @@ def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
     return (0.5 if causal else 1.0) * 2.0 * model.seq_len * model.attn_core_width * model.layers
 
 
+@functools.lru_cache(maxsize=256)  # model and job are frozen: read once per pair (6 us for an MoE)
 def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:
     """Training FLOPs per token without recomputation: 3x forward, where forward is
     2 FLOPs per matmul weight (layers and output head) plus the attention core (causal: 2*s*h
@@ -120,10 +122,17 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
     full: every layer's forward again (not the head); selective "attention": the attention core
     (Korthikanti et al. 2022, Sec. 5); selective "op": the share of weight GEMMs torchtitan's
     op-level policy recomputes (attention's output is kept)."""
+    full, selective_flops = _recompute_flops(model, selective, causal)
+    return where(recompute == 2, full, where(recompute == 1, selective_flops, 0.0))
+
+
+@functools.lru_cache(maxsize=256)
+def _recompute_flops(model: ModelSpec, selective: str, causal: bool) -> tuple[float, float]:
+    """(full, selective) recomputation's extra forward FLOPs per token, read once per model."""
     layer_gemms = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
     attention = attention_flops_per_token(model, causal)
-    selective_flops = attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms
-    return where(recompute == 2, layer_gemms + attention, where(recompute == 1, selective_flops, 0.0))
+    return (layer_gemms + attention,
+            attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms)
 
 
 def megatron_eq3_flops(model: ModelSpec, batch_seqs: float) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.core.columns import where
 from planner.core.evaluate import DeferredStepTime, Evaluation, evaluate_deferred, evaluate_fitting, take
 from planner.core.layout import (
     DIMS,
@@ -145,45 +146,45 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     """Pinned values that can never be valid get one clear error each (each value's own rule was
     checked when the Pins were made)."""
     require(isinstance(gpus, (int, np.integer)) and 1 <= gpus <= MAX_GPUS, "gpus", gpus,
-            f"an integer from 1 to {MAX_GPUS:,}")
-    valid_tp = [t for t in _divisors(gpus) if model.heads % t == 0 and model.kv_heads % t == 0]
+            lambda: f"an integer from 1 to {MAX_GPUS:,}")
     if pins.tp is not None:
+        valid_tp = (t for t in _divisors(gpus) if model.heads % t == 0 and model.kv_heads % t == 0)
         require(model.heads % pins.tp == 0 and model.kv_heads % pins.tp == 0, "tp", pins.tp,
-                f"must divide heads={model.heads} and kv_heads={model.kv_heads}; valid on {gpus} GPUs: "
-                f"{', '.join(map(str, valid_tp))}")
+                lambda: f"must divide heads={model.heads} and kv_heads={model.kv_heads}; valid on {gpus} GPUs: "
+                        f"{', '.join(map(str, valid_tp))}")
     for name in GPU_FACTORS:
         value = getattr(pins, name)
         if value is not None:
-            require(gpus % value == 0, name, value, f"must divide gpus={gpus}")
+            require(gpus % value == 0, name, value, lambda: f"must divide gpus={gpus}")
     if pins.pp is not None:
-        require(pins.pp <= model.layers, "pp", pins.pp, f"at most layers={model.layers}")
+        require(pins.pp <= model.layers, "pp", pins.pp, lambda: f"at most layers={model.layers}")
     if pins.cp is not None and pins.cp > 1:
         require(model.seq_len % (2 * pins.cp) == 0, "cp", pins.cp,
-                f"seq_len={model.seq_len} must divide into 2*cp={2 * pins.cp} load-balanced chunks")
+                lambda: f"seq_len={model.seq_len} must divide into 2*cp={2 * pins.cp} load-balanced chunks")
     degrees = {name: getattr(pins, name) for name in GPU_FACTORS}
     if None not in degrees.values():
         require(math.prod(degrees.values()) == gpus, "*".join(GPU_FACTORS), math.prod(degrees.values()),
-                "must equal gpus: " + " ".join(f"{k}={v}" for k, v in degrees.items()) + f" gpus={gpus}")
+                lambda: "must equal gpus: " + " ".join(f"{k}={v}" for k, v in degrees.items()) + f" gpus={gpus}")
     others = {k: v for k, v in degrees.items() if k != "cp"}
     if degrees["cp"] is None and None not in others.values():  # context parallel would take the rest
         product = math.prod(others.values())
         rest = gpus // product if gpus % product == 0 else 0
         require(rest in cp_degrees(model, rest, None) if rest else False, "*".join(others), product,
-                f"must equal gpus={gpus} (" + " ".join(f"{k}={v}" for k, v in others.items())
+                lambda: f"must equal gpus={gpus} (" + " ".join(f"{k}={v}" for k, v in others.items())
                 + (f"; context parallel {rest} does not split seq_len={model.seq_len} into chunks of at least "
                    f"{CP_MIN_TOKENS} tokens" if rest > 1 else "") + ")")
     if pins.ep is not None and pins.ep > 1:
-        require(model.moe, "ep", pins.ep, f"1: {model.name} is a dense model (expert parallel needs experts)")
-        require(model.experts % pins.ep == 0, "ep", pins.ep, f"must divide experts={model.experts}")
-        require(gpus % pins.ep == 0, "ep", pins.ep, f"must divide gpus={gpus} (it is carved out of dp*cp)")
+        require(model.moe, "ep", pins.ep, lambda: f"1: {model.name} is a dense model (expert parallel needs experts)")
+        require(model.experts % pins.ep == 0, "ep", pins.ep, lambda: f"must divide experts={model.experts}")
+        require(gpus % pins.ep == 0, "ep", pins.ep, lambda: f"must divide gpus={gpus} (it is carved out of dp*cp)")
         if pins.dp is not None and pins.cp is not None:
             require((pins.dp * pins.cp) % pins.ep == 0, "ep", pins.ep,
-                    f"must divide dp*cp={pins.dp * pins.cp} (expert parallel is carved out of those ranks)")
+                    lambda: f"must divide dp*cp={pins.dp * pins.cp} (expert parallel is carved out of those ranks)")
     if pins.sharding == "hybrid":
         require(pins.zero_stage is None or pins.zero_stage >= 1, "sharding", "hybrid",
-                f"hybrid sharding shards ZeRO states: it needs zero_stage >= 1 (pinned {pins.zero_stage})")
+                lambda: f"hybrid sharding shards ZeRO states: it needs zero_stage >= 1 (pinned {pins.zero_stage})")
         require(pins.ep is None or pins.ep == 1, "sharding", "hybrid",
-                f"hybrid sharding is not combined with expert parallel here (pinned ep={pins.ep})")
+                lambda: f"hybrid sharding is not combined with expert parallel here (pinned ep={pins.ep})")
     if model.moe and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
         raise PlannerError("sequence_parallel", False, "an MoE with tp > 1 runs sequence parallel (Megatron-Core "
                                                        "requires it); leave it on or unpinned")
@@ -191,13 +192,13 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
         require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
         if uneven:  # the stack splits layers unevenly across virtual stages: each needs one
             require(pins.pp * pins.vpp <= model.layers, "vpp", pins.vpp,
-                    f"pp*vpp={pins.pp * pins.vpp} virtual stages need at least as many layers ({model.layers})")
+                    lambda: f"pp*vpp={pins.pp * pins.vpp} virtual stages need at least as many layers ({model.layers})")
         else:
             require(model.layers % (pins.pp * pins.vpp) == 0, "vpp", pins.vpp,
-                    f"layers={model.layers} must divide by pp*vpp={pins.pp * pins.vpp} (this stack splits evenly)")
+                    lambda: f"layers={model.layers} must divide by pp*vpp={pins.pp * pins.vpp} (this stack splits evenly)")
     if global_batch is not None and pins.dp is not None and pins.micro_batch is not None:
         require(global_batch % (pins.dp * pins.micro_batch) == 0, "global_batch", global_batch,
-                f"must be divisible by dp*micro_batch={pins.dp * pins.micro_batch}")
+                lambda: f"must be divisible by dp*micro_batch={pins.dp * pins.micro_batch}")
 
 
 UNEVEN_VPP = (2, 3, 4)  # interleaving degrees tried when the layers do not divide pp*vpp
@@ -248,10 +249,12 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
 def _values(d, job: Job, model: ModelSpec, pinned: object, widen: bool) -> list:
     """The values of one dimension the enumeration tries: the pinned one, or those it declares for
     the search (``widen``: those and the pinned one)."""
+    if pinned is not None and not widen:
+        return [pinned]
     searched = list(d.searched(job, model))
     if pinned is None:
         return searched
-    return searched + [pinned] * (pinned not in searched) if widen else [pinned]
+    return searched + [pinned] * (pinned not in searched)
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins(),
@@ -468,7 +471,10 @@ def moe_sequence_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray | bo
 
 
 def one_of(column: np.ndarray, values) -> np.ndarray:
-    """``np.isin`` for the few values of a layout dimension: one comparison each (isin sorts)."""
+    """``np.isin`` for the few values of a layout dimension: one comparison each (isin sorts); one
+    layout's value (a scalar) as np.bool_."""
+    if type(column) is not np.ndarray:
+        return np.bool_(any(column == v for v in values))
     out = np.zeros(np.shape(column), dtype=bool)
     for v in values:
         out |= column == v
@@ -492,7 +498,7 @@ def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
     # Offload: the modes the stack has; the optimizer's needs ZeRO >= 1 (DeepSpeed's ZeRO-Offload,
     # Megatron's distributed optimizer), the parameters' ZeRO-3 (they are streamed in per layer).
     ok &= one_of(c.offload, [OFFLOAD.index(m) for m in stack.offload])
-    ok &= (c.offload == 0) | (c.zero_stage >= np.where(c.offload == 2, 3, 1))
+    ok &= (c.offload == 0) | (c.zero_stage >= where(c.offload == 2, 3, 1))
     return ok & ((c.vpp == 1) | stack.interleaved)
 
 

@@ -12,11 +12,12 @@ its host work per parameter tensor and its all-reduces.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import isnan
 
 import numpy as np
 
 from planner.core import comm
-from planner.core.columns import any_, as_float, maximum, minimum, select, where
+from planner.core.columns import all_, any_, as_float, maximum, minimum, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
@@ -85,8 +86,11 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
     operations, in float64, where integer sizes are exact; the GEMMs are added in order). One
     layout whose columns are scalars (``Candidates.one_row``): the GEMMs one by one, as scalars."""
     if rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):
-        # each GEMM's dimensions in float64, as the rows below hold them
-        times = [gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8) for g in gs]
+        try:
+            return np.float64(_gemms_time_floats(gs, hw, peak, elem_bytes, fp8))
+        except ZeroDivisionError:  # a GEMM of no size: numpy's NaN, as a table row gets it
+            times = [gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8)
+                     for g in gs]
     else:
         dims = [np.empty((len(gs), rows)) for _ in range(4)]
         for i, g in enumerate(gs):
@@ -96,6 +100,23 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
     total = 0
     for t in times:
         total = total + t
+    return total
+
+
+def _gemms_time_floats(gs: list[Gemm], hw: HardwareProfile, peak: float, elem_bytes: float, fp8: bool) -> float:
+    """``gemms_time`` of one layout in Python floats: ``gemm_time``'s operations in its order on
+    each GEMM's dimensions as float64 values (IEEE double either way, so the same number, in a
+    third of numpy scalars' time). Raises ZeroDivisionError where numpy would give NaN."""
+    e = hw.efficiency
+    roof = e.fp8_matmul if fp8 else e.matmul
+    hbm = hw.gpu.hbm_bytes_per_s * e.memory
+    total = 0
+    for g in gs:
+        m, n, k, count = float(g.m), float(g.n), float(g.k), float(g.count)
+        d = min(min(m, n), k)
+        compute = 2.0 * m * n * k * count / (peak * (roof * d / (d + e.matmul_half_dim)))
+        traffic = elem_bytes * (m * k + k * n + m * n) * count / hbm
+        total = total + (compute if compute > traffic or isnan(compute) else traffic)
     return total
 
 
@@ -335,8 +356,11 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # Each ZeRO stage's time is computed only when some layout has that stage (np.select below
     # reads a stage's value only for those layouts; 0.0 stands in for the others).
     zero = c.zero_stage
-    present = np.bincount(np.ravel(zero), minlength=4)
-    has0, has12, has3 = bool(present[0]), bool(present[1] or present[2]), bool(present[3:].any())
+    if type(zero) is np.ndarray:
+        present = np.bincount(np.ravel(zero), minlength=4)
+        has0, has12, has3 = bool(present[0]), bool(present[1] or present[2]), bool(present[3:].any())
+    else:  # one layout: its stage alone
+        has0, has12, has3 = bool(zero == 0), bool(zero == 1 or zero == 2), bool(zero >= 3)
     ar = over(comm.group_collective, grad_bytes, 2.0) if has0 else 0.0
     # ZeRO-3 gathers and reduce-scatters hierarchically (NCCL inside the node first), or as one
     # flat ring over the data-parallel group (the stack's ``hierarchical``).
@@ -354,7 +378,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # ends: at least that bucket is exposed, and a model that fits in one bucket is all exposed.
     # The stack's ``dp_bucket_bytes`` (0: one bucket, reduced after the backward).
     bucket = sw.stack.dp_bucket_bytes
-    whole = bucket <= 0 or bool(np.all(grad_bytes <= bucket))  # one bucket: the reduction itself
+    whole = bucket <= 0 or all_(grad_bytes <= bucket)  # one bucket: the reduction itself
     last_bucket = grad_bytes if whole else minimum(grad_bytes, bucket)
     ar_last = (ar if whole else over(comm.group_collective, last_bucket, 2.0)) if has0 else 0.0
     rs_last = over(comm.group_collective, last_bucket, 1.0) if has12 else 0.0
