@@ -236,3 +236,20 @@ def test_a_computation_in_steps_that_fails_says_so():
     assert run.done and run.items == (1,) and isinstance(run.error, ValueError)
     run.advance(time.perf_counter() + 10)  # stays as it was: the error, not a quiet end
     assert run.items == (1,) and isinstance(run.error, ValueError)
+
+
+def test_a_step_is_begun_only_where_one_as_long_as_the_last_ends_by_the_deadline(monkeypatch):
+    """Steps of 10 ms on a clock that only they move: a 25 ms budget runs two (the third would end
+    at 30 ms), a 30 ms budget three, a 5 ms budget still one (each call makes progress)."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def steps():
+        for i in range(100):
+            clock[0] += 0.010
+            yield (i,)
+
+    for budget, ran in ((0.025, 2), (0.030, 3), (0.005, 1)):
+        work = explore.InProgress(steps(), 1)
+        work.advance(clock[0] + budget)
+        assert len(work.items) == ran, (budget, work.items)
