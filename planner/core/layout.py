@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
-from planner.errors import PlannerError, require
+from planner.errors import require
 from planner.hardware import PRECISIONS
 from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
@@ -84,14 +84,13 @@ class Dim:
 
     def check(self, value: object) -> None:
         """The dimension's own rule (rules across dimensions live in the search)."""
-        # The message is built only for a value that fails (a layout is checked on every estimate).
-        if self.type is int and not (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-                                     and value >= self.low):
-            raise PlannerError(self.name, value, ("a positive integer" if self.low == 1 else
-                                                  f"a whole number >= {self.low}")
-                               if not self.choices else f"one of {', '.join(map(str, self.choices))}")
-        if self.choices and value not in self.choices:
-            raise PlannerError(self.name, value, f"one of {', '.join(map(str, self.choices))}")
+        choices = lambda: f"one of {', '.join(map(str, self.choices))}"  # the text, on failure only
+        if self.type is int:
+            require(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= self.low,
+                    self.name, value, (lambda: "a positive integer" if self.low == 1 else
+                                       f"a whole number >= {self.low}") if not self.choices else choices)
+        if self.choices:
+            require(value in self.choices, self.name, value, choices)
 
     def encode(self, values: list) -> np.ndarray:
         """A column: ints as int64, bools as bool, strings as their index in ``choices``."""

@@ -88,7 +88,7 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
     if rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):
         try:
             return np.float64(_gemms_time_floats(gs, hw, peak, elem_bytes, fp8))
-        except ZeroDivisionError:  # a GEMM of no size: numpy's NaN, as a table row gets it
+        except ZeroDivisionError:  # a zero divisor (a GEMM of no size, a zero roof): numpy's NaN or inf, as a row
             times = [gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8)
                      for g in gs]
     else:
