@@ -124,9 +124,10 @@ def test_a_pp2_runs_drain_is_bubble_not_optimizer(two_sweep):
     assert proc.returncode == 0, explain(proc)
     rec, flat = load_record(runs / "gpt-pp2-m1"), load_record(runs / "gpt-dp2")  # flat: pp 1
     first, last = sorted(rec["per_rank"], key=lambda r: r["pp_rank"])
-    # the first stage arrives last: it waits for no one (but the scheduler's jitter, 0.15 ms seen on a
-    # clean-clone run, against the last stage's wait for the first's whole backward)
-    assert 0.0 <= first["sync_wait"] < 0.1 * last["sync_wait"]
+    # the first stage arrives last: it waits for no one but the scheduler's jitter (0.15-1.5 ms seen
+    # in clean-clone runs), against the last stage's wait for the first's whole backward (the run's
+    # model is sized so that wait is ~0.25 s on a 2-core machine: tests/trainer/conftest.py)
+    assert 0.0 <= first["sync_wait"] < 0.2 * last["sync_wait"]
     assert last["bubble"] >= last["sync_wait"] and rec["per_stage"][1]["bubble_s"] == last["bubble"]
     assert rec["breakdown_s"]["sync_wait"] == pytest.approx((first["sync_wait"] + last["sync_wait"]) / 2)
     for r in (first, last):  # booked, not dropped: each rank's parts still add up to its step
