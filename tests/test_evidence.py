@@ -264,6 +264,7 @@ def test_a_plan_fuller_than_its_like_runs_were_underpredicted_is_warned():
     near = warnings_for(total_bytes=92 * gib, capacity_bytes=96 * gib, gpu_bytes=96 * gib,
                         measured_under=(0.04, "x"), **common)
     assert len(near) == 1 and near[0].startswith("memory at 96% of capacity (within 5%)")
+    assert "retry (each retry synchronises the GPU" in near[0]  # the slowdown near the ceiling, not only OOM
 
 
 def test_the_estimate_warns_from_the_runs_like_its_plan():

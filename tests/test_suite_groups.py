@@ -51,9 +51,10 @@ def test_shared_runs_stay_on_one_worker():
 
 
 def test_a_group_runs_on_one_worker_under_xdist(tmp_path):
-    """tests/conftest.py in a suite of its own, run as the suite runs (two workers, load groups): the
-    grouped tests all run on one worker (they would spread over both if xdist read the groups
-    before the hook set them), the others on both."""
+    """tests/conftest.py in a suite of its own, run as the suite runs (two workers, load groups):
+    xdist reads the group the hook set (it names each grouped test's node id after its group, which
+    it would not if it read the markers before the hook ran), and the grouped tests all run on one
+    worker. (Which worker runs the ungrouped ones is the scheduler's choice, by timing: not checked.)"""
     suite = tmp_path / "tests"
     suite.mkdir()
     (suite / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
@@ -63,10 +64,13 @@ def test_a_group_runs_on_one_worker_under_xdist(tmp_path):
     (suite / "test_activation_memory.py").write_text(body.replace("{name}", "grouped"))
     (suite / "test_other.py").write_text(body.replace("{name}", "free"))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:benchmark",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup", "-p", "no:benchmark",
                            "-p", "no:cacheprovider", "tests"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    passed = {line.split(" PASSED ")[1].strip() for line in proc.stdout.splitlines() if " PASSED " in line}
+    assert passed == ({f"tests/test_activation_memory.py::test_{i}@activation-memory" for i in range(8)}
+                      | {f"tests/test_other.py::test_{i}" for i in range(8)}), proc.stdout[-2000:]
     workers = {kind: {p.read_text() for p in suite.glob(f"{kind}-*")} for kind in ("grouped", "free")}
     assert len(list(suite.glob("grouped-*"))) == 8 and workers["grouped"] in ({"gw0"}, {"gw1"})
-    assert workers["free"] == {"gw0", "gw1"}
+    assert len(list(suite.glob("free-*"))) == 8 and workers["free"] <= {"gw0", "gw1"}

@@ -47,7 +47,9 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                    "a higher ZeRO stage")
     elif total_bytes > (1 - MEMORY_HEADROOM) * capacity_bytes:
         out.append(f"memory at {total_bytes / capacity_bytes:.0%} of capacity (within {MEMORY_HEADROOM:.0%}): "
-                   "allocator spikes may OOM; fix: a smaller micro-batch, recompute or a higher ZeRO stage")
+                   "torch's caching allocator may free its cache and retry (each retry synchronises the GPU, so "
+                   "steps run slower than predicted) or OOM on a spike; fix: a smaller micro-batch, recompute or a "
+                   "higher ZeRO stage")
     if comm_fraction > COMM_SHARE_LIMIT:
         fix = ("keep tensor parallel inside a node" if tp > gpus_per_node else
                "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp")
