@@ -40,12 +40,13 @@ class View:
     objective: str
     model_note: str
     pinned: tuple[str, ...]
+    roomier: object | None = None  # planner.core.plan.Plan.roomier
 
     def to_json(self) -> dict:
         """Exactly what `planner estimate --format json` prints for the same flags."""
         from planner.core.plan import plan_json
 
-        return plan_json(self.best, self.model_note, self.nearest_fit, self.alternatives)
+        return plan_json(self.best, self.model_note, self.nearest_fit, self.alternatives, self.roomier)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,7 +88,8 @@ def compute(values: Mapping[str, object], top: int = TOP_LAYOUTS) -> View | Prob
     r = p.result
     return View(best=p.best, layouts=(p.best, *p.runners_up) if p.best.fits else (p.best,),
                 nearest_fit=p.nearest_fit, alternatives=p.alternatives, evaluated=r.evaluated, feasible=r.feasible,
-                search_seconds=r.search_seconds, objective=objective, model_note=x.model_note, pinned=p.pinned)
+                search_seconds=r.search_seconds, objective=objective, model_note=x.model_note, pinned=p.pinned,
+                roomier=p.roomier)
 
 
 # --- pinned layouts that do not divide -----------------------------------------------------------

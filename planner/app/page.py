@@ -19,6 +19,7 @@ from planner.app import explore
 from planner.app import state as explore_state
 from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
+from planner.core.report import roomier_note
 from planner.evidence import calibration_line
 
 TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
@@ -231,6 +232,9 @@ def show_headline(view: explore.View, j: dict) -> None:
     for w in view.best.warnings:
         if not w.startswith("does not fit"):
             st.warning(w)
+    roomier = roomier_note(view.best, view.roomier, bool(view.pinned))
+    if roomier:
+        st.info(roomier[0].upper() + roomier[1:])
     st.button("Pin this layout (then change one field)", on_click=set_values,
               args=(explore_state.pins_from_layout(j["layout"]),))
 

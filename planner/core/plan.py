@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.core.checks import MEMORY_HEADROOM
 from planner.core.layout import DIMS, Job
 from planner.core.model import ModelSpec
 from planner.core.resilience import Operations
@@ -18,6 +19,10 @@ from planner.core.results import Estimate, estimate_at
 from planner.core.search import Pins, SearchResult, enumerate_layouts, matches, search, searched_by_default, select
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
+
+# Above this share of what a plan may fill, allocator retries and spikes slow or stop real runs
+# (planner.core.checks' "within 5% of capacity" warning): the plan names a layout under it too.
+ROOMY_SHARE = 1 - MEMORY_HEADROOM
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,6 +33,9 @@ class Plan:
     nearest_fit: Estimate | None = None  # when ``best`` does not fit
     alternatives: tuple[Estimate, ...] = ()  # two more fitting layouts that change other pinned fields
     pinned: tuple[str, ...] = ()
+    # When ``best`` fits above ROOMY_SHARE of what a plan may fill (the warnings' "within 5% of
+    # capacity"): the best layout with these pins at or under it, if one fits.
+    roomier: Estimate | None = None
 
     @property
     def fits(self) -> bool:
@@ -35,14 +43,15 @@ class Plan:
 
     def to_json(self, model_note: str = "") -> dict:
         """`planner estimate --format json`: the best estimate, how the model was chosen, the nearest fit."""
-        return plan_json(self.best, model_note, self.nearest_fit, self.alternatives)
+        return plan_json(self.best, model_note, self.nearest_fit, self.alternatives, self.roomier)
 
 
 def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None,
-              alternatives: tuple[Estimate, ...] = ()) -> dict:
+              alternatives: tuple[Estimate, ...] = (), roomier: Estimate | None = None) -> dict:
     return {**best.to_json(), "model_note": model_note,
             "nearest_fit": nearest_fit.to_json() if nearest_fit is not None else None,
-            "nearest_fit_alternatives": [a.to_json() for a in alternatives]}
+            "nearest_fit_alternatives": [a.to_json() for a in alternatives],
+            "roomier": roomier.to_json() if roomier is not None else None}
 
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -102,20 +111,41 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     best = estimate_at(ev, 0, model, hw, job, ops)
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
+    room = _roomier_row(result, pins) if best.fits and _share(best) > ROOMY_SHARE else None
     return Plan(best=best, runners_up=runners, result=result, nearest_fit=near[0] if near else None,
-                alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()))
+                alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()),
+                roomier=estimate_at(result.ranked([room]), 0, model, hw, job, ops) if room is not None else None)
+
+
+def _share(e: Estimate) -> float:
+    return e.memory.total_bytes / e.memory.capacity_bytes
+
+
+def _listed(result: SearchResult, pins: Pins) -> np.ndarray:
+    """The fitting layouts a plan lists, in table order: not ZeRO stages above 0 with nothing to
+    shard over (one data-parallel rank, nothing offloaded: the same layout as ZeRO-0, listed again)
+    unless pinned."""
+    c = result.candidates
+    useless = ((c.zero_stage > 0) & (c.dp * c.cp == 1) & (c.offload == 0)
+               if pins.pinned().get("zero_stage") is None else False)
+    return result.fits & ~useless
 
 
 def _runner_rows(result: SearchResult, pins: Pins, top: int) -> list[int]:
-    """The rank positions of the next ``top`` fitting layouts after the best, leaving out ZeRO
-    stages above 0 with nothing to shard over (one data-parallel rank: the same layout as ZeRO-0,
-    listed again) unless pinned."""
+    """The rank positions of the next ``top`` listed layouts after the best."""
     if result.evaluated == 1:  # one layout (every field pinned): none after it
         return []
-    c = result.candidates
-    useless = (c.zero_stage > 0) & (c.dp * c.cp == 1) if pins.pinned().get("zero_stage") is None else False
-    rows = np.flatnonzero(result.in_rank_order(result.fits & ~useless))
+    rows = np.flatnonzero(result.in_rank_order(_listed(result, pins)))
     return [int(i) for i in rows[rows > 0][:top]]
+
+
+def _roomier_row(result: SearchResult, pins: Pins) -> int | None:
+    """The rank position of the best listed layout at or under ROOMY_SHARE of what a plan may
+    fill, or None."""
+    m = result.memory
+    roomy = _listed(result, pins) & (m.total <= ROOMY_SHARE * result.partial_table.capacity_bytes)
+    rows = np.flatnonzero(result.in_rank_order(roomy))
+    return int(rows[0]) if rows.size else None
 
 
 def nearest_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins,
