@@ -95,6 +95,16 @@ def test_export_writes_the_layout_the_estimate_names(capsys):
     assert np.isfinite(slower) and slower > 0
 
 
+def test_ranked_by_cost_it_is_the_cheapest(capsys):
+    flags = ["--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--sort", "cost"]
+    j = estimate_json(capsys, *flags)
+    r = j["roomier"]
+    assert r["train"]["cost_usd"] >= j["train"]["cost_usd"]
+    assert cli_main(["estimate", *flags]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "under 95% of the memory" in x)
+    assert line.startswith("  - the cheapest layout under 95% of the memory: ")
+
+
 def test_the_page_shows_it():
     pytest.importorskip("streamlit")
     from tests.app.test_app import new_app

@@ -232,7 +232,7 @@ def show_headline(view: explore.View, j: dict) -> None:
     for w in view.best.warnings:
         if not w.startswith("does not fit"):
             st.warning(w)
-    roomier = roomier_note(view.best, view.roomier, bool(view.pinned))
+    roomier = roomier_note(view.best, view.roomier, bool(view.pinned), view.objective)
     if roomier:
         st.info(roomier[0].upper() + roomier[1:])
     st.button("Pin this layout (then change one field)", on_click=set_values,

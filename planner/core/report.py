@@ -146,28 +146,25 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ")]
     lines += ["", "warnings: " + ("none" if not e.warnings else "")]
     lines += [f"  - {w}" for w in e.warnings]
-    note = roomier_note(e, p.roomier, bool(p.pinned))
+    note = roomier_note(e, p.roomier, bool(p.pinned), p.result.objective)
     lines += [f"  - {note}"] if note else []
     return "\n".join(lines)
 
 
-def roomier_note(e: Estimate, r: Estimate | None, pinned: bool) -> str:
-    """For a plan above ROOMY_SHARE of what it may fill: the best layout with its pins under that
-    share (``r``, planner.core.plan.Plan.roomier) and what it costs in time, or that none fits
-    there; else ''."""
+def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str = "time") -> str:
+    """For a plan above ROOMY_SHARE of what it may fill: the best layout by ``objective`` with its
+    pins under that share (``r``, planner.core.plan.Plan.roomier) and how its training time
+    compares, or that none fits there; else ''."""
     if not e.fits or e.memory.total_bytes <= ROOMY_SHARE * e.memory.capacity_bytes:
         return ""
     pins = " with these pins" if pinned else ""
     if r is None:
         return f"no layout{pins} fits under {ROOMY_SHARE:.0%} of the memory"
-    return (f"the fastest layout{pins} under {ROOMY_SHARE:.0%} of the memory: {layout_line(r)}: "
-            f"{r.memory.total_bytes / GIB:.1f} GiB ({r.memory.total_bytes / r.memory.capacity_bytes:.0%}), "
-            f"{_slower(r, e)}")
-
-
-def _slower(r: Estimate, e: Estimate) -> str:
+    best = {"time": "fastest", "cost": "cheapest", "memory": "leanest"}.get(objective, "best")
     ratio = r.train.seconds / e.train.seconds - 1
-    return f"{ratio:.1%} slower" if ratio > 0 else "as fast"
+    than = f"{ratio:.1%} slower" if ratio > 0 else f"{-ratio:.1%} faster" if ratio < 0 else "as fast"
+    return (f"the {best} layout{pins} under {ROOMY_SHARE:.0%} of the memory: {layout_line(r)}: "
+            f"{r.memory.total_bytes / GIB:.1f} GiB ({r.memory.total_bytes / r.memory.capacity_bytes:.0%}), {than}")
 
 
 def nodes_text(gpus: int, per_node: int, unit: str = "node") -> str:
