@@ -566,8 +566,21 @@ def _settle_heap() -> None:
         gc.freeze()
 
 
+def send_values_with_the_widgets() -> None:
+    """Every input's value goes to the browser with its widget on every page run (set again before
+    the widgets are drawn: Streamlit then sends the value along). Left to the browser, a widget
+    whose state it dropped (seen in a real browser while the Plan tab's pictures filled in:
+    tests/app/test_browser.py) is drawn at the widget's own default (0, the first choice,
+    unchecked), and the browser sends that back on the next run in place of the session's value:
+    GPUs 0, the first GPU profile, overlap off, after one click on a sidebar group."""
+    for f in explore_state.fields():
+        if f.name in st.session_state:
+            st.session_state[f.name] = st.session_state[f.name]
+
+
 def page() -> None:
     init_state()
+    send_values_with_the_widgets()
     state = sidebar()
     st.title("How to train this model on these GPUs")
     for note in st.session_state.pop("_notes", []):
