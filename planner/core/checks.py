@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 COMM_SHARE_LIMIT = 0.15  # "communication overhead should be < 15%"
 BUBBLE_LIMIT = 0.15  # "more than 4 stages pushes the bubble over 15%"
 MEMORY_HEADROOM = 0.05  # within 5% of capacity
+# Above this share of what a plan may fill: the warning below, the estimate's roomier layout
+# (planner.core.plan) and export's refusal (planner.export.plan).
+ROOMY_SHARE = 1 - MEMORY_HEADROOM
 DATA_WAIT_LIMIT = 0.10  # data wait over 10% of the step: the loader cannot keep up
 MAX_STAGES_WITHOUT_WARNING = 4
 MICRO_BATCHES_PER_STAGE = 4  # "few" micro-batches: fewer than 4 per pipeline stage
@@ -45,7 +48,7 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                    f"({like}) were predicted up to {under_share:.1%} below the memory they used; fix: "
                    f"--memory-headroom {need:.2f} (plan with that share free), recompute, a smaller micro-batch or "
                    "a higher ZeRO stage")
-    elif total_bytes > (1 - MEMORY_HEADROOM) * capacity_bytes:
+    elif total_bytes > ROOMY_SHARE * capacity_bytes:
         out.append(f"memory at {total_bytes / capacity_bytes:.0%} of capacity (within {MEMORY_HEADROOM:.0%}): "
                    "torch's caching allocator may free its cache and retry (each retry synchronises the GPU, so "
                    "steps run slower than predicted) or OOM on a spike; fix: a smaller micro-batch, recompute or a "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.checks import MEMORY_HEADROOM
+from planner.core.checks import ROOMY_SHARE
 from planner.core.layout import DIMS, Job
 from planner.core.model import ModelSpec
 from planner.core.resilience import Operations
@@ -19,10 +19,6 @@ from planner.core.results import Estimate, estimate_at
 from planner.core.search import Pins, SearchResult, enumerate_layouts, matches, search, searched_by_default, select
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
-
-# Above this share of what a plan may fill, allocator retries and spikes slow or stop real runs
-# (planner.core.checks' "within 5% of capacity" warning): the plan names a layout under it too.
-ROOMY_SHARE = 1 - MEMORY_HEADROOM
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,14 +107,15 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     best = estimate_at(ev, 0, model, hw, job, ops)
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
-    room = _roomier_row(result, pins) if best.fits and _share(best) > ROOMY_SHARE else None
+    room = _roomier_row(result, pins) if crowded(best) else None
     return Plan(best=best, runners_up=runners, result=result, nearest_fit=near[0] if near else None,
                 alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()),
                 roomier=estimate_at(result.ranked([room]), 0, model, hw, job, ops) if room is not None else None)
 
 
-def _share(e: Estimate) -> float:
-    return e.memory.total_bytes / e.memory.capacity_bytes
+def crowded(e: Estimate) -> bool:
+    """Fits, above ROOMY_SHARE of what a plan may fill: where a plan names a roomier layout."""
+    return e.fits and e.memory.total_bytes > ROOMY_SHARE * e.memory.capacity_bytes
 
 
 def _listed(result: SearchResult, pins: Pins) -> np.ndarray:

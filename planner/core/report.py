@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from planner.core.checks import ROOMY_SHARE
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
-from planner.core.plan import ROOMY_SHARE, Plan
+from planner.core.plan import Plan, crowded
 from planner.core.results import Estimate, flat_fields
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
@@ -155,7 +156,7 @@ def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str =
     """For a plan above ROOMY_SHARE of what it may fill: the best layout by ``objective`` with its
     pins under that share (``r``, planner.core.plan.Plan.roomier) and how its training time
     compares, or that none fits there; else ''."""
-    if not e.fits or e.memory.total_bytes <= ROOMY_SHARE * e.memory.capacity_bytes:
+    if not crowded(e):
         return ""
     pins = " with these pins" if pinned else ""
     if r is None:

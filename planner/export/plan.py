@@ -10,16 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.core.checks import MEMORY_HEADROOM
+from planner.core.checks import ROOMY_SHARE
 from planner.errors import PlannerError
 
 if TYPE_CHECKING:
     from planner.core.results import Estimate
 
 # Above this share of GPU memory, allocator retries slow real runs and spikes OOM them (the checks'
-# "within 5% of capacity" warning, planner/core/checks.py): an export refuses unless forced. The
-# estimate names its best layout under the same line (planner.core.plan.ROOMY_SHARE).
-MEMORY_LIMIT = 1 - MEMORY_HEADROOM
+# "within 5% of capacity" warning, planner/core/checks.py): an export refuses unless forced.
+MEMORY_LIMIT = ROOMY_SHARE
 
 
 class ExportRefused(PlannerError):
