@@ -25,6 +25,13 @@ SELECTIVE = ("attention", "op")
 FP8_RECIPES = ("none", "tensorwise", "delayed")
 CP_EXCHANGES = ("gather", "torch")  # planner.core.steptime.context_parallel_exchange
 ATTENTION_KV_HEADS = ("kv", "query")
+# How much of the s x s score square a flash-style attention kernel computes (planner.core.steptime
+# attention_times): "causal" skips the blocks above the diagonal (FlashAttention-2/3/4, cuDNN, TE,
+# the Triton FlashAttention kernel when called causal); "full" computes every block and masks
+# after: a kernel given a dense additive bias or mask and no causal flag (SDPA's efficient/math
+# backends with attn_mask, a non-causal Triton call with a matrix bias, FlexAttention without a
+# block mask). Standard (unfused) attention always computes the full square.
+ATTENTION_SQUARES = ("causal", "full")
 # What an eager RMSNorm keeps for its backward (planner.core.memory.activation_bytes_per_layer):
 # one kernel's 16-bit input and rstd (torch's nn.RMSNorm on CUDA, Triton, Transformer Engine), the
 # input and the normalised tensor op by op (for the weight's gradient), or an fp32 copy of the
@@ -63,6 +70,7 @@ class Stack:
     logit_bytes_compiled: float  # the same when torch.compile fuses the loss
     logit_bytes_tp: float  # the same with the vocabulary split across TP ranks (loss parallel)
     eager_norm: str  # what an eager RMSNorm keeps for its backward: fused (input, rstd), plain (+ normalised), upcast (fp32 input + normalised)
+    attention_square: str = "causal"  # a flash kernel skips the masked blocks ("causal") or computes the whole square ("full")
     attention_kv_heads: str  # K/V as attention reads them: at the K/V heads, or repeated to the query heads before it
     qkv_buffer_kept: bool  # V reaches attention as a view of the fused QKV output: all of it stays beside the rotated Q, K
     selective: str  # what "selective" recompute recomputes: the attention core, or torchtitan's op-level policy
@@ -81,6 +89,7 @@ class Stack:
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
+    model_parallel: bool = True  # False: data parallel only (tp = pp = cp = ep = 1: Composer / llm-foundry's FSDP)
     hierarchical: bool  # ZeRO-3 collectives inside the node first, then across (NCCL); else one flat ring
     tp_saves_gathered_inputs: bool  # sequence parallel keeps the gathered (whole) matmul inputs (DTensor)
     gather_layers: float  # layers of unsharded 16-bit weights held at once under ZeRO-3 (current + prefetch)
@@ -143,6 +152,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "logit_bytes_tp": ("logit_bytes_tp", "float", (2.0, 32.0)),
     "eager_norm": ("eager_norm", "str", EAGER_NORMS),
     "attention_kv_heads": ("attention_kv_heads", "str", ATTENTION_KV_HEADS),
+    "attention_square": ("attention_square", "str", ATTENTION_SQUARES),
     "qkv_buffer_kept": ("qkv_buffer_kept", "bool", None),
     "selective": ("selective", "str", SELECTIVE),
     "recompute_early_stop": ("recompute_early_stop", "bool", None),
@@ -158,6 +168,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "cp_accumulate_bytes": ("cp_accumulate_bytes", "float", (0.0, 256.0)),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
+    "model_parallel": ("model_parallel", "bool", None),
     "gather_layers": ("gather_layers", "float", (0.0, 64.0)),
     "tp_saves_gathered_inputs": ("tp_saves_gathered_inputs", "bool", None),
     "hierarchical": ("hierarchical", "bool", None),
@@ -193,7 +204,8 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "ep_sm_share": ("ep_sm_share", "float", (0.0, 0.5)),
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
-OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype", "reduce_scatter_bytes", "grad_bucket_buffer")
+OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype", "reduce_scatter_bytes", "grad_bucket_buffer",
+                 "attention_square", "model_parallel")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

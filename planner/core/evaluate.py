@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.core.columns import minimum
-from planner.core.flops import model_flops_per_token, recompute_flops_per_token
+from planner.core.flops import hardware_flops_per_token, model_flops_per_token
 from planner.core.layout import Candidates, Job
 from planner.core.memory import Memory, hardware_read, memory
 from planner.core.model import ModelSpec
@@ -340,8 +340,9 @@ def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     return Evaluation(
         candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
         tokens_per_step=tokens.astype(float), model_flops_per_step=per_token * tokens,
-        hardware_flops_per_step=(per_token + recompute_flops_per_token(model, c.recompute, sw.stack.selective))
-        * tokens,
+        hardware_flops_per_step=hardware_flops_per_token(
+            model, job, c.recompute, sw.stack.selective,
+            full_square=sw.attention == "standard" or sw.stack.attention_square == "full") * tokens,
         peak_flops=reference_peak(hw, job.precision),
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,

@@ -10,6 +10,11 @@ The convention here, the same in the MFU numerator and in the time: attention is
 its time pays for. Megatron's eq. 3 and torchtitan's reported MFU count the full square; at 8K
 tokens that adds 12-14% to a Llama 3 8B's FLOPs, at 128K it more than doubles them.
 ``causal=False`` gives the full-square count for comparing with those.
+
+MFU counts model FLOPs only, causal, whatever the kernel: a kernel that computes the whole square
+(standard attention, or a flash kernel under a dense bias or mask: the stack's
+``attention_square = "full"``) spends twice the attention time for the same model FLOPs, so its MFU
+is lower; HFU (``hardware_flops_per_token``) counts the square it really computes, and recompute.
 """
 
 from __future__ import annotations
@@ -133,6 +138,18 @@ def _recompute_flops(model: ModelSpec, selective: str, causal: bool) -> tuple[fl
     attention = attention_flops_per_token(model, causal)
     return (layer_gemms + attention,
             attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms)
+
+
+def hardware_flops_per_token(model: ModelSpec, job: "Job", recompute: np.ndarray, selective: str = "attention",
+                             full_square: bool = False) -> np.ndarray:
+    """What the GPUs compute per token (HFU's numerator): the model FLOPs (MFU's, attention causal),
+    recomputation, and, where the attention kernel computes the whole s x s square (standard
+    attention; a flash kernel under a dense bias or mask, the stack's ``attention_square = "full"``),
+    the masked half it computes for nothing: once more the causal attention, forward and backward
+    (3x, LoRA too), and in the recomputed forward."""
+    extra = 3.0 * attention_flops_per_token(model, causal=True) if full_square else 0.0
+    return (model_flops_per_token(model, job) + extra
+            + recompute_flops_per_token(model, recompute, selective, causal=not full_square))
 
 
 def megatron_eq3_flops(model: ModelSpec, batch_seqs: float) -> float:

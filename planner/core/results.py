@@ -133,7 +133,9 @@ class Estimate:
             "reliability": _finite(flat_fields(self.reliability)) if self.reliability else None,
             "data_feed": flat_fields(self.data_feed) if self.data_feed else None,
             "stack": self.stack_json(),
-            "conventions": {"attention_flops": "causal (half of the s x s square), in MFU and in time alike",
+            "conventions": {"attention_flops": ("causal (half of the s x s square) in MFU; time and HFU count the whole "
+                                               "square where the kernel computes it (standard attention, or the "
+                                               "stack's attention_square = full)"),
                             "mfu_peak": ("the bf16 dense peak (fp8 GEMMs run at the fp8 rate)"
                                          if self.job.precision == "fp8" else f"the {self.job.precision} dense peak")},
         }

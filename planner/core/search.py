@@ -499,6 +499,8 @@ def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
     # Megatron's distributed optimizer), the parameters' ZeRO-3 (they are streamed in per layer).
     ok &= one_of(c.offload, [OFFLOAD.index(m) for m in stack.offload])
     ok &= (c.offload == 0) | (c.zero_stage >= where(c.offload == 2, 3, 1))
+    if not stack.model_parallel:  # data parallel only (llm-foundry: Composer's FSDP has no TP or PP)
+        ok &= (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.ep == 1)
     return ok & ((c.vpp == 1) | stack.interleaved)
 
 
@@ -528,6 +530,11 @@ def check_stack_pins(stack: Stack, pins: Pins) -> None:
     if pins.schedule == "dualpipev":
         require(pins.vpp in (None, 2), "vpp", pins.vpp, "2 with --schedule dualpipev (two stages per rank in a V)")
         require(pins.pp is None or pins.pp > 1, "pp", pins.pp, "> 1 with --schedule dualpipev (a pipeline)")
+    for dim in ("tp", "pp", "cp", "ep"):
+        value = getattr(pins, dim, None)
+        if not stack.model_parallel and value is not None and value > 1:
+            raise PlannerError(dim, value, f"the {stack.name} stack is data parallel only ({dim} 1); stacks with "
+                                           f"model parallelism: {who(lambda s: s.model_parallel)}")
     if pins.vpp is not None and pins.vpp > 1 and not stack.interleaved:
         raise PlannerError("vpp", pins.vpp, f"the {stack.name} stack has no interleaved schedule; "
                                             f"stacks with one: {who(lambda s: s.interleaved)}")

@@ -178,7 +178,8 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     """Forward and backward time of the attention core (QK^T, softmax, AV) per layer per micro-batch.
 
     Flash kernels (FlashAttention-2, or the GPU's own fused kernel: FlashAttention-3 / cuDNN on
-    Hopper) skip the masked upper triangle and run at their measured fraction of the 16-bit peak,
+    Hopper) skip the masked upper triangle (unless the stack's ``attention_square`` is "full": a
+    dense bias or mask, every block computed) and run at their measured fraction of the 16-bit peak,
     the backward taking 2.5x the forward (Dao 2023, FlashAttention-2, Sec. 3 and 4.1). Standard
     attention runs two batched GEMMs of head_dim width over the full square (the mask is applied
     after), backward twice forward."""
@@ -189,7 +190,10 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
         fwd = flops / (half_peak * gemm_efficiency(hw, np.float64(model.head_dim)))
         return fwd, 2 * fwd
     kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
-    fwd = attention_core_flops(model, c.micro_batch, c.tp, cp=c.cp) / (half_peak * kernel)
+    # A kernel given a dense bias or mask without block skipping (the stack's attention_square =
+    # "full") computes the whole square at the same rate: twice the causal work.
+    causal = sw.stack.attention_square != "full"
+    fwd = attention_core_flops(model, c.micro_batch, c.tp, causal=causal, cp=c.cp) / (half_peak * kernel)
     return fwd, FLASH_BACKWARD_RATIO * fwd
 
 
