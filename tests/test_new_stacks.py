@@ -30,7 +30,7 @@ def states(stack: str, zero: int, dp: int = 8, cp: int = 1, precision: str = "bf
 
 
 def test_the_new_stacks_are_listed_and_nemo_is_its_own_stack():
-    assert {"llm-foundry", "megatron-fsdp", "nemo", "llama3"} <= set(stack_names())
+    assert {"llm-foundry", "llm-foundry-default", "megatron-fsdp", "nemo", "llama3"} <= set(stack_names())
     assert get_stack("nemo").name == "nemo" and get_stack("megatron-bridge").name == "nemo"
     assert get_stack("mcore").name == "megatron-core"  # the other aliases stay
 
@@ -52,6 +52,17 @@ def test_model_has_the_hand_counted_parameters():
 def test_llm_foundry_fsdp_v1_model_states(zero, weights, grads, optim):
     w, g, o, _ = states("llm-foundry", zero)
     assert (w, g, o) == pytest.approx((weights, grads, optim), rel=1e-12)
+
+
+def test_llm_foundry_gathers_two_blocks_and_reduces_in_bf16_or_fp32():
+    """FULL_SHARD: the block in use and the prefetched one gathered in bf16 (2 x 2 bytes per block
+    parameter); the backward's unsharded bf16 gradient of one block (2), reduce-scattered as it is
+    under PURE, or copied to fp32 first under Composer's DEFAULT (2 + 4)."""
+    for stack, reduce_scatter in (("llm-foundry", 2), ("llm-foundry-default", 2 + 4)):
+        *_, ev = states(stack, 3)
+        assert float(ev.memory.gathered[0]) == pytest.approx((2 * 2 + reduce_scatter) * BLOCK, rel=1e-12)
+    assert get_stack("llm-foundry").grad_reduce_bytes == 2 and get_stack("llm-foundry-default").grad_reduce_bytes == 4
+    assert states("llm-foundry-default", 3)[:3] == states("llm-foundry", 3)[:3]  # the same model states
 
 
 def test_llm_foundry_keeps_four_bytes_per_logit(tmp_path):
