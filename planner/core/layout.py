@@ -290,9 +290,9 @@ class Job:
                         label="Element-wise kernels", choices=KERNELS)
     # The software stack (a name in software_stacks/ or a stack file): its kernels, overlaps, sharding
     # granularity and overheads (planner/stacks.py). torch.compile where the stack has it.
-    stack: str = _opt(DEFAULT_STACK, help="software stack: megatron-2021, megatron-core, fsdp2, deepspeed-zero, "
-                                          f"reference, or a stack file (default {DEFAULT_STACK}; `planner stacks` "
-                                          "lists them)",
+    stack: str = _opt(DEFAULT_STACK, help="software stack: a name `planner stacks` lists (fsdp2, megatron-core, "
+                                          "megatron-fsdp, nemo, llama3, llm-foundry, deepspeed-zero, ...; "
+                                          f"docs/stacks.md) or a stack file (default {DEFAULT_STACK})",
                       label="Software stack")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
     expert_imbalance: float = _opt(1.1, help="MoE load imbalance: the busiest expert-parallel rank's routed tokens "
