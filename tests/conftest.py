@@ -9,10 +9,20 @@ worker, by group:
 - the activation-memory measurements (benchmarks/activation_memory.py caches them per process),
   read by the validation page's test and the activation-memory tests.
 
-Every other test goes wherever a worker is free. ``-n 0`` runs the suite in one process."""
+Every other test goes wherever a worker is free. ``-n 0`` runs the suite in one process.
+
+How the groups reach xdist's scheduler: each worker writes its collection's groups to a file named
+in its ``workerinput``, and the controller's scheduler (xdist's loadgroup, subclassed) reads them.
+xdist's own channel, a ``@group`` suffix it writes into each marked item's node id, stopped working
+with pytest 9.2 (node ids became structured; pytest-xdist issue 1386): the tests were then spread
+over both workers without a word. Both channels agree where the suffix still works (pytest < 9.2)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,9 +63,71 @@ def groups(items) -> dict[str, str]:
     return out
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups to send each to one worker
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks (pytest < 9.2)
 def pytest_collection_modifyitems(config, items):
     found = groups(items)
     for item in items:
         if item.nodeid in found:
             item.add_marker(pytest.mark.xdist_group(found[item.nodeid]))
+
+
+GROUPS_DIR = "suite_groups_dir"  # the workerinput key naming the folder the workers write into
+
+
+def marked_groups(items) -> dict[str, str]:
+    """Item node id -> its group, from the xdist_group marks (the hook's and any written in a test)."""
+    out = {}
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names:
+            out[item.nodeid] = "_".join(names)
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reports its collection to the controller
+def pytest_collection_finish(session):
+    where = getattr(session.config, "workerinput", {}).get(GROUPS_DIR)
+    if where:  # a worker: hand the groups to the controller, written whole before it can be read
+        path = Path(where) / f"{session.config.workerinput['workerid']}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(marked_groups(session.items)))
+        os.replace(path.with_suffix(".tmp"), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Controller side, once per worker: the folder the worker writes its groups into."""
+    config = node.config
+    if not hasattr(config, "_suite_groups_dir"):
+        config._suite_groups_dir = tempfile.mkdtemp(prefix="pytest-groups-")
+    node.workerinput[GROUPS_DIR] = config._suite_groups_dir
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "_suite_groups_dir"):
+        shutil.rmtree(config._suite_groups_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileGroupScheduling(LoadGroupScheduling):
+        """xdist's loadgroup, reading each test's group from the workers' files (written before
+        each worker reported its collection, so all there once the collection is complete)."""
+
+        groups: dict[str, str] = {}
+
+        def schedule(self):
+            if self.collection is None:
+                where = Path(getattr(config, "_suite_groups_dir", "") or os.devnull)
+                self.groups = {k: v for f in (sorted(where.glob("*.json")) if where.is_dir() else ())
+                               for k, v in json.loads(f.read_text()).items()}
+            super().schedule()
+
+        def _split_scope(self, nodeid):
+            return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+    return FileGroupScheduling(config, log)

@@ -52,9 +52,10 @@ def test_shared_runs_stay_on_one_worker():
 
 def test_a_group_runs_on_one_worker_under_xdist(tmp_path):
     """tests/conftest.py in a suite of its own, run as the suite runs (two workers, load groups):
-    xdist reads the group the hook set (it names each grouped test's node id after its group, which
-    it would not if it read the markers before the hook ran), and the grouped tests all run on one
-    worker. (Which worker runs the ungrouped ones is the scheduler's choice, by timing: not checked.)"""
+    the eight grouped tests all run on one worker, whatever pytest and pytest-xdist the
+    environment resolved (pytest 9.2 dropped the node-id suffix xdist used to carry the groups;
+    the conftest hands them over in a file). Which worker runs the ungrouped ones is the
+    scheduler's choice, by timing: only that both may, and that all sixteen ran."""
     suite = tmp_path / "tests"
     suite.mkdir()
     (suite / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
@@ -68,9 +69,10 @@ def test_a_group_runs_on_one_worker_under_xdist(tmp_path):
                            "-p", "no:cacheprovider", "tests"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    passed = {line.split(" PASSED ")[1].strip() for line in proc.stdout.splitlines() if " PASSED " in line}
-    assert passed == ({f"tests/test_activation_memory.py::test_{i}@activation-memory" for i in range(8)}
+    passed = {line.split(" PASSED ")[1].strip().split("@")[0] for line in proc.stdout.splitlines()
+              if " PASSED " in line}
+    assert passed == ({f"tests/test_activation_memory.py::test_{i}" for i in range(8)}
                       | {f"tests/test_other.py::test_{i}" for i in range(8)}), proc.stdout[-2000:]
-    workers = {kind: {p.read_text() for p in suite.glob(f"{kind}-*")} for kind in ("grouped", "free")}
-    assert len(list(suite.glob("grouped-*"))) == 8 and workers["grouped"] in ({"gw0"}, {"gw1"})
-    assert len(list(suite.glob("free-*"))) == 8 and workers["free"] <= {"gw0", "gw1"}
+    workers = {kind: [p.read_text() for p in suite.glob(f"{kind}-*")] for kind in ("grouped", "free")}
+    assert len(workers["grouped"]) == 8 and set(workers["grouped"]) in ({"gw0"}, {"gw1"}), proc.stdout[-3000:]
+    assert len(workers["free"]) == 8 and set(workers["free"]) <= {"gw0", "gw1"}

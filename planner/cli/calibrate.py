@@ -223,7 +223,10 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if a.plot:
         from planner.files import check_target
 
+        from planner.extras import need
+
         check_target(a.plot, "plot")  # before the work and the printed table
+        need("matplotlib", "plot", a.plot)
     profile = get_profile(a.gpu) if a.gpu else None
     runs, skipped = load_measurements(a.runs, strict=a.strict) if a.runs else ([], [])
     titan = _torchtitan_csv(a.published) if a.published else None
@@ -255,6 +258,9 @@ def cmd_profile(a: argparse.Namespace) -> int:
     from planner.calibration.profile_grid import grid_runs, run_grid
     from planner.hardware import get_profile
 
+    from planner.extras import need
+
+    need("torch", "grid", a.grid)  # each run is the reference trainer: fail once, not in every run
     if a.gpu:
         get_profile(a.gpu)  # a bad name fails here, not in every run
     runs = grid_runs(a.grid, a.steps, Path(a.out), a.gpu)

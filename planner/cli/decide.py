@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 from planner.cli import inputs
 from planner.core.search import OBJECTIVES
@@ -133,6 +134,8 @@ def run_compare(a: argparse.Namespace) -> int:
         write_plot(c, a.plot)
     print(json.dumps(compare_json(c, note), indent=2, allow_nan=False) if a.format == "json"
           else compare_text(c, note))
+    if a.plot:
+        print(f"wrote {a.plot}", file=sys.stderr)  # stderr: the JSON on stdout stays one document
     return 0
 
 
@@ -322,9 +325,11 @@ def _check_plot_path(path: str) -> None:
         raise PlannerError("plot", path, f"a file ending in .{', .'.join(PLOT_FORMATS)}")
     if not p.resolve().parent.is_dir():
         raise PlannerError("plot", path, "its folder does not exist")
+    from planner.extras import need
     from planner.files import check_target
 
     check_target(p, "plot")  # a folder named x.png, or a device
+    need("matplotlib", "plot", path)
 
 
 def write_plot(c, path: str) -> None:

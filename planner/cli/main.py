@@ -152,6 +152,8 @@ def cmd_estimate(a: argparse.Namespace) -> int:
         _print_csv([CSV_COLUMNS, csv_row(p.best)])
     else:
         print(estimate_report(p, f"chosen for {_model_flag(a)}: {x.model_note}", top=a.top))
+    if a.plot:
+        print(f"wrote {a.plot}", file=sys.stderr)  # stderr: the JSON or CSV on stdout stays whole
     return 0 if p.fits else EXIT_DOES_NOT_FIT
 
 
