@@ -131,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def cmd_estimate(a: argparse.Namespace) -> int:
+def estimate_plan(a: argparse.Namespace):
+    """`planner estimate`'s work on its parsed flags: (the inputs, the plan). The CLI and the Python
+    API (``planner.estimate``) both call it, so their JSON is one."""
     from planner.cli.inputs import inputs_from_args
     from planner.core.plan import plan
-    from planner.core.report import CSV_COLUMNS, csv_row, estimate_report
 
     if a.plot:
         from planner.cli.decide import _check_plot_path
@@ -146,6 +147,13 @@ def cmd_estimate(a: argparse.Namespace) -> int:
         from planner.cli.plots import write_estimate_plot
 
         write_estimate_plot(x, p, a.plot)
+    return x, p
+
+
+def cmd_estimate(a: argparse.Namespace) -> int:
+    from planner.core.report import CSV_COLUMNS, csv_row, estimate_report
+
+    x, p = estimate_plan(a)
     if a.format == "json":
         print(json.dumps(p.to_json(x.model_note), indent=2, allow_nan=False))
     elif a.format == "csv":
@@ -155,11 +163,12 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     return 0 if p.fits else EXIT_DOES_NOT_FIT
 
 
-def cmd_search(a: argparse.Namespace) -> int:
+def search_listing(a: argparse.Namespace):
+    """`planner search`'s work on its parsed flags: (the inputs, the search, the estimates of the
+    rows listed, in rank order, each made as it is read). Shared with ``planner.search``."""
     import numpy as np
 
     from planner.cli.inputs import inputs_from_args
-    from planner.core.report import CSV_COLUMNS, csv_row, table
     from planner.core.results import estimate_at
     from planner.core.search import search
 
@@ -170,10 +179,20 @@ def cmd_search(a: argparse.Namespace) -> int:
         limit = min(limit, a.top)
     ev = r.ranked(np.arange(limit))  # only the rows listed are put in rank order
     # Each row's estimate is made as it is written: a listing of every layout (--all) holds one at a time.
-    rows = (estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit))
+    return x, r, (estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit))
+
+
+def search_head(r) -> dict:
+    """The keys of `planner search --format json` before its ``results``."""
+    return {"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds}
+
+
+def cmd_search(a: argparse.Namespace) -> int:
+    from planner.core.report import CSV_COLUMNS, csv_row, table
+
+    x, r, rows = search_listing(a)
     if a.format == "json":
-        _print_json_listing({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds},
-                            "results", (e.to_json() for e in rows))
+        _print_json_listing(search_head(r), "results", (e.to_json() for e in rows))
     elif a.format == "csv":
         _print_csv(itertools.chain([CSV_COLUMNS], (csv_row(e) for e in rows)))
     else:
