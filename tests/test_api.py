@@ -107,3 +107,23 @@ def test_import_planner_stays_light():
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_api_pages_examples_run():
+    """Every ```python block of docs/api.md runs, and the values its comments show are printed."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+    assert len(blocks) >= 3
+    for block in blocks:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, "docs/api.md", "exec"), {})
+        printed = out.getvalue()
+        for shown in re.findall(r"# (.+)$", block, re.MULTILINE):
+            shown = shown.split(" ...")[0]
+            assert shown in printed, f"docs/api.md shows {shown!r}; printed:\n{printed}"
