@@ -17,7 +17,9 @@ Each round starts one fresh process per tool, in alternating order, and each pro
 - warm: the median CPU and wall seconds of ``--calls`` further calls;
 - the planner also with its computed-value caches (``functools`` caches of planner.core) cleared
   before each call; the files it read (profiles, stacks, presets) stay loaded, as llm-analysis's do.
-The figures printed are medians over rounds, from this run only. Calculon is not measured (no copy
+Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
+unmeasured process per tool first), as installed packages do. The figures printed are medians over
+rounds, from this run only. Calculon is not measured (no copy
 of its repository is at hand here), so it is not cited.
 """
 
@@ -46,8 +48,7 @@ THEIRS = dict(model_name="decapoda-research_llama-30b-hf", gpu_name="a100-sxm-80
 
 def peer_python() -> Path:
     """llm-analysis's interpreter, its environment created (python -m venv; pip install) if missing."""
-    home = Path(os.environ.get("PLANNER_PEERS_DIR", Path.home() / ".cache" / "planner-peers"))
-    env = home / LLM_ANALYSIS.replace("==", "-")
+    env = peers_dir() / LLM_ANALYSIS.replace("==", "-")
     python = env / "bin" / "python"
     if not python.exists():
         print(f"installing {LLM_ANALYSIS} into {env} (once)...", flush=True)
@@ -118,7 +119,8 @@ def _core_caches() -> list:
     files it read (the preset table: ``planner.core.presets._raw`` and ``presets``)."""
     files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets")}
     return [f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
-            for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None)) and (name, key) not in files]
+            for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))
+            and getattr(f, "__module__", "") == name and (name, key) not in files]  # defined there, not imported
 
 
 def _answer(tool: str, out: dict) -> dict:
@@ -131,8 +133,22 @@ def _answer(tool: str, out: dict) -> dict:
 # ---- the loop ----------------------------------------------------------------------------------
 
 
+def peers_dir() -> Path:
+    return Path(os.environ.get("PLANNER_PEERS_DIR", Path.home() / ".cache" / "planner-peers"))
+
+
+def worker_env(tool: str) -> dict:
+    """Both tools from byte-compiled modules, as an installed package runs (pip compiles them): a
+    bytecode cache under the peers folder, whatever PYTHONDONTWRITEBYTECODE says (with it set, this
+    checkout would be compiled from source in every fresh process)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(peers_dir() / "pycache")
+    env["PYTHONPATH"] = str(ROOT) if tool == "planner" else ""
+    return env
+
+
 def run_worker(python: Path, tool: str, calls: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) if tool == "planner" else ""}
+    env = worker_env(tool)
     out = subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", tool, "--calls", str(calls)],
                          capture_output=True, text=True, env=env, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -148,6 +164,8 @@ def main() -> None:
         worker(args.worker, args.calls)
         return
     tools = {"planner": Path(sys.executable), "llm-analysis": peer_python()}
+    for tool, python in tools.items():  # once, not measured: writes each tool's bytecode cache
+        run_worker(python, tool, 1)
     reports: dict[str, list[dict]] = {t: [] for t in tools}
     for r in range(args.rounds):
         for tool in (list(tools) if r % 2 == 0 else list(tools)[::-1]):  # alternate who goes first
