@@ -15,8 +15,8 @@ llm-analysis is installed from PyPI into its own virtual environment (created on
 Each round starts one fresh process per tool, in alternating order, and each process reports:
 - cold: the CPU and wall seconds of its import, and of its first call (a fresh process);
 - warm: the median CPU and wall seconds of ``--calls`` further calls;
-- the planner also with its computed-value caches (``functools`` caches of planner.core) cleared
-  before each call; the files it read (profiles, stacks, presets) stay loaded, as llm-analysis's do.
+- the planner also with its computed-value caches (``functools`` caches of planner.core, and the
+  inputs ``planner.estimate`` keeps between calls) cleared before each call; the files it read (profiles, stacks, presets) stay loaded, as llm-analysis's do.
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
 rounds, from this run only. Calculon is not measured (no copy
@@ -104,7 +104,7 @@ def worker(tool: str, calls: int) -> None:
 
 def _timed(call, caches=()) -> tuple[float, float]:
     for c in caches:
-        c.cache_clear()
+        c.clear() if isinstance(c, dict) else c.cache_clear()
     start = _clocks()
     call()
     return _since(start)
@@ -115,12 +115,15 @@ def _medians(samples: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def _core_caches() -> list:
-    """The functools caches of the planner's model (planner.core.*): values it computes, not the
-    files it read (the preset table: ``planner.core.presets._raw`` and ``presets``)."""
+    """The inputs the API keeps between calls, and the functools caches of the planner's model
+    (planner.core.*): values it computes, not the files it read (the preset table:
+    ``planner.core.presets._raw`` and ``presets``)."""
+    import planner.api
+
     files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets")}
-    return [f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
+    return [planner.api._SETUP, *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
             for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))
-            and getattr(f, "__module__", "") == name and (name, key) not in files]  # defined there, not imported
+            and getattr(f, "__module__", "") == name and (name, key) not in files)]  # defined there, not imported
 
 
 def _answer(tool: str, out: dict) -> dict:

@@ -9,7 +9,8 @@ dict the CLI prints with ``--format json`` (same keys, same numbers: both call
 ``PlannerError`` naming the field, the value and what is allowed.
 
 The parser's declarations are read once per process; every call after the first converts its
-keywords with a dict look-up each.
+keywords with a dict look-up each, and a call whose flags other than the layout's are those of a
+recent call reuses that call's checked inputs (model, hardware, job, operations).
 """
 
 from __future__ import annotations
@@ -124,24 +125,54 @@ def _wanted(kind: object, choices) -> str:
 
 
 _SPECS: dict[str, _Spec] = {}
+# The inputs built from the flags that are not layout pins (model, hardware, job, operations), kept
+# for the next call with the same ones (a sweep over layouts builds them once): checked and built
+# the first time as the CLI does. Not kept for a Hugging Face config (its file may change between
+# calls) or a value that is no key (a list). ``clear_cache()`` empties it.
+_SETUP: dict[tuple, object] = {}
+_SETUP_SIZE = 64
 
 
-def _args(command: str, flags: Mapping[str, object]) -> argparse.Namespace:
+def clear_cache() -> None:
+    _SETUP.clear()
+
+
+def _prepared(command: str, flags: Mapping[str, object]):
+    """(the parsed flags, the inputs), checked as the CLI checks them."""
+    from planner.core.layout import PIN_DIMS
+    from planner.core.limits import check_flags
+    from planner.core.options import build_inputs, pins_from
+
     spec = _SPECS.get(command)
     if spec is None:
         spec = _SPECS[command] = _Spec(command)
     a = spec.namespace(flags)
-    from planner.core.limits import check_flags
+    values = vars(a)
+    pins = {d.name for d in PIN_DIMS}
+    key = None if values.get("hf_config") else tuple(item for item in values.items() if item[0] not in pins)
+    try:
+        setup = _SETUP.get(key) if key is not None else None
+    except TypeError:  # an unhashable value (a list): built each time
+        key = setup = None
+    if setup is None:
+        check_flags(values)  # every number in its documented range, as the CLI checks it
+        x = build_inputs(values)
+        if key is not None:
+            if len(_SETUP) >= _SETUP_SIZE:
+                _SETUP.clear()
+            _SETUP[key] = x
+        return a, x
+    check_flags({name: values[name] for name in pins})  # the rest was checked with the setup
+    import dataclasses
 
-    check_flags(vars(a))  # every number in its documented range, as the CLI checks it
-    return a
+    return a, dataclasses.replace(setup, pins=pins_from(values))
 
 
 def estimate(**flags: object) -> dict:
     """`planner estimate --format json` as a dict. Keywords: the flags of `planner estimate`."""
     from planner.cli.main import estimate_plan
 
-    x, p = estimate_plan(_args("estimate", flags))
+    x, p = estimate_plan(*_prepared("estimate", flags))
     return p.to_json(x.model_note)
 
 
@@ -151,7 +182,7 @@ def search(**flags: object) -> dict:
     that fits; ``all=True`` lists those that do not fit too). Keywords: the flags of `planner search`."""
     from planner.cli.main import search_head, search_listing
 
-    _, r, rows = search_listing(_args("search", flags))
+    _, r, rows = search_listing(*_prepared("search", flags))
     return {**search_head(r), "results": [e.to_json() for e in rows]}
 
 

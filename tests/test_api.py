@@ -96,6 +96,27 @@ def test_bad_keywords_raise_one_planner_error(keywords, field, says):
     assert repr(keywords[field]) in str(err.value)
 
 
+def test_inputs_kept_between_calls_change_nothing(capsys):
+    """A sweep over layouts reuses the first call's inputs: each answer is still the CLI's, and a bad
+    pin or a changed setting is still seen."""
+    from planner import api
+
+    api.clear_cache()
+    base = {"params": "33B", "gpus": 128, "global_batch": 1024}
+    flags = ["--params", "33B", "--gpus", "128", "--global-batch", "1024"]
+    for tp, pp in ((2, 2), (4, 2), (1, 4)):
+        got = planner.estimate(**base, tp=tp, pp=pp)
+        assert got == cli_json(["estimate", *flags, "--tp", str(tp), "--pp", str(pp)], capsys)
+        assert (got["layout"]["tp"], got["layout"]["pp"]) == (tp, pp)
+    assert len(api._SETUP) == 1
+    with pytest.raises(PlannerError, match="tp=0"):
+        planner.estimate(**base, tp=0)
+    with pytest.raises(PlannerError, match="micro_batch=-1"):
+        planner.estimate(**base, micro_batch=-1)
+    other = planner.estimate(**{**base, "global_batch": 2048}, tp=2, pp=2)
+    assert other["layout"]["global_batch"] == 2048
+
+
 def test_a_misspelt_keyword_gets_suggestions():
     with pytest.raises(PlannerError, match="did you mean micro_batch"):
         planner.search(params="7B", micro_batches=2)

@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def estimate_plan(a: argparse.Namespace):
+def estimate_plan(a: argparse.Namespace, x=None):
     """`planner estimate`'s work on its parsed flags: (the inputs, the plan). The CLI and the Python
-    API (``planner.estimate``) both call it, so their JSON is one."""
+    API (``planner.estimate``) both call it, so their JSON is one. ``x``: the inputs, when the
+    caller has built them from these flags (the API, which keeps them between calls)."""
     from planner.cli.inputs import inputs_from_args
     from planner.core.plan import plan
 
@@ -141,7 +142,7 @@ def estimate_plan(a: argparse.Namespace):
         from planner.cli.decide import _check_plot_path
 
         _check_plot_path(a.plot)  # before the work: a bad path fails in one line, nothing computed
-    x = inputs_from_args(a)
+    x = inputs_from_args(a) if x is None else x
     p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
     if a.plot:
         from planner.cli.plots import write_estimate_plot
@@ -163,7 +164,7 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     return 0 if p.fits else EXIT_DOES_NOT_FIT
 
 
-def search_listing(a: argparse.Namespace):
+def search_listing(a: argparse.Namespace, x=None):
     """`planner search`'s work on its parsed flags: (the inputs, the search, the estimates of the
     rows listed, in rank order, each made as it is read). Shared with ``planner.search``."""
     import numpy as np
@@ -172,7 +173,7 @@ def search_listing(a: argparse.Namespace):
     from planner.core.results import estimate_at
     from planner.core.search import search
 
-    x = inputs_from_args(a)
+    x = inputs_from_args(a) if x is None else x
     r = search(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort)
     limit = r.evaluated if a.all else r.feasible
     if a.top:
