@@ -118,10 +118,10 @@ def _core_caches() -> list:
     """The inputs the API keeps between calls, and the functools caches of the planner's model
     (planner.core.*): values it computes, not the files it read (the preset table:
     ``planner.core.presets._raw`` and ``presets``)."""
-    import planner.api
+    import planner.cli.api
 
     files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets")}
-    return [planner.api._SETUP, *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
+    return [planner.cli.api._SETUP, *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
             for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))
             and getattr(f, "__module__", "") == name and (name, key) not in files)]  # defined there, not imported
 

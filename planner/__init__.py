@@ -19,7 +19,7 @@ def estimate(**flags: object) -> dict:
     pinned, its memory, step time, days and cost. Keywords: the flags of `planner estimate` with
     dashes made underscores (``params="33B", gpus=128, tp=2, micro_batch=1, zero=3``); raises
     ``PlannerError`` (field, value, what is allowed) on a bad one."""
-    from planner.api import estimate as run
+    from planner.cli.api import estimate as run
 
     return run(**flags)
 
@@ -28,6 +28,6 @@ def search(**flags: object) -> dict:
     """`planner search --format json` as a dict: ``evaluated``, ``feasible``, ``search_seconds``
     and ``results`` (the ``top`` best layouts, 20 by default; ``top=0``: every one that fits;
     ``all=True``: those that do not fit too). Keywords: the flags of `planner search`."""
-    from planner.api import search as run
+    from planner.cli.api import search as run
 
     return run(**flags)

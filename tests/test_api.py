@@ -99,7 +99,7 @@ def test_bad_keywords_raise_one_planner_error(keywords, field, says):
 def test_inputs_kept_between_calls_change_nothing(capsys):
     """A sweep over layouts reuses the first call's inputs: each answer is still the CLI's, and a bad
     pin or a changed setting is still seen."""
-    from planner import api
+    from planner.cli import api
 
     api.clear_cache()
     base = {"params": "33B", "gpus": 128, "global_batch": 1024}
