@@ -16,7 +16,8 @@ Each round starts one fresh process per tool, in alternating order, and each pro
 - cold: the CPU and wall seconds of its import, and of its first call (a fresh process);
 - warm: the median CPU and wall seconds of ``--calls`` further calls;
 - the planner also with its computed-value caches (``functools`` caches of planner.core, and the
-  inputs ``planner.estimate`` keeps between calls) cleared before each call; the files it read (profiles, stacks, presets) stay loaded, as llm-analysis's do.
+  inputs ``planner.estimate`` keeps between calls) cleared before each call; the files it read
+  (profiles, stacks, presets) stay loaded, as llm-analysis's do.
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
 rounds, from this run only. Calculon is not measured (no copy
@@ -129,7 +130,8 @@ def _core_caches() -> list:
 def _answer(tool: str, out: dict) -> dict:
     """Step time and peak memory each tool gives: the same problem, not the same answer."""
     if tool == "llm-analysis":
-        return {"step_s": out["latency_per_iter"], "memory_gib": out["(weight+op_state+grad+act)_memory_per_gpu"] / 2**30}
+        memory = out["(weight+op_state+grad+act)_memory_per_gpu"]
+        return {"step_s": out["latency_per_iter"], "memory_gib": memory / 2**30}
     return {"step_s": out["time"]["step_s"], "memory_gib": out["memory"]["total_bytes"] / 2**30}
 
 
@@ -189,7 +191,8 @@ def main() -> None:
     for label, key in (("warm", "warm"), ("first call", "first")):
         a = statistics.median(x[key][0] for x in ours)
         b = statistics.median(x[key][0] for x in theirs)
-        print(f"  {label}: planner / llm-analysis CPU = {a / b:.2f} ({'planner lower' if a < b else 'llm-analysis lower'})")
+        print(f"  {label}: planner / llm-analysis CPU = {a / b:.2f} "
+              f"({'planner lower' if a < b else 'llm-analysis lower'})")
     a = statistics.median(x["import"][0] + x["first"][0] for x in ours)
     b = statistics.median(x["import"][0] + x["first"][0] for x in theirs)
     print(f"  import + first call: planner / llm-analysis CPU = {a / b:.2f} "
