@@ -1,4 +1,4 @@
-"""One pinned training estimate, the planner beside llm-analysis, measured in one interleaved loop.
+"""One pinned training estimate, the planner beside llm-analysis (and Calculon), measured in one interleaved loop.
 
 Run: python benchmarks/peers.py [--rounds 5] [--calls 300]
 
@@ -20,8 +20,16 @@ Each round starts one fresh process per tool, in alternating order, and each pro
   (profiles, stacks, presets) stay loaded, as llm-analysis's do.
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
-rounds, from this run only. Calculon is not measured (no copy
-of its repository is at hand here), so it is not cited.
+rounds, from this run only.
+
+Calculon (github.com/calculon-ai/calculon, not on PyPI) is measured too when a checkout of its
+repository is given (``--calculon PATH`` or ``$PLANNER_CALCULON_REPO``): it is installed from that
+copy into its own environment and called as its ``calculon llm`` command does (``Llm(app, log)``,
+``compile``, ``run``, ``get_stats_json``) on its own A100 80GB system file, with the nearest problem
+it can state: a GPT block (a two-matrix MLP 26880 wide, 1.5 x 17920: the parameters and FLOPs of
+the SwiGLU MLP), 16-bit (its A100 file has float16 only), ZeRO-1 (its optimizer sharding; it has
+no ZeRO-3), attention-only recompute and sequence parallel. Without a checkout it is left out, and
+not cited.
 """
 
 from __future__ import annotations
@@ -45,6 +53,29 @@ THEIRS = dict(model_name="decapoda-research_llama-30b-hf", gpu_name="a100-sxm-80
               total_num_gpus=128, tp_size=2, pp_size=2, dp_size=32, sp_size=2, ds_zero=3, batch_size_per_gpu=1,
               global_batch_size=1024, seq_len=2048, activation_recomputation=1, flash_attn=True,
               mlp_gated_linear_units=True, total_num_tokens=1e12, flops_efficiency=0.5, log_level="CRITICAL")
+
+
+# Calculon's inputs (its JSON schema: calculon/llm/llm.py, Llm.Application and Llm.Execution).
+CALCULON_APP = dict(hidden=6656, feedforward=26880, seq_size=2048, attn_heads=52, attn_size=128, num_blocks=60)
+CALCULON_EXE = dict(num_procs=128, tensor_par=2, pipeline_par=2, data_par=32, tensor_par_net=0, pipeline_par_net=1,
+                    data_par_net=1, batch_size=1024, microbatch_size=1, datatype="float16", fused_activation=True,
+                    attention_type="multihead", activation_recompute="attn_only", pipeline_interleaving=1,
+                    optimizer_sharding=True, tensor_par_comm_type="rs_ag", tensor_par_overlap="none",
+                    seq_par_ag_redo=False, data_par_overlap=True, weight_offload=False, activations_offload=False,
+                    optimizer_offload=False, training=True)
+
+
+def calculon_python(repo: Path) -> Path:
+    """Calculon's interpreter, its environment created from the checkout ``repo`` if missing."""
+    env = peers_dir() / "calculon"
+    python = env / "bin" / "python"
+    if not python.exists():
+        print(f"installing Calculon from {repo} into {env} (once)...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        # Its setup.py declares no requirements; its modules import numpy, pandas and psutil.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(repo), "numpy", "pandas", "psutil"],
+                       check=True)
+    return python
 
 
 def peer_python() -> Path:
@@ -82,6 +113,25 @@ def worker(tool: str, calls: int) -> None:
 
         def call() -> dict:
             return train(**THEIRS)
+        clear = None
+    elif tool == "calculon":
+        import logging
+
+        import calculon
+        from calculon.llm import Llm
+
+        imported = _since(start)
+        log = logging.getLogger("calculon-bench")
+        log.setLevel(logging.CRITICAL)
+        system = calculon.System(calculon.read_json_file(os.path.join(os.environ["CALCULON_REPO"], "systems",
+                                                                       "a100_80g.json")))
+        app, exe = Llm.Application(CALCULON_APP), Llm.Execution.from_json(CALCULON_EXE)
+
+        def call() -> dict:
+            m = Llm(app, log)
+            m.compile(system, exe)
+            m.run(system)
+            return m.get_stats_json(False)
         clear = None
     else:
         import planner
@@ -129,6 +179,8 @@ def _core_caches() -> list:
 
 def _answer(tool: str, out: dict) -> dict:
     """Step time and peak memory each tool gives: the same problem, not the same answer."""
+    if tool == "calculon":
+        return {"step_s": out["total_time"], "memory_gib": out["proc_mem_tier1_cap_req"] / 2**30}
     if tool == "llm-analysis":
         memory = out["(weight+op_state+grad+act)_memory_per_gpu"]
         return {"step_s": out["latency_per_iter"], "memory_gib": memory / 2**30}
@@ -149,7 +201,14 @@ def worker_env(tool: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(peers_dir() / "pycache")
     env["PYTHONPATH"] = str(ROOT) if tool == "planner" else ""
+    if tool == "calculon":
+        env["CALCULON_REPO"] = str(_calculon_repo())
     return env
+
+
+def _calculon_repo() -> Path | None:
+    repo = os.environ.get("PLANNER_CALCULON_REPO")
+    return Path(repo).resolve() if repo else None
 
 
 def run_worker(python: Path, tool: str, calls: int) -> dict:
@@ -163,12 +222,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="fresh processes per tool")
     parser.add_argument("--calls", type=int, default=300, help="warm calls per process")
-    parser.add_argument("--worker", choices=("planner", "llm-analysis"), help=argparse.SUPPRESS)
+    parser.add_argument("--calculon", metavar="PATH", help="a checkout of github.com/calculon-ai/calculon: "
+                        "measure it too (default: $PLANNER_CALCULON_REPO; none: left out)")
+    parser.add_argument("--worker", choices=("planner", "llm-analysis", "calculon"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.calls)
         return
     tools = {"planner": Path(sys.executable), "llm-analysis": peer_python()}
+    if args.calculon:
+        os.environ["PLANNER_CALCULON_REPO"] = args.calculon
+    repo = _calculon_repo()
+    if repo is not None:
+        if not (repo / "calculon" / "llm" / "llm.py").is_file():
+            parser.error(f"--calculon {repo}: not a checkout of calculon-ai/calculon (no calculon/llm/llm.py)")
+        tools["calculon"] = calculon_python(repo)
     for tool, python in tools.items():  # once, not measured: writes each tool's bytecode cache
         run_worker(python, tool, 1)
     reports: dict[str, list[dict]] = {t: [] for t in tools}
@@ -187,16 +255,16 @@ def main() -> None:
               + (f"; caches cleared {med('cleared', 0) * 1e3:.3f} / {med('cleared', 1) * 1e3:.3f} ms"
                  if "cleared" in rs[0] else "")
               + f"  (its answer: step {ans['step_s']:.2f} s, {ans['memory_gib']:.1f} GiB)")
-    ours, theirs = reports["planner"], reports["llm-analysis"]
-    for label, key in (("warm", "warm"), ("first call", "first")):
-        a = statistics.median(x[key][0] for x in ours)
-        b = statistics.median(x[key][0] for x in theirs)
-        print(f"  {label}: planner / llm-analysis CPU = {a / b:.2f} "
-              f"({'planner lower' if a < b else 'llm-analysis lower'})")
-    a = statistics.median(x["import"][0] + x["first"][0] for x in ours)
-    b = statistics.median(x["import"][0] + x["first"][0] for x in theirs)
-    print(f"  import + first call: planner / llm-analysis CPU = {a / b:.2f} "
-          f"({'planner lower' if a < b else 'llm-analysis lower'})")
+    ours = reports["planner"]
+    for peer in [t for t in tools if t != "planner"]:
+        theirs = reports[peer]
+        for label, key in (("warm", "warm"), ("first call", "first")):
+            a = statistics.median(x[key][0] for x in ours)
+            b = statistics.median(x[key][0] for x in theirs)
+            print(f"  {label}: planner / {peer} CPU = {a / b:.2f} ({'planner' if a < b else peer} lower)")
+        a = statistics.median(x["import"][0] + x["first"][0] for x in ours)
+        b = statistics.median(x["import"][0] + x["first"][0] for x in theirs)
+        print(f"  import + first call: planner / {peer} CPU = {a / b:.2f} ({'planner' if a < b else peer} lower)")
 
 
 if __name__ == "__main__":
