@@ -131,21 +131,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def cmd_estimate(a: argparse.Namespace) -> int:
+def estimate_plan(a: argparse.Namespace, x=None):
+    """`planner estimate`'s work on its parsed flags: (the inputs, the plan). The CLI and the Python
+    API (``planner.estimate``) both call it, so their JSON is one. ``x``: the inputs, when the
+    caller has built them from these flags (the API, which keeps them between calls)."""
     from planner.cli.inputs import inputs_from_args
     from planner.core.plan import plan
-    from planner.core.report import CSV_COLUMNS, csv_row, estimate_report
 
     if a.plot:
         from planner.cli.decide import _check_plot_path
 
         _check_plot_path(a.plot)  # before the work: a bad path fails in one line, nothing computed
-    x = inputs_from_args(a)
+    x = inputs_from_args(a) if x is None else x
     p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
     if a.plot:
         from planner.cli.plots import write_estimate_plot
 
         write_estimate_plot(x, p, a.plot)
+    return x, p
+
+
+def cmd_estimate(a: argparse.Namespace) -> int:
+    from planner.core.report import CSV_COLUMNS, csv_row, estimate_report
+
+    x, p = estimate_plan(a)
     if a.format == "json":
         print(json.dumps(p.to_json(x.model_note), indent=2, allow_nan=False))
     elif a.format == "csv":
@@ -157,25 +166,36 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     return 0 if p.fits else EXIT_DOES_NOT_FIT
 
 
-def cmd_search(a: argparse.Namespace) -> int:
+def search_listing(a: argparse.Namespace, x=None):
+    """`planner search`'s work on its parsed flags: (the inputs, the search, the estimates of the
+    rows listed, in rank order, each made as it is read). Shared with ``planner.search``."""
     import numpy as np
 
     from planner.cli.inputs import inputs_from_args
-    from planner.core.report import CSV_COLUMNS, csv_row, table
     from planner.core.results import estimate_at
     from planner.core.search import search
 
-    x = inputs_from_args(a)
+    x = inputs_from_args(a) if x is None else x
     r = search(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort)
     limit = r.evaluated if a.all else r.feasible
     if a.top:
         limit = min(limit, a.top)
     ev = r.ranked(np.arange(limit))  # only the rows listed are put in rank order
     # Each row's estimate is made as it is written: a listing of every layout (--all) holds one at a time.
-    rows = (estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit))
+    return x, r, (estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit))
+
+
+def search_head(r) -> dict:
+    """The keys of `planner search --format json` before its ``results``."""
+    return {"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds}
+
+
+def cmd_search(a: argparse.Namespace) -> int:
+    from planner.core.report import CSV_COLUMNS, csv_row, table
+
+    x, r, rows = search_listing(a)
     if a.format == "json":
-        _print_json_listing({"evaluated": r.evaluated, "feasible": r.feasible, "search_seconds": r.search_seconds},
-                            "results", (e.to_json() for e in rows))
+        _print_json_listing(search_head(r), "results", (e.to_json() for e in rows))
     elif a.format == "csv":
         _print_csv(itertools.chain([CSV_COLUMNS], (csv_row(e) for e in rows)))
     else:

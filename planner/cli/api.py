@@ -1,0 +1,192 @@
+"""The Python API: ``planner.estimate(**flags)`` and ``planner.search(**flags)``.
+
+Each keyword is a flag of `planner estimate` / `planner search`, spelled as its destination
+(``zero_stage``, ``micro_batch``, ``overlap_grad_reduce``) or as the flag with dashes made
+underscores (``zero``, ``no_overlap``); the keywords and what each accepts are read from the same
+argparse declarations the CLI builds (``planner.cli.main.SUBCOMMANDS``), and the result is the
+dict the CLI prints with ``--format json`` (same keys, same numbers: both call
+``planner.cli.main.estimate_plan`` / ``search_listing``). A bad keyword or value raises one
+``PlannerError`` naming the field, the value and what is allowed.
+
+The parser's declarations are read once per process; every call after the first converts its
+keywords with a dict look-up each, and a call whose flags other than the layout's are those of a
+recent call reuses that call's checked inputs (model, hardware, job, operations).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+
+from planner.errors import PlannerError, closest_names
+
+# Flags the API leaves out: the result is always the JSON dict (format), and an API caller
+# formats or plots for itself (plot writes a file: `planner estimate --plot` does).
+_LEFT_OUT = ("format", "help")
+
+
+class _Spec:
+    """One subcommand's keywords: each name -> (its destination, a converter of the value)."""
+
+    __slots__ = ("command", "defaults", "keys")
+
+    def __init__(self, command: str) -> None:
+        from planner.cli.main import SUBCOMMANDS, _Parser
+
+        parser = _Parser(prog=f"planner {command}", add_help=False)
+        SUBCOMMANDS[command][1](parser)
+        self.command = command
+        self.defaults = vars(parser.parse_args([]))
+        self.keys: dict[str, tuple[str, Callable[[object], object]]] = {}
+        for action in parser._actions:
+            if action.dest in _LEFT_OUT:
+                continue
+            for flag in action.option_strings:
+                name = flag.lstrip("-").replace("-", "_")
+                # ``no_overlap=True`` is the flag given; the destination's own name takes its value.
+                flips = name != action.dest and _flips(action, flag)
+                self.keys[name] = (action.dest, _converter(action, negated=flips))
+            self.keys.setdefault(action.dest, (action.dest, _converter(action, negated=False)))
+
+    def namespace(self, flags: Mapping[str, object]) -> argparse.Namespace:
+        values = dict(self.defaults)
+        for name, value in flags.items():
+            try:
+                dest, convert = self.keys[name]
+            except KeyError:
+                hint = closest_names(name, list(self.keys))
+                raise PlannerError(name, value, f"not a keyword of planner.{self.command}"
+                                   f"{'; ' + hint if hint else ''} (`planner {self.command} --help` "
+                                   "lists the flags; a keyword is a flag with dashes made underscores)") from None
+            values[dest] = convert(value) if value is not None else self.defaults[dest]
+        return argparse.Namespace(**values)
+
+
+def _flips(action: argparse.Action, flag: str) -> bool:
+    """Whether ``flag`` given sets its destination to False (``--no-overlap``, ``--no-sequence-parallel``)."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return flag.startswith("--no-")
+    return isinstance(action, argparse._StoreFalseAction)
+
+
+def _converter(action: argparse.Action, negated: bool) -> Callable[[object], object]:
+    """The function that checks one keyword's value as the flag would and returns what argparse stores."""
+    field = action.dest
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
+        def boolean(value: object) -> bool:
+            if not isinstance(value, bool):
+                raise PlannerError(field, value, "True or False")
+            return not value if negated else value
+        return boolean
+    kind, choices = action.type, action.choices
+
+    def convert(value: object) -> object:
+        if isinstance(value, bool):
+            raise PlannerError(field, value, _wanted(kind, choices))
+        if kind in (int, float):
+            if isinstance(value, str):
+                try:
+                    value = kind(value)
+                except ValueError:
+                    raise PlannerError(field, value, _wanted(kind, choices)) from None
+            elif kind is int and not isinstance(value, int) and not _is_integer(value):
+                raise PlannerError(field, value, _wanted(kind, choices))
+            elif kind is float and not isinstance(value, (int, float)) and not _is_number(value):
+                raise PlannerError(field, value, _wanted(kind, choices))
+            value = kind(value)
+        elif isinstance(value, (list, tuple)):  # a list option (lora_targets): the flag's comma-separated text
+            value = ",".join(map(str, value))
+        elif isinstance(value, (int, float)):  # a count (params=33e9, tokens=1e12): the flag's text
+            value = repr(value)
+        elif not isinstance(value, str):
+            raise PlannerError(field, value, _wanted(kind, choices))
+        if choices is not None and value not in choices:
+            raise PlannerError(field, value, _wanted(kind, choices))
+        return value
+    return convert
+
+
+def _is_integer(value: object) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Integral)
+
+
+def _is_number(value: object) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Real)
+
+
+def _wanted(kind: object, choices) -> str:
+    if choices is not None:
+        return "one of " + ", ".join(map(str, choices))
+    return {int: "an integer", float: "a number"}.get(kind, "text (as the flag takes it, e.g. '33B')")
+
+
+_SPECS: dict[str, _Spec] = {}
+# The inputs built from the flags that are not layout pins (model, hardware, job, operations), kept
+# for the next call with the same ones (a sweep over layouts builds them once): checked and built
+# the first time as the CLI does. Not kept for a Hugging Face config (its file may change between
+# calls) or a value that is no key (a list). ``clear_cache()`` empties it.
+_SETUP: dict[tuple, object] = {}
+_SETUP_SIZE = 64
+
+
+def clear_cache() -> None:
+    _SETUP.clear()
+
+
+def _prepared(command: str, flags: Mapping[str, object]):
+    """(the parsed flags, the inputs), checked as the CLI checks them."""
+    from planner.core.layout import PIN_DIMS
+    from planner.core.limits import check_flags
+    from planner.core.options import build_inputs, pins_from
+
+    spec = _SPECS.get(command)
+    if spec is None:
+        spec = _SPECS[command] = _Spec(command)
+    a = spec.namespace(flags)
+    values = vars(a)
+    pins = {d.name for d in PIN_DIMS}
+    key = None if values.get("hf_config") else tuple(item for item in values.items() if item[0] not in pins)
+    try:
+        setup = _SETUP.get(key) if key is not None else None
+    except TypeError:  # an unhashable value (a list): built each time
+        key = setup = None
+    if setup is None:
+        check_flags(values)  # every number in its documented range, as the CLI checks it
+        x = build_inputs(values)
+        if key is not None:
+            if len(_SETUP) >= _SETUP_SIZE:
+                _SETUP.clear()
+            _SETUP[key] = x
+        return a, x
+    check_flags({name: values[name] for name in pins})  # the rest was checked with the setup
+    import dataclasses
+
+    return a, dataclasses.replace(setup, pins=pins_from(values))
+
+
+def estimate(**flags: object) -> dict:
+    """`planner estimate --format json` as a dict. Keywords: the flags of `planner estimate`."""
+    from planner.cli.main import estimate_plan
+
+    x, p = estimate_plan(*_prepared("estimate", flags))
+    return p.to_json(x.model_note)
+
+
+def search(**flags: object) -> dict:
+    """`planner search --format json` as a dict: ``evaluated``, ``feasible``, ``search_seconds`` and
+    ``results`` (the listed layouts in rank order: ``top`` of them, 20 by default, 0 for every one
+    that fits; ``all=True`` lists those that do not fit too). Keywords: the flags of `planner search`."""
+    from planner.cli.main import search_head, search_listing
+
+    _, r, rows = search_listing(*_prepared("search", flags))
+    return {**search_head(r), "results": [e.to_json() for e in rows]}
+
+
+def keywords(command: str = "estimate") -> list[str]:
+    """Every keyword ``planner.estimate`` (or ``planner.search``) accepts."""
+    spec = _SPECS.get(command) or _SPECS.setdefault(command, _Spec(command))
+    return sorted(spec.keys)
