@@ -85,6 +85,14 @@ def wrap_lines(text: str, width: int | None = WIDTH) -> str:
         indent = len(line) - len(line.lstrip())
         # Under the label's text; a line without a label hangs its continuation by two columns.
         lead = " " * (len(hang) if indent < len(hang) < width // 2 else indent + 2)
-        out += textwrap.wrap(line[len(hang):], width, initial_indent=hang, subsequent_indent=lead,
-                             break_long_words=False, break_on_hyphens=False) or [line]
+        # "dp 8 x tp 1 | ZeRO-3 | ...": short fields stay whole, a line breaks after a "|".
+        body = f"{_KEEP_SPACES}| ".join(_KEEP_SPACES.join(part.split(" ")) if len(part) <= _FIELD else part
+                                        for part in line[len(hang):].split(" | "))
+        wrapped = textwrap.wrap(body, width, initial_indent=hang, subsequent_indent=lead,
+                                break_long_words=False, break_on_hyphens=False) or [line]
+        out += [x.replace(_KEEP_SPACES, " ") for x in wrapped]
     return "\n".join(out)
+
+
+_KEEP_SPACES = "\x00"  # a space inside a short "|"-separated field, kept from wrapping
+_FIELD = 40  # fields up to this long stay whole on a line

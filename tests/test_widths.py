@@ -77,3 +77,9 @@ def test_a_long_line_wraps_under_its_label():
     assert all(x.startswith(" " * 9 + "word") for x in lines[1:])
     assert wrap_lines("short", 40) == "short"
     assert wrap_lines("  - a warning " + "x " * 30, 30).splitlines()[1].startswith("    x")
+
+
+def test_a_line_of_fields_breaks_after_a_bar():
+    # "layout   " is the label; each "|"-separated field is kept whole and a line ends on its "|".
+    assert wrap_lines("layout   aa bb | cc dd | ee ff", 20).splitlines() == [
+        "layout   aa bb |", "         cc dd |", "         ee ff"]
