@@ -342,7 +342,7 @@ def get_profile(name: str) -> HardwareProfile:
 
 
 def profile_limits_markdown() -> str:
-    """The README's table of profile keys and their ranges (a test keeps the two equal)."""
+    """docs/cli.md's table of profile keys and their ranges (a test keeps the two equal)."""
     from planner.schema import limits_markdown
 
     spec = {**TOP_KEYS, **{f"[gpu] {k}": v for k, v in GPU_KEYS.items()},

@@ -24,7 +24,7 @@ from planner.errors import PlannerError
 
 REQUIRED: Any = object()  # the default of a required key
 
-# Documented upper bounds (README, "Limits"). Far above any real job; they keep the arithmetic
+# Documented upper bounds (docs/cli.md, "Limits"). Far above any real job; they keep the arithmetic
 # finite and exact (float64 and int64) and every loop short.
 MAX_GPUS = 10**6
 MAX_PARAMS = 1e15
@@ -224,7 +224,7 @@ def check_flags(values: Mapping[str, Any], spec: Mapping[str, Key] = FLAGS) -> N
 
 def limits_markdown(spec: Mapping[str, Key]) -> str:
     """A markdown table of ``spec``'s numeric keys and their ranges (keys sharing a range share a
-    row): the README's "Limits" tables are this output, and a test keeps them equal."""
+    row): docs/cli.md's "Limits" tables are this output (docs/cli_reference.py), tested stale."""
     rows: dict[str, list[str]] = {}
     for name, key in spec.items():
         if key.kind in (int, float):

@@ -242,10 +242,7 @@ def main(argv: list[str]) -> int:
           flush=True)
     # torchrun dies with this launcher (and its ranks with torchrun: train.py arms the same signal).
     rc = subprocess.call(cmd, env=env, preexec_fn=faults.die_with_parent)
-    record = config.run_dir / "record.json"
-    if rc == 0 and record.exists():
-        print(f"record: {record}")
-    elif rc != 0:
+    if rc != 0:  # on success the run itself has said where its record is (train.py, "run record: ...")
         print(f"error: the run exited with code {rc} (logs above; per-step figures in {config.run_dir}/steps.csv)",
               file=sys.stderr)
     return rc

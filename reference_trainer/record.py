@@ -117,6 +117,10 @@ def _rank_breakdown(r: dict, sync_wait: float, pp: int) -> dict:
         out["comm_exposed_tp"] = frac("comm_exposed_tp_s", "fwd_bwd_s") * fb  # functional-collective waits
         out["bubble"] = frac("bubble_s", "fwd_bwd_s") * fb
         out["comm_total"] = frac("comm_total_s", "step_window_s") * step
+        # Exposed is a share of the forward-backward window, the total of the whole step's window,
+        # each scaled by its own timer: a step whose timers and traced windows differ could book
+        # exposed above the total. Exposed communication is part of all of it, whatever the scaling.
+        out["comm_total"] = max(out["comm_total"], out["comm_exposed"])
     else:
         out["comm_exposed"] = out["comm_exposed_tp"] = out["bubble"] = out["comm_total"] = None
     # Timers around the exchanges themselves (reference_trainer/exchange.py), on every measured step:

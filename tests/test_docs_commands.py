@@ -222,3 +222,16 @@ def test_the_sentences_about_the_headline_plan_say_what_it_prints():
     assert lay["vpp"] > 1
     assert float(m.group(4)) == round(kept["memory"]["total_bytes"] / gib, 1)
     assert float(m.group(5)) == round(100 * kept["mfu"], 1)
+
+
+def test_ci_runs_the_readmes_test_command_with_the_lock():
+    # The Quickstart's second command is what .ci/run runs, verbatim, and it installs at the versions
+    # constraints.txt pins (docs/testing.md); torch is pinned there without a CUDA build's label.
+    blocks = [lines for lang, lines in _blocks((ROOT / "README.md").read_text()) if lang == "bash"]
+    command = blocks[1][0]
+    assert "-c constraints.txt" in command and command.endswith("python -m pytest -q")
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+    pins = dict(line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert pins["torch"] == "2.13.0" and command.startswith("pip install torch==2.13.0 ")
+    assert {"pytest", "pytest-xdist", "numpy"} <= set(pins) and not any(k.startswith("nvidia-cu") for k in pins)

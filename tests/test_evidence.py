@@ -54,7 +54,7 @@ def test_the_committed_records_are_the_published_rows():
 
 
 def test_the_estimate_names_what_checks_it(capsys):
-    assert main(["estimate", "--params", "33B", "--gpus", "128"]) == 0
+    assert main(["estimate", "--params", "33B", "--gpus", "128", "--wide"]) == 0  # each clause on one line
     out = capsys.readouterr().out.splitlines()
     at = next(k for k, x in enumerate(out) if x.startswith("checked  "))
     line = out[at]
@@ -83,7 +83,7 @@ def test_several_gpus_are_counted_each(capsys):
 
     data = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "torchtitan_performance.csv"
     a100 = sum(1 for row in csv.DictReader(data.read_text().splitlines()) if row["gpu"] == "a100-80g")
-    assert main(["compare", "--params", "13B", "--gpus", "64", "--gpu", "a100-80g,h100-80g"]) == 0
+    assert main(["compare", "--params", "13B", "--gpus", "64", "--gpu", "a100-80g,h100-80g", "--wide"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert any(x.startswith("stack  fsdp2: ") for x in out)
     assert any(x.startswith("       checked against 31 published torchtitan runs (") and
@@ -146,7 +146,7 @@ def test_stacks_lists_what_checks_each(capsys):
     assert got["megatron-2021"]["runs"] == 16 and got["deepspeed-zero"]["runs"] == 6
     assert got["megatron-core"]["runs"] == 0 and got["megatron-core"]["time_mean_abs_error"] is None
     assert got["fsdp2"]["runs"] == got["fsdp2-2024"]["runs"] == 31  # one family
-    assert main(["stacks"]) == 0
+    assert main(["stacks", "--wide"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert "checked (runs, mean time error)" in rows[0]
     assert any(r.startswith("megatron-core ") and "  none  " in r for r in rows)

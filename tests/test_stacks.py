@@ -269,7 +269,8 @@ def test_what_a_stack_does_not_model_is_said_beside_the_estimate(capsys):
 
     hai = get_stack("hai-llm")
     assert "DualPipe" in hai.not_modelled and get_stack("megatron-core").not_modelled == ""
-    assert main(["estimate", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--stack", "hai-llm"]) == 0
+    assert main(["estimate", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--stack", "hai-llm",
+                 "--wide"]) == 0  # the sentence on one line
     out = capsys.readouterr().out.splitlines()
     i = next(k for k, line in enumerate(out) if line.startswith("stack    hai-llm"))
     assert out[i + 1] == f"         not modelled: {hai.not_modelled}"

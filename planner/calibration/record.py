@@ -116,6 +116,11 @@ def validate_record(data: dict) -> dict:
         raise ValueError(f"run record: field 'schema_version' is {data['schema_version']}, expected {SCHEMA_VERSION}")
     if not data["step_time_s"]["median"] > 0:
         raise ValueError("run record: field 'step_time_s.median' must be > 0")
+    b = data["breakdown_s"]
+    if b.get("comm_exposed") is not None and b.get("comm_total") is not None \
+            and b["comm_exposed"] > b["comm_total"] * (1 + 1e-9):  # the exposed part of it cannot exceed it
+        raise ValueError(f"run record: field 'breakdown_s.comm_exposed'={b['comm_exposed']} is more than "
+                         f"'breakdown_s.comm_total'={b['comm_total']}")
     # A CPU's "peak" is the probe's fitted matmul rate, measured at another moment on cores other
     # processes share: a run may beat it, so its MFU has no upper bound here.
     cpu = (data.get("hardware") or {}).get("device_kind") == "cpu"

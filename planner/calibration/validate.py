@@ -26,6 +26,7 @@ from planner.core.step_parts import COMPARED, compared, predicted_parts
 from planner.core.steptime import time_shared
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile, get_profile, profile_names
+from planner.tables import WIDTH, wrap_lines
 
 # name: (unit, relative?)
 QUANTITIES = {"step_s": ("s", True), "tokens_per_s": ("tokens/s", True), "mfu": ("", True),
@@ -122,13 +123,22 @@ TIME_SHARED_NOTE = ("* time-shared host (more processes than cores): the share i
                     "decides which waits the trace books as bubble or communication")
 
 
-def table(points: list[Point]) -> str:
-    w = max([3, *(len(p.run) for p in points)])  # whole run names (they tell runs apart)
-    rows = [f"{'run':<{w}} {'quantity':<18} {'predicted':>11} {'measured':>11} {'error':>8}"]
+def table(points: list[Point], width: int | None = WIDTH) -> str:
+    """Predicted against measured, a row per run and quantity; whole run names (they tell runs
+    apart): beside their figures where they fit ``width``, else each on a line above its rows."""
+    w = max([3, *(len(p.run) for p in points)])
+    beside = width is None or w + 1 + 18 + 1 + 11 + 1 + 11 + 1 + 10 <= width
+    run_head = f"{'run':<{w}} " if beside else "  "
+    rows = [f"{run_head}{'quantity':<18} {'predicted':>11} {'measured':>11} {'error':>8}"]
+    last = None
     for p in points:
         relative = QUANTITIES[p.quantity][1]
         err = f"{p.error:+8.1%}" if relative else f"{p.error * 100:+6.1f}pp"
-        rows.append(f"{p.run:<{w}} {p.quantity:<18} {p.predicted:11.4g} {p.measured:11.4g} {err}"
+        if not beside and p.run != last:
+            rows.append(p.run)
+        last = p.run
+        lead = f"{p.run:<{w}} " if beside else "  "
+        rows.append(f"{lead}{p.quantity:<18} {p.predicted:11.4g} {p.measured:11.4g} {err}"
                     + ("" if p.judged else " *"))
     rows.append("")
     for q, s in summary(points).items():
@@ -142,7 +152,7 @@ def table(points: list[Point]) -> str:
         rows.append(line)
     if any(not p.judged for p in points):
         rows += ["", TIME_SHARED_NOTE]
-    return "\n".join(rows)
+    return wrap_lines("\n".join(rows), width)
 
 
 def plot(points: list[Point], path: str, title: str = "planner: predicted vs measured") -> None:

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from planner.errors import PlannerError
+from planner.tables import WIDE_HELP, WIDTH
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", help="profile to predict with (default: the one each run names or matches)")
     p.add_argument("--plot", help="write predicted-vs-measured to this PNG")
     p.add_argument("--format", choices=("text", "json", "csv"), default="text")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
     p.set_defaults(func=cmd_validate)
 
@@ -245,7 +247,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         for p in points:
             print(f"{p.run},{p.quantity},{p.predicted!r},{p.measured!r},{p.error!r},{str(p.judged).lower()}")
     else:
-        print(table(points))
+        print(table(points, None if a.wide else WIDTH))
     if a.plot:
         plot(points, a.plot)
         print(f"wrote {a.plot}", file=sys.stderr)

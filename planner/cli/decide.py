@@ -14,6 +14,7 @@ from planner.cli import inputs
 from planner.core.search import OBJECTIVES
 from planner.errors import PlannerError
 from planner.schema import MAX_GPUS, MAX_USD
+from planner.tables import WIDE_HELP, WIDTH, wrap_lines
 from planner.units import parse_count
 
 # --- parsing ------------------------------------------------------------------------------
@@ -89,6 +90,7 @@ def add_parser(sub) -> None:
     inputs.add_layout_args(p)
     p.set_defaults(precision=None, func=run_compare)  # None: bf16, or fp16 where a GPU has no bf16
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.add_argument("--sort", choices=OBJECTIVES, default="time", help="ranking within each row")
     p.add_argument("--plot", metavar="PATH", help="write days-to-train vs GPUs per profile (PNG, SVG or PDF)")
 
@@ -105,6 +107,7 @@ def add_parser(sub) -> None:
     p.add_argument("--deadline", required=True, help="wall-clock time to train, e.g. 30d, 12h, 2w")
     p.add_argument("--budget", help="US dollars at the profiles' (or --price-per-gpu-hour) rate, e.g. 2e6, $500K")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
 
 
 def _common(a: argparse.Namespace):
@@ -133,7 +136,7 @@ def run_compare(a: argparse.Namespace) -> int:
     if a.plot:
         write_plot(c, a.plot)
     print(json.dumps(compare_json(c, note), indent=2, allow_nan=False) if a.format == "json"
-          else compare_text(c, note))
+          else compare_text(c, note, None if a.wide else WIDTH))
     if a.plot:
         print(f"wrote {a.plot}", file=sys.stderr)  # stderr: the JSON on stdout stays one document
     return 0
@@ -150,7 +153,7 @@ def run_recommend(a: argparse.Namespace) -> int:
     model, note, options, pins = _common(a)
     r = recommend(model, options, deadline, budget, a.max_gpus, pins)
     print(json.dumps(recommend_json(r, note), indent=2, allow_nan=False) if a.format == "json"
-          else recommend_text(r, note))
+          else recommend_text(r, note, None if a.wide else WIDTH))
     return 0 if r.cheapest else 3
 
 
@@ -166,11 +169,11 @@ def compact_layout(e) -> str:
     return out + (f" {lay.schedule}" if lay.schedule != "1f1b" else "")
 
 
-def _table(rows: list[tuple]) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    left = {0, 3}
-    return "\n".join("  ".join(str(v).ljust(w) if i in left else str(v).rjust(w)
-                               for i, (v, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
+def _table(rows: list[tuple], drop: tuple[str, ...], width: int | None) -> str:
+    """Names and layouts left, figures right; within ``width`` by leaving out ``drop``'s columns."""
+    from planner.tables import fit_table
+
+    return fit_table(rows, drop=drop, right=[i for i in range(len(rows[0])) if i not in (0, 3)], width=width)
 
 
 def _header(model, note: str, options) -> list[str]:
@@ -224,18 +227,18 @@ def probe_cells(p) -> tuple:
 PROBE_HEADER = ("gpu", "GPUs", "prec", "best layout", "time", "wall", "GPU-h", "cost", "MWh", "MFU", "GiB", "free")
 
 
-def compare_text(c, note: str) -> str:
+def compare_text(c, note: str, width: int | None = WIDTH) -> str:
     lines = _header(c.model, note, c.options) + [""]
-    lines.append(_table([PROBE_HEADER, *(probe_cells(p) for p in c.rows)]))
+    lines.append(_table([PROBE_HEADER, *(probe_cells(p) for p in c.rows)], ("wall", "MWh", "prec", "GPU-h"), width))
     lines += [f"{p.gpus} x {p.gpu}: {p.why}" for p in c.rows if not p.fits]
     lines += ["", "time: ideal time to train; wall: expected time with failures and checkpoints; GPU-h, cost, MWh "
                   "(GPU energy x PUE): of the ideal time;",
               "GiB: peak memory per GPU / capacity; free: memory headroom; "
               "layout: dp tp pp(xvpp) micro-batch ZeRO-stage [recompute] [sp]"]
-    return "\n".join(lines)
+    return wrap_lines("\n".join(lines), width)
 
 
-def recommend_text(r, note: str) -> str:
+def recommend_text(r, note: str, width: int | None = WIDTH) -> str:
     from planner.units import fmt_count, fmt_days
 
     budget = f", budget ${fmt_count(r.budget_usd)}" if r.budget_usd is not None else ""
@@ -251,7 +254,7 @@ def recommend_text(r, note: str) -> str:
                          f"${fmt_count(a.pick.cost_usd)}", f"{e.mfu:.1%}"))
         else:
             rows.append((a.name, fit, "-", "", "", "", ""))
-    lines.append(_table(rows))
+    lines.append(_table(rows, ("fits from", "MFU"), width))
     lines.append("")
     best, fit = r.cheapest, r.min_fit
     if best:
@@ -268,7 +271,7 @@ def recommend_text(r, note: str) -> str:
     for a in r.answers:
         if a.why:
             lines.append(f"{a.name}: {a.why}")
-    return "\n".join(lines)
+    return wrap_lines("\n".join(lines), width)
 
 
 # --- JSON ---------------------------------------------------------------------------------

@@ -31,7 +31,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _formats(p: argparse.ArgumentParser) -> None:
+    from planner.tables import WIDE_HELP
+
     p.add_argument("--format", choices=("text", "json", "csv"), default="text")
+    p.add_argument("--wide", action="store_true", help=WIDE_HELP)
+
+
+def _width(a: argparse.Namespace) -> int | None:
+    from planner.tables import WIDTH
+
+    return None if a.wide else WIDTH
 
 
 def _plan_args(p: argparse.ArgumentParser, top: int, top_help: str) -> None:
@@ -160,7 +169,10 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     elif a.format == "csv":
         _print_csv([CSV_COLUMNS, csv_row(p.best)])
     else:
-        print(estimate_report(p, f"chosen for {_model_flag(a)}: {x.model_note}", top=a.top))
+        from planner.tables import wrap_lines
+
+        report = estimate_report(p, f"chosen for {_model_flag(a)}: {x.model_note}", top=a.top, width=_width(a))
+        print(wrap_lines(report, _width(a)))
     if a.plot:
         print(f"wrote {a.plot}", file=sys.stderr)  # stderr: the JSON or CSV on stdout stays whole
     return 0 if p.fits else EXIT_DOES_NOT_FIT
@@ -199,10 +211,12 @@ def cmd_search(a: argparse.Namespace) -> int:
     elif a.format == "csv":
         _print_csv(itertools.chain([CSV_COLUMNS], (csv_row(e) for e in rows)))
     else:
+        from planner.tables import wrap_lines
+
         rows = list(rows)
-        print(f"{x.model.describe()} on {x.gpus} x {x.hardware.name}: {r.feasible} of {r.evaluated} layouts fit "
-              f"({r.search_seconds * 1e3:.1f} ms); top {len(rows)} by {a.sort}")
-        print(table(rows))
+        print(wrap_lines(f"{x.model.describe()} on {x.gpus} x {x.hardware.name}: {r.feasible} of {r.evaluated} "
+                         f"layouts fit ({r.search_seconds * 1e3:.1f} ms); top {len(rows)} by {a.sort}", _width(a)))
+        print(table(rows, width=_width(a)))
     return 0 if r.feasible else EXIT_DOES_NOT_FIT
 
 
@@ -222,7 +236,7 @@ def cmd_presets(a: argparse.Namespace) -> int:
     rows += [(n, fmt_params(s.params), fmt_params(s.active_params), f"{s.top_k}/{s.experts}" if s.moe else "-",
               s.arch, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_hidden, s.vocab, s.seq_len)
              for n, s in table.items()]
-    _print_rows(rows, a.format)
+    _print_rows(rows, a, drop=("vocab", "seq", "kv"))
     return 0
 
 
@@ -250,7 +264,7 @@ def cmd_profiles(a: argparse.Namespace) -> int:
                      f"{pk['fp8'] / 1e12:.4g}" if pk["fp8"] else "-", f"{p.gpu.tdp_watts:.0f}",
                      p.network.gpus_per_node, f"{p.network.intra_bytes_per_s / 1e9:.0f}",
                      f"{p.network.inter_bytes_per_s / 1e9:.1f}", "yes" if p.calibrated else "no"))
-    _print_rows(rows, a.format)
+    _print_rows(rows, a, drop=("fp16 TF", "TDP W", "HBM GB/s", "GPU"))
     return 0
 
 
@@ -275,7 +289,8 @@ def cmd_stacks(a: argparse.Namespace) -> int:
                      f"{s.tp_overlap:g} ({s.tp_overlap_async:g})", "yes" if s.interleaved else "no",
                      "yes" if s.compiles else "no", s.fp8_recipe,
                      f"{e.runs}, {e.time_mean_abs_error:.1%}" if e.runs else "none", s.description))
-    _print_rows(rows, a.format)
+    _print_rows(rows, a, drop=("ZeRO-3 overlap", "interleaved", "compile", "DP overlap", "TP overlap (async)",
+                               "attention"), wrap="description")
     return 0
 
 
@@ -285,13 +300,15 @@ def _model_flag(a: argparse.Namespace) -> str:
     return f"--params {a.params}" if a.params else f"--preset {a.preset}" if a.preset else "shape flags"
 
 
-def _print_rows(rows: list[tuple], fmt: str) -> None:
-    if fmt == "csv":
+def _print_rows(rows: list[tuple], a: argparse.Namespace, drop: tuple[str, ...] = (), wrap: str | None = None) -> None:
+    """A listing: CSV, or a table within 100 columns (``drop``'s columns left out in that order,
+    ``wrap`` wrapped) unless --wide."""
+    from planner.tables import fit_table
+
+    if a.format == "csv":
         _print_csv(rows)
         return
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+    print(fit_table(rows, drop=drop, wrap=wrap, right=(), width=_width(a)))
 
 
 def _print_json_listing(head: dict, key: str, items) -> None:

@@ -6,7 +6,7 @@ declaration (``low``/``high``, or a dimension's ``choices``): the explorer offer
 flag accepts the same one. Flags that are no declared option (GPU counts, the model's shape,
 hardware overrides, ports, ...) and options declared without bounds keep theirs in
 ``planner.schema.FLAGS`` (a base module: it cannot see the declarations). ``FLAGS`` below is
-both; the README's Limits table is ``limits_markdown(FLAGS)``, and a test keeps them equal.
+both; docs/cli.md's Limits table is ``limits_markdown(FLAGS)``, and a test keeps them equal.
 """
 
 from __future__ import annotations

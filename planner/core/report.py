@@ -11,6 +11,7 @@ from planner.core.results import Estimate, flat_fields
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
 from planner.stacks import DEFAULT_STACK, software
+from planner.tables import WIDTH, fit_table
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
 BAR_WIDTH = 50
@@ -84,7 +85,7 @@ def _mfu_basis(fp8: bool, moe: bool) -> str:
     return f" ({'; '.join(said)})" if said else ""
 
 
-def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
+def estimate_report(p: Plan, model_note: str = "", top: int = 5, width: int | None = WIDTH) -> str:
     e = p.best
     m, t, tr, hw = e.memory, e.time, e.train, e.hardware
     net = hw.network
@@ -144,7 +145,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     ]
     lines += operations_lines(e)
     if p.runners_up:
-        lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ")]
+        lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ", width=width)]
     lines += ["", "warnings: " + ("none" if not e.warnings else "")]
     lines += [f"  - {w}" for w in e.warnings]
     note = roomier_note(e, p.roomier, bool(p.pinned), p.result.objective)
@@ -279,13 +280,14 @@ def table_rows(estimates: list[Estimate]) -> list[tuple]:
     return rows
 
 
-def table(estimates: list[Estimate], indent: str = "") -> str:
+def table(estimates: list[Estimate], indent: str = "", width: int | None = WIDTH) -> str:
+    """The layouts, one row each; within ``width`` by leaving out the least needed columns first
+    (accumulation follows from the batch, bubble and comm are in each estimate's report)."""
     rows = [TABLE_HEADER, *table_rows(estimates)]
     keep = [i for i, name in enumerate(TABLE_HEADER)
             if name not in _QUIET or any(r[i] != _QUIET[name] for r in rows[1:])]
     rows = [tuple(r[i] for i in keep) for r in rows]
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(keep))]
-    return "\n".join(indent + "  ".join(str(v).rjust(w) for v, w in zip(r, widths)) for r in rows)
+    return fit_table(rows, drop=("accum", "bubble", "comm", "step s"), width=width, indent=indent)
 
 
 # The layout's columns are its dimensions, by their declared names (planner.core.layout.LAYOUT_DIMS).
