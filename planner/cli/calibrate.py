@@ -14,7 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="profile file to write (TOML)")
     p.add_argument("--name", help="profile name (default: the file's stem)")
     p.add_argument("--nprocs", type=int, default=2, help="local processes for the collectives (default 2)")
-    p.add_argument("--base", help="datasheet profile of this GPU: keep its peaks, measure efficiencies")
+    p.add_argument("--base", help="datasheet profile of this GPU: keep its peaks and memory, measure efficiencies "
+                   "(default on a GPU: the profile whose [gpu] model is the device's name; one whose memory is "
+                   "not the device's is refused)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     p.add_argument("--quick", action="store_true", help="fewer sizes, shorter timings")
     p.set_defaults(func=cmd_probe)
@@ -59,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_probe(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.calibration.probe import profile_toml, run_probe
+    from planner.calibration import probe
     from planner.files import check_target, write_atomic
     from planner.hardware import get_profile
 
@@ -71,10 +73,17 @@ def cmd_probe(a: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise PlannerError("probe", "torch", "needs torch: pip install torch==2.13.0") from None
+    info = probe.device_info(a.device, a.nprocs)
+    if info.kind == "cuda":  # the device's own name picks the datasheet; a base of other memory is refused
+        if base is None:
+            base = probe.base_for(info)
+            print(f"base profile: {base.name} (the device is {info.name}, {info.memory_bytes / 2**30:.1f} GiB)",
+                  file=sys.stderr)
+        probe.check_base(base, info)
     print(f"probing ({a.nprocs} processes)...", file=sys.stderr)
-    result = run_probe(a.nprocs, quick=a.quick, device=a.device)
+    result = probe.run_probe(a.nprocs, quick=a.quick, info=info)
     name = a.name or Path(a.out).stem
-    text = profile_toml(result, name, base)
+    text = probe.profile_toml(result, name, base)
     write_atomic(a.out, text)
     for dtype, points in result.matmul.items():
         curve = ", ".join(f"{n}: {f / 1e9:.1f}" for n, f in points)
@@ -82,6 +91,7 @@ def cmd_probe(a: argparse.Namespace) -> int:
     print(f"memory copy bandwidth: {result.memory_bytes_per_s / 1e9:.2f} GB/s")
     for op, points in result.collectives.items():
         print(f"{op}: " + ", ".join(f"{b // 1024} KiB {t * 1e3:.2f} ms" for b, t in points))
+    print(f"device: {info.name}; torch {info.torch}, CUDA {info.cuda or '-'}, driver {info.driver or '-'}")
     print(f"wrote {a.out}")
     return 0
 
