@@ -39,10 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="calibrated profile file to write (TOML)")
     p.add_argument("--name", help="profile name (default: the file's stem)")
     p.add_argument("--factors", help="comma-separated factors to fit (default: those the runs exercise: "
-                   "matmul, memory, layer_overhead_s, and intra_node_bw, tp_collective_overhead_s, "
-                   "thread_scaling, flash_attention when the runs use them)")
-    p.add_argument("--parts", action="store_true", help="also fit each measured part of the step (compute, "
-                   "exposed TP / DP communication, bubble, optimizer) as a share of the step, not only the total")
+                   "matmul, memory, layer_overhead_s, and intra_node_bw (DP/PP links), tp_intra_node_bw (TP "
+                   "links), tp_collective_overhead_s, thread_scaling, flash_attention when the runs use them)")
+    p.add_argument("--total-only", action="store_true", help="fit the step time alone (default: the step time "
+                   "and each measured part of it: compute, exposed TP / DP communication, bubble, optimizer, as "
+                   "shares of the step)")
+    p.add_argument("--parts", action="store_true", help=argparse.SUPPRESS)  # the default since issue 40
     p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
     p.set_defaults(func=cmd_calibrate)
 
@@ -105,12 +107,14 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         check_factors,
         default_factors,
         describe_fit,
+        least_squares_solver,
     )
     from planner.calibration.measured import load_measurements
     from planner.files import check_target, write_atomic
     from planner.hardware import get_profile
 
     check_target(a.out)  # a folder or a device: refused before the fit
+    least_squares_solver()  # scipy: one line naming it, before any record is read
     if a.published and a.runs:
         raise PlannerError("runs", " ".join(a.runs), "give run records or --published, not both")
     if a.published and _torchtitan_csv(a.published):
@@ -126,15 +130,18 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         runs, skipped = published_measurements(a.published), []
     else:
         runs, skipped = load_measurements(a.runs, strict=a.strict)
+    if a.parts and a.total_only:
+        raise PlannerError("total-only", True, "leave out --parts (the parts are fitted unless --total-only)")
+    parts = not a.total_only
     factors = (tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors
-               else default_factors(runs, base))
+               else default_factors(runs, base, parts))
     try:
         check_factors(factors, len(runs))
     except PlannerError as exc:  # one line: the first skipped record says why there are too few
         raise _with_skipped(exc, skipped) from None
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
-    fit = calibrate(runs, base, factors, parts=a.parts)
+    fit = calibrate(runs, base, factors, parts=parts)
     print(describe_fit(fit, runs))
     if not fit.converged:
         print(f"planner calibrate: {fit.message}; kept the base profile {base.name}, wrote nothing",
