@@ -1,6 +1,6 @@
 """The GPU runs calibration needs first: a 350M-1B model in bf16 on one GPU, short runs across
 micro-batch and recompute. Each run's record lands under --out (``$OUT/runs`` in
-benchmarks/gpu_session.sh) the moment the run ends, written there by the trainer itself: a sweep
+benchmarks/gpu_session.py) the moment the run ends, written there by the trainer itself: a sweep
 cut short by a time limit still leaves every record it finished.
 
     python benchmarks/trainer_gpu.py --out DIR                  # on a machine with an NVIDIA GPU
