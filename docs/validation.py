@@ -285,7 +285,8 @@ def build(out: Path, plots: bool) -> str:
         "and mixes, three tiny models, micro-batch 1-8, recompute none or full), committed under "
         "`benchmarks/runs/cpu-2core/`. The machine was measured by `planner probe` "
         "(`benchmarks/runs/cpu-2core/probed.toml`); `planner calibrate` fitted "
-        f"{', '.join(prov['factors'])} (`--parts`) on the first run of each pair of like runs, "
+        f"{', '.join(prov['factors'])} (step time and its parts; docs/calibration.md) on the first run of "
+        "each pair of like runs, "
         f"{len(runs) - len(held)} runs (`hardware_profiles/calibrated/cpu-2core.toml`; "
         "`planner.calibration.profile_grid.held_out`: both halves see one process, dp, tp, pp, mixes, "
         "full recompute and every model shape). The second of each pair is held out:",
