@@ -12,7 +12,7 @@ budget (default 330 s: 7 minutes of a slot with ~90 s for the machine's start an
              the datasheet profile is the one whose [gpu] model is the device's name (or --base),
              refused when its memory is not the device's (planner.calibration.probe.check_base)
   probe      planner probe --base that profile -> probed.toml (peaks kept, efficiencies measured)
-  runs       8 short runs (benchmarks/trainer_gpu.py: 350M and 760M GPT-3 shapes, bf16, micro-batch
+  runs       10 short runs (benchmarks/trainer_gpu.py: 350M and 760M GPT-3 shapes, bf16, micro-batch
              2-16, recompute none/selective/full) -> runs/<name>/record.json, each written when it ends
   calibrate  planner calibrate on the even runs (the first of each pair: step time and its parts,
              leave-one-out) -> calibrated.toml, calibrate.txt
@@ -141,6 +141,10 @@ class Session:
         self.status[name] = ("ok" if ok else f"FAILED{': ' + why if why else ''}", seconds)
         self.log(f"{name}: {self.status[name][0]} ({seconds:.0f} s)")
         self.pack()
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(143)
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     s = Session(out, work, a.budget_s, a.fail, a.base, a.dry_run)
     import signal
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+    signal.signal(signal.SIGTERM, _on_sigterm)  # the stage in flight is stopped, the archive still packed
     s.log(f"gpu session: out {out}, work {work}, budget {a.budget_s:.0f} s, dry run {a.dry_run}, "
           f"python {sys.executable}" + (f", injected failure: {a.fail}" if a.fail else ""))
     try:
