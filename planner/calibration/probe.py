@@ -280,7 +280,8 @@ def check_base(base: HardwareProfile, info: DeviceInfo) -> None:
                                               f"{info.memory_bytes / GIB:.1f} GiB ({info.name}){hint}")
 
 
-def run_probe(nprocs: int, quick: bool = False, device: str | None = None, info: DeviceInfo | None = None) -> ProbeResult:
+def run_probe(nprocs: int, quick: bool = False, device: str | None = None,
+              info: DeviceInfo | None = None) -> ProbeResult:
     import torch
 
     info = info or device_info(device, nprocs)
@@ -352,8 +353,8 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
                                       memory=min(1.0, r.memory_bytes_per_s / g.hbm_bytes_per_s))
         notes.append(f"Peaks, memory and power: the datasheet profile {base.name}; efficiencies: measured.")
     else:
-        gpu |= {"memory_gib": round(r.memory_bytes / GIB, 1), "hbm_gb_per_s": float(f"{r.memory_bytes_per_s / 1e9:.4g}"),
-                "tdp_w": 15 * r.cores}
+        gpu |= {"memory_gib": round(r.memory_bytes / GIB, 1), "tdp_w": 15 * r.cores,
+                "hbm_gb_per_s": float(f"{r.memory_bytes_per_s / 1e9:.4g}")}
         gpu |= {f"{dt}_tflops": float(f"{fits[dt][0] / 1e12:.6g}") for dt in ("fp32", "tf32", "fp16", "bf16")
                 if dt in fits}
         notes.append("memory_gib: host memory / processes; hbm_gb_per_s: measured copy bandwidth; tdp_w: an "
@@ -363,9 +364,10 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
     intra = link or r.memory_bytes_per_s / 4
     # A CPU host runs any number of processes ("devices"); they share its cores (compute_slots).
     per_node = HOST_PROCESSES if r.device == "cpu" else r.nprocs
+    latency_us = float(f"{lat * 1e6:.4g}")
     node: dict = {"gpus_per_node": per_node, "intra_node_gb_per_s": float(f"{intra / 1e9:.4g}"),
                   "inter_node_gbit_per_s": float(f"{intra * 8 / 1e9 * per_node:.4g}"),
-                  "intra_node_latency_us": float(f"{lat * 1e6:.4g}"), "inter_node_latency_us": float(f"{lat * 1e6:.4g}")}
+                  "intra_node_latency_us": latency_us, "inter_node_latency_us": latency_us}
     notes.append(f"intra_node_gb_per_s: all-reduce bus bandwidth ({note}); inter-node: loopback, the same.")
     if p2p is not None:
         node |= {"p2p_gb_per_s": float(f"{p2p[1] / 1e9:.4g}"), "p2p_latency_us": float(f"{p2p[0] * 1e6:.4g}")}
