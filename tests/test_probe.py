@@ -193,3 +193,13 @@ def test_a_profile_name_stays_one_string(name):
     assert data["name"] == name and data["gpu"]["model"] == result.device_name
     assert set(data) == {"name", "description", "gpu", "node", "efficiency", "provenance"}
     assert data["efficiency"]["matmul"] == 1.0
+
+
+def test_without_tomli_w_the_fallback_writer_escapes_alike(monkeypatch):
+    # The GPU image has no tomli-w: planner.toml_text writes the profile itself, with the same escapes.
+    monkeypatch.setitem(__import__("sys").modules, "tomli_w", None)
+    result = _result([(b, 2 * 100e-6 + 1.0 * b / 2e9) for b in (2**12, 2**16, 2**20, 2**24)])
+    result.device_name = 'cpu "model"\nname = "evil"\x7f'
+    data = tomllib.loads(profile_toml(result, 'a"b\n[gpu]'))
+    assert data["name"] == 'a"b\n[gpu]' and data["gpu"]["model"] == result.device_name
+    assert data["node"]["intra_node_latency_us"] == pytest.approx(100, rel=1e-3)
