@@ -30,7 +30,9 @@ def dumps(data: dict, head: str = "") -> str:
         body = tomli_w.dumps(data)
     if tomllib.loads(body) != data:  # a writer bug, never bad input: every value is escaped
         raise PlannerError("toml", "text", "text that reads back as the data written")
-    lines = [f"# {' '.join(line.split())}".rstrip() for line in head.splitlines()]
+    # A comment may hold no control character (TOML 1.0): a device name's DEL becomes "?".
+    clean = "".join("?" if ord(c) == 0x7F or (ord(c) < 0x20 and c not in "\n\t") else c for c in head)
+    lines = [f"# {' '.join(line.split())}".rstrip() for line in clean.splitlines()]
     return "\n".join(lines) + ("\n" if lines else "") + body
 
 
