@@ -227,6 +227,32 @@ def mechanism() -> None:
                     __file__, "--count-collectives"], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def check_run_count(grid: str, factors: tuple[str, ...] | None) -> None:
+    """Before minutes of runs: the grid's calibrating half must hold at least as many runs as the
+    factors they exercise (planner.calibration.calibrate.default_factors, either fit); else one line
+    naming the minimum, exit 2."""
+    from types import SimpleNamespace
+
+    from planner.calibration.calibrate import check_factors, default_factors
+    from planner.calibration.profile_grid import GRIDS
+    from planner.core.layout import Job, Layout
+    from planner.errors import PlannerError
+
+    train = [SimpleNamespace(layout=Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=gb), gpus=dp * tp * pp,
+                             job=Job())
+             for i, (_, dp, tp, pp, mb, gb, _) in enumerate(GRIDS[grid]) if i % 2 == 0]
+    host = SimpleNamespace(network=SimpleNamespace(compute_slots=len(os.sched_getaffinity(0))))
+    wanted = factors or max((default_factors(train, host, parts) for parts in (False, True)), key=len)
+    try:
+        check_factors(wanted, len(train))
+    except PlannerError:
+        enough = [g for g in GRIDS if g != grid and not g.startswith("gpu") and (len(GRIDS[g]) + 1) // 2 >= len(wanted)]
+        print(f"calibration_cpu: --grid {grid} calibrates on {len(train)} runs; fitting {len(wanted)} factors "
+              f"({', '.join(wanted)}) needs at least {len(wanted)}: use --grid {' or '.join(enough) or 'cpu'}, or "
+              f"--factors with at most {len(train)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", default="cpu")
@@ -242,6 +268,12 @@ def main() -> None:
         return count_collectives()
     if a.mechanism:
         return mechanism()
+    from planner.calibration.profile_grid import GRIDS
+
+    if a.grid not in GRIDS:
+        ap.error(f"--grid {a.grid}: one of {', '.join(GRIDS)}")
+    factors = tuple(a.factors.split(",")) if a.factors else None
+    check_run_count(a.grid, factors)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     probe, grid = out / "probed.toml", out / "grid"
@@ -258,7 +290,6 @@ def main() -> None:
     for line in skipped:
         print("skipped", line)
     train, test = split(runs, a.grid)
-    factors = tuple(a.factors.split(",")) if a.factors else None
     fits = (("fit on step time", False), ("fit on the parts of the step", True))
     for name, parts in fits[1:] if a.parts else fits:
         fit = calibrate(train, base, factors, parts=parts)

@@ -1,6 +1,6 @@
 """The GPU runs calibration needs first: a 350M-1B model in bf16 on one GPU, short runs across
 micro-batch and recompute. Each run's record lands under --out (``$OUT/runs`` in
-benchmarks/gpu_session.sh) the moment the run ends, written there by the trainer itself: a sweep
+benchmarks/gpu_session.py) the moment the run ends, written there by the trainer itself: a sweep
 cut short by a time limit still leaves every record it finished.
 
     python benchmarks/trainer_gpu.py --out DIR                  # on a machine with an NVIDIA GPU
@@ -30,19 +30,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from planner.calibration.record import validate_record  # noqa: E402
 
 # (name, model, micro_batch, recompute); global batch = 2 micro-batches per step. 350M and 760M
-# GPT-3 shapes at 2k tokens: about 5-20 s each for 30 steps on an H100/H200 in bf16.
+# GPT-3 shapes at 2k tokens: about 5-20 s each for 30 steps on an H100/H200 in bf16. In pairs:
+# benchmarks/gpu_session.py calibrates on the first of each (even index) and holds out the second;
+# each half has both models, no recompute and some recompute, and micro-batches 2 to 16; 5 runs to
+# calibrate on: one more than the 4 factors one GPU's runs exercise, for the leave-one-out figures.
 MODELS = {"350m": {"preset": "gpt3-350m", "seq_len": 2048, "dropout": 0.0},
           "760m": {"preset": "gpt3-760m", "seq_len": 2048, "dropout": 0.0}}
 SETTINGS = [("350m-mb4", "350m", 4, "none"), ("350m-mb8-selective", "350m", 8, "selective"),
             ("760m-mb4", "760m", 4, "none"), ("760m-mb8", "760m", 8, "none"),
-            ("760m-mb8-selective", "760m", 8, "selective"), ("760m-mb16-full", "760m", 16, "full")]
+            ("760m-mb8-selective", "760m", 8, "selective"), ("760m-mb16-full", "760m", 16, "full"),
+            ("350m-mb16-full", "350m", 16, "full"), ("350m-mb2", "350m", 2, "none"),
+            ("350m-mb8", "350m", 8, "none"), ("760m-mb2", "760m", 2, "none")]
 TINY = {"arch": "gpt", "layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64, "dropout": 0.0}
 
 
@@ -60,8 +63,8 @@ def config_for(setting: tuple, out: Path, steps: int, tiny: bool, gpu: str | Non
                           "hardware_profile": gpu, "tensorboard": True, "memory_fraction": memory_fraction}}
     folder = out / "configs"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{run_name}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path = folder / f"{run_name}.json"  # JSON is YAML too, and needs no PyYAML (the GPU image may lack it)
+    path.write_text(json.dumps(config, indent=1))
     return path
 
 

@@ -1,9 +1,10 @@
 """Generate docs/validation.md: the planner's current error against measured runs.
 
 Run: python docs/validation.py [--out DIR] [--no-plots]
-Sources, all committed: the Megatron-LM 2021 and torchtitan measurements (benchmarks/data/), and the CPU runs of
+Sources, all committed: the Megatron-LM 2021 and torchtitan measurements (benchmarks/data/), the CPU runs of
 the reference trainer with their probed and calibrated profiles (benchmarks/runs/cpu-2core/,
-hardware_profiles/calibrated/cpu-2core.toml). tests/test_validation_page.py regenerates the page
+hardware_profiles/calibrated/cpu-2core.toml), and each GPU session's runs and profiles where one is
+committed (benchmarks/runs/<gpu>/, docs/gpu-session.md). tests/test_validation_page.py regenerates the page
 and fails when the committed one is stale.
 """
 
@@ -181,6 +182,41 @@ def activation_section() -> list[str]:
     return lines
 
 
+def gpu_sessions() -> list[Path]:
+    """The GPU sessions committed under benchmarks/runs/<gpu>/ (benchmarks/gpu_session.py's archive,
+    unpacked: probed.toml, calibrated.toml, runs/<name>/record.json; docs/gpu-session.md)."""
+    return sorted(p for p in (ROOT / "benchmarks" / "runs").iterdir()
+                  if (p / "calibrated.toml").is_file() and (p / "probed.toml").is_file() and (p / "runs").is_dir())
+
+
+def gpu_section(folder: Path) -> list[str]:
+    """One GPU session: its held-out runs (those calibrate did not see) before and after calibration,
+    every quantity after, and the best MFU."""
+    runs, skipped = load_measurements([str(folder / "runs")])
+    if skipped:
+        raise SystemExit(f"bad committed records in {folder}: " + "; ".join(skipped))
+    prov = tomllib.loads((folder / "calibrated.toml").read_text())["provenance"]
+    fitted = {Path(p).parent.name for p in prov["runs"]}
+    held = [r for r in runs if r.label not in fitted]
+    probed, calibrated = load_profile_file(folder / "probed.toml"), load_profile_file(folder / "calibrated.toml")
+    before = {p.run: p for p in compare(held, probed) if p.quantity == "step_s"}
+    after = compare(held, calibrated)
+    after_step = [p for p in after if p.quantity == "step_s"]
+    device = next((r.device_name for r in runs), folder.name)
+    best = max(runs, key=lambda r: r.mfu or 0.0)
+    lines = [f"## Reference-trainer runs on one {device}", "",
+             f"{len(runs)} runs of `benchmarks/gpu_session.py` (`benchmarks/runs/{folder.name}/`), calibrated on "
+             f"{len(fitted)} ({', '.join(prov['factors'])}; {prov.get('fitted', 'step time')}), the other "
+             f"{len(held)} held out:", "",
+             "| held-out run | measured s | probed profile | calibrated profile |", "|---|---|---|---|"]
+    lines += [f"| {p.run} | {p.measured:.4g} | {_pct(before[p.run].error)} | {_pct(p.error)} |" for p in after_step]
+    ea = np.abs([p.error for p in after_step])
+    lines += ["", f"Held-out step-time error after calibration: **{ea.mean():.1%}** mean, worst {ea.max():.1%}. "
+              + (f"Best MFU: {best.mfu:.1%} ({best.label})." if best.mfu is not None else ""), "",
+              *summary_table(after), ""]
+    return lines
+
+
 def build(out: Path, plots: bool) -> str:
     table1 = published_measurements(str(DATA / "megatron2021_table1.csv"))
     p1 = compare(table1)
@@ -249,7 +285,8 @@ def build(out: Path, plots: bool) -> str:
         "and mixes, three tiny models, micro-batch 1-8, recompute none or full), committed under "
         "`benchmarks/runs/cpu-2core/`. The machine was measured by `planner probe` "
         "(`benchmarks/runs/cpu-2core/probed.toml`); `planner calibrate` fitted "
-        f"{', '.join(prov['factors'])} (`--parts`) on the first run of each pair of like runs, "
+        f"{', '.join(prov['factors'])} (step time and its parts; docs/calibration.md) on the first run of "
+        "each pair of like runs, "
         f"{len(runs) - len(held)} runs (`hardware_profiles/calibrated/cpu-2core.toml`; "
         "`planner.calibration.profile_grid.held_out`: both halves see one process, dp, tp, pp, mixes, "
         "full recompute and every model shape). The second of each pair is held out:",
@@ -274,13 +311,15 @@ def build(out: Path, plots: bool) -> str:
         "compared); the measured communication share of tensor-parallel runs on gloo includes DTensor's "
         "dispatch time, which the planner books as a fixed per-collective cost.",
         "",
+        *[line for folder in gpu_sessions() for line in gpu_section(folder)],
         "## What is not validated yet",
         "",
-        "The project has no GPU run of its own yet: GPU figures rest on the published rows above "
+        ("The project's own GPU runs are the sections above; beyond them, " if gpu_sessions() else
+         "The project has no GPU run of its own yet: ") + "GPU figures rest on the published rows above "
         "(Megatron-LM on A100; torchtitan's FSDP2, TP and PP on A100, H100 and H200) and on datasheets. "
         "Megatron-Core, DeepSpeed and every GPU without a published row use factors from public figures. "
         "`planner profile` and `planner calibrate` on the hardware at hand close that gap; the GPU script "
-        "`benchmarks/gpu_session.sh` is prepared for the next session that has a GPU.",
+        "`benchmarks/gpu_session.py` (docs/gpu-session.md) is prepared for the next session that has a GPU.",
     ]
     lines += ["", "![Megatron-LM](validation-megatron.png)", "", "![CPU runs](validation-cpu.png)"]
     if plots:

@@ -88,6 +88,10 @@ class Efficiency:
     # Fraction of the fp8 dense peak a large fp8 GEMM reaches (Hopper: ~65-70%, cuBLASLt).
     fp8_matmul: float = 0.65
     intra_node_bw: float = 0.9000  # achieved NCCL bus bandwidth / link bandwidth, inside a node
+    # The same for tensor-parallel collectives alone, where runs measured them apart from the data-
+    # parallel reduction (`planner calibrate`): small blocking all-reduces on the critical path
+    # reach less of the link than large bucketed ones. None: intra_node_bw.
+    tp_intra_node_bw: float | None = None
     inter_node_bw: float = 0.85  # the same between nodes
     dp_overlap: float = 1.0  # fraction of the last backward pass that can hide DP communication
     zero3_overlap: float = 0.8  # fraction of compute that can hide ZeRO-3 parameter gathers
@@ -206,6 +210,7 @@ NODE_KEYS = {
 EFFICIENCY_KEYS = {
     "matmul": Key(float, **_FRACTION), "memory": Key(float, **_FRACTION),
     "flash_attention": Key(float, **_FRACTION), "intra_node_bw": Key(float, **_FRACTION),
+    "tp_intra_node_bw": Key(float, **_FRACTION),
     "fused_attention": Key(float, **_FRACTION), "fp8_matmul": Key(float, **_FRACTION),
     "inter_node_bw": Key(float, **_FRACTION), "power_fraction": Key(float, 0.0, 2.0, lo_open=True),
     "matmul_half_dim": Key(float, 0, 1e6), "dp_overlap": Key(float, **_SHARE),
@@ -293,10 +298,12 @@ def efficiency_from_table(table: dict, where: str = "[efficiency]") -> Efficienc
 
 
 def efficiency_to_table(eff: Efficiency) -> dict[str, float]:
+    """The factors as file keys in file units; a factor that follows another (None) is left out."""
     out = {}
     for f in dataclasses.fields(Efficiency):
         key, scale = EFFICIENCY_UNITS.get(f.name, (f.name, 1.0))
-        out[key] = getattr(eff, f.name) / scale
+        if getattr(eff, f.name) is not None:
+            out[key] = getattr(eff, f.name) / scale
     return out
 
 

@@ -247,13 +247,23 @@ def build_config(data: dict, *, default_name: str = "run") -> RunConfig:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    import yaml
-
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"config {path}: cannot read ({exc.strerror})") from None
+    try:
+        import yaml
+    except ImportError:  # an image without PyYAML (benchmarks/gpu_session.py's): JSON, a subset of YAML, reads
+        import json
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config {path}: not JSON, and YAML needs PyYAML (pip install pyyaml): {exc}") from None
+        return build_config(data or {}, default_name=path.stem)
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     return build_config(data or {}, default_name=path.stem)

@@ -227,7 +227,8 @@ def _header(config, config_dict: dict, status: str, message: str | None, env: di
                      "nodes": max(1, world // max(1, env["local_world_size"])),
                      "hostnames": sorted({r["hostname"] for r in ranks}), "cpu_cores": env["cpu_cores"],
                      "device_memory_bytes": env.get("device_memory_bytes")},
-        "software": {k: env.get(k) for k in ("python", "torch", "numpy", "platform", "backend", "cuda", "nccl")}
+        "software": {k: env.get(k) for k in ("python", "torch", "numpy", "platform", "backend", "cuda", "nccl",
+                                             "driver")}
         | {"planner": planner_version, "git_commit": _git_commit()},
         "config": config_dict, "fault_injection": fault,
     }

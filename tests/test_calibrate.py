@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.calibration.calibrate import calibrate, calibrated_profile_toml, check_factors, describe_fit
+from planner.calibration.calibrate import (
+    calibrate,
+    calibrated_profile_toml,
+    check_factors,
+    describe_fit,
+    predict_step_s,
+)
 from planner.calibration.measured import Measurement, load_measurements
 from planner.calibration.validate import compare, summary, table
 from planner.cli.main import main
@@ -238,3 +244,89 @@ def test_validate_judges_a_time_shared_runs_step_time_not_its_shares(capsys):
     assert rows[0].endswith(",judged")
     assert {r.split(",")[1]: r.split(",")[-1] for r in rows[1:]}["bubble_fraction"] == "false"
     assert {r.split(",")[1]: r.split(",")[-1] for r in rows[1:]}["step_s"] == "true"
+
+
+def links_runs(eff) -> list[Measurement]:
+    """Runs on one 8-GPU A100 node whose TP collectives reach ``eff.tp_intra_node_bw`` of the link
+    and whose DP reduction ``eff.intra_node_bw``: TP alone, DP alone, and one process."""
+    truth = A100.with_efficiency(eff)
+    runs = []
+    for i, (dp, tp, mb) in enumerate([(1, 1, 1), (1, 2, 1), (1, 4, 2), (1, 8, 1), (2, 1, 1), (4, 1, 2), (8, 1, 1),
+                                      (1, 1, 4)]):
+        model = ModelSpec(arch="llama", layers=8, hidden=4096, heads=32, vocab=32000, seq_len=2048)
+        layout = Layout(dp=dp, tp=tp, micro_batch=mb, global_batch=dp * mb * 2)
+        step = float(evaluate(model, truth, Job(), Candidates.from_layouts([layout]), layout.gpus).step_s[0])
+        runs.append(Measurement(label=f"dp{dp}tp{tp}mb{mb}", source="synthetic", model=model, layout=layout, job=Job(),
+                                gpus=layout.gpus, device_kind="cuda", device_name="x", hardware_profile=None,
+                                step_s=step))
+    return runs
+
+
+def test_tp_and_dp_bandwidth_are_fitted_apart_where_the_runs_tell_them_apart():
+    from planner.calibration.calibrate import default_factors
+
+    truth = A100.efficiency.replace(matmul=0.6, intra_node_bw=0.8, tp_intra_node_bw=0.3)
+    runs = links_runs(truth)
+    # TP-only and DP-only runs separate the two even from step times alone; mixed runs do not.
+    assert {"intra_node_bw", "tp_intra_node_bw"} <= set(default_factors(runs, A100, parts=False))
+    mixed = [r for r in synthetic_runs(A100.efficiency) if r.layout.tp > 1]  # all dp 2 x tp > 1
+    assert "tp_intra_node_bw" not in default_factors(mixed, A100, parts=False)
+    assert {"intra_node_bw", "tp_intra_node_bw"} <= set(default_factors(mixed, A100, parts=True))  # shares do
+    fit = calibrate(runs, A100, ("matmul", "intra_node_bw", "tp_intra_node_bw"), parts=False)
+    assert fit.converged and np.max(np.abs(fit.errors)) < 1e-3
+    assert fit.efficiency.tp_intra_node_bw == pytest.approx(0.3, rel=0.05)
+    assert fit.efficiency.intra_node_bw == pytest.approx(0.8, rel=0.05)
+    # A profile without the TP factor prices TP collectives at intra_node_bw, as before.
+    one = A100.with_efficiency(A100.efficiency.replace(intra_node_bw=0.3))
+    both = A100.with_efficiency(A100.efficiency.replace(intra_node_bw=0.3, tp_intra_node_bw=0.3))
+    assert predict_step_s(runs, one) == pytest.approx(predict_step_s(runs, both), rel=1e-12)
+
+
+def test_a_factor_pushed_to_its_bound_is_named():
+    # Runs twice as fast as a GEMM at the A100's dense peak allows: matmul ends at its upper
+    # bound, 1.0, and the fit says that it is a limit there, not a measurement.
+    runs = [dataclasses.replace(r, step_s=r.step_s * 0.5) for r in synthetic_runs(A100.efficiency.replace(matmul=1.0))]
+    fit = calibrate(runs, A100, ("matmul",), leave_one_out=False)
+    assert fit.at_bound == ("matmul",) and fit.efficiency.matmul == pytest.approx(1.0, abs=1e-3)
+    notes = [line for line in describe_fit(fit, runs).splitlines() if "bound" in line]
+    assert notes and notes[0].startswith("note: matmul = 1 is at its upper bound (1)")
+    inside = calibrate(synthetic_runs(A100.efficiency.replace(matmul=0.6)), A100, ("matmul",), leave_one_out=False)
+    assert inside.at_bound == ()
+
+
+def test_calibrate_fits_the_parts_by_default_and_reports_each_held_out(tmp_path, capsys):
+    # The committed CPU grid, the calibrating half: each part's error is reported, in sample and
+    # leave-one-out, as the same difference `planner validate` shows for that run.
+    grid = Path(__file__).parent.parent / "benchmarks" / "runs" / "cpu-2core"
+    base = load_profile_file(grid / "probed.toml")
+    runs, _ = load_measurements([str(p) for p in sorted(grid.iterdir()) if p.name[:2] in ("00", "04", "06", "12")])
+    fit = calibrate(runs, base, ("matmul", "layer_overhead_s"))
+    assert fit.parts and set(fit.share_errors) >= {"compute_share", "tp_comm_share", "optimizer_share"}
+    fitted = base.with_efficiency(fit.efficiency)
+    shown = [p.error for p in compare(runs, fitted) if p.quantity == "compute_share" and p.judged]
+    assert list(fit.share_errors["compute_share"]) == pytest.approx(shown, abs=1e-12)
+    assert len(fit.loo_share_errors["compute_share"]) == len(shown) == 4
+    text = describe_fit(fit, runs)
+    assert "compute_share    4 runs: fitted" in text and "leave-one-out" in text
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", *(str(grid / r.label) for r in runs), "--base", str(grid / "probed.toml"),
+                 "--out", str(out), "--factors", "matmul,layer_overhead_s", "--total-only"]) == 0
+    assert "factors (step time only)" in capsys.readouterr().out
+    import tomllib
+
+    prov = tomllib.loads(out.read_text())["provenance"]
+    assert prov["fitted"] == "step time only" and prov["factors"] == ["matmul", "layer_overhead_s"]
+
+
+def test_more_factors_than_runs_and_no_scipy_are_one_line_refusals(tmp_path, capsys, monkeypatch):
+    grid = Path(__file__).parent.parent / "benchmarks" / "runs" / "cpu-2core"
+    two = [str(grid / "00-gpt-s-dp1tp1pp1-mb4-none"), str(grid / "12-gpt-l-dp1tp1pp1-mb1-none")]
+    out = tmp_path / "x.toml"
+    assert main(["calibrate", *two, "--base", str(grid / "probed.toml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs=2" in err and "needs at least" in err and "matmul" in err, err
+    monkeypatch.setitem(__import__("sys").modules, "scipy.optimize", None)  # import scipy.optimize fails
+    assert main(["calibrate", *two, "--base", str(grid / "probed.toml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs scipy: pip install scipy" in err, err
+    assert not out.exists()

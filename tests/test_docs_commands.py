@@ -21,6 +21,7 @@ README stays a five-minute read: under 200 lines.
 
 from __future__ import annotations
 
+import glob
 import re
 import shlex
 import subprocess
@@ -51,6 +52,10 @@ HELP_ONLY_WHEN = ("my-gpu.toml", "runs/grid", "base.yaml")
 # `planner run` (the trainer's launcher) is checked with --dry-run: the config is built and
 # validated (layout, batch, schedule) without starting torchrun.
 DRY_RUN_SUBCOMMANDS = ("run",)
+# Scripts run with --help only: minutes of runs (tests/trainer/test_gpu_session.py runs the session).
+HELP_ONLY_SCRIPTS = ("benchmarks/gpu_session.py",)
+# Not run: they change the repository or unpack what a GPU session brought back (docs/gpu-session.md).
+SKIP_PREFIXES += ("git ", "tar ", "mkdir ")
 
 
 def _blocks(text: str):
@@ -95,6 +100,16 @@ def doc_commands() -> list[tuple[str, str, int, tuple[str, ...]]]:
 COMMANDS = doc_commands()
 
 
+def _expand(word: str) -> list[str]:
+    """A word as bash expands it: braces (``{00,02}``), then a glob matched from the repository root."""
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", word)
+    if m:
+        return [w for alt in m.group(1).split(",") for w in _expand(word[:m.start()] + alt + word[m.end():])]
+    if any(c in word for c in "*?["):
+        return sorted(glob.glob(word, root_dir=ROOT)) or [word]
+    return [word]
+
+
 def _argv(cmd: str, tmp_path: Path) -> list[str] | None:
     """The command as argv to run (None: skipped), with the comment and output redirection cut."""
     for part in cmd.split("&&"):
@@ -102,9 +117,11 @@ def _argv(cmd: str, tmp_path: Path) -> list[str] | None:
             cmd = part.strip()  # `pip install . && planner estimate ...`: the planner part
     if cmd.startswith(SKIP_PREFIXES):
         return None
-    words = shlex.split(cmd, comments=True)
+    words = [w for word in shlex.split(cmd, comments=True) for w in _expand(word)]
     if "..." in words:
         return None  # a placeholder ("planner run ... --dry-run"): shows a flag, not a command
+    if words[0] in ("python", "python3") and len(words) > 1 and words[1] in HELP_ONLY_SCRIPTS:
+        return [words[0], words[1], "--help"]
     if ">" in words:
         words = words[:words.index(">")]
     for flag in ("--plot", "--out"):  # files the command writes go to a temporary folder, not the checkout
@@ -129,12 +146,14 @@ def test_doc_command_runs_as_written(where, cmd, code, shown, tmp_path):
     argv = _argv(cmd, tmp_path)
     if argv is None:
         pytest.skip("not run here (see SKIP_PREFIXES)")
-    r = subprocess.run([sys.executable, "-m", "planner", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, check=False)
+    script = argv[0] in ("python", "python3")
+    r = subprocess.run([sys.executable, *([] if script else ["-m", "planner"]), *argv[1:]], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, check=False)
     expected = 0 if "--help" in argv else code
     assert r.returncode == expected, f"{where}\n$ {' '.join(argv)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     assert "Traceback" not in r.stderr
-    if argv[1:] != shlex.split(cmd, comments=True)[1:len(argv)] or len(argv) == 2 and argv[1] == "--help":
+    written = [w for word in shlex.split(cmd, comments=True) for w in _expand(word)]
+    if argv[1:] != written[1:len(argv)] or len(argv) == 2 and argv[1] == "--help" or script:
         return  # run as a stand-in (--help, --dry-run): what the docs show is not what this prints
     stale = shown_but_not_printed(shown, r.stdout, r.stderr)
     assert stale is None, f"{where}: stale (or out of order): {stale}"

@@ -5,8 +5,9 @@ import tomllib
 import numpy as np
 import pytest
 
-from planner.calibration.probe import ProbeResult, fit_alpha_beta, fit_half_dim, profile_toml
+from planner.calibration.probe import DeviceInfo, ProbeResult, base_for, fit_alpha_beta, fit_half_dim, profile_toml
 from planner.errors import PlannerError
+from planner.hardware import load_profile_file
 
 
 def test_half_dim_fit_recovers_a_known_curve():
@@ -117,3 +118,88 @@ def test_quick_probe_writes_a_profile_the_planner_uses(tmp_path):
     assert hw.network.gpus_per_node >= 2 and hw.network.intra_bytes_per_s > 0 and hw.network.compute_slots >= 1
     assert main(["estimate", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq-len", "32",
                  "--gpu", str(out), "--gpus", "2", "--precision", "fp32", "--tokens", "1M"]) == 0
+
+
+# The devices a GPU slot gives (KINDS.md): what torch.cuda and NVML report there.
+H100 = DeviceInfo(kind="cuda", name="NVIDIA H100 80GB HBM3", memory_bytes=81559 * 2**20, torch="2.11.0+cu130",
+                  cuda="13.0", driver="580.159.04")
+H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", memory_bytes=143771 * 2**20, torch="2.11.0+cu130", cuda="13.0",
+                  driver="580.159.03")
+
+
+def test_the_base_profile_is_the_devices_own():
+    assert base_for(H100).name == "h100-80g" and base_for(H200).name == "h200"
+    # An H100 of another memory size is another profile; a device no profile names is refused.
+    assert base_for(DeviceInfo(kind="cuda", name="NVIDIA H100 NVL", memory_bytes=95830 * 2**20, torch="")).name \
+        == "h100-nvl"
+    with pytest.raises(PlannerError, match="no profile in hardware_profiles/ is this device"):
+        base_for(DeviceInfo(kind="cuda", name="NVIDIA H100 80GB HBM3", memory_bytes=40 * 2**30, torch=""))
+
+
+def _fake_gpu(monkeypatch, info: DeviceInfo) -> list:
+    """The probe's device and measurements faked: what reaches run_probe is recorded."""
+    from planner.calibration import probe
+
+    pytest.importorskip("torch")
+    calls = []
+
+    def run_probe(nprocs, quick=False, device=None, info=None):
+        calls.append(info)
+        return ProbeResult(device="cuda", device_name=info.name, matmul={"bf16": [(1024, 4e14), (4096, 7e14)]},
+                           memory_bytes_per_s=2.9e12, nprocs=1, cores=16, memory_bytes=info.memory_bytes,
+                           torch_version=info.torch, cuda=info.cuda, driver=info.driver)
+
+    monkeypatch.setattr(probe, "device_info", lambda device=None, nprocs=1: info)
+    monkeypatch.setattr(probe, "run_probe", run_probe)
+    return calls
+
+
+def test_a_base_of_other_memory_than_the_device_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from planner.cli.main import main
+
+    calls = _fake_gpu(monkeypatch, H100)
+    out = tmp_path / "p.toml"
+    assert main(["probe", "--out", str(out), "--nprocs", "1", "--base", "h200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "base='h200'" in err and "140 GiB" in err and "79.6 GiB" in err, err
+    assert "this device is h100-80g" in err
+    assert not calls and not out.exists()  # refused before any probing, nothing written
+
+
+def test_a_probe_on_a_gpu_keeps_its_datasheet_and_records_the_software(tmp_path, monkeypatch):
+    from planner.cli.main import main
+
+    _fake_gpu(monkeypatch, H100)
+    out = tmp_path / "p.toml"
+    assert main(["probe", "--out", str(out), "--nprocs", "1"]) == 0  # no --base: from the device's name
+    data = tomllib.loads(out.read_text())
+    assert data["gpu"]["model"] == "NVIDIA H100 80GB HBM3" and data["gpu"]["memory_gib"] == 80
+    assert data["gpu"]["hbm_gb_per_s"] == 3350 and data["gpu"]["bf16_tflops"] == 989.5
+    prov = data["provenance"]
+    assert (prov["base"], prov["device"], prov["driver"], prov["cuda"], prov["torch"]) == (
+        "h100-80g", "NVIDIA H100 80GB HBM3", "580.159.04", "13.0", "2.11.0+cu130")
+    # 7e14 FLOP/s at n = 4096 of 989.5e12: the matmul factor is measured, the peak kept.
+    assert 0.5 < data["efficiency"]["matmul"] <= 1.0
+    assert load_profile_file(out).gpu.memory_bytes == 80 * 2**30
+
+
+@pytest.mark.parametrize("name", ['a"b', "x\nmatmul = 0.01", "tab\there\\", "back\\slash\x7f"])
+def test_a_profile_name_stays_one_string(name):
+    # A quote or a newline in --name made an invalid profile or injected a key when the file was
+    # written by hand (issue 38): the TOML writer escapes it, and the text reads back as written.
+    result = _result([(b, 2 * 100e-6 + 1.0 * b / 2e9) for b in (2**12, 2**16, 2**20, 2**24)])
+    result.device_name = 'cpu "model"\nname = "evil"'
+    data = tomllib.loads(profile_toml(result, name))
+    assert data["name"] == name and data["gpu"]["model"] == result.device_name
+    assert set(data) == {"name", "description", "gpu", "node", "efficiency", "provenance"}
+    assert data["efficiency"]["matmul"] == 1.0
+
+
+def test_without_tomli_w_the_fallback_writer_escapes_alike(monkeypatch):
+    # The GPU image has no tomli-w: planner.toml_text writes the profile itself, with the same escapes.
+    monkeypatch.setitem(__import__("sys").modules, "tomli_w", None)
+    result = _result([(b, 2 * 100e-6 + 1.0 * b / 2e9) for b in (2**12, 2**16, 2**20, 2**24)])
+    result.device_name = 'cpu "model"\nname = "evil"\x7f'
+    data = tomllib.loads(profile_toml(result, 'a"b\n[gpu]'))
+    assert data["name"] == 'a"b\n[gpu]' and data["gpu"]["model"] == result.device_name
+    assert data["node"]["intra_node_latency_us"] == pytest.approx(100, rel=1e-3)

@@ -42,6 +42,8 @@ class ProbeResult:
     cores: int = 1
     memory_bytes: float = 0.0
     torch_version: str = ""
+    cuda: str | None = None
+    driver: str | None = None
 
 
 def _timeit(fn, sync, min_seconds: float) -> float:
@@ -197,22 +199,104 @@ def fit_alpha_beta(points: list[tuple[int, float]], factor: float) -> tuple[floa
     return float(alpha), float(1.0 / slope)
 
 
-def run_probe(nprocs: int, quick: bool = False, device: str | None = None) -> ProbeResult:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceInfo:
+    """The device a probe or a run measures, and the software it measured with."""
+
+    kind: str  # "cpu" or "cuda"
+    name: str  # torch.cuda.get_device_name (what NVML reports), or the CPU's model
+    memory_bytes: float  # the GPU's total memory; on a CPU, host memory / processes
+    torch: str
+    cuda: str | None = None  # torch.version.cuda
+    driver: str | None = None  # NVML's driver version
+
+
+def device_info(device: str | None = None, nprocs: int = 1) -> DeviceInfo:
+    """What this machine is (torch imported here): the first GPU, or the CPU host."""
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        return DeviceInfo(kind="cuda", name=torch.cuda.get_device_name(0), torch=torch.__version__,
+                          memory_bytes=float(torch.cuda.get_device_properties(0).total_memory),
+                          cuda=torch.version.cuda, driver=driver_version())
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(nprocs, 1)
+    return DeviceInfo(kind="cpu", name=platform.processor() or platform.machine(), memory_bytes=float(memory),
+                      torch=torch.__version__)
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version through NVML (pynvml), or None where there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # ImportError, NVMLError (no driver, no library)
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+# A base profile's memory may differ from what the driver reports by this much: the datasheet's
+# "80GB" H100 reports 79.6 GiB (81,559 MiB, KINDS.md), the "141GB" H200 140.4 GiB against the
+# profile's 140. Another GPU of the same name differs by 17% or more (H100 80 vs 94/96 GiB).
+MEMORY_MATCH = 0.05
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.lower().replace("nvidia", " ").split())
+
+
+def base_for(info: DeviceInfo) -> HardwareProfile:
+    """The datasheet profile of this device: the one whose ``[gpu] model`` is the device's own name
+    (NVML's, as torch reports it), else whose model names it in part, with memory within
+    MEMORY_MATCH; a PlannerError naming the device when none is."""
+    from planner.hardware import get_profile, profile_names
+
+    datasheets = [hw for hw in map(get_profile, profile_names()) if not hw.calibrated]
+    profiles = [hw for hw in datasheets if abs(hw.gpu.memory_bytes / info.memory_bytes - 1) <= MEMORY_MATCH]
+    name = _norm(info.name)
+    for match in (lambda m: m == name, lambda m: m in name or name in m):
+        hits = [hw for hw in profiles if match(_norm(hw.gpu.model))]
+        if hits:
+            return min(hits, key=lambda hw: abs(hw.gpu.memory_bytes - info.memory_bytes))
+    raise PlannerError("base", info.name, f"no profile in hardware_profiles/ is this device "
+                                          f"({info.memory_bytes / GIB:.1f} GiB); name one with --base")
+
+
+def check_base(base: HardwareProfile, info: DeviceInfo) -> None:
+    """Refuse a base profile whose memory is not the device's (within MEMORY_MATCH): estimates with
+    it would fit layouts into memory the device does not have."""
+    ratio = base.gpu.memory_bytes / info.memory_bytes
+    if abs(ratio - 1) > MEMORY_MATCH:
+        try:
+            hint = f"; this device is {base_for(info).name}"
+        except PlannerError:
+            hint = ""
+        raise PlannerError("base", base.name, f"its {base.gpu.memory_bytes / GIB:g} GiB is not the device's "
+                                              f"{info.memory_bytes / GIB:.1f} GiB ({info.name}){hint}")
+
+
+def run_probe(nprocs: int, quick: bool = False, device: str | None = None,
+              info: DeviceInfo | None = None) -> ProbeResult:
+    import torch
+
+    info = info or device_info(device, nprocs)
+    device = info.kind
     seconds = 0.05 if quick else 0.3
     if device == "cuda":
-        name, dtypes, sizes = torch.cuda.get_device_name(0), ["fp32", "tf32", "bf16", "fp16"], GPU_SIZES
-        memory = float(torch.cuda.get_device_properties(0).total_memory)
+        dtypes, sizes = ["fp32", "tf32", "bf16", "fp16"], GPU_SIZES
     else:
-        name, dtypes, sizes = platform.processor() or platform.machine(), ["fp32", "bf16"], CPU_SIZES
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(nprocs, 1)
+        dtypes, sizes = ["fp32", "bf16"], CPU_SIZES
         torch.set_num_threads(1)  # as under torchrun: one thread per process
     if quick:
         sizes = sizes[:-1]
-    result = ProbeResult(device=device, device_name=name, nprocs=nprocs, memory_bytes=memory,
-                         cores=len(os.sched_getaffinity(0)), torch_version=torch.__version__)
+    result = ProbeResult(device=device, device_name=info.name, nprocs=nprocs, memory_bytes=info.memory_bytes,
+                         cores=len(os.sched_getaffinity(0)), torch_version=info.torch, cuda=info.cuda,
+                         driver=info.driver)
     result.matmul = probe_matmul(device, dtypes, sizes, seconds)
     result.memory_bytes_per_s = probe_memory(device, seconds)
     if nprocs > 1:
@@ -221,34 +305,10 @@ def run_probe(nprocs: int, quick: bool = False, device: str | None = None) -> Pr
     return result
 
 
-def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None) -> str:
-    """A hardware profile from probe results. With a base (datasheet) profile, the datasheet peaks
-    stay and the measurements become efficiency factors; without one (a CPU), the fitted peaks are
-    the peaks and the factors are 1."""
-    main_dtype = "bf16" if r.device == "cuda" else "fp32"
-    peak, half = fit_half_dim(r.matmul.get(main_dtype) or next(iter(r.matmul.values())))
-    # One half-size per profile: the other dtypes' peaks are fitted with the main dtype's.
-    fits = {dt: fit_half_dim(points, half) for dt, points in r.matmul.items()}
+def _links(r: ProbeResult) -> tuple[float, float, str, tuple[float, float] | None]:
+    """All-reduce bus bandwidth and latency per hop (0 and 10 us where not fitted), how, and the
+    point-to-point (latency, bandwidth) where probed."""
     n = max(r.nprocs, 2)
-    lines = [f'# Probed by `planner probe` on {socket.gethostname()} ({r.device_name}), '
-             f'{datetime.date.today().isoformat()}, torch {r.torch_version}.',
-             f'name = "{name}"', f'description = "probed: {r.device_name} ({r.device}, {r.nprocs} processes)"', "",
-             "[gpu]", f'model = "{r.device_name}"']
-    if base is not None:
-        g = base.gpu
-        lines += [f"memory_gib = {g.memory_bytes / GIB:g}", f"hbm_gb_per_s = {g.hbm_bytes_per_s / 1e9:g}",
-                  f"tdp_w = {g.tdp_watts:g}"]
-        lines += [f"{p}_tflops = {v / 1e12:g}" for p, v in g.peak_flops.items() if v]
-        eff = base.efficiency.replace(matmul=min(1.0, peak / g.peak_flops[main_dtype]), matmul_half_dim=half,
-                                      memory=min(1.0, r.memory_bytes_per_s / g.hbm_bytes_per_s))
-    else:
-        lines += [f"memory_gib = {r.memory_bytes / GIB:.1f}  # host memory / processes",
-                  f"hbm_gb_per_s = {r.memory_bytes_per_s / 1e9:.2f}  # measured copy bandwidth",
-                  f"tdp_w = {15 * r.cores}  # an assumption: 15 W per core"]
-        for dt in ("fp32", "tf32", "fp16", "bf16"):
-            if dt in fits:
-                lines.append(f"{dt}_tflops = {fits[dt][0] / 1e12:.6g}  # fitted from the matmul curve")
-        eff = None
     link, lat, note = 0.0, 10e-6, "fitted alpha-beta, relative-error weighted"
     if r.collectives:
         try:  # ring all-reduce: 2(n-1) steps, bus bytes 2(n-1)/n x size (nccl-tests' busbw)
@@ -267,24 +327,60 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
         except PlannerError as e:
             print(f"warning: point-to-point latency/bandwidth not fitted ({e}); sends cost the "
                   f"all-reduce's figures", file=sys.stderr)
+    return link, lat, note, p2p
+
+
+def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None) -> str:
+    """A hardware profile from probe results. With a base (datasheet) profile, the datasheet peaks
+    and memory stay and the measurements become efficiency factors; without one (a CPU), the fitted
+    peaks are the peaks and the factors are 1. Written by a TOML writer (planner.toml_text): any
+    name or device string stays one string."""
+    from planner import toml_text
+
+    main_dtype = "bf16" if r.device == "cuda" else "fp32"
+    peak, half = fit_half_dim(r.matmul.get(main_dtype) or next(iter(r.matmul.values())))
+    # One half-size per profile: the other dtypes' peaks are fitted with the main dtype's.
+    fits = {dt: fit_half_dim(points, half) for dt, points in r.matmul.items()}
+    notes = [f"Probed by `planner probe` on {socket.gethostname()} ({r.device_name}), "
+             f"{datetime.date.today().isoformat()}, torch {r.torch_version}, CUDA {r.cuda or '-'}, "
+             f"driver {r.driver or '-'}."]
+    gpu: dict = {"model": r.device_name}
+    if base is not None:
+        g = base.gpu
+        gpu |= {"memory_gib": g.memory_bytes / GIB, "hbm_gb_per_s": g.hbm_bytes_per_s / 1e9, "tdp_w": g.tdp_watts}
+        gpu |= {f"{p}_tflops": v / 1e12 for p, v in g.peak_flops.items() if v}
+        eff = base.efficiency.replace(matmul=min(1.0, peak / g.peak_flops[main_dtype]), matmul_half_dim=half,
+                                      memory=min(1.0, r.memory_bytes_per_s / g.hbm_bytes_per_s))
+        notes.append(f"Peaks, memory and power: the datasheet profile {base.name}; efficiencies: measured.")
+    else:
+        gpu |= {"memory_gib": round(r.memory_bytes / GIB, 1), "tdp_w": 15 * r.cores,
+                "hbm_gb_per_s": float(f"{r.memory_bytes_per_s / 1e9:.4g}")}
+        gpu |= {f"{dt}_tflops": float(f"{fits[dt][0] / 1e12:.6g}") for dt in ("fp32", "tf32", "fp16", "bf16")
+                if dt in fits}
+        notes.append("memory_gib: host memory / processes; hbm_gb_per_s: measured copy bandwidth; tdp_w: an "
+                     "assumption, 15 W per core; *_tflops: fitted from the matmul curve.")
+        eff = None
+    link, lat, note, p2p = _links(r)
     intra = link or r.memory_bytes_per_s / 4
     # A CPU host runs any number of processes ("devices"); they share its cores (compute_slots).
     per_node = HOST_PROCESSES if r.device == "cpu" else r.nprocs
-    lines += ["", "[node]", f"gpus_per_node = {per_node}",
-              f"intra_node_gb_per_s = {intra / 1e9:.4g}  # all-reduce bus bandwidth ({note})",
-              f"inter_node_gbit_per_s = {intra * 8 / 1e9 * per_node:.4g}  # loopback: same as inside",
-              f"intra_node_latency_us = {lat * 1e6:.4g}", f"inter_node_latency_us = {lat * 1e6:.4g}"]
+    latency_us = float(f"{lat * 1e6:.4g}")
+    node: dict = {"gpus_per_node": per_node, "intra_node_gb_per_s": float(f"{intra / 1e9:.4g}"),
+                  "inter_node_gbit_per_s": float(f"{intra * 8 / 1e9 * per_node:.4g}"),
+                  "intra_node_latency_us": latency_us, "inter_node_latency_us": latency_us}
+    notes.append(f"intra_node_gb_per_s: all-reduce bus bandwidth ({note}); inter-node: loopback, the same.")
     if p2p is not None:
-        lines += [f"p2p_gb_per_s = {p2p[1] / 1e9:.4g}  # one send (half a ping-pong; fitted alpha-beta)",
-                  f"p2p_latency_us = {p2p[0] * 1e6:.4g}"]
+        node |= {"p2p_gb_per_s": float(f"{p2p[1] / 1e9:.4g}"), "p2p_latency_us": float(f"{p2p[0] * 1e6:.4g}")}
+        notes.append("p2p_*: one send (half a ping-pong; fitted alpha-beta).")
     if r.device == "cpu":
-        lines.append(f"compute_slots = {r.cores}  # cores, shared by the processes of a run")
-    lines += ["", "[efficiency]"]
+        node["compute_slots"] = r.cores  # cores, shared by the processes of a run
     table = efficiency_to_table(eff) if eff is not None else {"matmul": 1.0, "matmul_half_dim": half, "memory": 1.0,
                                                                "intra_node_bw": 1.0, "inter_node_bw": 1.0}
-    lines += [f"{k} = {v:.6g}" for k, v in table.items()]
-    lines += ["", "[provenance]", 'kind = "probe"', f'date = "{datetime.datetime.now().isoformat(timespec="seconds")}"',
-              f"matmul_json = '{json.dumps(r.matmul)}'",
-              f"memory_bytes_per_s = {r.memory_bytes_per_s:.6g}",
-              f"collectives_json = '{json.dumps(r.collectives)}'"]
-    return "\n".join(lines) + "\n"
+    data = {"name": name, "description": f"probed: {r.device_name} ({r.device}, {r.nprocs} processes)",
+            "gpu": gpu, "node": node, "efficiency": {k: float(f"{v:.6g}") for k, v in table.items()},
+            "provenance": {"kind": "probe", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                           "device": r.device_name, "torch": r.torch_version, "cuda": r.cuda, "driver": r.driver,
+                           "base": base.name if base is not None else None, "matmul_json": json.dumps(r.matmul),
+                           "memory_bytes_per_s": float(f"{r.memory_bytes_per_s:.6g}"),
+                           "collectives_json": json.dumps(r.collectives)}}
+    return toml_text.dumps(data, head="\n".join(notes))

@@ -109,16 +109,22 @@ def grid_runs(grid: str, steps: int, runs_dir: Path, profile: str | None) -> lis
 def _run_logged(cmd: list[str], log: Path, timeout_s: float) -> int:
     """Run ``cmd`` in its own process group, output to ``log``; past the timeout, stop the whole
     group: SIGTERM first (torchrun passes it on to its ranks, which run in sessions of their own),
-    SIGKILL after a grace period, so no orphan keeps a core busy."""
+    SIGKILL after a grace period, so no orphan keeps a core busy. OpenMP's threads wait passively
+    (``OMP_WAIT_POLICY=PASSIVE`` unless set): spinning, they took one step from 90 ms to 10 s on a
+    loaded 2-core host (tests/trainer/test_calibration_e2e.py)."""
+    import os
+
+    env = {**os.environ}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _stop(proc)
             fh.write(f"\nstopped after {timeout_s:g} s\n")
             return -1
-        except BaseException:  # Ctrl-C: take the run down with the grid
+        except BaseException:  # Ctrl-C, or SIGTERM to the grid (run_grid): take the run down with it
             _stop(proc)
             raise
 
@@ -127,23 +133,52 @@ def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     import os
     import signal
 
-    os.killpg(proc.pid, signal.SIGTERM)
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    except ProcessLookupError:  # the group is gone already
+        proc.wait()
 
 
-def run_grid(runs: list[GridRun], runs_dir: Path, timeout_s: float = 600.0) -> list[dict]:
-    """Run each in turn; one progress line per run on stderr; grid.json at the end (and after each)."""
+class Terminated(SystemExit):
+    """SIGTERM reached the grid: the run in flight is stopped, then the grid exits (128 + 15)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated(143)
+
+
+LAUNCHER = ("-m", "reference_trainer.launch")
+
+
+def run_grid(runs: list[GridRun], runs_dir: Path, timeout_s: float = 600.0,
+             launcher: tuple[str, ...] = LAUNCHER) -> list[dict]:
+    """Run each in turn (``sys.executable`` + ``launcher`` + the run's flags); one progress line per
+    run on stderr; grid.json at the end (and after each). A SIGTERM to this process stops the run
+    in flight (its whole process group), then ends the grid with exit code 143: no orphan."""
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    try:
+        return _run_all(runs, runs_dir, timeout_s, launcher)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_all(runs: list[GridRun], runs_dir: Path, timeout_s: float, launcher: tuple[str, ...]) -> list[dict]:
     runs_dir.mkdir(parents=True, exist_ok=True)
     summary: list[dict] = []
     for i, run in enumerate(runs, 1):
         log = runs_dir / f"{run.name}.log"
         start = time.perf_counter()
         print(f"[{i:>2}/{len(runs)}] {run.name:<40}", end="", file=sys.stderr, flush=True)
-        rc = _run_logged([sys.executable, "-m", "reference_trainer.launch", *run.argv], log, timeout_s)
+        rc = _run_logged([sys.executable, *launcher, *run.argv], log, timeout_s)
         seconds = time.perf_counter() - start
         record = runs_dir / run.name / "record.json"
         entry = {"name": run.name, "argv": list(run.argv), "exit_code": rc, "seconds": seconds, "log": str(log),

@@ -65,7 +65,8 @@ SCHEMA: dict[str, object] = {
 # Fields a record may lack (added after schema version 1 was first written); checked when present.
 # A dotted name is a field of an object (``breakdown_s.sync_wait``: records before it booked the
 # wait for other ranks in the optimizer window's collectives as optimizer).
-OPTIONAL: dict[str, str] = {"per_rank": LIST, "breakdown_s.sync_wait": NUM, "memory.alloc_retries": INT + OPT}
+OPTIONAL: dict[str, str] = {"per_rank": LIST, "breakdown_s.sync_wait": NUM, "memory.alloc_retries": INT + OPT,
+                            "software.driver": STR + OPT}
 
 _TYPES = {NUM: (int, float), INT: (int,), STR: (str,), BOOL: (bool,), DICT: (dict,), LIST: (list,)}
 

@@ -15,7 +15,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="profile file to write (TOML)")
     p.add_argument("--name", help="profile name (default: the file's stem)")
     p.add_argument("--nprocs", type=int, default=2, help="local processes for the collectives (default 2)")
-    p.add_argument("--base", help="datasheet profile of this GPU: keep its peaks, measure efficiencies")
+    p.add_argument("--base", help="datasheet profile of this GPU: keep its peaks and memory, measure efficiencies "
+                   "(default on a GPU: the profile whose [gpu] model is the device's name; one whose memory is "
+                   "not the device's is refused)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     p.add_argument("--quick", action="store_true", help="fewer sizes, shorter timings")
     p.set_defaults(func=cmd_probe)
@@ -38,10 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="calibrated profile file to write (TOML)")
     p.add_argument("--name", help="profile name (default: the file's stem)")
     p.add_argument("--factors", help="comma-separated factors to fit (default: those the runs exercise: "
-                   "matmul, memory, layer_overhead_s, and intra_node_bw, tp_collective_overhead_s, "
-                   "thread_scaling, flash_attention when the runs use them)")
-    p.add_argument("--parts", action="store_true", help="also fit each measured part of the step (compute, "
-                   "exposed TP / DP communication, bubble, optimizer) as a share of the step, not only the total")
+                   "matmul, memory, layer_overhead_s, and intra_node_bw (DP/PP links), tp_intra_node_bw (TP "
+                   "links), tp_collective_overhead_s, thread_scaling, flash_attention when the runs use them)")
+    p.add_argument("--total-only", action="store_true", help="fit the step time alone (default: the step time "
+                   "and each measured part of it: compute, exposed TP / DP communication, bubble, optimizer, as "
+                   "shares of the step)")
+    p.add_argument("--parts", action="store_true", help=argparse.SUPPRESS)  # the default since issue 40
     p.add_argument("--strict", action="store_true", help="fail on a bad run record instead of skipping it")
     p.set_defaults(func=cmd_calibrate)
 
@@ -61,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_probe(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from planner.calibration.probe import profile_toml, run_probe
+    from planner.calibration import probe
     from planner.files import check_target, write_atomic
     from planner.hardware import get_profile
 
@@ -73,10 +77,17 @@ def cmd_probe(a: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise PlannerError("probe", "torch", "needs torch: pip install torch==2.13.0") from None
+    info = probe.device_info(a.device, a.nprocs)
+    if info.kind == "cuda":  # the device's own name picks the datasheet; a base of other memory is refused
+        if base is None:
+            base = probe.base_for(info)
+            print(f"base profile: {base.name} (the device is {info.name}, {info.memory_bytes / 2**30:.1f} GiB)",
+                  file=sys.stderr)
+        probe.check_base(base, info)
     print(f"probing ({a.nprocs} processes)...", file=sys.stderr)
-    result = run_probe(a.nprocs, quick=a.quick, device=a.device)
+    result = probe.run_probe(a.nprocs, quick=a.quick, info=info)
     name = a.name or Path(a.out).stem
-    text = profile_toml(result, name, base)
+    text = probe.profile_toml(result, name, base)
     write_atomic(a.out, text)
     for dtype, points in result.matmul.items():
         curve = ", ".join(f"{n}: {f / 1e9:.1f}" for n, f in points)
@@ -84,6 +95,7 @@ def cmd_probe(a: argparse.Namespace) -> int:
     print(f"memory copy bandwidth: {result.memory_bytes_per_s / 1e9:.2f} GB/s")
     for op, points in result.collectives.items():
         print(f"{op}: " + ", ".join(f"{b // 1024} KiB {t * 1e3:.2f} ms" for b, t in points))
+    print(f"device: {info.name}; torch {info.torch}, CUDA {info.cuda or '-'}, driver {info.driver or '-'}")
     print(f"wrote {a.out}")
     return 0
 
@@ -97,12 +109,14 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         check_factors,
         default_factors,
         describe_fit,
+        least_squares_solver,
     )
     from planner.calibration.measured import load_measurements
     from planner.files import check_target, write_atomic
     from planner.hardware import get_profile
 
     check_target(a.out)  # a folder or a device: refused before the fit
+    least_squares_solver()  # scipy: one line naming it, before any record is read
     if a.published and a.runs:
         raise PlannerError("runs", " ".join(a.runs), "give run records or --published, not both")
     if a.published and _torchtitan_csv(a.published):
@@ -118,15 +132,18 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         runs, skipped = published_measurements(a.published), []
     else:
         runs, skipped = load_measurements(a.runs, strict=a.strict)
+    if a.parts and a.total_only:
+        raise PlannerError("total-only", True, "leave out --parts (the parts are fitted unless --total-only)")
+    parts = not a.total_only
     factors = (tuple(f.strip() for f in a.factors.split(",") if f.strip()) if a.factors
-               else default_factors(runs, base))
+               else default_factors(runs, base, parts))
     try:
         check_factors(factors, len(runs))
     except PlannerError as exc:  # one line: the first skipped record says why there are too few
         raise _with_skipped(exc, skipped) from None
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
-    fit = calibrate(runs, base, factors, parts=a.parts)
+    fit = calibrate(runs, base, factors, parts=parts)
     print(describe_fit(fit, runs))
     if not fit.converged:
         print(f"planner calibrate: {fit.message}; kept the base profile {base.name}, wrote nothing",

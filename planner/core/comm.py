@@ -8,6 +8,7 @@ GPU using its share of the node's NICs, then inside the node again.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,14 +28,16 @@ class Links:
     gpus_per_node: int
     p2p_bw: float  # a point-to-point send inside a node: the profile's measured figures, else the tier's
     p2p_lat: float
+    tp_intra_bw: float = 0.0  # tensor-parallel collectives inside a node (0: intra_bw)
 
     @classmethod
     def of(cls, hw: HardwareProfile) -> "Links":
         n, e = hw.network, hw.efficiency
         intra = n.intra_bytes_per_s * e.intra_node_bw
+        tp = intra if e.tp_intra_node_bw is None else n.intra_bytes_per_s * e.tp_intra_node_bw
         return cls(intra, n.inter_bytes_per_s * e.inter_node_bw, n.intra_latency_s, n.inter_latency_s,
                    n.gpus_per_node, intra if n.p2p_bytes_per_s is None else n.p2p_bytes_per_s,
-                   n.intra_latency_s if n.p2p_latency_s is None else n.p2p_latency_s)
+                   n.intra_latency_s if n.p2p_latency_s is None else n.p2p_latency_s, tp)
 
 
 def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: float) -> np.ndarray:
@@ -91,7 +94,10 @@ def small_all_reduce(links: Links, size: np.ndarray, stride: np.ndarray) -> np.n
 
 def tp_collective(links: Links, bytes_: np.ndarray, tp: np.ndarray, passes: float = 2.0) -> np.ndarray:
     """A tensor-parallel all-reduce (or its reduce-scatter + all-gather pair under sequence
-    parallel: the same bytes) over contiguous ranks."""
+    parallel: the same bytes) over contiguous ranks, at the TP collectives' own achieved bandwidth
+    inside a node (``Links.tp_intra_bw``) where a profile has one."""
+    if links.tp_intra_bw and links.tp_intra_bw != links.intra_bw:
+        links = dataclasses.replace(links, intra_bw=links.tp_intra_bw)
     return group_collective(links, bytes_, tp, ones_like(tp), passes)
 
 
