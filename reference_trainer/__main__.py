@@ -53,9 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             validate(config, world_size=launched_world_size() or 1)
     except ConfigError as exc:
+        from reference_trainer.faults import REFUSED_ENV
+
+        handed = os.environ.get(REFUSED_ENV)
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
+            if handed:  # `planner run` prints it and exits 2 (train.refused_to_launcher)
+                with open(handed, "w") as f:
+                    f.write(str(exc))
+            else:
+                print(f"error: {exc}", file=sys.stderr)
+        return 0 if handed else 2
     from reference_trainer.train import run
 
     return run(configs)
