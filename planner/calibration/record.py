@@ -146,7 +146,7 @@ def check_values(data: object, what: str = "run record") -> None:
                                  f"expected at most {MAX_INT} in magnitude")
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise ValueError(f"{what}: field '{where}'={value}: expected a finite number")
+                raise ValueError(f"{what}: field '{where}'={value} out of range: expected a finite number")
         elif isinstance(value, str):
             if len(value) > MAX_STRING:
                 raise ValueError(f"{what}: field '{where}' is a string of {len(value)} characters; "
