@@ -331,6 +331,8 @@ def gpu_profile_names() -> list[str]:
 @functools.cache
 def get_profile(name: str) -> HardwareProfile:
     """A profile by name or alias, or by the path of a TOML file."""
+    if not name.strip():
+        raise PlannerError("gpu", name, "expected a profile name or a .toml file (`planner profiles` lists them)")
     if name.endswith(".toml") or "/" in name:
         if not Path(name).is_file():
             raise PlannerError("gpu", name, "no such profile file")
