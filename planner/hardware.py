@@ -236,6 +236,8 @@ def read_toml(path: str | Path, what: str) -> dict:
         raise PlannerError(what, str(path), f"not a UTF-8 text file (byte {exc.start}); a TOML {what} file") from None
     except tomllib.TOMLDecodeError as exc:
         raise PlannerError(what, str(path), f"not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise PlannerError(what, str(path), "nested too deeply for a TOML file of settings") from None
 
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
