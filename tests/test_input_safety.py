@@ -328,3 +328,14 @@ def test_hostile_profiles_are_refused_or_give_finite_estimates(tmp_path_factory,
         assert len(err.strip().splitlines()) == 1, err
     else:
         assert rc in (0, 3) and json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in {out[:300]}"))
+
+
+def test_the_live_page_reads_a_run_config_profile_only_from_allowed_folders(tmp_path):
+    from planner.app.live import Plan, plan_for
+
+    config = base_record()["config"]
+    config["profile"]["hardware_profile"] = "/etc/passwd"
+    why = plan_for(config, run=tmp_path)
+    assert isinstance(why, str) and "a profile file is read only from the project's profile folders" in why
+    config["profile"]["hardware_profile"] = "a100-80g"
+    assert isinstance(plan_for(config, run=tmp_path), Plan)
