@@ -225,7 +225,7 @@ class Checkpointer:
                     not isinstance(data.get("extra"), dict):
                 raise ValueError("expected an object with 'plain' and 'extra' mappings")
             return _from_json(data["plain"]), _from_json(data["extra"])
-        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError, RecursionError) as exc:
             raise ConfigError(f"checkpoint {path}: {f.name} is unreadable ({exc}); written by an older version? "
                               "use another checkpoint.dir") from None
 
