@@ -151,10 +151,23 @@ def test_a_record_naming_etc_passwd_is_one_line_for_the_cli_and_an_upload(tmp_pa
     write_record(tmp_path, data)
     rc, _, err = planner("validate", str(tmp_path))
     one_line_refusal(rc, err, "hardware_profile='/etc/passwd'", "project's profile folders")
-    from planner.calibration.run_records import load_uploaded
+    from planner.calibration.run_records import compare, load_uploaded
 
     loaded = load_uploaded([("mine.json", json.dumps(data).encode())])
-    assert loaded.runs == () and len(loaded.skipped) == 1 and "/etc/passwd" in loaded.skipped[0]
+    compared = compare(loaded.runs, None)  # the explorer: the run is listed, its prediction refused
+    assert compared.points == () and len(compared.unpredicted) == 1
+    assert "hardware_profile='/etc/passwd': a profile file is read only from" in compared.unpredicted[0]
+    assert compare(loaded.runs, "a100-80g").points  # a profile chosen on the page: the record's is not read
+
+
+def test_a_profile_given_by_hand_is_used_whatever_the_record_names(tmp_path):
+    """`planner profile --gpu my-gpu.toml` then `planner calibrate runs/grid --base my-gpu.toml`: the
+    records name a file outside their folders, which is never read when a profile is given."""
+    data = base_record()
+    data["config"]["profile"]["hardware_profile"] = "/etc/passwd"
+    write_record(tmp_path, data)
+    rc, out, err = planner("validate", str(tmp_path), "--gpu", str(SWEEP / "probed.toml"), "--format", "json")
+    assert rc == 0 and json.loads(out)["points"], err
 
 
 # --- profiles ---------------------------------------------------------------------------------

@@ -15,10 +15,11 @@ change while the cores stay busy, is judged. ``planner calibrate --parts`` appli
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from planner.calibration.measured import Measurement
+from planner.calibration.measured import Measurement, profile_reference
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
 from planner.core.memory import allocated_bytes
@@ -50,8 +51,9 @@ class Point:
 def profile_for(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
     if override is not None:
         return override
-    if run.hardware_profile:
-        return get_profile(run.hardware_profile)
+    if run.hardware_profile:  # a file only from the project's profile folders or beside the record
+        record = run.record_path and Path(run.record_path)
+        return get_profile(profile_reference(run.hardware_profile, record) if record else run.hardware_profile)
     for name in profile_names():
         if get_profile(name).gpu.model.lower() == run.device_name.lower():
             return get_profile(name)
