@@ -56,13 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         from reference_trainer.faults import REFUSED_ENV
 
         handed = os.environ.get(REFUSED_ENV)
-        if os.environ.get("RANK", "0") == "0":  # one line, not one per process
-            if handed:  # `planner run` prints it and exits 2 (train.refused_to_launcher)
+        if handed:  # each node's `planner run` prints it and exits 2 (train.refused_to_launcher)
+            if os.environ.get("LOCAL_RANK", "0") == "0":
                 with open(handed, "w") as f:
                     f.write(str(exc))
-            else:
-                print(f"error: {exc}", file=sys.stderr)
-        return 0 if handed else 2
+            return 0
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per process
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
     from reference_trainer.train import run
 
     return run(configs)

@@ -242,17 +242,18 @@ def _build(config: RunConfig, device: torch.device, state: dict, log: Log, world
 
 
 def refused_to_launcher(message: str, rank: int) -> bool:
-    """Report a refusal (a ConfigError once running): under ``planner run`` rank 0 hands it to the
-    launcher through the file it names (REFUSED_ENV) and every rank exits 0, since torchrun answers
-    a non-zero exit with a page of ChildFailedError; the launcher prints the line and exits 2.
-    Otherwise rank 0 prints it here. True when handed over."""
+    """Report a refusal (a ConfigError once running): under ``planner run`` each node's local rank 0
+    hands it to its launcher through the file it names (REFUSED_ENV) and every rank exits 0, since
+    torchrun answers a non-zero exit with a page of ChildFailedError; the launcher prints the line
+    and exits 2. Otherwise rank 0 prints it here. True when handed over."""
     handed = os.environ.get(faults.REFUSED_ENV)
-    if rank == 0:
-        if handed:
+    if handed:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
             Path(handed).write_text(message)
-        else:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-    return bool(handed)
+        return True
+    if rank == 0:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    return False
 
 
 def _lock_run(config: RunConfig, rank: int, log: Log, state: dict) -> None:
