@@ -381,10 +381,16 @@ def _write_record(loop: _Loop, mine: dict, *, start: int, nvml_reason: str | Non
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() != 0:
         return
-    rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
-                              rows=loop.csv.rows if loop.csv else loop.rows, start_step=start,
-                              warmup_steps=config.profile.warmup_steps, status=loop.status, message=loop.message,
-                              nvml_reason=nvml_reason, env=_environment(loop.device), fault=faults.active())
+    try:
+        rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
+                                  rows=loop.csv.rows if loop.csv else loop.rows, start_step=start,
+                                  warmup_steps=config.profile.warmup_steps, status=loop.status,
+                                  message=loop.message, nvml_reason=nvml_reason, env=_environment(loop.device),
+                                  fault=faults.active())
+    except ValueError as exc:  # the record schema refused it (e.g. a steps.csv edited to hold inf)
+        if loop.status != "completed_rebuilt" and loop.status != "rebuilt_partial":
+            raise
+        raise ConfigError(f"no record rebuilt from {config.run_dir / record.STEPS_CSV}: {exc}") from None
     path = record.write_record(config.run_dir, rec)
     loop.log(record.summary(rec))
     loop.log(f"run record: {path}")

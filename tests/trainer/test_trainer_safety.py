@@ -164,3 +164,13 @@ def test_a_finished_checkpoint_without_steps_is_one_line_and_a_partial_csv_is_fl
     assert proc.returncode == 0, explain(proc)
     rec = json.loads((run / "record.json").read_text())
     assert rec["status"] == "rebuilt_partial" and "lacks 2 of 4 steps (1-2)" in rec["message"]
+    # A steps.csv edited to hold an infinite step time: the record schema refuses it, in one line.
+    (run / "record.json").unlink()
+    header, *body = (run / "steps.csv").read_text().splitlines()
+    at = header.split(",").index("step_s")
+    body = [",".join("inf" if i == at else v for i, v in enumerate(line.split(","))) for line in body]
+    (run / "steps.csv").write_text("\n".join([header, *body]) + "\n")
+    proc = run_trainer([first], 1)
+    assert proc.returncode == 2, explain(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "no record rebuilt from" in lines[0] and "Traceback" not in proc.stderr
