@@ -1,7 +1,8 @@
 """Fuzz the command line: random flag values, random hardware profile files and random run records
 (``validate`` and ``calibrate``: huge integers, non-finite and out-of-range values, deep nesting,
 profile paths outside the project) for every subcommand, run in process through
-``planner.cli.main.main(argv)``.
+``planner.cli.main.main(argv)``; ``planner run --dry-run`` (its flags and config files) through
+the launcher's ``main``.
 
 Each case must end in exit 0 or 3 with finite output (no nan/inf in the text, JSON that a strict
 parser accepts), or exit 2 with exactly one line on stderr; never a traceback, never a hang (a
@@ -39,9 +40,11 @@ HOSTILE = ["0", "-1", "-8", "1e30", "99999999999999999999", "1e-320", "1e400", "
            "1e30T", "3B", "1_000", "١٢", "\x00", "--", "1e-9", "4294967297", "-99999999999999999999",
            "10**6", "1000001", "65537", "1e16", "1e15", "9" * 400, "9" * 5000]
 SANE = {"int": ["1", "2", "4", "8", "16", "64", "3"], "float": ["0.5", "1", "1.2", "2", "10", "100", "1e4"],
+        "name": ["fuzz", "a-b", "x"],
         "count": ["125M", "1.3B", "7B", "1T", "300B", "2e9"], "gpus": ["8", "16", "64", "8,16", "1"]}
 # Inside the documented ranges (planner/core/limits.py FLAGS), at their edges: must give finite answers.
 EDGE = {"int": ["1", "3", "1024", "65536", "10000", "1000000", "16777216", "4194304", "262144"],
+        "name": ["", " ", "a" * 300, "../x", "{dir}/ckpt"],
         "float": ["1e-6", "0.001", "1", "3", "1e5", "1e6", "1e12"],
         "count": ["1", "1000", "1e15", "1e16", "999999999999999"],
         "gpus": ["1000000", "999983", "720720", "1", "8,1000000"]}
@@ -72,6 +75,13 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "validate": (["validate"], {}),
     "calibrate": (["calibrate"], {}),
     "probe": (["probe"], {"--nprocs": "int"}),
+    # `planner run`, checked and printed (--dry-run: nothing launched), in process through the launcher
+    "run": (["run", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "512", "--seq-len", "64",
+             "--dry-run"],
+            {"--nnodes": "int", "--nproc-per-node": "int", "--global-batch": "int", "--micro-batch": "int",
+             "--dp": "int", "--tp": "int", "--pp": "int", "--steps": "int", "--lr": "float", "--layers": "int",
+             "--keep-last": "int", "--checkpoint-interval": "int", "--dropout": "float", "--seed": "int",
+             "--memory-fraction": "float", "--run-name": "name", "--checkpoint-dir": "name"}),
 }
 FORMATS = {"estimate": ("text", "json", "csv"), "search": ("text", "json", "csv"), "compare": ("text", "json"),
            "recommend": ("text", "json"), "presets": ("text", "json", "csv"), "profiles": ("text", "json", "csv"),
@@ -252,7 +262,8 @@ def make_case(pick: Callable[[Sequence], object], commands: Sequence[str] | None
     for _ in range(int(pick([0, 1, 1, 2, 3, 5])) if names else 0):
         flag = str(pick(names))
         kind = flags[flag]
-        value = str(pick(pick([HOSTILE, HOSTILE, SANE[kind], EDGE[kind]])))
+        pools = [SANE[kind], EDGE[kind]] if kind == "name" else [HOSTILE, HOSTILE, SANE[kind], EDGE[kind]]
+        value = str(pick(pick(pools)))  # a name is echoed as given (a folder called NaN is a folder)
         argv += [f"{flag}={value}"]
     if command in ("estimate", "search", "export", "compare", "recommend", "calibrate", "validate") \
             and pick([True, False, False]):
@@ -287,6 +298,12 @@ def make_case(pick: Callable[[Sequence], object], commands: Sequence[str] | None
             argv += ["--plot", "{dir}"]
     if command == "probe":  # a valid probe would run real benchmarks: keep it to refused values
         argv += ["--out", "{dir}/probe.toml", f"--nprocs={pick(['0', '-1', '1e3', 'nan', '99999999999999999999'])}"]
+    if command == "run" and pick([False, False, True]):
+        files["run.yaml"] = pick([bytes(range(256)), "layout: [1, 2\n", "- a\n- b\n", "training: {steps: -1}\n",
+                                  "model: {layers: " + "9" * 400 + "}\n", "layout: " + "[" * 5000 + "]" * 5000])
+        argv += ["--config", "{dir}/run.yaml"]
+    if command == "run":
+        argv += ["--runs-dir", "{dir}/runs"]
     if command == "compare" and pick([False, False, True]):
         argv += ["--plot", "{dir}"]
     return Case(command, argv, files, 60 if command == "calibrate" and records else CASE_SECONDS)
@@ -330,7 +347,12 @@ def run_case(case: Case, seconds: int = CASE_SECONDS) -> Outcome:
         rc: int | None = None
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                rc = main(argv)
+                if argv[0] == "run":  # the launcher in process (`planner run` starts it as a subprocess)
+                    from reference_trainer.launch import main as launch
+
+                    rc = launch(argv[1:])
+                else:
+                    rc = main(argv)
         except SystemExit as exc:
             rc = exc.code if isinstance(exc.code, int) else 2
         except _Hang:
