@@ -210,6 +210,9 @@ def torchrun_command(config_path: Path, nnodes: int, nproc: int, rdzv_endpoint: 
 
 def _check_launch_flags(args: argparse.Namespace) -> None:
     """Launch flags given but unusable are refused, never replaced by a default."""
+    for name, value in vars(args).items():  # argparse turns `--flag=--` into a list
+        if isinstance(value, list):
+            raise ConfigError(f"--{name.replace('_', '-')}={value!r}: expected one value")
     if args.nnodes < 1:
         raise ConfigError(f"--nnodes={args.nnodes}: expected a positive integer")
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
