@@ -136,7 +136,8 @@ def load_measurements(paths: list[str], strict: bool = False, completed_only: bo
                       resolve_profiles: bool = False) -> tuple[list[Measurement], list[str]]:
     """Measurements from run records; a record that is malformed, of another schema version, or
     missing fields is named in one line and skipped (``strict``: raise instead). ``resolve_profiles``
-    (when no profile is given by hand): a record whose profile file may not be read is skipped too."""
+    (when no profile is given by hand): a record whose profile may not be read, does not load, is not
+    found or lacks the run's precision is skipped too."""
     from planner.calibration.record import load_record
 
     runs: list[Measurement] = []
@@ -147,8 +148,10 @@ def load_measurements(paths: list[str], strict: bool = False, completed_only: bo
             if completed_only and rec["status"] != "completed":
                 raise ValueError(f"run status is {rec['status']!r}, not 'completed'")
             run = from_record(rec, str(path))
-            if resolve_profiles and run.hardware_profile:
-                profile_reference(run.hardware_profile, path)
+            if resolve_profiles:  # the profile it names (or matches) loads, and has its precision
+                from planner.calibration.validate import profile_with_precision
+
+                profile_with_precision(run, None)
             runs.append(run)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, PlannerError) as exc:
             line = f"{path}: {exc}"

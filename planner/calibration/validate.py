@@ -70,10 +70,20 @@ def part_shares(run: Measurement, ev, hw: HardwareProfile) -> dict[str, tuple[fl
     return {SHARES[label]: (p / step, m / run.parts_step_s) for label, (p, m) in compared(pred, run.parts).items()}
 
 
+def profile_with_precision(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
+    """``profile_for``, refused (one line) when the profile has no rate for the run's precision."""
+    hw = profile_for(run, override)
+    if not hw.gpu.supports(run.job.precision):
+        have = ", ".join(p for p in hw.gpu.peak_flops if hw.gpu.supports(p))
+        raise PlannerError("gpu", hw.name, f"has no {run.job.precision} tensor rate (its {run.job.precision}_tflops "
+                                           f"is 0; it has {have}), and run {run.label} ran in {run.job.precision}")
+    return hw
+
+
 def compare(runs: list[Measurement], override: HardwareProfile | None = None) -> list[Point]:
     points: list[Point] = []
     for r in runs:
-        hw = profile_for(r, override)
+        hw = profile_with_precision(r, override)
         c = Candidates.from_layouts([r.layout])
         ev = evaluate(r.model, hw, r.job, c, r.gpus)
         m = ev.memory
