@@ -352,3 +352,19 @@ def test_the_live_page_reads_a_run_config_profile_only_from_allowed_folders(tmp_
     assert isinstance(why, str) and "a profile file is read only from the project's profile folders" in why
     config["profile"]["hardware_profile"] = "a100-80g"
     assert isinstance(plan_for(config, run=tmp_path), Plan)
+
+
+def test_validate_on_a_profile_without_the_runs_precision_is_one_line(tmp_path):
+    """Megatron-LM's published rows ran in fp16; a profile whose fp16 rate is 0 predicted nan."""
+    text = (ROOT / "hardware_profiles" / "a100-80g.toml").read_text()
+    lines = [line.split("=")[0] + "= 0" if line.split("=")[0].strip() == "fp16_tflops" else line
+             for line in text.splitlines()]
+    profile = tmp_path / "no-fp16.toml"
+    profile.write_text("\n".join(lines) + "\n")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("params_billion,attention_heads,hidden_size,num_layers,tensor_parallel,pipeline_parallel,num_gpus,"
+                    "global_batch_size_seqs,seq_len,vocab_size,micro_batch_size,virtual_pipeline_stages,"
+                    "achieved_tflops_per_gpu\n1.7,24,2304,24,1,1,32,512,2048,51200,16,1,137\n")
+    rc, out, err = planner("validate", "--published", str(rows), "--gpu", str(profile))
+    one_line_refusal(rc, err, "has no fp16 tensor rate")
+    assert out == ""
