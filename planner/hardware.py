@@ -162,7 +162,8 @@ class HardwareProfile:
         return dataclasses.replace(self, efficiency=efficiency, efficiency_keys=self.efficiency_keys | changed)
 
 
-def _profile_dirs() -> list[Path]:
+def profile_dirs() -> list[Path]:
+    """The project's profile folders: built-in, then calibrated."""
     root = Path(__file__).resolve().parent.parent / "hardware_profiles"
     if not root.is_dir():  # installed without the source tree: the package copy
         import hardware_profiles
@@ -240,6 +241,8 @@ def read_toml(path: str | Path, what: str) -> dict:
         raise PlannerError(what, str(path), f"not a UTF-8 text file (byte {exc.start}); a TOML {what} file") from None
     except tomllib.TOMLDecodeError as exc:
         raise PlannerError(what, str(path), f"not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise PlannerError(what, str(path), "nested too deeply for a TOML file of settings") from None
 
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
@@ -251,6 +254,8 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
     g = check_table(top["gpu"], GPU_KEYS, f"{path} [gpu]")
     n = check_table(top["node"], NODE_KEYS, f"{path} [node]")
     name = top["name"] or path.stem
+    require(any(g[f"{p}_tflops"] > 0 for p in PRECISIONS), f"{path} [gpu] {'/'.join(PRECISIONS)}_tflops", 0,
+            "at least one precision's peak must be positive (0 marks a precision unsupported)")
     gpu = GPU(model=g["model"] or name, memory_bytes=g["memory_gib"], hbm_bytes_per_s=g["hbm_gb_per_s"],
               tdp_watts=g["tdp_w"], peak_flops={p: g[f"{p}_tflops"] for p in PRECISIONS})
     gpn = n["gpus_per_node"]
@@ -311,7 +316,7 @@ def efficiency_to_table(eff: Efficiency) -> dict[str, float]:
 def _index() -> dict[str, str]:
     """name and alias -> file path, for every profile file."""
     index: dict[str, str] = {}
-    for folder in _profile_dirs():
+    for folder in profile_dirs():
         for path in sorted(folder.glob("*.toml")):
             top = check_table(read_toml(path, "hardware profile"), TOP_KEYS, str(path))
             for key in [top["name"] or path.stem, *top["aliases"]]:
@@ -335,6 +340,8 @@ def gpu_profile_names() -> list[str]:
 @functools.cache
 def get_profile(name: str) -> HardwareProfile:
     """A profile by name or alias, or by the path of a TOML file."""
+    if not name.strip():
+        raise PlannerError("gpu", name, "expected a profile name or a .toml file (`planner profiles` lists them)")
     if name.endswith(".toml") or "/" in name:
         if not Path(name).is_file():
             raise PlannerError("gpu", name, "no such profile file")

@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             validate(config, world_size=launched_world_size() or 1)
     except ConfigError as exc:
+        from reference_trainer.faults import REFUSED_ENV
+
+        handed = os.environ.get(REFUSED_ENV)
+        if handed:  # each node's `planner run` prints it and exits 2 (train.refused_to_launcher)
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                with open(handed, "w") as f:
+                    f.write(str(exc))
+            return 0
         if os.environ.get("RANK", "0") == "0":  # one line, not one per process
             print(f"error: {exc}", file=sys.stderr)
         return 2

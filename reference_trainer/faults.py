@@ -1,8 +1,8 @@
 """Faults: what the trainer does about them, and test hooks that inject them.
 
 Defences: ``die_with_parent`` (a rank or torchrun dies with its launcher: Linux's parent-death
-signal) and ``RunLock`` (one live run per run folder; a dead job's lock is taken over, said in one
-line).
+signal), ``RunLock`` (one live run per run folder; a dead job's lock is taken over, said in one
+line) and ``CheckpointLock`` (the same for the checkpoint folder, which another run name may share).
 
 Test hooks, read from the environment variable REFERENCE_TRAINER_FAULT.
 
@@ -28,6 +28,10 @@ import socket
 import sys
 import time
 from pathlib import Path
+
+# `planner run` names a file here; a run refused once running (a ConfigError) writes its one line
+# there and exits 0, and the launcher prints it and exits 2 (train.refused_to_launcher)
+REFUSED_ENV = "PLANNER_RUN_REFUSED_FILE"
 
 ENV = "REFERENCE_TRAINER_FAULT"
 
@@ -102,23 +106,30 @@ class RunLock:
     locks (NFS: lockd)."""
 
     NAME = "run.lock"
+    WHAT, REMEDY = "run folder", "use another run_name"
 
     def __init__(self, folder: Path):
-        self.folder, self.path, self.fd = Path(folder), Path(folder) / self.NAME, None
+        self.folder, self.path, self.fd = Path(folder), self._path(Path(folder)), None
+
+    def _path(self, folder: Path) -> Path:
+        return folder / self.NAME
+
+    def _busy(self, fd: int) -> str:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+        return f"{self.WHAT} {self.folder} is in use by a live run ({holder}); wait for it, stop it, or {self.REMEDY}"
 
     def acquire(self, log=None) -> str | None:
         """Take the lock; returns why not (a live run holds it), or None when held."""
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+            busy = self._busy(fd)
             os.close(fd)
-            return (f"run folder {self.folder} is in use by a live run ({holder}); wait for it, stop it, "
-                    "or use another run_name")
+            return busy
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if previous and log is not None:
             log(f"taking over the lock of {self.folder}: its holder ({previous}) is no longer running")
@@ -151,8 +162,17 @@ class RunLock:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
-            return f"run folder {self.folder} is in use by a live run ({holder}); wait for it, stop it, or use another run_name"
+            return self._busy(fd)
         finally:
             os.close(fd)  # closing any descriptor drops this process's lockf locks on the file
         return None
+
+
+class CheckpointLock(RunLock):
+    """One live run per checkpoint folder (``checkpoint.dir`` may be shared by run names): the same
+    lock on ``<folder>.lock`` beside the folder, so the folder holds only checkpoints."""
+
+    WHAT, REMEDY = "checkpoint folder", "use another checkpoint.dir"
+
+    def _path(self, folder: Path) -> Path:
+        return folder.with_name(folder.name + ".lock")

@@ -64,7 +64,13 @@ _JOB = {o.name: o for o in JOB_OPTIONS}  # the planner's job options: the traine
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line naming the flag, the value and what is allowed (exit 2),
-    not a usage dump."""
+    not a usage dump; numbers read strictly (planner.cli.numbers: no 1_0, no 1e400 read as infinity)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        from planner.cli.numbers import strict
+
+        super().__init__(*args, **kwargs)
+        strict(self)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         bad = re.fullmatch(r"argument (\S+): invalid (int|float) value: (.*)", message)
@@ -156,6 +162,11 @@ def config_dict(args: argparse.Namespace) -> dict:
             data = yaml.safe_load(Path(args.config).read_text()) or {}
         except OSError as exc:
             raise ConfigError(f"--config {args.config}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config {args.config}: not a UTF-8 text file (byte {exc.start}); "
+                              "expected a run config YAML") from None
+        except RecursionError:
+            raise ConfigError(f"--config {args.config}: nested too deeply for a run config") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"--config {args.config}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(data, dict):
@@ -197,26 +208,64 @@ def torchrun_command(config_path: Path, nnodes: int, nproc: int, rdzv_endpoint: 
     return cmd + ["--nproc-per-node", str(nproc), "-m", "reference_trainer", "--config", str(config_path)]
 
 
+def _check_launch_flags(args: argparse.Namespace) -> None:
+    """Launch flags given but unusable are refused, never replaced by a default."""
+    for name, value in vars(args).items():  # argparse turns `--flag=--` into a list
+        if isinstance(value, list):
+            raise ConfigError(f"--{name.replace('_', '-')}={value!r}: expected one value")
+    if args.nnodes < 1:
+        raise ConfigError(f"--nnodes={args.nnodes}: expected a positive integer")
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node={args.nproc_per_node}: expected a positive integer "
+                          "(leave it out for the layout's GPUs / --nnodes)")
+    for flag in ("run_name", "runs_dir", "checkpoint_dir", "rdzv_id", "gpu"):
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise ConfigError(f"--{flag.replace('_', '-')}={value!r}: expected a non-empty value "
+                              "(leave the flag out for the default)")
+
+
+def _per_node(world: int, nnodes: int) -> int:
+    """Processes per node: the layout's GPUs split evenly over the nodes."""
+    if world % nnodes:
+        raise ConfigError(f"--nnodes={nnodes}: the layout's {world} processes (dp*tp*pp...) do not split evenly over "
+                          f"{nnodes} nodes; give a layout whose GPU count is a multiple of --nnodes, or "
+                          "--nproc-per-node")
+    return world // nnodes
+
+
+def _preflight(config) -> None:
+    """What would stop the run once started, checked before torchrun starts and before config.yaml
+    is written: a live run in the run or checkpoint folder, a checkpoint of another layout."""
+    from reference_trainer import manifest
+
+    for lock in (faults.RunLock(config.run_dir), faults.CheckpointLock(config.checkpoint_dir)):
+        if busy := lock.probe():
+            raise ConfigError(busy)
+    if config.checkpoint.auto_resume:
+        layout = dict(config_to_dict(config)["layout"])
+        if why := manifest.layout_problem(config.checkpoint_dir, layout, config.world_size):
+            raise ConfigError(why)
+
+
 def main(argv: list[str]) -> int:
     if os.environ.get(PARENT_ENV, "").isdigit():
         faults.die_with_parent(int(os.environ[PARENT_ENV]))
     args = parser().parse_args(argv)
     try:
+        _check_launch_flags(args)
         data = config_dict(args)
         config = build_config(data, default_name="run")
         if not data.get("run_name"):
             name = args.rdzv_id if args.nnodes > 1 and args.rdzv_id else default_run_name(data, config.spec.name)
             config = build_config({**data, "run_name": name})
         world = config.world_size
-        if args.nnodes < 1:
-            raise ConfigError(f"--nnodes={args.nnodes}: a positive integer")
-        nproc = args.nproc_per_node or world // args.nnodes
+        nproc = args.nproc_per_node or _per_node(world, args.nnodes)
         validate(config, world_size=args.nnodes * nproc)
         if args.nnodes > 1 and not args.rdzv_endpoint:
             raise ConfigError(f"--nnodes={args.nnodes}: give --rdzv-endpoint HOST:PORT (the same on every node)")
-        busy = None if args.dry_run else faults.RunLock(config.run_dir).probe()
-        if busy:
-            raise ConfigError(busy)
+        if not args.dry_run:
+            _preflight(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -236,12 +285,18 @@ def main(argv: list[str]) -> int:
     tmp.write_text(text)
     os.replace(tmp, config_path)
     env = dict(os.environ)
+    refused = config.run_dir / f".refused.{os.getpid()}"
+    env[faults.REFUSED_ENV] = str(refused.resolve())
     # torchrun would set OMP_NUM_THREADS=1; on a CPU run, share the cores among the local ranks.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     print(f"run {config.run_name}: {world} processes ({args.nnodes} node(s) x {nproc}); config {config_path}",
           flush=True)
     # torchrun dies with this launcher (and its ranks with torchrun: train.py arms the same signal).
     rc = subprocess.call(cmd, env=env, preexec_fn=faults.die_with_parent)
+    if refused.exists():  # refused once running (the trainer exited 0 so that torchrun stays quiet)
+        print(f"error: {refused.read_text().strip()}", file=sys.stderr)
+        refused.unlink()
+        return 2
     if rc != 0:  # on success the run itself has said where its record is (train.py, "run record: ...")
         print(f"error: the run exited with code {rc} (logs above; per-step figures in {config.run_dir}/steps.csv)",
               file=sys.stderr)

@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -102,12 +103,13 @@ def run(configs: list[RunConfig]) -> int:
             try:
                 rc = _train(config, device, state)
             except ConfigError as exc:  # only visible once running (e.g. a checkpoint of another layout)
-                if dist.get_rank() == 0:
-                    print(f"error: {exc}", file=sys.stderr, flush=True)
+                if refused_to_launcher(str(exc), dist.get_rank()):
+                    return 0  # `planner run` says it in one line and exits 2
                 rc = 2
             finally:
-                if state.get("lock") is not None:
-                    state["lock"].release()
+                for held in ("checkpoint_lock", "lock"):
+                    if state.get(held) is not None:
+                        state[held].release()
                 # Drop everything that holds the process group before destroying it; gloo otherwise
                 # aborts at interpreter exit ("terminate called without an active exception").
                 state.clear()
@@ -167,6 +169,7 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
             "nothing to do")
         return 0
     csv = record.StepCsv(config.run_dir / record.STEPS_CSV, keep_until=start) if rank == 0 else None
+    lost = _lost_steps(config, csv, start) if rebuild else []
     batches, pin = _loader(config, device, start, mesh.get_local_rank("dp"))
     state["loader"] = batches
     nvml = profiler.NvmlSampler(device, config.profile.nvml_interval_s)
@@ -186,12 +189,38 @@ def _train(config: RunConfig, device: torch.device, state: dict) -> int:
         loop.rows = csv.rows if csv is not None else []
         loop.status, loop.message = "completed_rebuilt", (f"record rebuilt on a restart from {record.STEPS_CSV} "
                                                           "(rank 0's timers; memory, traces and NVML not measured)")
+        if lost:  # the CSV lost rows (cut by hand, or another run's folder): not a completed run
+            loop.status = "rebuilt_partial"
+            loop.message += f"; {record.STEPS_CSV} lacks {len(lost)} of {tr.steps} steps ({_ranges(lost)})"
     mine = _rank_summary(loop.rows, loop.analyses, config.profile.warmup_steps, device, mesh, wall0, cpu0,
                          nvml_summary, loop.save_s)
     _write_record(loop, mine, start=0 if rebuild else start, nvml_reason=nvml_reason)
     status = loop.status
     del batches, loop
-    return EXIT_NONFINITE if status not in ("completed", "completed_rebuilt") else 0
+    return EXIT_NONFINITE if status not in ("completed", "completed_rebuilt", "rebuilt_partial") else 0
+
+
+def _lost_steps(config: RunConfig, csv, start: int) -> list[int]:
+    """The steps 1..start that rank 0's steps.csv lacks (all ranks get the answer). None left:
+    a ConfigError, since no record can be rebuilt from nothing."""
+    answer = [None if csv is None else sorted(set(range(1, start + 1)) - {r["step"] for r in csv.rows})]
+    dist.broadcast_object_list(answer, src=0)
+    if len(answer[0]) == start:
+        raise ConfigError(f"{config.checkpoint_dir} holds a finished run ({start}/{config.training.steps} steps) "
+                          f"but {config.run_dir / record.STEPS_CSV} has no step rows, so no record can be rebuilt; "
+                          "use another checkpoint.dir (or run_name), or raise training.steps")
+    return answer[0]
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    spans: list[list[int]] = []
+    for s in steps:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
 
 
 def _build(config: RunConfig, device: torch.device, state: dict, log: Log, world: int):
@@ -212,14 +241,35 @@ def _build(config: RunConfig, device: torch.device, state: dict, log: Log, world
     return mesh, parts, stepper
 
 
+def refused_to_launcher(message: str, rank: int) -> bool:
+    """Report a refusal (a ConfigError once running): under ``planner run`` each node's local rank 0
+    hands it to its launcher through the file it names (REFUSED_ENV) and every rank exits 0, since
+    torchrun answers a non-zero exit with a page of ChildFailedError; the launcher prints the line
+    and exits 2. Otherwise rank 0 prints it here. True when handed over."""
+    handed = os.environ.get(faults.REFUSED_ENV)
+    if handed:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            Path(handed).write_text(message)
+        return True
+    if rank == 0:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    return False
+
+
 def _lock_run(config: RunConfig, rank: int, log: Log, state: dict) -> None:
-    """One live run per run folder: rank 0 takes the lock, every rank learns whether it got it."""
-    lock = faults.RunLock(config.run_dir) if rank == 0 else None
-    busy = [lock.acquire(log) if lock is not None else None]
+    """One live run per run folder and per checkpoint folder (another run name may share it):
+    rank 0 takes both locks, every rank learns whether it got them."""
+    busy = [None]
+    if rank == 0:
+        for key, lock in (("lock", faults.RunLock(config.run_dir)),
+                          ("checkpoint_lock", faults.CheckpointLock(config.checkpoint_dir))):
+            busy = [lock.acquire(log)]
+            if busy[0]:
+                break
+            state[key] = lock  # released by run(), however _train ends
     dist.broadcast_object_list(busy, src=0)
     if busy[0]:
         raise ConfigError(busy[0])
-    state["lock"] = lock
 
 
 def _resume(config: RunConfig, ckpt: Checkpointer, parts, stepper: Stepper, guard: NonFiniteGuard,
@@ -331,10 +381,16 @@ def _write_record(loop: _Loop, mine: dict, *, start: int, nvml_reason: str | Non
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() != 0:
         return
-    rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
-                              rows=loop.csv.rows if loop.csv else loop.rows, start_step=start,
-                              warmup_steps=config.profile.warmup_steps, status=loop.status, message=loop.message,
-                              nvml_reason=nvml_reason, env=_environment(loop.device), fault=faults.active())
+    try:
+        rec = record.build_record(config=config, config_dict=config_to_dict(config), ranks=gathered,
+                                  rows=loop.csv.rows if loop.csv else loop.rows, start_step=start,
+                                  warmup_steps=config.profile.warmup_steps, status=loop.status,
+                                  message=loop.message, nvml_reason=nvml_reason, env=_environment(loop.device),
+                                  fault=faults.active())
+    except ValueError as exc:  # the record schema refused it (e.g. a steps.csv edited to hold inf)
+        if loop.status != "completed_rebuilt" and loop.status != "rebuilt_partial":
+            raise
+        raise ConfigError(f"no record rebuilt from {config.run_dir / record.STEPS_CSV}: {exc}") from None
     path = record.write_record(config.run_dir, rec)
     loop.log(record.summary(rec))
     loop.log(f"run record: {path}")

@@ -57,6 +57,7 @@ def test_exit_codes_in_a_subprocess(tmp_path):
     for _ in range(6):
         case = fuzz.make_case(rng.choice)
         for name, content in case.files.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
         argv = [a.replace("{dir}", str(tmp_path)) for a in case.argv]
         r = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True, timeout=60,

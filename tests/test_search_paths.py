@@ -93,7 +93,8 @@ def test_enumeration_for_a_node_size_leaves_out_hybrid_that_is_full(name, gpus, 
 
 def pinned_verdict(model, gpus: int, job: Job, row: Candidates) -> bool:
     """Whether the rules keep a one-row table when every field is pinned: the free search's rules,
-    except that the batch rule sees only the pinned (dp, micro-batch) and a pinned SP stands."""
+    except that the batch rule sees only the pinned (dp, micro-batch); SP with tp 1 is refused even
+    when pinned (the pins' own check)."""
     stack = S.get_stack(job.stack)
     dp_mb = row.dp * row.micro_batch
     if job.global_batch is not None:
@@ -103,6 +104,7 @@ def pinned_verdict(model, gpus: int, job: Job, row: Candidates) -> bool:
         near = default_global_batch(model, dp_mb, target) * model.seq_len <= 1.5 * target
         keep = near if near.any() else (row.global_batch == dp_mb) & (row.micro_batch == 1)
     keep &= (row.vpp == 1) | (row.m % row.pp == 0)
+    keep &= ~(row.sequence_parallel & (row.tp == 1))
     keep &= ~((row.schedule == 1) & (row.vpp > 1))
     keep &= S.runs_on_stack(row, stack) & S.expert_parallel_ok(model, row)
     keep &= np.asarray(S.moe_sequence_parallel_ok(model, row))

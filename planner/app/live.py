@@ -54,10 +54,11 @@ def run_config(run: str | Path) -> dict | None:
     return data if isinstance(data, dict) and {"model", "layout"} <= set(data) else None
 
 
-def plan_for(config: Mapping, profile: str | None = None) -> Plan | str:
-    """The planner's prediction for a run config on ``profile`` (default: the one the run names);
+def plan_for(config: Mapping, profile: str | None = None, run: Path | None = None) -> Plan | str:
+    """The planner's prediction for a run config on ``profile`` (default: the one the run names,
+    a file only from the project's profile folders or the run's own: measured.profile_reference);
     a one-line reason instead when there is none."""
-    from planner.calibration.measured import LAYOUT_KEYS, MODEL_KEYS
+    from planner.calibration.measured import LAYOUT_KEYS, MODEL_KEYS, profile_reference
     from planner.core.evaluate import evaluate
     from planner.core.layout import Candidates, Job, Layout
     from planner.core.model import ModelSpec
@@ -78,7 +79,7 @@ def plan_for(config: Mapping, profile: str | None = None) -> Plan | str:
                     for k in ("r", "alpha", "targets") if k in lora} if mode == "lora" else {}
         job = Job(precision=training.get("precision", "bf16"), attention=model.get("attention", "flash"),
                   global_batch=layout.global_batch, mode=mode, stack="reference", **adapters)
-        hw = get_profile(str(name))
+        hw = get_profile(str(profile) if profile else profile_reference(name, (run or Path.cwd()) / "config.yaml"))
         ev = evaluate(spec, hw, job, Candidates.from_layouts([layout]), layout.gpus)
     except (PlannerError, ValueError, KeyError, TypeError) as exc:
         return f"no plan for this run: {exc}"
@@ -218,7 +219,7 @@ def current_plan(run: Path, profile: str | None, series: Series) -> tuple[Plan |
     config = run_config(run)
     why = "no config.yaml or record.json in the run folder"
     if config is not None:
-        plan = plan_for(config, profile)
+        plan = plan_for(config, profile, run)
         if isinstance(plan, Plan):
             return plan, f"plan: {plan.source}"
         why = plan

@@ -44,6 +44,7 @@ class Measurement:
     # step they add up to (the record's mean over measured steps and ranks).
     parts: dict | None = None
     parts_step_s: float | None = None
+    record_path: str | None = None  # the record it came from: where a profile file it names is looked for
 
 
 def from_record(rec: dict, source: str) -> Measurement:
@@ -51,14 +52,14 @@ def from_record(rec: dict, source: str) -> Measurement:
     reference trainer runs plain PyTorch ops (no fused kernels): the ``reference`` stack."""
     model = ModelSpec(**{k: rec["model"][k] for k in MODEL_KEYS if k in rec["model"]})
     layout = Layout(**{k: rec["layout"][k] for k in LAYOUT_KEYS})
-    mode = rec.get("config", {}).get("training", {}).get("mode", "pretrain")
-    lora = rec.get("config", {}).get("lora") or {}
+    mode = _section(rec, "training").get("mode", "pretrain")
+    lora = _section(rec, "lora")
     job = Job(precision=rec["precision"], attention=rec["attention"], global_batch=layout.global_batch,
               mode=mode if mode in ("pretrain", "full-finetune", "lora") else "pretrain",
               lora_r=int(lora.get("r", _JOB.lora_r)), lora_alpha=float(lora.get("alpha", _JOB.lora_alpha)),
               lora_targets=tuple(lora.get("targets", _JOB.lora_targets)), stack="reference")
     hw = rec["hardware"]
-    profile = (rec.get("config", {}).get("profile") or {}).get("hardware_profile")
+    profile = _profile_name(_section(rec, "profile").get("hardware_profile"))
     mem = rec["memory"]
     parts = measured_parts(rec["breakdown_s"], layout.tp, layout.dp * layout.cp, hw["device_kind"])  # grads over dp*cp
     total = sum(parts[k] or 0.0 for k in ("compute", "bubble", "optimizer", "data_wait", "other", "_comm"))
@@ -68,7 +69,51 @@ def from_record(rec: dict, source: str) -> Measurement:
                        tokens_per_s=rec["tokens_per_s"], mfu=rec["mfu"],
                        peak_memory_bytes=float(mem["peak_allocated_bytes"]), memory_kind=mem["kind"],
                        bubble_fraction=rec["bubble_fraction"], comm_fraction=rec["comm_share"],
-                       parts=parts, parts_step_s=total if total > 0 else None)
+                       parts=parts, parts_step_s=total if total > 0 else None, record_path=source)
+
+
+def _section(rec: dict, name: str) -> dict:
+    """A section of the record's run config, {} when absent or not a mapping."""
+    config = rec.get("config")
+    value = config.get(name) if isinstance(config, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _profile_name(name: object) -> str | None:
+    """The record's profile reference, checked for type (it is resolved when it is used:
+    ``profile_reference``; a run compared on a profile given by hand never reads it)."""
+    if name is not None and (not isinstance(name, str) or not name.strip() or "\x00" in name):
+        raise ValueError(f"config.profile.hardware_profile={name!r}: expected a profile name or a .toml file")
+    return name
+
+
+def profile_reference(name: str, record: Path) -> str:
+    """The hardware profile a record names, as get_profile takes it: a profile name as written, a
+    file as its resolved path. A file is looked up beside the record (its run folder and the sweep
+    folder above it), then from the project root (records name profiles relative to it) and the
+    working directory, and is accepted only inside the project's profile folders or the record's
+    own folders: a record cannot make the planner read an arbitrary file (PlannerError otherwise)."""
+    from planner.hardware import profile_dirs
+
+    field = "config.profile.hardware_profile"
+    name = _profile_name(name)
+    if not (name.endswith(".toml") or "/" in name):
+        return name
+    here = record.resolve().parent
+    own = [here, here.parent]
+    allowed = [d.resolve() for d in profile_dirs()] + own
+    project = Path(__file__).resolve().parents[2]
+    bases = [Path("/")] if Path(name).is_absolute() else [*own, project, Path.cwd()]
+    found = [(base / name).resolve() for base in bases if (base / name).is_file()]
+    for path in found:
+        if path.suffix == ".toml" and any(path.parent == root for root in allowed):
+            return str(path)
+    where = "the project's profile folders or the record's folder"
+    if found:
+        raise PlannerError(field, name, f"a profile file is read only from {where} ({found[0]} is not); "
+                                        "pass --gpu to name a profile yourself")
+    raise PlannerError(field, name, f"no such profile file in {where} (or from the project root); "
+                                    "pass --gpu to name a profile yourself")
 
 
 def record_paths(paths: list[str]) -> list[Path]:
@@ -87,10 +132,12 @@ def record_paths(paths: list[str]) -> list[Path]:
     return out
 
 
-def load_measurements(paths: list[str], strict: bool = False,
-                      completed_only: bool = True) -> tuple[list[Measurement], list[str]]:
+def load_measurements(paths: list[str], strict: bool = False, completed_only: bool = True,
+                      resolve_profiles: bool = False) -> tuple[list[Measurement], list[str]]:
     """Measurements from run records; a record that is malformed, of another schema version, or
-    missing fields is named in one line and skipped (``strict``: raise instead)."""
+    missing fields is named in one line and skipped (``strict``: raise instead). ``resolve_profiles``
+    (when no profile is given by hand): a record whose profile may not be read, does not load, is not
+    found or lacks the run's precision is skipped too."""
     from planner.calibration.record import load_record
 
     runs: list[Measurement] = []
@@ -100,8 +147,13 @@ def load_measurements(paths: list[str], strict: bool = False,
             rec = load_record(path)
             if completed_only and rec["status"] != "completed":
                 raise ValueError(f"run status is {rec['status']!r}, not 'completed'")
-            runs.append(from_record(rec, str(path)))
-        except (ValueError, KeyError, TypeError, PlannerError) as exc:
+            run = from_record(rec, str(path))
+            if resolve_profiles:  # the profile it names (or matches) loads, and has its precision
+                from planner.calibration.validate import profile_with_precision
+
+                profile_with_precision(run, None)
+            runs.append(run)
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, PlannerError) as exc:
             line = f"{path}: {exc}"
             if strict:
                 raise PlannerError("runs", str(path), f"bad run record ({exc})") from None

@@ -100,8 +100,79 @@ V1_LAYOUT = ("dp", "tp", "pp", "vpp", "micro_batch", "global_batch", "zero_stage
 ADDED_LAYOUT = {f.name: f.default for f in dataclasses.fields(Layout) if f.name not in V1_LAYOUT}
 
 
+# Sizes and ranges every record is held to (the explorer's uploads, `planner validate` and
+# `calibrate`, the trainer's own records and its rebuilds): a record is a few kB to a few MB.
+MAX_RECORD_BYTES = 64 << 20
+MAX_DEPTH = 32  # the deepest real record is 4 levels; json itself recurses on each level
+MAX_STRING = 1 << 20
+MAX_INT = 2**53  # an integer beyond exact float range is not a count this planner can use
+MAX_STEP_S = 1e6  # eleven days for one step: beyond it, a unit slip or garbage
+MAX_BYTES = 2.0**60  # memory of one device (an exbibyte)
+# Fields held to finiteness only: a diverging run's loss (and its loss scale) may be any finite value.
+SIGNED = frozenset({"loss.first", "loss.last", "loss.min", "loss.final_loss_scale"})
+# Numeric fields with their own limits: (lowest, highest), both inclusive; the rest: [0, MAX_INT].
+RANGES: dict[str, tuple[float, float]] = {
+    **{f"step_time_s.{k}": (1e-9, MAX_STEP_S) for k in ("median", "p10", "p90", "mean")},
+    "hardware.device_count": (1, 2**24), "hardware.nodes": (1, 2**24), "hardware.cpu_cores": (0, 2**20),
+    "memory.peak_allocated_bytes": (0, MAX_BYTES), "memory.peak_reserved_bytes": (0, MAX_BYTES),
+    "memory.capacity_bytes": (0, MAX_BYTES), "hardware.device_memory_bytes": (0, MAX_BYTES),
+    "tokens_per_s": (0, 1e18), "achieved_flops_per_device": (0, 1e21), "peak_flops_per_device": (0, 1e21),
+    "achieved_tflops_per_device": (0, 1e9), "model_flops_per_token": (0, 1e21),
+    "bubble_fraction_ideal": (0, 1), "checkpoint_s": (0, 1e9), "cpu.process_cpu_s": (0, 1e12),
+    "cpu.wall_s": (0, 1e12), "cpu.utilization_cores": (0, 2**24),
+    # the trainer's booking may leave a part a rounding below zero (compute = window - comm - bubble)
+    **{f"breakdown_s.{k}": (-MAX_STEP_S, MAX_STEP_S) for k in ("compute", "comm_total", "comm_exposed", "comm_hidden",
+                                                     "data_wait", "bubble", "optimizer", "other", "sync_wait")},
+}
+
+
+def check_values(data: object, what: str = "run record") -> None:
+    """Every value anywhere in a parsed record: nesting at most MAX_DEPTH, numbers finite and
+    integers within MAX_INT, strings within MAX_STRING. Iterative: a hostile depth cannot
+    exhaust the stack."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{what}: nested deeper than {MAX_DEPTH} levels at '{where}'")
+        if isinstance(value, dict):
+            stack += [(v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if abs(value) > MAX_INT:
+                raise ValueError(f"{what}: field '{where}' is an integer of {len(str(abs(value)))} digits; "
+                                 f"expected at most {MAX_INT} in magnitude")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"{what}: field '{where}'={value} out of range: expected a finite number")
+        elif isinstance(value, str):
+            if len(value) > MAX_STRING:
+                raise ValueError(f"{what}: field '{where}' is a string of {len(value)} characters; "
+                                 f"expected at most {MAX_STRING}")
+
+
+def _check_ranges(data: dict, schema: dict, where: str) -> None:
+    """Each numeric field of the schema within its range (RANGES, else [0, MAX_INT])."""
+    for key, kind in schema.items():
+        name = f"{where}.{key}" if where else key
+        value = data.get(key)
+        if isinstance(kind, dict):
+            if isinstance(value, dict):
+                _check_ranges(value, kind, name)
+            continue
+        if kind.rstrip(OPT) not in (NUM, INT) or value is None or name in SIGNED:
+            continue
+        lo, hi = RANGES.get(name, (0, MAX_INT))
+        if not lo <= value <= hi:
+            raise ValueError(f"run record: field '{name}'={value!r} out of range: expected {lo:g} to {hi:g}")
+
+
 def validate_record(data: dict) -> dict:
     """Raise ValueError naming the first missing or bad field; return ``data``."""
+    check_values(data)
     if isinstance(data, dict) and isinstance(data.get("layout"), dict):
         for name, default in ADDED_LAYOUT.items():
             data["layout"].setdefault(name, default)
@@ -113,6 +184,8 @@ def validate_record(data: dict) -> dict:
             holder = holder[part]
         if key in holder:
             _check(holder, {key: kind}, ".".join(outer))
+    _check_ranges(data, {**SCHEMA, **{k: v for k, v in OPTIONAL.items() if "." not in k}}, "")
+    _check_ranges(data, {"breakdown_s": {"sync_wait": NUM}, "memory": {"alloc_retries": INT + OPT}}, "")
     if data["schema_version"] != SCHEMA_VERSION:
         raise ValueError(f"run record: field 'schema_version' is {data['schema_version']}, expected {SCHEMA_VERSION}")
     if not data["step_time_s"]["median"] > 0:
@@ -139,9 +212,35 @@ def load_record(path: str | os.PathLike) -> dict:
     if path.is_dir():
         path = path / RECORD_JSON
     try:
-        data = json.loads(path.read_text())
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise ValueError(f"run record {path}: {path.stat().st_size} bytes; expected at most {MAX_RECORD_BYTES}")
+        data = parse_json(path.read_bytes(), f"run record {path}")
     except OSError as exc:
         raise ValueError(f"run record {path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"run record {path}: not JSON ({exc})") from None
     return validate_record(data)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} (expected a finite number)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} (expected a finite number)")
+    return value
+
+
+def parse_json(raw: bytes, what: str) -> object:
+    """Strict JSON: UTF-8, no NaN/Infinity, no number that overflows a float, no nesting deep
+    enough to exhaust the parser's stack; one ValueError naming ``what`` otherwise."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what}: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ValueError(f"{what}: nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what}: not JSON ({exc})") from None
+    except ValueError as exc:  # a non-finite constant, or an integer of more than 4300 digits
+        raise ValueError(f"{what}: bad number {str(exc).splitlines()[0]}") from None

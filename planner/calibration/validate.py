@@ -15,10 +15,11 @@ change while the cores stay busy, is judged. ``planner calibrate --parts`` appli
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from planner.calibration.measured import Measurement
+from planner.calibration.measured import Measurement, profile_reference
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
 from planner.core.memory import allocated_bytes
@@ -51,8 +52,9 @@ class Point:
 def profile_for(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
     if override is not None:
         return override
-    if run.hardware_profile:
-        return get_profile(run.hardware_profile)
+    if run.hardware_profile:  # a file only from the project's profile folders or beside the record
+        record = run.record_path and Path(run.record_path)
+        return get_profile(profile_reference(run.hardware_profile, record) if record else run.hardware_profile)
     for name in profile_names():
         if get_profile(name).gpu.model.lower() == run.device_name.lower():
             return get_profile(name)
@@ -69,10 +71,20 @@ def part_shares(run: Measurement, ev, hw: HardwareProfile) -> dict[str, tuple[fl
     return {SHARES[label]: (p / step, m / run.parts_step_s) for label, (p, m) in compared(pred, run.parts).items()}
 
 
+def profile_with_precision(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
+    """``profile_for``, refused (one line) when the profile has no rate for the run's precision."""
+    hw = profile_for(run, override)
+    if not hw.gpu.supports(run.job.precision):
+        have = ", ".join(p for p in hw.gpu.peak_flops if hw.gpu.supports(p))
+        raise PlannerError("gpu", hw.name, f"has no {run.job.precision} tensor rate (its {run.job.precision}_tflops "
+                                           f"is 0; it has {have}), and run {run.label} ran in {run.job.precision}")
+    return hw
+
+
 def compare(runs: list[Measurement], override: HardwareProfile | None = None) -> list[Point]:
     points: list[Point] = []
     for r in runs:
-        hw = profile_for(r, override)
+        hw = profile_with_precision(r, override)
         c = Candidates.from_layouts([r.layout])
         ev = evaluate(r.model, hw, r.job, c, r.gpus)
         m = ev.memory

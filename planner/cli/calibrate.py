@@ -247,7 +247,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         check_target(a.plot, "plot")  # before the work and the printed table
         need("matplotlib", "plot", a.plot)
     profile = get_profile(a.gpu) if a.gpu else None
-    runs, skipped = load_measurements(a.runs, strict=a.strict) if a.runs else ([], [])
+    runs, skipped = load_measurements(a.runs, strict=a.strict, resolve_profiles=profile is None) if a.runs else ([], [])
     titan = _torchtitan_csv(a.published) if a.published else None
     if a.published and not titan:
         runs += published_measurements(a.published)

@@ -85,10 +85,10 @@ class Dim:
     def check(self, value: object) -> None:
         """The dimension's own rule (rules across dimensions live in the search)."""
         choices = lambda: f"one of {', '.join(map(str, self.choices))}"  # the text, on failure only
-        if self.type is int:
-            require(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= self.low,
-                    self.name, value, (lambda: "a positive integer" if self.low == 1 else
-                                       f"a whole number >= {self.low}") if not self.choices else choices)
+        if self.type is int:  # within [low, high]: a value past high (10**30) would overflow int64 columns
+            require(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+                    and self.low <= value <= self.high, self.name, value,
+                    (lambda: f"an integer from {self.low} to {self.high:,}") if not self.choices else choices)
         if self.choices:
             require(value in self.choices, self.name, value, choices)
 
@@ -161,7 +161,7 @@ class Layout:
     micro_batch: int = _dim(1, help="sequences per micro-batch", label="Micro-batch",
                             searched=lambda job, model: MICRO_BATCHES)
     global_batch: int = _dim(help="sequences per step (--global-batch, a job option)", label="Global batch",
-                             pinnable=False)
+                             pinnable=False, high=10_000_000)  # the job option's bound (Job.global_batch)
     zero_stage: int = _dim(0, help="ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights",
                            label="ZeRO stage", low=0, choices=(0, 1, 2, 3), searched=_searched_zero,
                            flag_aliases=("--zero",))

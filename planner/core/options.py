@@ -294,7 +294,7 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
     gpus = DEFAULT_GPUS if gpus is None else gpus
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise PlannerError("gpus", gpus, "a positive integer")
-    gpu = str(values.get("gpu") or DEFAULT_GPU)
+    gpu = DEFAULT_GPU if values.get("gpu") is None else str(values["gpu"])  # '' is refused, not the default
     hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
     job, job_note = fit_job_to_gpu(job_from(values), hw, values)
     hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)

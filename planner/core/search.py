@@ -185,6 +185,9 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
                 lambda: f"hybrid sharding shards ZeRO states: it needs zero_stage >= 1 (pinned {pins.zero_stage})")
         require(pins.ep is None or pins.ep == 1, "sharding", "hybrid",
                 lambda: f"hybrid sharding is not combined with expert parallel here (pinned ep={pins.ep})")
+    require(not (pins.sequence_parallel is True and pins.tp == 1), "sequence_parallel", True,
+            "sequence parallel splits the activations over the tensor-parallel group: it needs tp > 1 "
+            "(pinned tp=1); leave it off or pin tp > 1")
     if model.moe and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
         raise PlannerError("sequence_parallel", False, "an MoE with tp > 1 runs sequence parallel (Megatron-Core "
                                                        "requires it); leave it on or unpinned")
@@ -284,8 +287,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
         batch_rule,
-        (("sequence_parallel",),  # SP means nothing without TP
-         lambda c: ~(c.sequence_parallel & (c.tp == 1)) | (pins.sequence_parallel is True)),
+        (("sequence_parallel",), lambda c: ~(c.sequence_parallel & (c.tp == 1))),  # SP means nothing without TP
         # Interleaved 1F1B (Megatron's, torch's) takes micro-batches in rounds of pp: m % pp.
         (("micro_batch", "schedule"), lambda c: (c.vpp == 1) | (c.m % c.pp == 0) | (c.schedule == dualpipe)),
         (("schedule",), lambda c: ~((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
