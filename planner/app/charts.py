@@ -86,15 +86,50 @@ def bubble_curve(rows: Sequence[dict], current_m: int, limit: float) -> dict:
     }
 
 
+# Profiles drawn in colour on the days-vs-GPUs chart (the rest grey, named on hover): more than
+# about six hues cannot be told apart (Tableau 10's first six; Ware 2012, ch. 4: 5-10 nominal colours).
+HIGHLIGHT_COLOURS = ("#4c78a8", "#f58518", "#e45756", "#54a24b", "#b279a2", "#9d755d")
+
+
+def highlighted_profiles(rows: Sequence[dict], current: dict | None, count: int = len(HIGHLIGHT_COLOURS)) -> list[str]:
+    """The profiles drawn in colour: the plan's own, then the fastest (fewest days at any count)."""
+    best: dict[str, float] = {}
+    for r in rows:
+        best[r["profile"]] = min(r["days"], best.get(r["profile"], float("inf")))
+    ranked = sorted(best, key=best.get)
+    mine = [p for p in ranked if current and (p == current["profile"] or p.startswith(current["profile"] + " ("))]
+    return (mine + [p for p in ranked if p not in mine])[:count]
+
+
 def days_vs_gpus(rows: Sequence[dict], current: dict | None) -> dict:
-    """Days to train against GPU count, one line per hardware profile (log-log); the plan shown is ringed."""
-    x = {"field": "GPUs", "type": "quantitative", "scale": {"type": "log", "base": 2}}
-    y = {"field": "days", "type": "quantitative", "scale": {"type": "log"}, "title": "days to train"}
+    """Days to train against GPU count (log-log): every profile a thin grey line (named on hover),
+    the plan's profile and the fastest few in colour with their names at the line's end and in a
+    legend under the chart; the plan shown is ringed."""
+    rows = list(rows)
+    top = highlighted_profiles(rows, current)
+    x = {"field": "GPUs", "type": "quantitative", "scale": {"type": "log", "base": 2},
+         "axis": {"values": sorted({r["GPUs"] for r in rows}) or None}, "title": "GPUs (log scale)"}
+    y = {"field": "days", "type": "quantitative", "scale": {"type": "log"}, "title": "days to train (log scale)"}
     tooltip = [{"field": "profile"}, {"field": "GPUs", "type": "quantitative"},
                {"field": "days", "type": "quantitative", "format": ".1f"}]
-    layers = [{"data": {"values": list(rows)}, "mark": {"type": "line", "point": True},
-               "encoding": {"x": x, "y": y, "tooltip": tooltip,
-                            "color": {"field": "profile", "type": "nominal", "legend": {"title": None}}}}]
+    colour = {"field": "profile", "type": "nominal", "sort": top,
+              "scale": {"domain": top, "range": list(HIGHLIGHT_COLOURS[:len(top)])},
+              "legend": {**LEGEND_BOTTOM, "columns": 3, "labelLimit": 0, "symbolStrokeWidth": 3}}
+    shown = [r for r in rows if r["profile"] in top]
+    last = {}
+    for r in shown:  # each coloured line's right end, for its label
+        if r["GPUs"] >= last.get(r["profile"], {"GPUs": 0})["GPUs"]:
+            last[r["profile"]] = r
+    layers = [
+        {"data": {"values": rows}, "mark": {"type": "line", "point": {"size": 12}, "color": "#c7c7c7",
+                                             "strokeWidth": 1},
+         "encoding": {"x": x, "y": y, "detail": {"field": "profile"}, "tooltip": tooltip}},
+        {"data": {"values": shown}, "mark": {"type": "line", "point": True, "strokeWidth": 2.5},
+         "encoding": {"x": x, "y": y, "color": colour, "tooltip": tooltip}},
+        {"data": {"values": list(last.values())},
+         "mark": {"type": "text", "align": "right", "baseline": "bottom", "dx": -4, "dy": -4, "fontSize": 11},
+         "encoding": {"x": x, "y": y, "text": {"field": "profile"}, "color": {**colour, "legend": None}}},
+    ]
     if current:
         layers.append({"data": {"values": [current]},
                        "mark": {"type": "point", "size": 200, "color": "black", "filled": False, "strokeWidth": 2},

@@ -422,6 +422,7 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
     st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
     if sweep.done:
         st.caption("Fastest fitting layout per point, layout searched freely; missing points: nothing fits. "
+                   "In colour: the plan's GPU and the fastest others; grey: the rest (hover for names). "
                    "A GPU without the chosen precision runs bf16 or fp16 (named in the legend). Ringed: the plan "
                    "shown.")
     else:
@@ -489,8 +490,13 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
     """`planner validate` on the loaded runs: its table and its plot."""
     st.subheader("Predicted vs measured")
     st.dataframe(run_records.run_rows(runs), hide_index=True, width="stretch")
-    choice = st.selectbox("Predict on profile", ["as recorded", *profiles], key="runs_profile",
-                          help="'as recorded': the profile each run names, or the one whose GPU it ran on")
+    choices = ["as recorded", *profiles]
+    default = run_records.default_profile(runs)  # CPU runs that name no profile: the calibrated CPU one
+    choice = st.selectbox("Predict on profile", choices, key="runs_profile",
+                          index=choices.index(default) if default in choices else 0,
+                          help="'as recorded': the profile each run names, or the one whose GPU it ran on; "
+                               f"CPU runs that name none: the calibrated {run_records.CPU_PROFILE} "
+                               "(hardware_profiles/calibrated)")
     profile = None if choice == "as recorded" else choice
     compared = run_records.compare(runs, profile)
     for line in compared.unpredicted:

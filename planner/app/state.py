@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from planner.core.layout import DIMS, JOB_OPTIONS, PIN_DIMS, Dim, Option
 from planner.core.model import ARCHS
-from planner.core.options import DEFAULT_GPU, HW_OVERRIDES, OPS_OPTIONS
+from planner.core.options import DEFAULT_GPU, GPU_DEFAULTED, HW_OVERRIDES, OPS_OPTIONS
 from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 from planner.core.search import OBJECTIVES
 
@@ -265,8 +265,8 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
     for f in fields():
         if f.group not in ("model", "shape", "hardware", "hardware_custom") and f.name != "sort":
             value = _declared(f, s[f.name])
-            if value is not None:
-                out[f.name] = value
+            if value is not None and not (f.name in GPU_DEFAULTED and value == f.default):
+                out[f.name] = value  # a GPU-dependent field at its default is left to the GPU (fit_job_to_gpu)
     return out
 
 
