@@ -144,18 +144,18 @@ def pipeline_timeline(rows: Sequence[dict]) -> dict:
     ranks = sorted({r["rank"] for r in rows})
     y = {"field": "rank_name", "type": "nominal", "title": None, "sort": [f"rank {r}" for r in ranks]}
     x = {"field": "start", "type": "quantitative", "title": "time (one full forward of a micro-batch = 1)"}
+    data = {"values": values}  # in each layer, not at the top: Streamlit converts top-level data through pandas
     return {
         "height": {"step": 28},
-        "data": {"values": values},
         "layer": [
-            {"mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
+            {"data": data, "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
              "encoding": {"y": y, "x": x, "x2": {"field": "end"},
                           "color": {"field": "kind", "type": "nominal", "title": None, "legend": LEGEND_BOTTOM,
                                     "scale": {"domain": ["forward", "backward"], "range": ["#9ecae9", "#4c78a8"]}},
                           "tooltip": [{"field": "rank_name", "title": "rank"}, {"field": "kind"},
                                       {"field": "micro_batch", "title": "micro-batch"}, {"field": "chunk"},
                                       {"field": "start", "format": ".2f"}, {"field": "end", "format": ".2f"}]}},
-            {"mark": {"type": "text", "fontSize": 9, "dx": 2, "align": "left", "color": "black"},
+            {"data": data, "mark": {"type": "text", "fontSize": 9, "dx": 2, "align": "left", "color": "black"},
              "encoding": {"y": y, "x": x, "text": {"field": "label"}}},
         ],
     }
@@ -184,7 +184,7 @@ def memory_vs_micro_batch(rows: Sequence[dict]) -> dict:
 def breakdown_vs_gpus(rows: Sequence[dict]) -> dict:
     """Step-time parts stacked, one bar per GPU count (the best layout at each count)."""
     order = {p: i for i, p in enumerate(TIME_COLOURS)}
-    return {
+    return {"layer": [{  # one layer, so the data stays inline (see step_bar)
         "data": {"values": [{**r, "order": order.get(r["part"], 99)} for r in rows]},
         "mark": "bar",
         "encoding": {"x": {"field": "GPUs", "type": "ordinal", "title": "GPUs"},
@@ -192,4 +192,41 @@ def breakdown_vs_gpus(rows: Sequence[dict]) -> dict:
                      "color": _colour("part", TIME_COLOURS), "order": {"field": "order", "type": "quantitative"},
                      "tooltip": [{"field": "GPUs"}, {"field": "part"},
                                  {"field": "seconds", "type": "quantitative", "format": ".3g"}]},
+    }]}
+
+
+def predicted_vs_measured(points: Sequence) -> dict:
+    """`planner validate --plot` as a chart: one small panel per quantity (its own scales), each
+    run's predicted against its measured value, the y = x line and a +/-10% band; hollow: a
+    time-shared run's shares (shown, not judged). A chart spec, not matplotlib: the PNG took
+    seconds of CPU on the tab's first open."""
+    rows = [{"kind": "run", "quantity": p.quantity, "run": p.run, "measured": p.measured, "predicted": p.predicted,
+             "judged": "judged" if p.judged else "time-shared, not judged"} for p in points]
+    for q in dict.fromkeys(p.quantity for p in points):  # the y = x line and band across each panel
+        vals = [v for p in points if p.quantity == q for v in (p.predicted, p.measured)]
+        rows += [{"kind": "ref", "quantity": q, "measured": v, "predicted": v, "low": 0.9 * v, "high": 1.1 * v}
+                 for v in (min(vals), max(vals))]
+    x = {"field": "measured", "type": "quantitative", "scale": {"zero": False}}
+    y = {"field": "predicted", "type": "quantitative", "scale": {"zero": False}}
+    ref = [{"filter": "datum.kind == 'ref'"}]
+    return {
+        "data": {"values": rows},
+        "facet": {"field": "quantity", "type": "nominal", "title": None},
+        "columns": 3,
+        "spec": {"width": 220, "height": 180, "layer": [
+            {"transform": ref, "mark": {"type": "area", "color": "#bbbbbb", "opacity": 0.35},
+             "encoding": {"x": x, "y": {"field": "low", "type": "quantitative", "title": "predicted"},
+                          "y2": {"field": "high"}}},
+            {"transform": ref, "mark": {"type": "line", "color": "black", "strokeWidth": 1},
+             "encoding": {"x": x, "y": y}},
+            {"transform": [{"filter": "datum.kind == 'run'"}], "mark": {"type": "point", "size": 40, "filled": True},
+             "encoding": {"x": x, "y": y,
+                          "fill": {"field": "judged", "type": "nominal", "title": None, "legend": LEGEND_BOTTOM,
+                                   "scale": {"domain": ["judged", "time-shared, not judged"],
+                                             "range": ["#4c78a8", "transparent"]}},
+                          "stroke": {"value": "#4c78a8"},
+                          "tooltip": [{"field": "run"}, {"field": "measured", "type": "quantitative", "format": ".4g"},
+                                      {"field": "predicted", "type": "quantitative", "format": ".4g"}]}},
+        ]},
+        "resolve": {"scale": {"x": "independent", "y": "independent"}},
     }

@@ -440,11 +440,6 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
                                              "profiles so far..."))
 
 
-@st.cache_data(show_spinner="Drawing the validation plot...", max_entries=32)
-def cached_validate_plot(points: tuple) -> bytes:
-    return run_records.plot_png(points)
-
-
 def default_runs_folder() -> str:
     """runs/ where runs were made, else the committed CPU runs (so the tab never starts empty)."""
     from pathlib import Path
@@ -505,7 +500,9 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
         st.dataframe(run_records.point_rows(compared.points), hide_index=True, width="stretch",
                      column_config={"predicted": st.column_config.NumberColumn(format="%.4g"),
                                     "measured": st.column_config.NumberColumn(format="%.4g")})
-        st.image(cached_validate_plot(compared.points))
+        from planner.app import charts
+
+        st.vega_lite_chart(spec=charts.predicted_vs_measured(compared.points), width="content")
     st.caption("The same from the command line: `" + run_records.validate_command(folder, profile) + "`. "
                "Rates and sizes: relative error; bubble and communication shares: percentage points. "
                "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory). "

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from planner.app import charts
@@ -90,3 +91,20 @@ def test_a_gpu_dependent_default_follows_the_gpu_in_the_page():
     at.run()
     assert not at.exception
     assert any("fp16 (the v100-32g has no bf16" in m.value and "standard attention" in m.value for m in at.markdown)
+
+
+def test_the_validation_chart_puts_each_run_against_y_equals_x():
+    from planner.calibration.validate import Point
+
+    points = [Point(run="a", quantity="step_s", predicted=1.2, measured=1.0, error=0.2),
+              Point(run="b", quantity="step_s", predicted=2.0, measured=2.5, error=-0.2),
+              Point(run="a", quantity="bubble", predicted=0.1, measured=0.3, error=-0.2, judged=False)]
+    spec = charts.predicted_vs_measured(points)
+    runs = [r for r in spec["data"]["values"] if r["kind"] == "run"]
+    assert [(r["run"], r["measured"], r["predicted"], r["judged"]) for r in runs] == [
+        ("a", 1.0, 1.2, "judged"), ("b", 2.5, 2.0, "judged"), ("a", 0.3, 0.1, "time-shared, not judged")]
+    ref = {(r["quantity"], r["measured"]): (r["low"], r["high"]) for r in spec["data"]["values"] if r["kind"] == "ref"}
+    # y = x from each panel's smallest to its largest value, the band +/-10% about it
+    want = {("step_s", 1.0): (0.9, 1.1), ("step_s", 2.5): (2.25, 2.75), ("bubble", 0.1): (0.09, 0.11),
+            ("bubble", 0.3): (0.27, 0.33)}
+    assert ref.keys() == want.keys() and all(ref[k] == pytest.approx(want[k]) for k in want)
