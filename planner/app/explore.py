@@ -374,6 +374,15 @@ def _options(values: Mapping[str, object], profiles: Sequence[str] | None) -> tu
 
 
 @functools.cache
+def profile_names() -> tuple[str, ...]:
+    """planner.hardware.profile_names, once per process (it reads every profile file: 40-70 ms;
+    the profiles it can name are fixed at the first look-up: planner.hardware._index)."""
+    from planner.hardware import profile_names as names
+
+    return tuple(names())
+
+
+@functools.cache
 def _gpu_profile_names() -> tuple[str, ...]:
     """planner.hardware.gpu_profile_names, once per process (it reads every profile file, and the
     profiles it can name are fixed at the first look-up: planner.hardware._index)."""

@@ -34,7 +34,10 @@ def cached_compute(values: dict) -> explore.View | explore.Problem:
 # are computed a profile (or a count's layouts) at a time: a page run works on them until
 # PAGE_BUDGET_S after it began and draws what is done; while they are not done, the tab's views
 # rerun alone (a fragment) every POLL_S, each run working SLICE_S on them.
-PAGE_BUDGET_S = 0.04
+# A page run costs about 45 ms of CPU of its own (Streamlit drawing ~30 widgets, the charts; measured
+# by benchmarks/app_speed.py): 25 ms of work on the views keeps it near 70 ms; a fragment run draws
+# only the views, so its slice can be longer.
+PAGE_BUDGET_S = 0.025
 SLICE_S = 0.04
 POLL_S = 0.1
 
@@ -455,9 +458,37 @@ def default_runs_folder() -> str:
         return str(committed)
 
 
+def records_signature(folder: str) -> tuple:
+    """What the runs of a folder depend on: each record's path, size and modification time (a
+    record rewritten or still being written reads again)."""
+    from pathlib import Path
+
+    out = []
+    for path in sorted(Path(folder).rglob("record.json")):
+        try:
+            st_ = path.stat()
+        except OSError:
+            continue
+        out.append((str(path), st_.st_size, st_.st_mtime_ns))
+    return tuple(out)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
+    """run_records.load_folder, read again only when a record changes (``signature``)."""
+    return run_records.load_folder(folder)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def cached_comparison(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> run_records.Compared:
+    """`planner validate`'s comparison of a folder's runs (``_runs``, not hashed: the signature
+    stands for them), once per folder state and profile."""
+    return run_records.compare(_runs, profile)
+
+
 def runs_tab(state: dict) -> None:
     from planner.app import live  # the live view: event files or steps.csv, beside the plan
-    from planner.hardware import profile_names
+    from planner.app.explore import profile_names
 
     folder = st.text_input("Runs folder", value=default_runs_folder(), max_chars=400, key="runs_dir",
                            help="where the reference trainer writes <run>/record.json and <run>/steps.csv "
@@ -467,7 +498,8 @@ def runs_tab(state: dict) -> None:
     refused = run_records.runs_folder_problem(folder)  # only under the configured roots
     if refused:
         st.error(refused)
-    found = run_records.load_folder(folder) if not refused else run_records.Loaded(runs=(), skipped=())
+    signature = records_signature(folder) if not refused else ()
+    found = cached_runs(folder, signature) if not refused else run_records.Loaded(runs=(), skipped=())
     uploaded = run_records.load_uploaded([(u.name, u.getvalue()) for u in uploads or []])
     runs = found.runs + uploaded.runs
     for line in found.skipped + uploaded.skipped:
@@ -477,11 +509,11 @@ def runs_tab(state: dict) -> None:
                 "`planner run --layers 4 --hidden 64 --heads 4 --vocab 512 --seq-len 64 --steps 20` writes "
                 "runs/<name>/record.json; the committed ones are in benchmarks/runs/cpu-2core; or upload some.")
     else:
-        predicted_vs_measured(runs, folder, profile_names())
+        predicted_vs_measured(runs, folder, list(profile_names()), signature if not uploaded.runs else None)
     live.show(folder, refused)
 
 
-def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None:
+def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str], signature: tuple | None = None) -> None:
     """`planner validate` on the loaded runs: its table and its plot."""
     st.subheader("Predicted vs measured")
     st.dataframe(run_records.run_rows(runs), hide_index=True, width="stretch")
@@ -493,7 +525,8 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
                                f"CPU runs that name none: the calibrated {run_records.CPU_PROFILE} "
                                "(hardware_profiles/calibrated)")
     profile = None if choice == "as recorded" else choice
-    compared = run_records.compare(runs, profile)
+    compared = (cached_comparison(folder, signature, profile, runs) if signature is not None
+                else run_records.compare(runs, profile))  # uploads: compared as they come
     for line in compared.unpredicted:
         st.warning(f"no prediction for {line}")
     if compared.points:
@@ -508,6 +541,19 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None
                "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory). "
                "judged: false for the shares of a run with more processes than its host has cores (its "
                "trace books waits for a core as bubble or communication): shown, not in the summary.")
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def cached_export(values: dict, fmt: str, steps: int):
+    """explore.export_plan once per input, format and step count (a search on the format's stack
+    and the rendering: 30-60 ms); the refusal (a PlannerError) is kept as the value."""
+    from planner.errors import PlannerError
+    from planner.export.render import ExportOptions
+
+    try:
+        return explore.export_plan(values, fmt, ExportOptions(steps=steps or None))
+    except PlannerError as exc:
+        return exc
 
 
 def export_tab(state: dict, view: explore.View) -> None:
@@ -528,10 +574,9 @@ def export_tab(state: dict, view: explore.View) -> None:
     opts = export.ExportOptions(steps=int(steps) or None)
     st.code(shlex.join(["planner", "export", "--format", fmt, *argv, *(["--steps", str(steps)] if steps else [])]),
             language="bash", wrap_lines=True)
-    try:
-        out = explore.export_plan(explore_state.mapping_from_state(state), fmt, opts)
-    except PlannerError as exc:
-        st.warning(f"No {fmt} export: {exc}")
+    out = cached_export(explore_state.mapping_from_state(state), fmt, int(steps))
+    if isinstance(out, PlannerError):
+        st.warning(f"No {fmt} export: {out}")
     else:
         st.caption(f"Planned for the {out.stack} stack, the one {fmt} runs" + (f"; {out.note}" if out.note else ""))
         if fmt == "torchrun":
@@ -567,6 +612,30 @@ def _settle_heap() -> None:
     if gc.get_freeze_count() == 0:
         gc.collect()
         gc.freeze()
+        _warm_up()
+
+
+def _warm_up() -> None:
+    """Once per process, after its first page is drawn: import in a background thread what the
+    other tabs need the first time they open (pandas for the first table: 0.4-0.6 s of CPU; the
+    Runs tab's modules; the profile names), so the visitor's first click on a tab does not pay for
+    it; then freeze what that built, as ``_settle_heap`` does for the first page."""
+    import threading
+
+    def work() -> None:
+        import importlib
+
+        for name in ("pandas", "pyarrow.compute", "yaml", "planner.calibration.validate", "planner.app.live",
+                     "planner.app.charts", "planner.export.formats", "planner.decisions.pictures"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional part missing: its tab says so when opened
+                pass
+        explore.profile_names()
+        gc.collect()
+        gc.freeze()
+
+    threading.Thread(target=work, name="planner-warm-up", daemon=True).start()
 
 
 def send_values_with_the_widgets() -> None:
