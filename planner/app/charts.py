@@ -103,8 +103,8 @@ def highlighted_profiles(rows: Sequence[dict], current: dict | None, count: int 
 
 def days_vs_gpus(rows: Sequence[dict], current: dict | None) -> dict:
     """Days to train against GPU count (log-log): every profile a thin grey line (named on hover),
-    the plan's profile and the fastest few in colour with their names at the line's end and in a
-    legend under the chart; the plan shown is ringed."""
+    the plan's profile and the fastest few in colour, named in a legend under the chart (the plan's
+    line also at its left end); the plan shown is ringed."""
     rows = list(rows)
     top = highlighted_profiles(rows, current)
     x = {"field": "GPUs", "type": "quantitative", "scale": {"type": "log", "base": 2},
@@ -116,19 +116,19 @@ def days_vs_gpus(rows: Sequence[dict], current: dict | None) -> dict:
               "scale": {"domain": top, "range": list(HIGHLIGHT_COLOURS[:len(top)])},
               "legend": {**LEGEND_BOTTOM, "columns": 3, "labelLimit": 0, "symbolStrokeWidth": 3}}
     shown = [r for r in rows if r["profile"] in top]
-    last = {}
-    for r in shown:  # each coloured line's right end, for its label
-        if r["GPUs"] >= last.get(r["profile"], {"GPUs": 0})["GPUs"]:
-            last[r["profile"]] = r
+    # The plan's own line named where it starts (the fastest converge at the right: the legend names them).
+    mine = [r for r in shown if current and r["profile"] == top[0] and r["GPUs"] == min(
+        q["GPUs"] for q in shown if q["profile"] == top[0])]
     layers = [
-        {"data": {"values": rows}, "mark": {"type": "line", "point": {"size": 12}, "color": "#c7c7c7",
-                                             "strokeWidth": 1},
+        {"data": {"values": rows}, "mark": {"type": "line", "point": {"size": 12, "color": "#c7c7c7"},
+                                             "color": "#c7c7c7", "strokeWidth": 1},
          "encoding": {"x": x, "y": y, "detail": {"field": "profile"}, "tooltip": tooltip}},
         {"data": {"values": shown}, "mark": {"type": "line", "point": True, "strokeWidth": 2.5},
          "encoding": {"x": x, "y": y, "color": colour, "tooltip": tooltip}},
-        {"data": {"values": list(last.values())},
-         "mark": {"type": "text", "align": "right", "baseline": "bottom", "dx": -4, "dy": -4, "fontSize": 11},
-         "encoding": {"x": x, "y": y, "text": {"field": "profile"}, "color": {**colour, "legend": None}}},
+        {"data": {"values": [{**r, "label": f"{r['profile']} (this plan)"} for r in mine]},
+         "mark": {"type": "text", "align": "left", "baseline": "bottom", "dx": 4, "dy": -6, "fontSize": 12,
+                  "fontWeight": "bold"},
+         "encoding": {"x": x, "y": y, "text": {"field": "label"}, "color": {**colour, "legend": None}}},
     ]
     if current:
         layers.append({"data": {"values": [current]},
@@ -213,7 +213,7 @@ def predicted_vs_measured(points: Sequence) -> dict:
         "data": {"values": rows},
         "facet": {"field": "quantity", "type": "nominal", "title": None},
         "columns": 3,
-        "spec": {"width": 220, "height": 180, "layer": [
+        "spec": {"width": 170, "height": 140, "layer": [
             {"transform": ref, "mark": {"type": "area", "color": "#bbbbbb", "opacity": 0.35},
              "encoding": {"x": x, "y": {"field": "low", "type": "quantitative", "title": "predicted"},
                           "y2": {"field": "high"}}},

@@ -518,11 +518,11 @@ def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str], signatu
     st.subheader("Predicted vs measured")
     st.dataframe(run_records.run_rows(runs), hide_index=True, width="stretch")
     choices = ["as recorded", *profiles]
-    default = run_records.default_profile(runs)  # CPU runs that name no profile: the calibrated CPU one
+    default = run_records.default_profile(runs)  # CPU runs: the calibrated CPU profile
     choice = st.selectbox("Predict on profile", choices, key="runs_profile",
                           index=choices.index(default) if default in choices else 0,
                           help="'as recorded': the profile each run names, or the one whose GPU it ran on; "
-                               f"CPU runs that name none: the calibrated {run_records.CPU_PROFILE} "
+                               f"CPU runs: the calibrated {run_records.CPU_PROFILE} "
                                "(hardware_profiles/calibrated)")
     profile = None if choice == "as recorded" else choice
     compared = (cached_comparison(folder, signature, profile, runs) if signature is not None

@@ -102,14 +102,14 @@ CPU_PROFILE = "cpu-2core"
 
 
 def default_profile(runs: Sequence) -> str | None:
-    """The profile the Runs tab predicts on unless the user picks one: None ("as recorded": the
-    profile each run names, or whose GPU it ran on) unless some run is a CPU run that names no
-    profile, and every run is a CPU run: then ``CPU_PROFILE``."""
+    """The profile the Runs tab predicts on unless the user picks one: ``CPU_PROFILE`` when every
+    run is a CPU run (a CPU's name matches no GPU profile, and a probed profile a run names is a
+    path relative to where it ran), else None ("as recorded": the profile each run names, or the
+    one whose GPU it ran on)."""
     from planner.hardware import profile_names
 
-    cpu = [r.device_kind == "cpu" for r in runs]
-    unnamed = [r.device_kind == "cpu" and not r.hardware_profile for r in runs]
-    return CPU_PROFILE if runs and all(cpu) and any(unnamed) and CPU_PROFILE in profile_names() else None
+    cpu = bool(runs) and all(r.device_kind == "cpu" for r in runs)
+    return CPU_PROFILE if cpu and CPU_PROFILE in profile_names() else None
 
 
 def point_rows(points: Sequence) -> list[dict]:

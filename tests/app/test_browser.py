@@ -322,8 +322,15 @@ def test_the_docs_screenshots(browser_page, tmp_path):
     page.goto(f"{server}/?tab=Runs")
     sync_api.expect(page.get_by_role("heading", name="Predicted vs measured")).to_be_visible(timeout=60_000)
     sync_api.expect(page.get_by_text("--gpu cpu-2core", exact=False)).to_be_visible(timeout=30_000)
+    sync_api.expect(page.get_by_text("page computed and drawn in", exact=False)).to_be_visible(timeout=30_000)
     sync_api.expect(page.get_by_text("no prediction", exact=False)).to_have_count(0)
-    _shot(page, main, "app-runs.png", tmp_path)
+    panel = page.get_by_role("tabpanel").filter(has_text="Predicted vs measured")
+    chart = panel.locator('[data-testid="stVegaLiteChart"]').first
+    sync_api.expect(chart).to_contain_text("step_s", timeout=30_000)  # a panel per quantity, drawn
+    page.set_viewport_size({"width": 1500, "height": 2400})  # the whole tab in view: no lazy painting
+    page.wait_for_timeout(1000)
+    _shot(page, panel, "app-runs.png", tmp_path)
+    page.set_viewport_size({"width": 1500, "height": 1100})
 
     page.goto(f"{server}/?tab=Hardware&params=7")
     sync_api.expect(page.get_by_text("Fastest fitting layout per point", exact=False)).to_be_visible(timeout=240_000)
