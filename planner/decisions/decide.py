@@ -24,8 +24,8 @@ from planner.core.layout import Job
 from planner.core.model import ModelSpec
 from planner.core.options import fit_job_to_gpu
 from planner.core.resilience import Operations
-from planner.core.results import Estimate, estimate_at
-from planner.core.search import Pins, search
+from planner.core.results import Estimate
+from planner.core.search import Pins
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
 from planner.units import GIB, fmt_days
@@ -99,18 +99,17 @@ def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), obje
     without an estimate and with the reason (a pin that does not divide this count, say)."""
     from planner.core.evaluate import usable_memory
 
+    from planner.core.plan import plan
+
     hw = option.hardware
     cap = usable_memory(hw, option.job)
-    try:
-        result = search(model, hw, option.job, gpus, pins, objective)
-    except PlannerError as exc:
+    try:  # `planner estimate`'s own choice (planner.core.plan.plan), so a row is its plan
+        p = plan(model, hw, option.job, gpus, pins, objective, top=0, ops=option.ops)
+    except PlannerError as exc:  # a pin that does not divide this count; an MTBF too short for it
         return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
-    if result.feasible:
-        try:
-            best = estimate_at(result.ranked([0]), 0, model, hw, option.job, option.ops)
-        except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
-            return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
-        return Probe(gpu=hw.name, gpus=gpus, best=best, capacity_bytes=cap)
+    if p.fits:
+        return Probe(gpu=hw.name, gpus=gpus, best=p.best, capacity_bytes=cap)
+    result = p.result
     need = float(result.memory.total.min())
     return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, min_bytes=need,
                  why=f"does not fit: the leanest of {result.evaluated} layouts needs {need / GIB:.1f} GiB per GPU, "
