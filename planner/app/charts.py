@@ -137,28 +137,35 @@ def days_vs_gpus(rows: Sequence[dict], current: dict | None) -> dict:
     return {"layer": layers}
 
 
+# Micro-batch numbers are drawn on the bars up to this many bars (beyond, they are too narrow to
+# read, and the labels double what the page sends: 1,536 bars at pp 32 were 400 KB of JSON, 25 ms).
+TIMELINE_LABELS_MAX = 400
+
+
 def pipeline_timeline(rows: Sequence[dict]) -> dict:
     """The pipeline schedule: one lane per rank, a bar per forward (light) or backward (dark) of a
-    micro-batch, labelled with its number; the gaps are the bubble (planner.decisions.pictures)."""
-    values = [{**r, "label": str(r["micro_batch"]), "rank_name": f"rank {r['rank']}"} for r in rows]
+    micro-batch, labelled with its number (when few enough to read); the gaps are the bubble
+    (planner.decisions.pictures). Only the fields drawn, times rounded to 1e-3 of a forward."""
+    bars = [{"rank": f"rank {r['rank']}", "kind": r["kind"], "mb": r["micro_batch"], "chunk": r["chunk"],
+             "start": round(r["start"], 3), "end": round(r["end"], 3)} for r in rows]
     ranks = sorted({r["rank"] for r in rows})
-    y = {"field": "rank_name", "type": "nominal", "title": None, "sort": [f"rank {r}" for r in ranks]}
+    y = {"field": "rank", "type": "nominal", "title": None, "sort": [f"rank {r}" for r in ranks]}
     x = {"field": "start", "type": "quantitative", "title": "time (one full forward of a micro-batch = 1)"}
-    data = {"values": values}  # in each layer, not at the top: Streamlit converts top-level data through pandas
-    return {
-        "height": {"step": 28},
-        "layer": [
-            {"data": data, "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
-             "encoding": {"y": y, "x": x, "x2": {"field": "end"},
-                          "color": {"field": "kind", "type": "nominal", "title": None, "legend": LEGEND_BOTTOM,
-                                    "scale": {"domain": ["forward", "backward"], "range": ["#9ecae9", "#4c78a8"]}},
-                          "tooltip": [{"field": "rank_name", "title": "rank"}, {"field": "kind"},
-                                      {"field": "micro_batch", "title": "micro-batch"}, {"field": "chunk"},
-                                      {"field": "start", "format": ".2f"}, {"field": "end", "format": ".2f"}]}},
-            {"data": data, "mark": {"type": "text", "fontSize": 9, "dx": 2, "align": "left", "color": "black"},
-             "encoding": {"y": y, "x": x, "text": {"field": "label"}}},
-        ],
-    }
+    layers = [
+        {"data": {"values": bars}, "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
+         "encoding": {"y": y, "x": x, "x2": {"field": "end"},
+                      "color": {"field": "kind", "type": "nominal", "title": None, "legend": LEGEND_BOTTOM,
+                                "scale": {"domain": ["forward", "backward"], "range": ["#9ecae9", "#4c78a8"]}},
+                      "tooltip": [{"field": "rank"}, {"field": "kind"}, {"field": "mb", "title": "micro-batch"},
+                                  {"field": "chunk"}, {"field": "start", "format": ".2f"},
+                                  {"field": "end", "format": ".2f"}]}},
+    ]
+    if len(bars) <= TIMELINE_LABELS_MAX:  # in each layer, not at the top (see step_bar)
+        labels = [{"rank": b["rank"], "start": b["start"], "label": str(b["mb"])} for b in bars]
+        layers.append({"data": {"values": labels},
+                       "mark": {"type": "text", "fontSize": 9, "dx": 2, "align": "left", "color": "black"},
+                       "encoding": {"y": y, "x": x, "text": {"field": "label"}}})
+    return {"height": {"step": 28}, "layer": layers}
 
 
 def memory_vs_micro_batch(rows: Sequence[dict]) -> dict:

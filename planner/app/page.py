@@ -8,6 +8,7 @@ The state lives in the URL query string, so a what-if can be shared by link.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import shlex
@@ -282,6 +283,14 @@ def show_does_not_fit(view: explore.View, j: dict) -> None:
                 "recompute. What would make it fit:\n" + "\n".join(f"- {h}" for h in fit_hints(view.best)))
 
 
+@functools.lru_cache(maxsize=64)
+def timeline(pp: int, vpp: int, micro_batches: int, schedule: str) -> tuple:
+    """planner.decisions.pictures.timeline_rows, once per schedule shape (10 ms at pp 32)."""
+    from planner.decisions.pictures import timeline_rows
+
+    return tuple(timeline_rows(pp, vpp, micro_batches, schedule))
+
+
 def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
     from planner.app import charts
 
@@ -300,13 +309,12 @@ def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
                    "not hidden behind compute.")
     lay = j["layout"]
     from planner.core.pipeline import schedule_name
-    from planner.decisions.pictures import DUALPIPE_NOTE, drawn_micro_batches, timeline_rows
+    from planner.decisions.pictures import DUALPIPE_NOTE, drawn_micro_batches
 
     sched = schedule_name(lay["schedule"], lay["vpp"])
     st.subheader(f"Pipeline schedule ({sched}, pp {lay['pp']}, vpp {lay['vpp']}, m {lay['grad_accum']})")
-    st.vega_lite_chart(spec=charts.pipeline_timeline(timeline_rows(lay["pp"], lay["vpp"], lay["grad_accum"],
-                                                                   lay["schedule"])), width="stretch",
-                       key="timeline")
+    st.vega_lite_chart(spec=charts.pipeline_timeline(timeline(lay["pp"], lay["vpp"], lay["grad_accum"],
+                                                              lay["schedule"])), width="stretch", key="timeline")
     drawn = drawn_micro_batches(lay["pp"], lay["grad_accum"], lay["schedule"])
     st.caption("One lane per pipeline rank; light: forward, dark: backward (twice as long), numbered by "
                "micro-batch; the gaps are the bubble." + (f" Drawn with the first {drawn} of {lay['grad_accum']} "
