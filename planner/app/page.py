@@ -13,6 +13,7 @@ import gc
 import json
 import shlex
 import time
+from dataclasses import dataclass
 
 import streamlit as st
 
@@ -487,13 +488,6 @@ def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
     return run_records.load_folder(folder)
 
 
-@st.cache_resource(show_spinner=False, max_entries=32)
-def cached_comparison(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> run_records.Compared:
-    """`planner validate`'s comparison of a folder's runs (``_runs``, not hashed: the signature
-    stands for them), once per folder state and profile."""
-    return run_records.compare(_runs, profile)
-
-
 def runs_tab(state: dict) -> None:
     from planner.app import live  # the live view: event files or steps.csv, beside the plan
     from planner.app.explore import profile_names
@@ -521,29 +515,64 @@ def runs_tab(state: dict) -> None:
     live.show(folder, refused)
 
 
+@dataclass(frozen=True)
+class RunsView:
+    """What the Runs tab draws for one folder state and profile, built once: the comparison, its
+    tables as Arrow (st.dataframe sends a list of rows through pandas on every run) and its chart
+    with the data as Arrow bytes (a named dataset Streamlit passes on as it is)."""
+
+    compared: object  # run_records.Compared
+    runs_table: object  # pyarrow.Table
+    points_table: object | None
+    chart: dict | None
+
+
+def runs_view(runs: tuple, profile: str | None) -> RunsView:
+    import pyarrow as pa
+
+    from planner.app import charts
+    from streamlit import dataframe_util
+
+    compared = run_records.compare(runs, profile)
+    chart = None
+    if compared.points:
+        spec = charts.predicted_vs_measured(compared.points)
+        rows = spec.pop("data")["values"]
+        chart = {**spec, "data": {"name": "points"},
+                 "datasets": {"points": dataframe_util.convert_anything_to_arrow_bytes(rows)}}
+    return RunsView(compared=compared, runs_table=pa.Table.from_pylist(run_records.run_rows(runs)),
+                    points_table=pa.Table.from_pylist(run_records.point_rows(compared.points))
+                    if compared.points else None, chart=chart)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def cached_runs_view(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> RunsView:
+    """``runs_view`` once per folder state and profile (``_runs``, not hashed: the signature stands for them)."""
+    return runs_view(_runs, profile)
+
+
 def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str], signature: tuple | None = None) -> None:
     """`planner validate` on the loaded runs: its table and its plot."""
     st.subheader("Predicted vs measured")
-    st.dataframe(run_records.run_rows(runs), hide_index=True, width="stretch")
     choices = ["as recorded", *profiles]
-    default = run_records.default_profile(runs)  # CPU runs: the calibrated CPU profile
-    choice = st.selectbox("Predict on profile", choices, key="runs_profile",
-                          index=choices.index(default) if default in choices else 0,
-                          help="'as recorded': the profile each run names, or the one whose GPU it ran on; "
-                               f"CPU runs: the calibrated {run_records.CPU_PROFILE} "
-                               "(hardware_profiles/calibrated)")
-    profile = None if choice == "as recorded" else choice
-    compared = (cached_comparison(folder, signature, profile, runs) if signature is not None
-                else run_records.compare(runs, profile))  # uploads: compared as they come
-    for line in compared.unpredicted:
+    default = run_records.default_profile(runs, profiles)  # CPU runs: the calibrated CPU profile
+    profile = st.session_state.get("runs_profile", default if default in choices else "as recorded")
+    profile = None if profile == "as recorded" else profile
+    view = (cached_runs_view(folder, signature, profile, runs) if signature is not None
+            else runs_view(runs, profile))  # uploads: compared as they come
+    st.dataframe(view.runs_table, hide_index=True, width="stretch")
+    st.selectbox("Predict on profile", choices, key="runs_profile",
+                 index=choices.index(default) if default in choices else 0,
+                 help="'as recorded': the profile each run names, or the one whose GPU it ran on; "
+                      f"CPU runs: the calibrated {run_records.CPU_PROFILE} (hardware_profiles/calibrated)")
+    for line in view.compared.unpredicted:
         st.warning(f"no prediction for {line}")
-    if compared.points:
-        st.dataframe(run_records.point_rows(compared.points), hide_index=True, width="stretch",
+    if view.points_table is not None:
+        st.dataframe(view.points_table, hide_index=True, width="stretch",
                      column_config={"predicted": st.column_config.NumberColumn(format="%.4g"),
                                     "measured": st.column_config.NumberColumn(format="%.4g")})
-        from planner.app import charts
-
-        st.vega_lite_chart(spec=charts.predicted_vs_measured(compared.points), width="content")
+        # a copy of the top level: Streamlit takes "datasets" out of the spec it is given
+        st.vega_lite_chart(spec={**view.chart, "datasets": dict(view.chart["datasets"])}, width="content")
     st.caption("The same from the command line: `" + run_records.validate_command(folder, profile) + "`. "
                "Rates and sizes: relative error; bubble and communication shares: percentage points. "
                "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory). "

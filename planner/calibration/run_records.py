@@ -101,15 +101,15 @@ def compare(runs: Sequence, profile: str | None) -> Compared:
 CPU_PROFILE = "cpu-2core"
 
 
-def default_profile(runs: Sequence) -> str | None:
+def default_profile(runs: Sequence, names: Sequence[str] | None = None) -> str | None:
     """The profile the Runs tab predicts on unless the user picks one: ``CPU_PROFILE`` when every
     run is a CPU run (a CPU's name matches no GPU profile, and a probed profile a run names is a
     path relative to where it ran), else None ("as recorded": the profile each run names, or the
-    one whose GPU it ran on)."""
+    one whose GPU it ran on). ``names``: the profile names, when the caller has them."""
     from planner.hardware import profile_names
 
     cpu = bool(runs) and all(r.device_kind == "cpu" for r in runs)
-    return CPU_PROFILE if cpu and CPU_PROFILE in profile_names() else None
+    return CPU_PROFILE if cpu and CPU_PROFILE in (profile_names() if names is None else names) else None
 
 
 def point_rows(points: Sequence) -> list[dict]:
