@@ -92,8 +92,14 @@ def widget(f: explore_state.Field, where, disabled: bool = False) -> None:
 
 
 def set_values(values: dict) -> None:
+    """Set fields from a callback (a pin button); a closed group given a value other than its
+    default opens, so what was set is shown."""
+    fields = explore_state.field_map()
     for key, value in values.items():
         st.session_state[key] = value
+        f = fields.get(key)
+        if f is not None and f.group in GROUPS and value != f.default:
+            st.session_state[GROUPS[f.group][0]] = True
 
 
 def keep_hidden(drawn: set[str]) -> dict:
@@ -118,8 +124,10 @@ def keep_hidden(drawn: set[str]) -> dict:
 # widget drawn costs every page run about 0.5 ms (benchmarks/app_speed.py). Their values are
 # kept while closed (keep_hidden) and count as always. Session key and label per field group.
 GROUPS = {"hardware_custom": ("_open_hardware", "Custom hardware (overrides the profile)"),
+          "kernels": ("_open_kernels", "Kernels, overlap, overheads"),
           "finetune": ("_open_finetune", "Fine-tuning"),
-          "operations": ("_open_operations", "Failures, checkpoints, data")}
+          "operations": ("_open_operations", "Failures, checkpoints, data"),
+          "layout_more": ("_open_layout_more", "More layout: cp, ep, SP, schedule, sharding, offload")}
 
 
 def open_groups(values: dict) -> None:
@@ -190,12 +198,15 @@ def sidebar() -> dict:
     for f in explore_state.fields():
         if f.group == "job":
             widget(f, sb)
+    group("kernels")
     group("finetune")
     group("operations")
     sb.header("Layout")
     sb.caption("0 or auto: searched. dp follows from GPUs / (tp x pp).")
     for name in explore_state.LAYOUT_PINS:
-        widget(fields[name], sb)
+        if fields[name].group == "layout":
+            widget(fields[name], sb)
+    group("layout_more")
     widget(fields["sort"], sb)
     sb.button("Search every field (unpin all)", on_click=set_values,
               args=({n: explore_state.defaults()[n] for n in explore_state.LAYOUT_PINS},))

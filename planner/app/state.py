@@ -97,10 +97,25 @@ def _pin_field(d: Dim) -> Field:
                  help=d.help, group="layout")
 
 
+# Fields the sidebar draws only while their group is open (planner.app.page.GROUPS): each widget
+# drawn costs every page run about half a millisecond of Streamlit's time (benchmarks/app_speed.py).
+# The job's kernel, overlap and overhead settings, and the layout dimensions pinned less often.
+SIDEBAR_GROUPS = {**dict.fromkeys(("attention", "overlap_grad_reduce", "kernels", "compile", "async_tp",
+                                   "expert_imbalance", "memory_headroom", "pue"), "kernels"),
+                  **dict.fromkeys(("cp", "ep", "sequence_parallel", "schedule", "sharding", "offload"), "layout_more")}
+
+
 @functools.cache
 def fields() -> tuple[Field, ...]:
     """Every input, in sidebar order (reads the preset and profile lists once). The job, operations
-    and layout fields are derived from their declarations."""
+    and layout fields are derived from their declarations; ``SIDEBAR_GROUPS`` puts some in a group."""
+    import dataclasses
+
+    return tuple(dataclasses.replace(f, group=SIDEBAR_GROUPS[f.name]) if f.name in SIDEBAR_GROUPS else f
+                 for f in _fields())
+
+
+def _fields() -> tuple[Field, ...]:
     from planner.core.presets import presets
     from planner.hardware import profile_names
 
