@@ -107,3 +107,15 @@ def test_the_validation_chart_puts_each_run_against_y_equals_x():
     want = {("step_s", 1.0): (0.9, 1.1), ("step_s", 2.5): (2.25, 2.75), ("bubble", 0.1): (0.09, 0.11),
             ("bubble", 0.3): (0.27, 0.33)}
     assert ref.keys() == want.keys() and all(ref[k] == pytest.approx(want[k]) for k in want)
+
+
+def test_rarely_changed_fields_wait_in_groups_and_a_pin_button_opens_theirs():
+    from planner.app.state import SIDEBAR_GROUPS
+
+    at = new_app()
+    drawn = {w.key for w in (*at.sidebar.selectbox, *at.sidebar.number_input, *at.sidebar.checkbox)}
+    assert not drawn & set(SIDEBAR_GROUPS)  # closed: not drawn, each would cost every page run
+    assert {"gpus", "gpu", "precision", "tp", "pp", "micro_batch", "zero_stage", "recompute"} <= drawn
+    next(b for b in at.button if b.label.startswith("Pin this layout")).click().run()
+    assert at.selectbox(key="schedule").value == "1f1b" and at.selectbox(key="offload").value == "none"
+    assert at.number_input(key="ep").value == 1  # the group holding them opened to show what was pinned
