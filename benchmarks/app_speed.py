@@ -1,47 +1,49 @@
-"""How long one interaction with the what-if explorer takes: the planner's recompute, uncached and
-cached, and the whole page run (script computing and drawing) as Streamlit's AppTest measures it.
+"""How long each interaction with the what-if explorer takes, as whole Streamlit script runs.
 
-    python benchmarks/app_speed.py [--repeats 5]
+    python benchmarks/app_speed.py [--quick]
 
-"compute" is planner.app.explore.compute for the new input (what st.cache_data saves); "page" is the
-app's own wall-clock timer around one script run (st.session_state["_run_ms"]), first with a value
-not seen before (the search runs), then with a value seen before (st.cache_data answers); "new, CPU"
-is the CPU time this process spent on a new value's run (on a shared machine the wall clock also
-counts the time other processes held the cores). The Hardware tab searches every profile, so it
-is timed on its own. "sidebar" is the share of a page run Streamlit spends drawing the sidebar's
-widgets (each reads the whole session state), over 40 runs of values seen before.
+Every figure is the wall-clock time of one whole script run as Streamlit's AppTest drives it
+(``widget.set_value(v).run()``: Streamlit's own work, the page computing and drawing, AppTest
+reading the result back), timed from outside the page; "CPU" is this process's CPU time over the
+same run (on a shared machine the wall clock also counts the time other processes held the
+cores). Each row gives the worst run (the target is on it), the median and the worst CPU time.
 
-Target (issue 14): every explorer interaction under 100 ms server-side: the "page, new" column (the
-whole script run for an input not seen before) is the one held to it; each row says whether it
-meets it, and the last line gives the slowest.
+Rows:
+- "first page, new process": a new visitor on a server just started (a fresh Python process,
+  streamlit imported as the server has it; the page's own imports, the profiles, the plan).
+- "first page, new session": a new visitor on a server that has served others.
+- interactions on the Plan tab: each value new (the search runs), then seen before (cached).
+- opening each tab.
+- "filled in": the Plan tab's two pictures and the Hardware tab's views are computed a step at a
+  time; in a browser they rerun alone (a Streamlit fragment) until complete. AppTest has no
+  fragment timer: each turn works the fragment's slice (planner.app.page.work_a_slice), then
+  runs the whole page; the row's figures are the turns (slice + page run), more than a fragment
+  run takes.
 
-The Plan tab's two what-if pictures (memory vs micro-batch; the step-time parts at five GPU counts,
-each searched) and the Hardware tab's views (every profile at one GPU count; the days-vs-GPUs sweep,
-every profile x 10 counts) are computed a step at a time: a page run works on them until
-planner.app.page.PAGE_BUDGET_S after it began and draws what is done; the views then rerun alone
-(a Streamlit fragment, in the browser) until they are complete. "filled in" replays those runs and
-gives how many it took, the slowest, and their total, for a model not seen before. AppTest has no
-fragment timer: each turn works the fragment's slice (planner.app.page.work_a_slice, at least one
-step of each view not done), then runs the whole page; a turn's time is both, more than a fragment
-run (the slice and its own views' drawing) takes.
+Target (issue 39): every interaction under 100 ms, the worst run of every row; the first page
+under 1 s. The verdict at the end is the maximum over every row.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.app import explore
-from planner.app import state as explore_state
-
 ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 0.1  # every interaction
+FIRST_PAGE_S = 1.0  # the first page for a new visitor
 
 # (what the user does, the sidebar field, values to visit in turn: each new one once, then again)
 INTERACTIONS = [
-    ("GPUs 128 -> 256", "gpus", [256, 512, 64, 1024, 32]),
+    ("GPUs", "gpus", [256, 512, 64, 1024, 32]),
     ("GPU profile", "gpu", ["a6000", "h100-80g", "v100-32g", "a100-40g", "h200"]),
     ("recompute pinned", "recompute", ["full", "selective", "none"]),
     ("tp pinned", "tp", [2, 4, 1]),
@@ -51,171 +53,180 @@ INTERACTIONS = [
     ("precision", "precision", ["fp16", "fp8", "fp32"]),
     ("impossible tp (error + nearest values)", "tp", [3, 5, 7]),
 ]
+TABS = ("Layouts", "Hardware", "Runs", "Export", "Plan")
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:7.1f}"
+@dataclass
+class Row:
+    label: str
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    target: float = TARGET_S
+
+    def line(self) -> str:
+        worst, med, cpu = max(self.wall), statistics.median(self.wall), max(self.cpu)
+        verdict = "meets" if worst < self.target else "MISSES"
+        return (f"{self.label:46s} {len(self.wall):4d} {worst * 1e3:8.1f} {med * 1e3:8.1f} {cpu * 1e3:8.1f}  "
+                f"{verdict} (< {self.target * 1e3:.0f} ms)")
 
 
-def compute_times(field: str, values: list, repeats: int) -> float:
-    """Median seconds of explore.compute for each value (no cache: the function itself)."""
-    times = []
-    for value in values:
-        values_ = explore_state.mapping_from_state({**explore_state.defaults(), field: value})
-        for _ in range(repeats):
-            start = time.perf_counter()
-            explore.compute(values_)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def page_times(field: str, values: list, tab: str = "Plan") -> tuple[float, float, float]:
-    """Median page-run seconds for values not seen before, for the same values seen again, and the
-    median CPU seconds this process spent on a new value's run (the page and AppTest's own work:
-    on a shared machine the wall-clock run also counts the time other processes held the cores)."""
-    from streamlit.testing.v1 import AppTest
-
+def quiet() -> None:
     # AppTest runs the page outside `streamlit run`; Streamlit logs that it noticed, once per page.
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").disabled = True
+
+
+def timed(row: Row, run) -> None:
+    """One whole script run, timed from outside: wall clock and this process's CPU."""
+    start, cpu0 = time.perf_counter(), time.process_time()
+    at = run()
+    row.wall.append(time.perf_counter() - start)
+    row.cpu.append(time.process_time() - cpu0)
+    assert not at.exception, [e.message for e in at.exception]
+
+
+_COMPONENTS: list = []  # Streamlit's custom-component registry, found once as a server finds it at its start
+
+
+def new_session(tab: str = "Plan"):
+    """A new visitor: a new AppTest on the same process. AppTest scans the installed packages for
+    custom components at each instance's first run (0.3-0.5 s of CPU), which `streamlit run` does
+    once when the server starts, before any visitor: found once here and handed to each session."""
+    from streamlit.components.v2.component_manager import BidiComponentManager
+    from streamlit.testing.v1 import AppTest
+
+    if not _COMPONENTS:
+        manager = BidiComponentManager()
+        manager.discover_and_register_components(start_file_watching=False)
+        _COMPONENTS.append(manager)
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.query_params["tab"] = tab
-    at.run()
-    default = explore_state.defaults()[field]
+    at._bidi_component_manager = _COMPONENTS[0]  # AppTest's own slot for it (streamlit/testing/v1/app_test.py)
+    if tab != "Plan":
+        at.query_params["tab"] = tab
+    return at
 
-    cpu = []
 
-    def visit(value) -> float:
-        kind = explore_state.field_map()[field].kind
-        widget = at.number_input(key=field) if kind in ("int", "float") else at.selectbox(key=field)
-        start = time.process_time()
-        widget.set_value(value).run()
-        cpu.append(time.process_time() - start)
-        assert not at.exception, [e.message for e in at.exception]
-        return at.session_state["_run_ms"] / 1e3
+def settle() -> None:
+    """Wait for the page's background warm-up (planner.app.page._warm_up, started after a process's
+    first page) as a visitor's first look at the page would: the runs timed after it are clicks."""
+    import threading
 
-    first = [visit(v) for v in values]
-    new_cpu = statistics.median(cpu)
-    visit(default)
-    again = [visit(v) for v in values]
-    return statistics.median(first), statistics.median(again), new_cpu
+    for t in threading.enumerate():
+        if t.name == "planner-warm-up":
+            t.join()
+
+
+def widget(at, name: str):
+    from planner.app import state as explore_state
+
+    kind = explore_state.field_map()[name].kind
+    return at.number_input(key=name) if kind in ("int", "float") else at.selectbox(key=name)
+
+
+def first_page_new_process() -> Row:
+    """A fresh interpreter with streamlit imported (the server's start), then the first page run."""
+    code = ("import time, logging, sys; from streamlit.testing.v1 import AppTest; "
+            "logging.getLogger('streamlit.runtime.scriptrunner_utils.script_run_context').disabled = True; "
+            "sys.path.insert(0, 'benchmarks'); from app_speed import new_session; at = new_session(); "
+            "s, c = time.perf_counter(), time.process_time(); at.run(); "
+            "print(time.perf_counter() - s, time.process_time() - c); assert not at.exception")
+    row = Row("first page, new process (new visitor, server just started)", target=FIRST_PAGE_S)
+    # Compiled modules cached as an installed package has them (this environment may set
+    # PYTHONDONTWRITEBYTECODE: every process would compile the sources again); the first try warms it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "planner-app-speed-pycache")
+    for i in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                             env=env)
+        if i == 0:
+            continue
+        wall, cpu = map(float, out.stdout.split())
+        row.wall.append(wall)
+        row.cpu.append(cpu)
+    return row
+
+
+def interaction_rows(quick: bool) -> list[Row]:
+    """The Plan tab's interactions: each value new, then seen before (in one session)."""
+    from planner.app import state as explore_state
+
+    rows = []
+    for label, name, values in INTERACTIONS[:3] if quick else INTERACTIONS:
+        at = new_session()
+        at.run()
+        new, seen = Row(f"{label}: value new"), Row(f"{label}: value seen before")
+        for v in values:
+            timed(new, lambda: widget(at, name).set_value(v).run())
+        timed(seen, lambda: widget(at, name).set_value(explore_state.defaults()[name]).run())
+        for v in values:
+            timed(seen, lambda: widget(at, name).set_value(v).run())
+        rows += [new, seen]
+    return rows
+
+
+def tab_rows() -> list[Row]:
+    """Opening each tab from the Plan tab (the plan cached), and a new visitor's first page."""
+    first = Row("first page, new session (server warm)", target=FIRST_PAGE_S)
+    rows = {tab: Row(f"open the {tab} tab") for tab in TABS}
+    new_session().run()  # the server has served a visitor: its imports are done
+    settle()
+    for gpus in (96, 160):  # a plan not seen before
+        at = new_session()
+        timed(first, at.run)
+        at.number_input(key="gpus").set_value(gpus).run()
+        for tab in TABS:
+            timed(rows[tab], lambda: _open(at, tab))
+    return [first, *rows.values()]
+
+
+def _open(at, tab: str):
+    at.session_state["_tabs"] = tab  # the tabs' own key (planner.app.page): a click on a tab reruns the page
+    return at.run()
 
 
 FILLED = {"Hardware": "Fastest fitting layout per point",  # the sweep's caption once every profile is drawn
           "Plan": "The best layout's step parts"}  # the step-time picture's, once its GPU counts are searched
 
 
-def fill_times(params: float, tab: str = "Hardware") -> tuple[int, float, float]:
-    """The tab open, the model changed to ``params`` (billions): the page runs until the tab's views
-    are complete (a caption says so): (runs, the slowest run's seconds, all runs')."""
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.query_params["tab"] = tab
+def fill_rows(tab: str, params_values: tuple[float, ...]) -> list[Row]:
+    """The tab open, the model changed to each of ``params_values`` (not seen before), until the
+    tab's views are complete: the page runs, and the fragment's slices of work between them (a
+    fragment run in a browser is its slice plus drawing the tab's views alone)."""
+    pages = Row(f"{tab} tab filling in after a model change: page runs")
+    slices = Row(f"{tab} tab filling in: the fragment's work per run")
+    at = new_session(tab)
     at.run()
     from planner.app.page import work_a_slice  # imported by the run (its caches want Streamlit's runtime)
 
-    at.number_input(key="params").set_value(params).run()
-    times = [at.session_state["_run_ms"] / 1e3]
-    while not any(c.value.startswith(FILLED[tab]) for c in at.caption) and len(times) < 200:
-        start = time.perf_counter()
-        work_a_slice(at.session_state["_polled"])  # what the polling fragment computes in a run
-        work = time.perf_counter() - start
-        at.run()
-        assert not at.exception, [e.message for e in at.exception]
-        times.append(work + at.session_state["_run_ms"] / 1e3)
-    return len(times), max(times), sum(times)
-
-
-def sidebar_times(runs: int = 40) -> tuple[float, float]:
-    """Median seconds of the sidebar (``planner.app.page.sidebar``: Streamlit drawing its widgets,
-    each reading the whole session state) and of the whole page run, over ``runs`` page runs of
-    values seen before (GPUs 256 and 128 in turn: the plan comes from the cache)."""
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.run()
-    from planner.app import page  # imported by the run (its caches want Streamlit's runtime)
-
-    spent, pages, original = [], [], page.sidebar
-
-    def timed() -> dict:
-        start = time.perf_counter()
-        try:
-            return original()
-        finally:
-            spent.append(time.perf_counter() - start)
-
-    page.sidebar = timed  # page() looks it up in the module at each run
-    try:
-        for i in range(runs):
-            at.number_input(key="gpus").set_value((256, 128)[i % 2]).run()
-            assert not at.exception, [e.message for e in at.exception]
-            pages.append(at.session_state["_run_ms"] / 1e3)
-    finally:
-        page.sidebar = original
-    return statistics.median(spent), statistics.median(pages)
-
-
-TARGET_S = 0.1  # every interaction, server-side
-
-
-def verdict(seconds: float) -> str:
-    return "meets" if seconds < TARGET_S else "MISSES"
+    for params in params_values:
+        timed(pages, lambda: at.number_input(key="params").set_value(params).run())
+        while not any(c.value.startswith(FILLED[tab]) for c in at.caption) and len(pages.wall) < 400:
+            timed(slices, lambda: (work_a_slice(at.session_state["_polled"]), at)[1])
+            timed(pages, at.run)
+    return [pages, slices] if slices.wall else [pages]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="fewer interactions and models")
     args = parser.parse_args()
-    explore.compute(explore_state.mapping_from_state(explore_state.defaults()))  # imports, profile files
-    print("what-if explorer, one interaction, milliseconds (median); default 33B on 128 x a100-80g")
-    print(f"{'interaction':42s} {'compute':>8s} {'page, new':>10s} {'page, seen':>10s} {'new, CPU':>9s}  "
-          "target < 100 ms (page, new)")
-    worst = ("", 0.0)
-    for label, field, values in INTERACTIONS:
-        c = compute_times(field, values, args.repeats)
-        new, seen, cpu = page_times(field, values)
-        worst = max(worst, (label, new), key=lambda w: w[1])
-        print(f"{label:42s} {ms(c):>8s} {ms(new):>10s} {ms(seen):>10s} {ms(cpu):>9s}  {verdict(new)}", flush=True)
-    side, whole = sidebar_times()
-    print(f"\nsidebar (Streamlit drawing its widgets), median of 40 page runs of values seen before: "
-          f"{ms(side).strip()} ms of a {ms(whole).strip()} ms page run")
-    print("\nHardware tab (every profile; the sweep: every profile x 10 GPU counts)")
-    state = explore_state.defaults()
-    start, cpu0 = time.perf_counter(), time.process_time()
-    explore.compare_hardware(explore_state.comparison_mapping(state), 256)
-    compare, compare_cpu = time.perf_counter() - start, time.process_time() - cpu0
-    sweeps, sweeps_cpu = [], []
-    for params in (13.0, 33.0, 70.0):  # each a model not seen before
-        start, cpu0 = time.perf_counter(), time.process_time()
-        explore.sweep(explore_state.sweep_mapping({**state, "params": params}))
-        sweeps.append(time.perf_counter() - start)
-        sweeps_cpu.append(time.process_time() - cpu0)
-    sweep, sweep_cpu = statistics.median(sweeps), statistics.median(sweeps_cpu)
-    # Values the Plan-tab rows above did not visit: the plan itself is new too (st.cache_data is per process).
-    new_gpus, seen_gpus, cpu_gpus = page_times("gpus", [192, 384, 48], tab="Hardware")
-    new_model, seen_model, cpu_model = page_times("params", [14.0, 71.0], tab="Hardware")
-    fills = [fill_times(params) for params in (15.0, 72.0)]  # models not seen before
-    print(f"{'compare every profile at one GPU count':42s} {ms(compare):>8s} {'':>10s} {'':>10s} {ms(compare_cpu):>9s}")
-    print(f"{'days-vs-GPUs sweep (13B, 33B, 70B: median)':42s} {ms(sweep):>8s} {'':>10s} {'':>10s} {ms(sweep_cpu):>9s}")
-    print(f"{'GPUs changed, Hardware tab open':42s} {'':>8s} {ms(new_gpus):>10s} {ms(seen_gpus):>10s} "
-          f"{ms(cpu_gpus):>9s}  {verdict(new_gpus)}")
-    print(f"{'model changed, Hardware tab open':42s} {'':>8s} {ms(new_model):>10s} {ms(seen_model):>10s} "
-          f"{ms(cpu_model):>9s}  {verdict(new_model)}")
-    for params, (runs, slowest_run, total) in zip((15.0, 72.0), fills):
-        print(f"{f'Hardware tab filled in ({params:g}B): {runs} runs':42s} {'':>8s} {ms(slowest_run):>10s} {'':>10s} "
-              f"{'':>9s}  slowest run {verdict(slowest_run)}; all runs {ms(total).strip()} ms")
-    print("\nPlan tab's what-if pictures (memory vs micro-batch; step time at five GPU counts, each searched)")
-    for params in (16.0, 73.0, 180.0):  # models not seen before
-        runs, slowest_run, total = fill_times(params, tab="Plan")
-        worst = max(worst, (f"pictures filled in ({params:g}B)", slowest_run), key=lambda w: w[1])
-        print(f"{f'Plan tab filled in ({params:g}B): {runs} runs':42s} {'':>8s} {ms(slowest_run):>10s} {'':>10s} "
-              f"{'':>9s}  slowest run {verdict(slowest_run)}; all runs {ms(total).strip()} ms", flush=True)
-    print(f"\nslowest Plan-tab interaction (page, new): {worst[0]}, {ms(worst[1]).strip()} ms; target < 100 ms: "
-          f"{verdict(worst[1])}")
-    slowest = max(new_gpus, new_model)
-    print(f"slowest Hardware-tab interaction (page, new): {ms(slowest).strip()} ms; target < 100 ms: "
-          f"{verdict(slowest)}")
+    quiet()
+    rows = [first_page_new_process()]
+    rows += tab_rows()
+    print(f"what-if explorer, whole script runs (AppTest), milliseconds; default 33B on 128 x a100-80g\n"
+          f"{'row':46s} {'runs':>4s} {'worst':>8s} {'median':>8s} {'CPU max':>8s}")
+    for r in rows:
+        print(r.line(), flush=True)
+    for r in interaction_rows(args.quick):
+        rows.append(r)
+        print(r.line(), flush=True)
+    for tab, models in (("Plan", (16.0, 73.0, 180.0)), ("Hardware", (15.0, 72.0))):
+        for r in fill_rows(tab, models[:1] if args.quick else models):
+            rows.append(r)
+            print(r.line(), flush=True)
+    worst = max(rows, key=lambda r: max(r.wall) / r.target)
+    ok = all(max(r.wall) < r.target for r in rows)
+    print(f"\nverdict over every row: {'meets' if ok else 'MISSES'}; worst against its target: {worst.label}, "
+          f"{max(worst.wall) * 1e3:.1f} ms (< {worst.target * 1e3:.0f} ms)")
 
 
 if __name__ == "__main__":

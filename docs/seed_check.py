@@ -244,7 +244,7 @@ def check_gpu_table(c: dict) -> Check:
         dense = hw.gpu.peak_flops["fp16"] / 1e12
         rows.append((name, mem, f"{hw.gpu.memory_bytes / GIB:.0f}", tf, f"{dense:g}", f"{sparse:g}" if sparse else "-",
                      f"{tf / dense:.1f}x"))
-    opts = options_for([get_profile(n) for n in c["profiles"]], Job(), precision_given=False)
+    opts = options_for([get_profile(n) for n in c["profiles"]], Job())
     cmp = compare(get_preset(c["compare_preset"]), opts, tuple(c["compare_gpus"]))
     base = {p.gpus: p.best.model_tflops_per_gpu for p in cmp.rows if p.gpu == c["profiles"][-1] and p.fits}
     run_rows = [(p.gpu, p.gpus, p.best.job.precision, f"{p.best.train.days:.1f}", f"{p.best.model_tflops_per_gpu:.0f}",
@@ -341,7 +341,7 @@ def check_gpt3(c: dict) -> Check:
 def check_10b_servers(c: dict) -> Check:
     model = get_preset(c["preset"])
     hw = get_profile(c["gpu"])
-    opts = options_for([hw], Job(), precision_given=False)
+    opts = options_for([hw], Job())
     rows, fit = [], None
     for days in c["deadlines_days"]:
         a = recommend(model, opts, days * DAY).answers[0]

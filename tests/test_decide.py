@@ -45,10 +45,14 @@ def test_compare_rows_are_the_plans_of_each_option(capsys):
     d = json.loads(out)
     assert [(r["gpu"], r["gpus"]) for r in d["rows"]] == [("a100-80g", 64), ("a100-80g", 128), ("v100-32g", 64),
                                                           ("v100-32g", 128)]
-    assert d["notes"] == ["fp16: v100-32g has no bf16"]  # the default precision falls back, and says so
+    # The defaults a V100 cannot run fall back, and say so: fp16 (no bf16), standard attention (no
+    # FlashAttention before Ampere), as `planner estimate` does (tests/test_one_path.py).
+    [note] = d["notes"]
+    assert note.startswith("v100-32g: fp16 (the v100-32g has no bf16") and "standard attention" in note
     model = get_preset("llama-33b")
     for r in d["rows"]:
-        e = plan(model, get_profile(r["gpu"]), Job(precision=r["precision"]), r["gpus"]).best
+        attention = "standard" if r["gpu"] == "v100-32g" else "flash"
+        e = plan(model, get_profile(r["gpu"]), Job(precision=r["precision"], attention=attention), r["gpus"]).best
         assert r["fits"] and r["days"] == pytest.approx(e.train.days)
         assert r["layout"]["dp"] * r["layout"]["tp"] * r["layout"]["pp"] == r["gpus"]
         # GPU-hours = days x 24 x GPUs; cost = GPU-hours x the profile's price; headroom = 1 - used / capacity
@@ -72,7 +76,7 @@ def test_more_gpus_never_take_longer(gpu):
     """Doubling the GPUs at a fixed global batch never slows training: free layouts, and a fixed
     layout shape (only dp grows)."""
     model = get_preset("llama-7b")
-    opts = options_for([get_profile(gpu)], Job(global_batch=2048), precision_given=False)
+    opts = options_for([get_profile(gpu)], Job(global_batch=2048))
     counts = (8, 16, 32, 64, 128, 256)
     for pins in (Pins(), Pins(tp=2, pp=2, micro_batch=1, zero_stage=3, recompute="full", sequence_parallel=True)):
         days = [p.best.train.days for p in compare(model, opts, counts, pins).rows]
@@ -84,7 +88,7 @@ def test_recommend_meets_the_deadline_and_one_node_fewer_does_not():
     GB200 NVL72 rack (whose NVLink domain, 72, is the cost model's node)."""
     model, deadline = get_preset("llama-33b"), 30 * DAY
     profiles = [get_profile(n) for n in ("a100-80g", "a6000", "v100-32g", "gb200-nvl72")]
-    r = recommend(model, options_for(profiles, Job(tokens=1e12), precision_given=False), deadline)
+    r = recommend(model, options_for(profiles, Job(tokens=1e12)), deadline)
     for a in r.answers:
         hw, job, n = a.option.hardware, a.option.job, a.pick.gpus
         gpn = hw.network.host_gpus

@@ -23,7 +23,7 @@ from planner.units import GIB, fmt_count, fmt_days, fmt_seconds
 
 # GPU counts of the days-to-train sweep (powers of two; a cluster is bought in nodes of 8).
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-TOP_LAYOUTS = 20
+TOP_LAYOUTS = 20  # the best and its runners-up: the Layouts tab's "Top 20"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,13 +70,14 @@ class Problem:
 def compute(values: Mapping[str, object], top: int = TOP_LAYOUTS) -> View | Problem:
     """The plan for a mapping of declared names, or the reason there is none (never raises
     PlannerError). One table is evaluated (or, for pins that fit, their layouts only); everything
-    shown is selected from it."""
+    shown is selected from it. ``top`` layouts in all: the best and ``top - 1`` runners-up."""
     from planner.core.options import build_inputs
     from planner.core.plan import evaluate_table, plan_from_table, plan_of_pins
 
     objective = str(values.get("sort") or "time")
     try:
         x = build_inputs(values)
+        top -= 1  # runners-up after the best
         p = plan_of_pins(x.model, x.hardware, x.job, x.gpus, x.pins, objective, top, x.ops)  # pins that fit
         table = evaluate_table(x.model, x.hardware, x.job, x.gpus, x.pins, objective) if p is None else None
     except PlannerError as exc:
@@ -249,12 +250,19 @@ def scenario_rows(a: dict, b: dict) -> list[dict]:
 
 
 def layout_text(lay: dict) -> str:
-    """'dp 64 x tp 2 x pp 1 | mb 4 x 8 | ZeRO-3 | recompute none | SP on' from a layout's JSON."""
-    vpp = f" (v{lay['vpp']})" if lay["vpp"] > 1 else ""
+    """Every layout dimension of a layout's JSON, in the words of the CLI's ``layout`` line
+    (planner.core.report.layout_line), shorter: 'dp 4 x tp 4 x pp 8 (v4) x cp 2 (ep 8 of dp*cp) |
+    mb 1 x 64 = 2048 seqs | ZeRO-1 | recompute full | SP on | offload optimizer'."""
+    pipelined = lay["pp"] > 1
+    vpp = f" (v{lay['vpp']})" if lay["vpp"] > 1 and lay.get("schedule", "1f1b") == "1f1b" else ""
+    sched = {"gpipe": " GPipe", "dualpipev": " DualPipeV"}.get(lay.get("schedule", "1f1b"), "") if pipelined else ""
     cp = f" x cp {lay['cp']}" if lay.get("cp", 1) > 1 else ""
-    return (f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']}{vpp}{cp} | mb {lay['micro_batch']} x "
-            f"{lay['grad_accum']} = {lay['global_batch']} seqs | ZeRO-{lay['zero_stage']} | "
-            f"recompute {lay['recompute']} | SP {'on' if lay['sequence_parallel'] else 'off'}")
+    ep = f" (ep {lay['ep']} of dp*cp)" if lay.get("ep", 1) > 1 else ""
+    hsdp = " | HSDP" if lay.get("sharding", "full") == "hybrid" else ""
+    offload = f" | offload {lay['offload']}" if lay.get("offload", "none") != "none" else ""
+    return (f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']}{vpp}{sched}{cp}{ep} | mb {lay['micro_batch']} x "
+            f"{lay['grad_accum']} = {lay['global_batch']} seqs | ZeRO-{lay['zero_stage']}{hsdp} | "
+            f"recompute {lay['recompute']} | SP {'on' if lay['sequence_parallel'] else 'off'}{offload}")
 
 
 def changed_fields(a: dict, b: dict) -> list[str]:
@@ -292,7 +300,8 @@ def layout_rows(layouts: Sequence) -> list[dict]:
     rows = []
     for rank, e in enumerate(layouts, 1):
         lay = e.layout
-        rows.append({"rank": rank, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "mb": lay.micro_batch,
+        rows.append({"rank": rank, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp,
+                     "ep": lay.ep, "mb": lay.micro_batch,
                      "accum": lay.grad_accum, "global batch": lay.global_batch, "ZeRO": lay.zero_stage,
                      "recompute": lay.recompute, "SP": lay.sequence_parallel,
                      "memory GiB": e.memory.total_bytes / GIB, "step s": e.time.step_s, "MFU %": 100 * e.mfu,
@@ -350,14 +359,27 @@ def _comparison(values: Mapping[str, object], counts: Sequence[int], profiles: S
 def _options(values: Mapping[str, object], profiles: Sequence[str] | None) -> tuple:
     """(the inputs of ``values``, every profile as a `planner compare` option: its own price, the
     precision it has)."""
-    from planner.core.options import build_inputs
+    from planner.core.layout import Job
+    from planner.core.options import GPU_DEFAULTED, build_inputs, job_fields_given
     from planner.decisions.decide import options_for
     from planner.hardware import get_profile
 
     x = build_inputs({**values, "gpus": 1})
     hws = [get_profile(name) for name in profiles or _gpu_profile_names()]
-    job = x.job.replace(price_usd_per_gpu_hour=None)
-    return x, options_for(hws, job, precision_given=False, ops=[x.ops] * len(hws))
+    # The job as asked (not as this GPU runs it): each profile fits it to itself, as compare does.
+    given = job_fields_given(values)
+    job = x.job.replace(price_usd_per_gpu_hour=None,
+                        **{k: getattr(Job(), k) for k in GPU_DEFAULTED if k not in given})
+    return x, options_for(hws, job, given, ops=[x.ops] * len(hws))
+
+
+@functools.cache
+def profile_names() -> tuple[str, ...]:
+    """planner.hardware.profile_names, once per process (it reads every profile file: 40-70 ms;
+    the profiles it can name are fixed at the first look-up: planner.hardware._index)."""
+    from planner.hardware import profile_names as names
+
+    return tuple(names())
 
 
 @functools.cache

@@ -234,7 +234,7 @@ def show(folder: str, refused: str | None = None) -> None:
     plan, refreshed every 2 s when asked (a Streamlit fragment: only this part reruns)."""
     import streamlit as st
 
-    from planner.hardware import profile_names
+    from planner.app.explore import profile_names  # once per process
 
     st.subheader("Live view")
     runs = live_runs(folder) if not refused else []

@@ -8,10 +8,12 @@ The state lives in the URL query string, so a what-if can be shared by link.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import shlex
 import time
+from dataclasses import dataclass
 
 import streamlit as st
 
@@ -34,7 +36,10 @@ def cached_compute(values: dict) -> explore.View | explore.Problem:
 # are computed a profile (or a count's layouts) at a time: a page run works on them until
 # PAGE_BUDGET_S after it began and draws what is done; while they are not done, the tab's views
 # rerun alone (a fragment) every POLL_S, each run working SLICE_S on them.
-PAGE_BUDGET_S = 0.04
+# A page run costs about 45 ms of CPU of its own (Streamlit drawing ~30 widgets, the charts; measured
+# by benchmarks/app_speed.py): 25 ms of work on the views keeps it near 70 ms; a fragment run draws
+# only the views, so its slice can be longer.
+PAGE_BUDGET_S = 0.025
 SLICE_S = 0.04
 POLL_S = 0.1
 
@@ -87,8 +92,14 @@ def widget(f: explore_state.Field, where, disabled: bool = False) -> None:
 
 
 def set_values(values: dict) -> None:
+    """Set fields from a callback (a pin button); a closed group given a value other than its
+    default opens, so what was set is shown."""
+    fields = explore_state.field_map()
     for key, value in values.items():
         st.session_state[key] = value
+        f = fields.get(key)
+        if f is not None and f.group in GROUPS and value != f.default:
+            st.session_state[GROUPS[f.group][0]] = True
 
 
 def keep_hidden(drawn: set[str]) -> dict:
@@ -113,8 +124,10 @@ def keep_hidden(drawn: set[str]) -> dict:
 # widget drawn costs every page run about 0.5 ms (benchmarks/app_speed.py). Their values are
 # kept while closed (keep_hidden) and count as always. Session key and label per field group.
 GROUPS = {"hardware_custom": ("_open_hardware", "Custom hardware (overrides the profile)"),
+          "kernels": ("_open_kernels", "Kernels, overlap, overheads"),
           "finetune": ("_open_finetune", "Fine-tuning"),
-          "operations": ("_open_operations", "Failures, checkpoints, data")}
+          "operations": ("_open_operations", "Failures, checkpoints, data"),
+          "layout_more": ("_open_layout_more", "More layout: cp, ep, SP, schedule, sharding, offload")}
 
 
 def open_groups(values: dict) -> None:
@@ -185,12 +198,15 @@ def sidebar() -> dict:
     for f in explore_state.fields():
         if f.group == "job":
             widget(f, sb)
+    group("kernels")
     group("finetune")
     group("operations")
     sb.header("Layout")
     sb.caption("0 or auto: searched. dp follows from GPUs / (tp x pp).")
     for name in explore_state.LAYOUT_PINS:
-        widget(fields[name], sb)
+        if fields[name].group == "layout":
+            widget(fields[name], sb)
+    group("layout_more")
     widget(fields["sort"], sb)
     sb.button("Search every field (unpin all)", on_click=set_values,
               args=({n: explore_state.defaults()[n] for n in explore_state.LAYOUT_PINS},))
@@ -279,6 +295,14 @@ def show_does_not_fit(view: explore.View, j: dict) -> None:
                 "recompute. What would make it fit:\n" + "\n".join(f"- {h}" for h in fit_hints(view.best)))
 
 
+@functools.lru_cache(maxsize=64)
+def timeline(pp: int, vpp: int, micro_batches: int, schedule: str) -> tuple:
+    """planner.decisions.pictures.timeline_rows, once per schedule shape (10 ms at pp 32)."""
+    from planner.decisions.pictures import timeline_rows
+
+    return tuple(timeline_rows(pp, vpp, micro_batches, schedule))
+
+
 def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
     from planner.app import charts
 
@@ -297,13 +321,12 @@ def plan_tab(j: dict, values: dict | None = None, best=None) -> None:
                    "not hidden behind compute.")
     lay = j["layout"]
     from planner.core.pipeline import schedule_name
-    from planner.decisions.pictures import DUALPIPE_NOTE, drawn_micro_batches, timeline_rows
+    from planner.decisions.pictures import DUALPIPE_NOTE, drawn_micro_batches
 
     sched = schedule_name(lay["schedule"], lay["vpp"])
     st.subheader(f"Pipeline schedule ({sched}, pp {lay['pp']}, vpp {lay['vpp']}, m {lay['grad_accum']})")
-    st.vega_lite_chart(spec=charts.pipeline_timeline(timeline_rows(lay["pp"], lay["vpp"], lay["grad_accum"],
-                                                                   lay["schedule"])), width="stretch",
-                       key="timeline")
+    st.vega_lite_chart(spec=charts.pipeline_timeline(timeline(lay["pp"], lay["vpp"], lay["grad_accum"],
+                                                              lay["schedule"])), width="stretch", key="timeline")
     drawn = drawn_micro_batches(lay["pp"], lay["grad_accum"], lay["schedule"])
     st.caption("One lane per pipeline rank; light: forward, dark: backward (twice as long), numbered by "
                "micro-batch; the gaps are the bubble." + (f" Drawn with the first {drawn} of {lay['grad_accum']} "
@@ -422,6 +445,7 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
     st.vega_lite_chart(spec=charts.days_vs_gpus(rows, current), width="stretch")
     if sweep.done:
         st.caption("Fastest fitting layout per point, layout searched freely; missing points: nothing fits. "
+                   "In colour: the plan's GPU and the fastest others; grey: the rest (hover for names). "
                    "A GPU without the chosen precision runs bf16 or fp16 (named in the legend). Ringed: the plan "
                    "shown.")
     else:
@@ -439,11 +463,6 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
                                              "profiles so far..."))
 
 
-@st.cache_data(show_spinner="Drawing the validation plot...", max_entries=32)
-def cached_validate_plot(points: tuple) -> bytes:
-    return run_records.plot_png(points)
-
-
 def default_runs_folder() -> str:
     """runs/ where runs were made, else the committed CPU runs (so the tab never starts empty)."""
     from pathlib import Path
@@ -459,9 +478,30 @@ def default_runs_folder() -> str:
         return str(committed)
 
 
+def records_signature(folder: str) -> tuple:
+    """What the runs of a folder depend on: each record's path, size and modification time (a
+    record rewritten or still being written reads again)."""
+    from pathlib import Path
+
+    out = []
+    for path in sorted(Path(folder).rglob("record.json")):
+        try:
+            st_ = path.stat()
+        except OSError:
+            continue
+        out.append((str(path), st_.st_size, st_.st_mtime_ns))
+    return tuple(out)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
+    """run_records.load_folder, read again only when a record changes (``signature``)."""
+    return run_records.load_folder(folder)
+
+
 def runs_tab(state: dict) -> None:
     from planner.app import live  # the live view: event files or steps.csv, beside the plan
-    from planner.hardware import profile_names
+    from planner.app.explore import profile_names
 
     folder = st.text_input("Runs folder", value=default_runs_folder(), max_chars=400, key="runs_dir",
                            help="where the reference trainer writes <run>/record.json and <run>/steps.csv "
@@ -471,7 +511,8 @@ def runs_tab(state: dict) -> None:
     refused = run_records.runs_folder_problem(folder)  # only under the configured roots
     if refused:
         st.error(refused)
-    found = run_records.load_folder(folder) if not refused else run_records.Loaded(runs=(), skipped=())
+    signature = records_signature(folder) if not refused else ()
+    found = cached_runs(folder, signature) if not refused else run_records.Loaded(runs=(), skipped=())
     uploaded = run_records.load_uploaded([(u.name, u.getvalue()) for u in uploads or []])
     runs = found.runs + uploaded.runs
     for line in found.skipped + uploaded.skipped:
@@ -481,30 +522,86 @@ def runs_tab(state: dict) -> None:
                 "`planner run --layers 4 --hidden 64 --heads 4 --vocab 512 --seq-len 64 --steps 20` writes "
                 "runs/<name>/record.json; the committed ones are in benchmarks/runs/cpu-2core; or upload some.")
     else:
-        predicted_vs_measured(runs, folder, profile_names())
+        predicted_vs_measured(runs, folder, list(profile_names()), signature if not uploaded.runs else None)
     live.show(folder, refused)
 
 
-def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str]) -> None:
+@dataclass(frozen=True)
+class RunsView:
+    """What the Runs tab draws for one folder state and profile, built once: the comparison, its
+    tables as Arrow (st.dataframe sends a list of rows through pandas on every run) and its chart
+    with the data as Arrow bytes (a named dataset Streamlit passes on as it is)."""
+
+    compared: object  # run_records.Compared
+    runs_table: object  # pyarrow.Table
+    points_table: object | None
+    chart: dict | None
+
+
+def runs_view(runs: tuple, profile: str | None) -> RunsView:
+    import pyarrow as pa
+
+    from planner.app import charts
+    from streamlit import dataframe_util
+
+    compared = run_records.compare(runs, profile)
+    chart = None
+    if compared.points:
+        spec = charts.predicted_vs_measured(compared.points)
+        rows = spec.pop("data")["values"]
+        chart = {**spec, "data": {"name": "points"},
+                 "datasets": {"points": dataframe_util.convert_anything_to_arrow_bytes(rows)}}
+    return RunsView(compared=compared, runs_table=pa.Table.from_pylist(run_records.run_rows(runs)),
+                    points_table=pa.Table.from_pylist(run_records.point_rows(compared.points))
+                    if compared.points else None, chart=chart)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def cached_runs_view(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> RunsView:
+    """``runs_view`` once per folder state and profile (``_runs``, not hashed: the signature stands for them)."""
+    return runs_view(_runs, profile)
+
+
+def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str], signature: tuple | None = None) -> None:
     """`planner validate` on the loaded runs: its table and its plot."""
     st.subheader("Predicted vs measured")
-    st.dataframe(run_records.run_rows(runs), hide_index=True, width="stretch")
-    choice = st.selectbox("Predict on profile", ["as recorded", *profiles], key="runs_profile",
-                          help="'as recorded': the profile each run names, or the one whose GPU it ran on")
-    profile = None if choice == "as recorded" else choice
-    compared = run_records.compare(runs, profile)
-    for line in compared.unpredicted:
+    choices = ["as recorded", *profiles]
+    default = run_records.default_profile(runs, profiles)  # CPU runs: the calibrated CPU profile
+    profile = st.session_state.get("runs_profile", default if default in choices else "as recorded")
+    profile = None if profile == "as recorded" else profile
+    view = (cached_runs_view(folder, signature, profile, runs) if signature is not None
+            else runs_view(runs, profile))  # uploads: compared as they come
+    st.dataframe(view.runs_table, hide_index=True, width="stretch")
+    st.selectbox("Predict on profile", choices, key="runs_profile",
+                 index=choices.index(default) if default in choices else 0,
+                 help="'as recorded': the profile each run names, or the one whose GPU it ran on; "
+                      f"CPU runs: the calibrated {run_records.CPU_PROFILE} (hardware_profiles/calibrated)")
+    for line in view.compared.unpredicted:
         st.warning(f"no prediction for {line}")
-    if compared.points:
-        st.dataframe(run_records.point_rows(compared.points), hide_index=True, width="stretch",
+    if view.points_table is not None:
+        st.dataframe(view.points_table, hide_index=True, width="stretch",
                      column_config={"predicted": st.column_config.NumberColumn(format="%.4g"),
                                     "measured": st.column_config.NumberColumn(format="%.4g")})
-        st.image(cached_validate_plot(compared.points))
+        # a copy of the top level: Streamlit takes "datasets" out of the spec it is given
+        st.vega_lite_chart(spec={**view.chart, "datasets": dict(view.chart["datasets"])}, width="content")
     st.caption("The same from the command line: `" + run_records.validate_command(folder, profile) + "`. "
                "Rates and sizes: relative error; bubble and communication shares: percentage points. "
                "CPU runs compare step time and tokens/s only (no MFU peak, RSS is not GPU memory). "
                "judged: false for the shares of a run with more processes than its host has cores (its "
                "trace books waits for a core as bubble or communication): shown, not in the summary.")
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def cached_export(values: dict, fmt: str, steps: int):
+    """explore.export_plan once per input, format and step count (a search on the format's stack
+    and the rendering: 30-60 ms); the refusal (a PlannerError) is kept as the value."""
+    from planner.errors import PlannerError
+    from planner.export.render import ExportOptions
+
+    try:
+        return explore.export_plan(values, fmt, ExportOptions(steps=steps or None))
+    except PlannerError as exc:
+        return exc
 
 
 def export_tab(state: dict, view: explore.View) -> None:
@@ -525,10 +622,9 @@ def export_tab(state: dict, view: explore.View) -> None:
     opts = export.ExportOptions(steps=int(steps) or None)
     st.code(shlex.join(["planner", "export", "--format", fmt, *argv, *(["--steps", str(steps)] if steps else [])]),
             language="bash", wrap_lines=True)
-    try:
-        out = explore.export_plan(explore_state.mapping_from_state(state), fmt, opts)
-    except PlannerError as exc:
-        st.warning(f"No {fmt} export: {exc}")
+    out = cached_export(explore_state.mapping_from_state(state), fmt, int(steps))
+    if isinstance(out, PlannerError):
+        st.warning(f"No {fmt} export: {out}")
     else:
         st.caption(f"Planned for the {out.stack} stack, the one {fmt} runs" + (f"; {out.note}" if out.note else ""))
         if fmt == "torchrun":
@@ -564,6 +660,30 @@ def _settle_heap() -> None:
     if gc.get_freeze_count() == 0:
         gc.collect()
         gc.freeze()
+        _warm_up()
+
+
+def _warm_up() -> None:
+    """Once per process, after its first page is drawn: import in a background thread what the
+    other tabs need the first time they open (pandas for the first table: 0.4-0.6 s of CPU; the
+    Runs tab's modules; the profile names), so the visitor's first click on a tab does not pay for
+    it; then freeze what that built, as ``_settle_heap`` does for the first page."""
+    import threading
+
+    def work() -> None:
+        import importlib
+
+        for name in ("pandas", "pyarrow.compute", "yaml", "planner.calibration.validate", "planner.app.live",
+                     "planner.app.charts", "planner.export.formats", "planner.decisions.pictures"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional part missing: its tab says so when opened
+                pass
+        explore.profile_names()
+        gc.collect()
+        gc.freeze()
+
+    threading.Thread(target=work, name="planner-warm-up", daemon=True).start()
 
 
 def send_values_with_the_widgets() -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from planner.core.layout import DIMS, JOB_OPTIONS, PIN_DIMS, Dim, Option
 from planner.core.model import ARCHS
-from planner.core.options import DEFAULT_GPU, HW_OVERRIDES, OPS_OPTIONS
+from planner.core.options import DEFAULT_GPU, GPU_DEFAULTED, HW_OVERRIDES, OPS_OPTIONS
 from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 from planner.core.search import OBJECTIVES
 
@@ -97,10 +97,25 @@ def _pin_field(d: Dim) -> Field:
                  help=d.help, group="layout")
 
 
+# Fields the sidebar draws only while their group is open (planner.app.page.GROUPS): each widget
+# drawn costs every page run about half a millisecond of Streamlit's time (benchmarks/app_speed.py).
+# The job's kernel, overlap and overhead settings, and the layout dimensions pinned less often.
+SIDEBAR_GROUPS = {**dict.fromkeys(("attention", "overlap_grad_reduce", "kernels", "compile", "async_tp",
+                                   "expert_imbalance", "memory_headroom", "pue"), "kernels"),
+                  **dict.fromkeys(("cp", "ep", "sequence_parallel", "schedule", "sharding", "offload"), "layout_more")}
+
+
 @functools.cache
 def fields() -> tuple[Field, ...]:
     """Every input, in sidebar order (reads the preset and profile lists once). The job, operations
-    and layout fields are derived from their declarations."""
+    and layout fields are derived from their declarations; ``SIDEBAR_GROUPS`` puts some in a group."""
+    import dataclasses
+
+    return tuple(dataclasses.replace(f, group=SIDEBAR_GROUPS[f.name]) if f.name in SIDEBAR_GROUPS else f
+                 for f in _fields())
+
+
+def _fields() -> tuple[Field, ...]:
     from planner.core.presets import presets
     from planner.hardware import profile_names
 
@@ -265,8 +280,8 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
     for f in fields():
         if f.group not in ("model", "shape", "hardware", "hardware_custom") and f.name != "sort":
             value = _declared(f, s[f.name])
-            if value is not None:
-                out[f.name] = value
+            if value is not None and not (f.name in GPU_DEFAULTED and value == f.default):
+                out[f.name] = value  # a GPU-dependent field at its default is left to the GPU (fit_job_to_gpu)
     return out
 
 

@@ -95,6 +95,23 @@ def compare(runs: Sequence, profile: str | None) -> Compared:
     return Compared(points=tuple(points), unpredicted=tuple(unpredicted))
 
 
+# The committed calibrated CPU profile (hardware_profiles/calibrated/cpu-2core.toml, fitted by
+# `planner calibrate` on the runs in benchmarks/runs/cpu-2core): what a CPU run that names no
+# profile is predicted on by default (its device, "AMD EPYC" say, is no GPU profile's).
+CPU_PROFILE = "cpu-2core"
+
+
+def default_profile(runs: Sequence, names: Sequence[str] | None = None) -> str | None:
+    """The profile the Runs tab predicts on unless the user picks one: ``CPU_PROFILE`` when every
+    run is a CPU run (a CPU's name matches no GPU profile, and a probed profile a run names is a
+    path relative to where it ran), else None ("as recorded": the profile each run names, or the
+    one whose GPU it ran on). ``names``: the profile names, when the caller has them."""
+    from planner.hardware import profile_names
+
+    cpu = bool(runs) and all(r.device_kind == "cpu" for r in runs)
+    return CPU_PROFILE if cpu and CPU_PROFILE in (profile_names() if names is None else names) else None
+
+
 def point_rows(points: Sequence) -> list[dict]:
     """The validation table: relative errors for rates and sizes, percentage points for fractions;
     ``judged``: False for a time-shared run's shares (planner.calibration.validate)."""

@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
             action.help = _GPU_HELP
     inputs.add_job_args(p)
     inputs.add_layout_args(p)
-    p.set_defaults(precision=None, func=run_compare)  # None: bf16, or fp16 where a GPU has no bf16
+    p.set_defaults(func=run_compare)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--wide", action="store_true", help=WIDE_HELP)
     p.add_argument("--sort", choices=OBJECTIVES, default="time", help="ranking within each row")
@@ -103,7 +103,7 @@ def add_parser(sub) -> None:
                    help=f"largest GPU count to consider (default {DEFAULT_MAX_GPUS})")
     inputs.add_job_args(p)
     inputs.add_layout_args(p)
-    p.set_defaults(precision=None, func=run_recommend)
+    p.set_defaults(func=run_recommend)
     p.add_argument("--deadline", required=True, help="wall-clock time to train, e.g. 30d, 12h, 2w")
     p.add_argument("--budget", help="US dollars at the profiles' (or --price-per-gpu-hour) rate, e.g. 2e6, $500K")
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -113,16 +113,15 @@ def add_parser(sub) -> None:
 def _common(a: argparse.Namespace):
     """Model, options (profile + job) and pins from the flags."""
     from planner.core.finetune import trainable_params
+    from planner.core.options import job_fields_given
     from planner.decisions.decide import options_for
 
     model, note = inputs.model_from_args(a)
-    precision_given = a.precision is not None
-    a.precision = a.precision or "bf16"
     profiles = [inputs.hardware_from_args(n, a.gpus_per_node) for n in parse_names(profiles_flag(a.gpu), "gpu")]
     job = inputs.job_from_args(a)
     trainable_params(model, job)  # validates LoRA targets and rank against this model
     ops = [inputs.ops_from_args(a, hw.network.host_gpus) for hw in profiles]
-    return model, note, options_for(profiles, job, precision_given, ops), inputs.pins_from_args(a)
+    return model, note, options_for(profiles, job, job_fields_given(vars(a)), ops), inputs.pins_from_args(a)
 
 
 def run_compare(a: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from planner.core.model import ARCHS, ModelSpec
 from planner.core.options import (
     DEFAULT_GPU,
     DEFAULT_GPUS,
+    GPU_DEFAULTED,
     HW_OVERRIDES,
     OPS_OPTIONS,
     SHAPE_KEYS,
@@ -72,6 +73,8 @@ def add_option(g, o: Option) -> None:
         if o.choices:
             kw["choices"] = o.choices
         kw["default"] = o.default if not isinstance(o.default, tuple) else ",".join(o.default)
+        if o.name in GPU_DEFAULTED:  # None: left alone, the GPU's default (planner.core.options.fit_job_to_gpu)
+            kw["default"] = None
     g.add_argument(o.cli_flag, **kw)
 
 

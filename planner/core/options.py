@@ -11,7 +11,7 @@ parsed the way the CLI reads it (``tokens="1T"``, ``lora_targets="q_proj,v_proj"
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from planner.core.layout import JOB_OPTIONS, PIN_DIMS, Job, Option, options_of
@@ -267,19 +267,29 @@ def fallback_precision(hw: HardwareProfile, wanted: str) -> str:
     return next((p for p in FALLBACK_PRECISIONS if hw.gpu.supports(p)), wanted)
 
 
-def fit_job_to_gpu(job: Job, hw: HardwareProfile, values: Mapping[str, object]) -> tuple[Job, str]:
-    """A job the GPU can run when the user left precision and attention at their defaults: a GPU
+# Job fields whose default depends on the GPU (``fit_job_to_gpu``). A face passes None for one the
+# user left alone (the CLI's flags default to None; the explorer leaves out a value at its default).
+GPU_DEFAULTED = ("precision", "attention")
+
+
+def job_fields_given(values: Mapping[str, object]) -> frozenset[str]:
+    """The fields of ``GPU_DEFAULTED`` the user chose (set in ``values``, not None)."""
+    return frozenset(k for k in GPU_DEFAULTED if values.get(k) is not None)
+
+
+def fit_job_to_gpu(job: Job, hw: HardwareProfile, given: Collection[str] = ()) -> tuple[Job, str]:
+    """The job as this GPU runs it, for the fields of ``GPU_DEFAULTED`` not in ``given``: a GPU
     without bf16 (V100) trains in fp16 with loss scaling, and without FlashAttention (it needs
-    Ampere or newer, the same generations that have bf16: Dao 2023) in standard attention. Said
-    in the note; another unsupported precision (fp8 on an A100) still fails in the search."""
+    Ampere or newer, the same generations that have bf16: Dao 2023) in standard attention. Returns
+    the job and a note saying what changed ('' if nothing). Every face (estimate, search, export,
+    compare, recommend, the explorer) comes through here, so one GPU gets one answer; a precision
+    given that the GPU lacks (bf16 on a V100, fp8 on an A100) stays and fails in the search."""
     notes = []
-    defaults = {o.name: o.default for o in JOB_OPTIONS}
     precision = fallback_precision(hw, job.precision)
-    if precision != job.precision and values.get("precision") in (None, defaults["precision"]):
+    if precision != job.precision and "precision" not in given:
         notes.append(f"{precision} (the {hw.name} has no {job.precision}; --precision to choose)")
         job = job.replace(precision=precision)
-    if (job.attention == "flash" and not hw.gpu.supports("bf16")
-            and values.get("attention") in (None, defaults["attention"])):
+    if job.attention == "flash" and not hw.gpu.supports("bf16") and "attention" not in given:
         notes.append(f"standard attention (FlashAttention needs an Ampere or newer GPU; the {hw.name} is older)")
         job = job.replace(attention="standard")
     return job, "; ".join(notes)
@@ -296,7 +306,7 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
         raise PlannerError("gpus", gpus, "a positive integer")
     gpu = DEFAULT_GPU if values.get("gpu") is None else str(values["gpu"])  # '' is refused, not the default
     hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
-    job, job_note = fit_job_to_gpu(job_from(values), hw, values)
+    job, job_note = fit_job_to_gpu(job_from(values), hw, job_fields_given(values))
     hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)
     for extra in (job_note, hw_note):
         if extra:

@@ -17,14 +17,15 @@ The budget is held against the cost of that same wall-clock time.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from planner.core.layout import Job
 from planner.core.model import ModelSpec
-from planner.core.options import fallback_precision
+from planner.core.options import fit_job_to_gpu
 from planner.core.resilience import Operations
-from planner.core.results import Estimate, estimate_at
-from planner.core.search import Pins, search
+from planner.core.results import Estimate
+from planner.core.search import Pins
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
 from planner.units import GIB, fmt_days
@@ -79,22 +80,17 @@ def wall_cost_usd(e: Estimate) -> float:
     return e.train.cost_usd * wall_seconds(e) / e.train.seconds
 
 
-def precision_for(hw: HardwareProfile, wanted: str, given: bool = False) -> str:
-    """The precision a profile runs the job in: the one asked for when it was given explicitly
-    (then it fails where unsupported), else planner.core.options.fallback_precision."""
-    return wanted if given else fallback_precision(hw, wanted)
-
-
-def options_for(profiles: list[HardwareProfile], job: Job, precision_given: bool,
+def options_for(profiles: list[HardwareProfile], job: Job, given: Collection[str] = (),
                 ops: list[Operations] | None = None) -> tuple[Option, ...]:
-    """Each profile with its job (and operations, one per profile), in the precision
-    ``precision_for`` gives it; the note says when that is not the one asked for."""
+    """Each profile with the job as it runs there (and operations, one per profile): the job goes
+    through planner.core.options.fit_job_to_gpu, as `planner estimate`'s does, so a profile gets
+    the precision and attention kernel estimate would give it (``given``: the fields of
+    GPU_DEFAULTED the user chose, kept as they are); the note says what changed."""
     out = []
     for i, hw in enumerate(profiles):
-        o = ops[i] if ops else Operations()
-        p = precision_for(hw, job.precision, precision_given)
-        note = f"{p}: {hw.name} has no {job.precision}" if p != job.precision else ""
-        out.append(Option(hardware=hw, job=job.replace(precision=p) if note else job, ops=o, note=note))
+        fitted, note = fit_job_to_gpu(job, hw, given)
+        out.append(Option(hardware=hw, job=fitted, ops=ops[i] if ops else Operations(),
+                          note=f"{hw.name}: {note}" if note else ""))
     return tuple(out)
 
 
@@ -103,18 +99,17 @@ def probe(model: ModelSpec, option: Option, gpus: int, pins: Pins = Pins(), obje
     without an estimate and with the reason (a pin that does not divide this count, say)."""
     from planner.core.evaluate import usable_memory
 
+    from planner.core.plan import plan
+
     hw = option.hardware
     cap = usable_memory(hw, option.job)
-    try:
-        result = search(model, hw, option.job, gpus, pins, objective)
-    except PlannerError as exc:
+    try:  # `planner estimate`'s own choice (planner.core.plan.plan), so a row is its plan
+        p = plan(model, hw, option.job, gpus, pins, objective, top=0, ops=option.ops)
+    except PlannerError as exc:  # a pin that does not divide this count; an MTBF too short for it
         return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
-    if result.feasible:
-        try:
-            best = estimate_at(result.ranked([0]), 0, model, hw, option.job, option.ops)
-        except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
-            return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, why=str(exc), error=exc)
-        return Probe(gpu=hw.name, gpus=gpus, best=best, capacity_bytes=cap)
+    if p.fits:
+        return Probe(gpu=hw.name, gpus=gpus, best=p.best, capacity_bytes=cap)
+    result = p.result
     need = float(result.memory.total.min())
     return Probe(gpu=hw.name, gpus=gpus, best=None, capacity_bytes=cap, min_bytes=need,
                  why=f"does not fit: the leanest of {result.evaluated} layouts needs {need / GIB:.1f} GiB per GPU, "

@@ -291,3 +291,51 @@ def test_a_closed_group_opens_on_a_click_and_keeps_its_values_when_closed(browse
     page.get_by_label("GPUs", exact=True).press("Enter")
     sync_api.expect(page).to_have_url(f"{server}/?gpus=256&gpu_memory_gib=40", timeout=30_000)
     sync_api.expect(_metric(page, "memory per GPU")).to_contain_text("/40 GiB", timeout=30_000)
+
+
+# --- issue 37: the screenshots in docs/app.md, taken here ------------------------------------------
+DOCS = APP.parent / "docs"
+
+
+def _shot(page, locator, name: str, tmp_path: Path) -> Path:
+    """A screenshot of ``locator`` (docs/<name> when PLANNER_UPDATE_SCREENSHOTS=1, else tmp_path)."""
+    import os
+
+    where = DOCS if os.environ.get("PLANNER_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    path = where / name
+    locator.screenshot(path=path)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def test_the_docs_screenshots(browser_page, tmp_path):
+    """The explorer as docs/app.md shows it: the MoE headline naming expert parallel as the CLI
+    does, the Runs tab predicting the committed CPU runs on the calibrated CPU profile, and the
+    Hardware tab's chart with the plan's GPU and the fastest few in colour."""
+    page, server = browser_page
+    main = page.locator('[data-testid="stMain"]')
+    page.goto(f"{server}/?model=preset&preset=mixtral-8x7b&gpus=64&ep=8")
+    sync_api.expect(_metric(page, "time to train")).to_contain_text("days", timeout=60_000)
+    sync_api.expect(page.get_by_text("(ep 8 of dp*cp)", exact=False)).to_be_visible()
+    _shot(page, main, "app-headline-ep.png", tmp_path)
+
+    page.goto(f"{server}/?tab=Runs")
+    sync_api.expect(page.get_by_role("heading", name="Predicted vs measured")).to_be_visible(timeout=60_000)
+    sync_api.expect(page.get_by_text("--gpu cpu-2core", exact=False)).to_be_visible(timeout=30_000)
+    sync_api.expect(page.get_by_text("page computed and drawn in", exact=False)).to_be_visible(timeout=30_000)
+    sync_api.expect(page.get_by_text("no prediction", exact=False)).to_have_count(0)
+    panel = page.get_by_role("tabpanel").filter(has_text="Predicted vs measured")
+    chart = panel.locator('[data-testid="stVegaLiteChart"]').first
+    sync_api.expect(chart).to_contain_text("step_s", timeout=30_000)  # a panel per quantity, drawn
+    page.set_viewport_size({"width": 1500, "height": 2400})  # the whole tab in view: no lazy painting
+    page.wait_for_timeout(1000)
+    _shot(page, panel, "app-runs.png", tmp_path)
+    page.set_viewport_size({"width": 1500, "height": 1100})
+
+    page.goto(f"{server}/?tab=Hardware&params=7")
+    sync_api.expect(page.get_by_text("Fastest fitting layout per point", exact=False)).to_be_visible(timeout=240_000)
+    chart = page.locator('[data-testid="stVegaLiteChart"]').first
+    sync_api.expect(chart).to_contain_text("days to train (log scale)", timeout=30_000)
+    sync_api.expect(chart).to_contain_text("GPUs (log scale)")
+    sync_api.expect(chart).to_contain_text("a100-80g")  # the plan's GPU, in colour and named
+    _shot(page, chart, "app-hardware.png", tmp_path)

@@ -52,7 +52,7 @@ CASES = [  # (preset, job, GPU counts, profiles)
 
 
 def fallback_precision_job(job: Job, hw) -> Job:
-    return options_for([hw], job, precision_given=False)[0].job
+    return options_for([hw], job)[0].job
 
 
 def each_profile(name: str, job: Job, profiles):
