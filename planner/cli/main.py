@@ -232,12 +232,23 @@ def cmd_profiles(a: argparse.Namespace) -> int:
     return 0
 
 
+def _stacks_args(p: argparse.ArgumentParser) -> None:
+    _formats(p)
+    p.add_argument("--keys", action="store_true", help="list the keys a stack file (and --set) takes, with "
+                                                       "what each allows")
+
+
 def cmd_stacks(a: argparse.Namespace) -> int:
     import dataclasses
 
     from planner.evidence import for_stack
     from planner.stacks import DEFAULT_STACK, get_stack, stack_names
 
+    if getattr(a, "keys", False):  # what a stack file and --set TABLE.KEY=VALUE take
+        from planner.stacks import stack_keys
+
+        _print_rows([("key", "allowed"), *stack_keys()], a.format if a.format != "json" else "text")
+        return 0
     stacks = [get_stack(n) for n in stack_names()]
     checked = {s.name: for_stack(s, "") for s in stacks}  # the measured runs of each stack's family
     if a.format == "json":
@@ -300,7 +311,7 @@ SUBCOMMANDS = {
     "search": ("every valid layout, ranked", _search_args, cmd_search),
     "presets": ("list the model presets", _formats, cmd_presets),
     "profiles": ("list the hardware profiles", _formats, cmd_profiles),
-    "stacks": ("list the software stacks (--stack): kernels, overlaps, sharding, fp8", _formats, cmd_stacks),
+    "stacks": ("list the software stacks (--stack): kernels, overlaps, sharding, fp8", _stacks_args, cmd_stacks),
 }
 
 

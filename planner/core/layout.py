@@ -225,6 +225,8 @@ class Option:
     step: float | None = None
     flag: str = ""  # default: "--" + the name with dashes
     count: bool = False  # given as a count with a suffix (1T, 2.5B; planner.units.parse_count)
+    repeat: bool = False  # a list given one item per flag (``--set A --set B``); as text, items split by ``separator``
+    separator: str = ","
     group: str = "job"  # the explorer's sidebar section
     name: str = ""
     type: str = ""  # the annotation: "int", "float | None", "tuple[str, ...]", ...
@@ -294,6 +296,13 @@ class Job:
                                           f"reference, or a stack file (default {DEFAULT_STACK}; `planner stacks` "
                                           "lists them)",
                       label="Software stack")
+    # Stack keys set for this plan, TABLE.KEY=VALUE each (planner.stacks.with_overrides): checked as a
+    # stack file's keys are, printed beside the stack; a setting that differs needs no stack file.
+    stack_set: tuple[str, ...] = _opt((), help="set one stack key for this plan, TABLE.KEY=VALUE as in a stack "
+                                               "file, e.g. sharding.grad_reduce_bytes=2 or kernels.attention=standard "
+                                               "(repeat the flag for more; `planner stacks --keys` lists them)",
+                                      label="Stack overrides (TABLE.KEY=VALUE; separated by ;)", flag="--set",
+                                      repeat=True, separator=";")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
     expert_imbalance: float = _opt(1.1, help="MoE load imbalance: the busiest expert-parallel rank's routed tokens "
                                              "over the mean, when ep > 1 (default 1.1: auxiliary-loss balancing)",

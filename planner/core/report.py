@@ -10,7 +10,7 @@ from planner.core.plan import Plan, crowded
 from planner.core.results import Estimate, flat_fields
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
-from planner.stacks import DEFAULT_STACK, software
+from planner.stacks import DEFAULT_STACK, overrides_text, software
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
 BAR_WIDTH = 50
@@ -62,7 +62,8 @@ def stack_line(e: Estimate) -> str:
     extras = [x for x, on in (("compiled", s["compile"]), ("async TP", s["async_tp"])) if on]
     default = " (default; --stack to choose)" if e.job.stack == DEFAULT_STACK else ""
     where = Path(s["file"]).name if s["file"] else ""
-    return f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
+    return (f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
+            + overrides_text(software(e.job).stack))
 
 
 def offload_line(e: Estimate) -> str:

@@ -147,6 +147,7 @@ class Estimate:
         return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
                 "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
                 "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
+                "overrides": dict(sw.stack.overrides),
                 "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys),
                 "checked_against": {**self.evidence().to_json(),
                                     "profile_calibration": calibration_json(self.hardware)}}

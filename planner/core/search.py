@@ -36,7 +36,7 @@ from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import HardwareProfile
 from planner.schema import MAX_GPUS
-from planner.stacks import Stack, get_stack
+from planner.stacks import Stack, get_stack, job_stack
 
 OBJECTIVES = ("time", "cost", "memory")
 
@@ -264,12 +264,12 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     any of them freed, are a selection of one table (``matches``). ``gpus_per_node``: leave out
     the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``)."""
     if not widen:
-        _check_pins(model, gpus, pins, job.global_batch, get_stack(job.stack).uneven_interleave)
-        check_stack_pins(get_stack(job.stack), pins)
+        _check_pins(model, gpus, pins, job.global_batch, job_stack(job).uneven_interleave)
+        check_stack_pins(job_stack(job), pins)
         if pins.schedule == "dualpipev" and job.compile:
             raise PlannerError("schedule", "dualpipev", "torch's ScheduleDualPipeV does not run compiled stages "
                                                         "(its split backward); drop --compile or pin --schedule 1f1b")
-    uneven = get_stack(job.stack).uneven_interleave
+    uneven = job_stack(job).uneven_interleave
     mesh = _mesh(model, gpus, Pins(), uneven, pins.vpp) if widen else _mesh(model, gpus, pins, uneven)
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp, cp) multiplies to gpus={gpus} with tp dividing "
@@ -280,7 +280,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     codes = {d.name: d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free}
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
-    stack, gpipe, dualpipe = get_stack(job.stack), GPIPE, DUALPIPEV
+    stack, gpipe, dualpipe = job_stack(job), GPIPE, DUALPIPEV
     batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
         batch_rule,
