@@ -77,6 +77,8 @@ def widget(f: explore_state.Field, where, disabled: bool = False) -> None:
         where.selectbox(f.label, f.choices, **common)
     elif f.kind == "bool":
         where.checkbox(f.label, **common)
+    elif f.kind == "text":  # checked where the plan is built: a bad entry is named on the page
+        where.text_input(f.label, max_chars=2000, **common)
     # Numbers without min/max on the widget: a value out of range is named on the page
     # (explore_state.out_of_range) instead of being silently replaced by the previous one.
     elif f.kind == "int":
