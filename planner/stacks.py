@@ -122,6 +122,7 @@ class Stack:
     ep_dedup: bool  # a token crosses the network once per node it goes to, then NVLink (DeepEP); else once per expert
     ep_overlap: float  # of the layer's compute (another micro-batch's) that hides its all-to-alls (DualPipe: 1)
     ep_sm_share: float  # of the SMs the overlapped all-to-all kernels hold while that compute runs
+    base: str = ""  # the stack this file starts from (``base = "NAME"``), by name: its evidence stands in where it has none
     # Keys set for one plan (``--set TABLE.KEY=VALUE``; ``with_overrides``): (table.key, the value as given).
     overrides: tuple[tuple[str, object], ...] = ()
 
@@ -262,7 +263,8 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
             raise PlannerError(f"stack {path}", "base", f"{base!r} leads back to this file; a base may not loop")
         parent = load_stack_file(base_path, chain)
         values = {f.name: getattr(parent, f.name) for f in dataclasses.fields(Stack)
-                  if f.name not in ("name", "description", "source", "path", "not_modelled", "overrides")}
+                  if f.name not in ("name", "description", "source", "path", "not_modelled", "overrides", "base")}
+        values["base"] = parent.name
     values.update(_table_values(data, f"stack {path}"))
     defaults = {f.name: f.default for f in dataclasses.fields(Stack)}
     values = {**{_KEYS[k][0]: defaults[_KEYS[k][0]] for k in OPTIONAL_KEYS}, **values}

@@ -28,7 +28,7 @@ LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
 
 SCALES = {"tokens": 1e9}  # the explorer shows tokens in billions
-BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour",)  # empty, not 0: 0 is a price
+BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour", "memory_headroom")  # empty, not 0: 0 is a price; a headroom of 0 plans up to capacity
 # Options whose default is computed (None in the declaration): the value the explorer shows, and
 # what its 0 means.
 SHOWN_DEFAULT = {"mtbf_gpu_hours": round(LLAMA3_MTBF_GPU_HOURS),

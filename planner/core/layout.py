@@ -309,10 +309,12 @@ class Job:
                                    label="MoE load imbalance (busiest / mean)", low=1.0, high=8.0, step=0.05)
     async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "
                                       "(torchtitan async TP, TE --tp-comm-overlap)", label="Async TP")
-    memory_headroom: float = _opt(0.0, help="share of each GPU's memory a plan leaves free (default 0: plan up to "
-                                            "the profile's capacity; 0.1 keeps a tenth free for allocator "
-                                            "fragmentation and communication buffers)",
-                                  label="Memory headroom (share kept free)", low=0.0, high=0.5, step=0.05)
+    memory_headroom: float | None = _opt(None, help="share of each GPU's memory a plan leaves free; the plan is the "
+                                                    "best layout up to what remains (0: up to the profile's capacity). "
+                                                    "Default: the best under the stack's safe line, the stricter of "
+                                                    "95% and its measured memory error below capacity, faster ones "
+                                                    "above it listed",
+                                  label="Memory headroom (share kept free; empty: the safe line)", low=0.0, high=0.5, step=0.05)
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
@@ -328,7 +330,7 @@ class Job:
         require(self.mode in MODES, "mode", self.mode, f"one of {', '.join(MODES)}")
         require(1e-3 <= self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
                 "in [0.001, 1]: the share of sequence positions holding real tokens")
-        require(0.0 <= self.memory_headroom <= 0.5, "memory_headroom", self.memory_headroom,
+        require(self.memory_headroom is None or 0.0 <= self.memory_headroom <= 0.5, "memory_headroom", self.memory_headroom,
                 "in [0, 0.5]: the share of each GPU's memory a plan leaves free")
         if self.mode == "lora":
             require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.core.checks import ROOMY_SHARE
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan, crowded
-from planner.core.results import Estimate, flat_fields
+from planner.core.results import Estimate, flat_fields, least_certain
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
 from planner.stacks import DEFAULT_STACK, overrides_text, software
@@ -119,7 +118,8 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"({m.total_bytes / m.capacity_bytes:.0%}, peak on pipeline stage {m.peak_stage})"
         + ("" if m.fits else "  ** DOES NOT FIT **"),
         *([f"         the GPU's {e.hardware.gpu.memory_bytes / GIB:.0f} GiB less the {e.job.memory_headroom:.0%} "
-           "kept free (--memory-headroom)"] if e.job.memory_headroom > 0 else []),
+           "kept free (--memory-headroom)"] if e.job.memory_headroom else []),
+        *fit_lines(e),
         f"         {memory_bar(e)}",
         "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
         (f"         torch would report max_memory_reserved {m.torch_reserved_bytes / GIB:.1f} GiB (the rest is the "
@@ -146,11 +146,40 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     lines += operations_lines(e)
     if p.runners_up:
         lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ")]
+    lines += faster_lines(e, p.faster, p.result.objective)
     lines += ["", "warnings: " + ("none" if not e.warnings else "")]
     lines += [f"  - {w}" for w in e.warnings]
     note = roomier_note(e, p.roomier, bool(p.pinned), p.result.objective)
     lines += [f"  - {note}"] if note else []
     return "\n".join(lines)
+
+
+def fit_lines(e: Estimate) -> list[str]:
+    """The verdict with the stack's measured memory band, where the band comes from, and the parts
+    least certain."""
+    m, band = e.memory, e.band()
+    whose = band.source + (f" ({band.inherited}: no memory measured on {software(e.job).stack.name})"
+                           if band.inherited else "")
+    parts = ", ".join(f"{name} {b / GIB:.1f} GiB" for name, b in least_certain(m))
+    return [f"fit      {m.fit.upper()}: fits up to {m.fits_below_bytes / GIB:.1f} GiB (-{band.under:.1%}), tight up to "
+            f"{m.tight_below_bytes / GIB:.1f} GiB (+{band.over:.1%}), does not fit above",
+            f"         the band: worst memory errors of {whose}",
+            f"         least certain: {parts} (modelled; weights, gradients and optimizer states are counted)"]
+
+
+def faster_lines(e: Estimate, faster: tuple[Estimate, ...], objective: str = "time") -> list[str]:
+    """The layouts above the plan's memory line that the objective ranks better, and by how much."""
+    if not faster:
+        return []
+    line = e.memory.safe_line_bytes / e.memory.capacity_bytes
+    what = "cheaper" if objective == "cost" else "faster"
+    out = ["", f"{what} above the plan's memory line ({line:.1%} of capacity; --memory-headroom 0 plans up to "
+                 "capacity):"]
+    for f in faster:
+        gain = (e.train.cost_usd / f.train.cost_usd if objective == "cost" else e.train.seconds / f.train.seconds) - 1
+        out.append(f"  {layout_line(f)}: {f.memory.total_bytes / GIB:.1f} GiB "
+                   f"({f.memory.total_bytes / f.memory.capacity_bytes:.0%}, {f.memory.fit}), {gain:.1%} {what}")
+    return out
 
 
 def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str = "time") -> str:
@@ -160,12 +189,13 @@ def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str =
     if not crowded(e):
         return ""
     pins = " with these pins" if pinned else ""
+    line = f"{e.memory.safe_line_bytes / e.memory.capacity_bytes:.0%}"
     if r is None:
-        return f"no layout{pins} fits under {ROOMY_SHARE:.0%} of the memory"
+        return f"no layout{pins} fits under {line} of the memory"
     best = {"time": "fastest", "cost": "cheapest", "memory": "leanest"}.get(objective, "best")
     ratio = r.train.seconds / e.train.seconds - 1
     than = f"{ratio:.1%} slower" if ratio > 0 else f"{-ratio:.1%} faster" if ratio < 0 else "as fast"
-    return (f"the {best} layout{pins} under {ROOMY_SHARE:.0%} of the memory: {layout_line(r)}: "
+    return (f"the {best} layout{pins} under {line} of the memory: {layout_line(r)}: "
             f"{r.memory.total_bytes / GIB:.1f} GiB ({r.memory.total_bytes / r.memory.capacity_bytes:.0%}), {than}")
 
 

@@ -12,7 +12,7 @@ from planner.core.memory import allocated_bytes, outside_allocator
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.core.step_parts import STEPTIME_FIELDS
-from planner.evidence import FEATURES, Evidence, for_stack, plan_features
+from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, for_stack, plan_features
 from planner.hardware import HardwareProfile
 
 
@@ -33,6 +33,12 @@ class MemoryParts:
     # (the tensors alone, without the allocator's fragmentation).
     torch_reserved_bytes: float = 0.0
     torch_allocated_bytes: float = 0.0
+    # The verdict (planner.evidence.fit_verdict): fits up to fits_below_bytes, tight up to
+    # tight_below_bytes (``fits`` above is true for both), does not fit above; the plan's memory line.
+    fit: str = "fits"
+    fits_below_bytes: float = 0.0
+    tight_below_bytes: float = 0.0
+    safe_line_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +122,8 @@ class Estimate:
                         "gpus_per_node": self.hardware.network.gpus_per_node,
                         "gpus_per_host": self.hardware.network.host_gpus},
             "layout": {**lay.to_json(), "precision": self.job.precision, "attention": self.job.attention},
+            "fit": self.memory.fit,
+            "fit_band": self.fit_band_json(),
             "memory": {**flat_fields(self.memory), "memory_headroom": self.job.memory_headroom},
             "memory_by_stage": [flat_fields(s) for s in self.stage_memory],
             "time": flat_fields(self.time),
@@ -138,6 +146,19 @@ class Estimate:
                                          if self.job.precision == "fp8" else f"the {self.job.precision} dense peak")},
         }
 
+    def band(self):
+        """The stack's measured memory band the verdict uses (planner.evidence.memory_band)."""
+        from planner.evidence import memory_band
+        from planner.stacks import software
+
+        return memory_band(software(self.job).stack)
+
+    def fit_band_json(self) -> dict:
+        m = self.memory
+        return {**self.band().to_json(), "fits_below_bytes": m.fits_below_bytes,
+                "tight_below_bytes": m.tight_below_bytes, "safe_line_bytes": m.safe_line_bytes,
+                "least_certain": [name for name, _ in least_certain(m)]}
+
     def stack_json(self) -> dict:
         """The software stack the figures assume, what it ran with, and where its factors come from."""
         from planner.evidence import calibration_json
@@ -158,6 +179,18 @@ class Estimate:
         from planner.stacks import software
 
         return for_stack(software(self.job).stack, self.hardware.name, plan_features(self.model, self.layout))
+
+
+# Memory parts by how the planner gets them: weights, gradients and optimizer states are bytes per
+# parameter counted from the shape and the stack's dtypes; activations (which tensors each kernel
+# keeps) and other (workspace, buffers, fragmentation, the CUDA context) are modelled, and it is
+# they that differ between a prediction and a measured peak (docs/validation.md).
+MODELLED_PARTS = (("activations_bytes", "activations"), ("other_bytes", "other"))
+
+
+def least_certain(m: MemoryParts) -> list[tuple[str, float]]:
+    """The modelled memory parts, largest first: (name, bytes)."""
+    return sorted(((label, getattr(m, key)) for key, label in MODELLED_PARTS), key=lambda x: -x[1])
 
 
 def flat_fields(obj) -> dict:
@@ -202,7 +235,11 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                          other_bytes=float(mem.other), total_bytes=float(mem.total), capacity_bytes=ev.capacity_bytes,
                          fits=bool(ev.fits), peak_stage=int(mem.stage), host_bytes=float(mem.host),
                          torch_reserved_bytes=float(mem.total) - float(outside_allocator(hw, c)),
-                         torch_allocated_bytes=float(allocated_bytes(mem)))
+                         torch_allocated_bytes=float(allocated_bytes(mem)),
+                         fit=FIT_VERDICTS[2] if not ev.fits else FIT_VERDICTS[1] if ev.tight else FIT_VERDICTS[0],
+                         fits_below_bytes=ev.capacity_bytes * ev.fits_share,
+                         tight_below_bytes=ev.capacity_bytes * ev.tight_share,
+                         safe_line_bytes=ev.capacity_bytes * ev.room_share)
     time = TimeParts(step_s=float(t.step), **{f"{name}_s": float(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = float(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(ev.gpu_hours),

@@ -39,6 +39,7 @@ from planner.schema import MAX_GPUS
 from planner.stacks import Stack, get_stack, job_stack
 
 OBJECTIVES = ("time", "cost", "memory")
+TIER_STEP = 1e6  # rank_order's key: one memory tier apart outranks any gap in the objective
 
 
 def _pinned(self) -> dict[str, object]:
@@ -560,8 +561,9 @@ def searched_by_default(c: Candidates, job: Job, model: ModelSpec) -> np.ndarray
 
 
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
-    """Fitting layouts first; within each group by the objective, then by memory; layouts that
-    do not fit by how much they exceed capacity. (``np.lexsort`` of ``_rank_keys``, sorted in two
+    """Fitting layouts first, by memory tier (under the plan's safe line, fitting above it, tight:
+    ``Evaluation.tier``); within each tier by the objective, then by memory; layouts that do not
+    fit by how much they exceed capacity. (``np.lexsort`` of ``_rank_keys``, sorted in two
     parts: the layouts ranked by the objective first, then the rest, most of a large table, by
     memory alone where that is all their keys hold.)"""
     mem, second, bucket = _rank_keys(ev, objective)
@@ -583,6 +585,9 @@ def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, 
     # Layouts within 0.1% of each other on the objective are a tie: prefer less memory. Layouts
     # that do not fit come last, those closest to fitting first.
     bucket = np.round(np.log(primary, where=np.isfinite(primary), out=np.full_like(primary, np.inf)) / 1e-3)
+    # Memory tiers before the objective (Evaluation.tier): under the plan's safe line, fitting above
+    # it, tight (within the stack's measured memory error of capacity); |log| / 1e-3 < 1e5 always.
+    bucket = bucket + TIER_STEP * ev.tier
     second = np.where(fits, ev.step_s, ev.memory.total)
     return ev.memory.total, second, bucket
 
