@@ -27,7 +27,7 @@ MODEL_SOURCES = ("params", "preset", "shape", "hf")  # hf: an uploaded Hugging F
 LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
 
-SCALES = {"tokens": 1e9}  # the explorer shows tokens in billions
+SCALES = {"tokens": 1e9, "eval_every": 1e9, "eval_tokens": 1e9}  # the explorer shows tokens in billions
 BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour", "memory_headroom")  # empty, not 0: 0 is a price; a headroom of 0 plans up to capacity
 # Options whose default is computed (None in the declaration): the value the explorer shows, and
 # what its 0 means.

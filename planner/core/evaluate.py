@@ -47,6 +47,9 @@ class Evaluation:
     fits_share: float = 1.0
     tight_share: float = 1.0
     safe_share: float = 1.0
+    eval_tokens: float = 0.0  # real tokens each evaluation reads (0: none)
+    eval_every_tokens: float = 0.0  # evaluate each time this many real tokens are trained
+    eval_every_steps: int = 0  # or each time this many steps are
     room_share: float = 1.0  # the plan's memory line: a best layout above it names a roomier one, below it faster ones
 
     @property
@@ -105,8 +108,29 @@ class Evaluation:
 
     @property
     def train_seconds(self) -> np.ndarray:
-        """Ideal (failure-free) time: the planned real tokens over the real-token rate."""
-        return self.train_tokens / (self.tokens_per_s * self.packing_efficiency)
+        """Ideal (failure-free) time: the planned real tokens over the real-token rate, plus the
+        evaluations (``eval_seconds``)."""
+        steps_s = self.train_tokens / (self.tokens_per_s * self.packing_efficiency)
+        return steps_s + self.eval_seconds if self.eval_tokens else steps_s
+
+    @property
+    def evaluations(self) -> np.ndarray | float:
+        """How many evaluations the run makes: one each time eval_every real tokens (or
+        eval_every_steps steps) have been trained, the last at or before the end."""
+        if not self.eval_tokens:
+            return 0.0
+        if self.eval_every_steps:
+            steps = self.train_tokens / (self.tokens_per_step * self.packing_efficiency)
+            return np.floor(steps / self.eval_every_steps * (1 + 1e-12))  # 1e-12: an exact multiple counts
+        return np.floor(self.train_tokens / self.eval_every_tokens * (1 + 1e-12)) + 0 * self.tokens_per_step
+
+    @property
+    def eval_seconds(self) -> np.ndarray | float:
+        """Forward-only passes over eval_tokens real tokens each evaluation, a global batch at a time
+        (``StepTime.eval_batch``; a last, partial batch costs its share)."""
+        if not self.eval_tokens:
+            return 0.0
+        return self.evaluations * self.eval_tokens / (self.tokens_per_step * self.packing_efficiency) * self.time.eval_batch
 
     @property
     def gpu_hours(self) -> np.ndarray:
@@ -387,4 +411,5 @@ def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
         packing_efficiency=job.packing_efficiency, host_capacity_bytes=hw.network.host_memory_bytes,
         gpus_per_host=hw.network.host_gpus, stage_memory=stages, fits_share=fits_share, tight_share=tight_share,
-        safe_share=safe_share, room_share=room_share)
+        safe_share=safe_share, room_share=room_share, eval_tokens=job.eval_tokens or 0.0,
+        eval_every_tokens=job.eval_every or 0.0, eval_every_steps=job.eval_every_steps or 0)

@@ -316,6 +316,18 @@ class Job:
                                                     "above it listed",
                                   label="Memory headroom (share kept free; empty: the safe line)", low=0.0, high=0.5, step=0.05)
 
+    # Periodic evaluation (forward only, on the training layout): every so many tokens or steps, on
+    # so many tokens each time; none by default (planner.core.steptime.eval_batch_time).
+    eval_every: float | None = _opt(None, help="evaluate every so many trained tokens, e.g. 2B (default: never; "
+                                               "with --eval-tokens)", label="Evaluate every (billion tokens; 0: never)",
+                                    low=0.0, high=1e6, step=1.0, count=True, group="operations")
+    eval_every_steps: int | None = _opt(None, help="evaluate every so many optimizer steps (instead of --eval-every)",
+                                        label="Evaluate every (steps; 0: never)", low=0, high=10**9,
+                                        group="operations")
+    eval_tokens: float | None = _opt(None, help="tokens each evaluation reads, e.g. 100M (forward only)",
+                                     label="Evaluation tokens each time (billions; 0: none)", low=0.0, high=1e6,
+                                     step=0.01, count=True, group="operations")
+
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
         require(self.attention in ATTENTION, "attention", self.attention, f"one of {', '.join(ATTENTION)}")
@@ -332,6 +344,19 @@ class Job:
                 "in [0.001, 1]: the share of sequence positions holding real tokens")
         require(self.memory_headroom is None or 0.0 <= self.memory_headroom <= 0.5, "memory_headroom", self.memory_headroom,
                 "in [0, 0.5]: the share of each GPU's memory a plan leaves free")
+        every = [f for f in ("eval_every", "eval_every_steps") if getattr(self, f) is not None]
+        require(len(every) < 2, "eval_every_steps", self.eval_every_steps,
+                "give --eval-every (tokens) or --eval-every-steps, not both")
+        require(self.eval_every is None or 1 <= self.eval_every <= MAX_TOKENS, "eval_every", self.eval_every,
+                f"from 1 to {MAX_TOKENS:g} tokens")
+        require(self.eval_every_steps is None or (isinstance(self.eval_every_steps, int)
+                                                   and self.eval_every_steps >= 1), "eval_every_steps",
+                self.eval_every_steps, "a positive whole number of steps")
+        require(self.eval_tokens is None or 1 <= self.eval_tokens <= MAX_TOKENS, "eval_tokens", self.eval_tokens,
+                f"from 1 to {MAX_TOKENS:g} tokens")
+        require(bool(every) == (self.eval_tokens is not None), "eval_tokens" if every else every_name(self),
+                self.eval_tokens if every else "none", "--eval-tokens and one of --eval-every, --eval-every-steps "
+                "go together (how much each evaluation reads, and how often)")
         if self.mode == "lora":
             require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")
             require(self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "greater than zero")
@@ -342,6 +367,10 @@ class Job:
     @property
     def lora(self) -> bool:
         return self.mode == "lora"
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_tokens is not None
 
     def batch_tokens_target(self, gpus: int = 1) -> int:
         """The default global batch in tokens when ``global_batch`` is not given: about 4M tokens;
@@ -359,6 +388,10 @@ class Job:
 
     def replace(self, **changes: object) -> "Job":
         return dataclasses.replace(self, **changes)
+
+
+def every_name(job: Job) -> str:
+    return "eval_every" if job.eval_every is not None or job.eval_every_steps is None else "eval_every_steps"
 
 
 JOB_OPTIONS: tuple[Option, ...] = options_of(Job)

@@ -143,6 +143,7 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
         f"train    {fmt_days(tr.days)} | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
         f"(TDP x PUE {tr.pue}) | ${fmt_count(tr.cost_usd)} at ${tr.price_usd_per_gpu_hour:.2f}/GPU-hour",
     ]
+    lines += eval_lines(e)
     lines += operations_lines(e)
     if p.runners_up:
         lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ")]
@@ -152,6 +153,18 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5) -> str:
     note = roomier_note(e, p.roomier, bool(p.pinned), p.result.objective)
     lines += [f"  - {note}"] if note else []
     return "\n".join(lines)
+
+
+def eval_lines(e: Estimate) -> list[str]:
+    """The evaluations' share of the time to train (in it, and in GPU-hours, energy and cost)."""
+    job, tr = e.job, e.train
+    if not job.evaluates:
+        return []
+    every = (f"every {fmt_count(job.eval_every)} tokens" if job.eval_every is not None
+             else f"every {job.eval_every_steps:,} steps")
+    return [f"eval     {tr.evaluations:,} evaluations ({every}, {fmt_count(job.eval_tokens)} tokens each, forward "
+            f"only): {fmt_seconds(tr.eval_seconds)} of the {fmt_days(tr.days)} "
+            f"({tr.eval_seconds / tr.seconds:.1%}), included above"]
 
 
 def fit_lines(e: Estimate) -> list[str]:

@@ -78,6 +78,9 @@ class TrainTotals:
     cost_usd: float
     price_usd_per_gpu_hour: float
     pue: float
+    # Periodic evaluation, in ``seconds`` and what follows from it (--eval-every, --eval-tokens)
+    evaluations: int = 0
+    eval_seconds: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,7 +247,8 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     seconds = float(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(ev.gpu_hours),
                         energy_kwh=float(ev.energy_kwh), cost_usd=float(ev.cost_usd),
-                        price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue)
+                        price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue,
+                        evaluations=int(ev.evaluations), eval_seconds=float(ev.eval_seconds))
     stages = {}
     for sm in ev.stage_memory:  # first, fullest, last: the same stage may appear twice
         k = int(sm.stage)
