@@ -299,7 +299,7 @@ class Job:
     # Stack keys set for this plan, TABLE.KEY=VALUE each (planner.stacks.with_overrides): checked as a
     # stack file's keys are, printed beside the stack; a setting that differs needs no stack file.
     stack_set: tuple[str, ...] = _opt((), help="set one stack key for this plan, TABLE.KEY=VALUE as in a stack "
-                                               "file, e.g. sharding.grad_reduce_bytes=2 or kernels.attention=standard "
+                                               "file, e.g. sharding.grad_reduce_bytes=2 or kernels.attention=flash2 "
                                                "(repeat the flag for more; `planner stacks --keys` lists them)",
                                       label="Stack overrides (TABLE.KEY=VALUE; separated by ;)", flag="--set",
                                       repeat=True, separator=";")
