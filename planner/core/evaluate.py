@@ -68,10 +68,7 @@ class Evaluation:
     def tier(self) -> np.ndarray:
         """The ranking's memory tier of each layout that fits: 0 under the safe line, then fitting
         above it, then tight under capacity, then tight above it (``planner.core.search.rank_order``)."""
-        total, cap = self.memory.total, self.capacity_bytes
-        safe = self.safe_share
-        return ((total > cap * safe).astype(np.int64) + (total > cap * max(safe, self.fits_share))
-                + (total > cap * max(safe, 1.0)))
+        return memory_tier(self.memory.total, self.capacity_bytes, self.fits_share, self.safe_share)
 
     @property
     def host_bytes_per_host(self) -> np.ndarray:
@@ -209,6 +206,12 @@ def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpu
 def usable_memory(hw: HardwareProfile, job: Job) -> float:
     """The memory per GPU a plan may fill: the profile's capacity less the job's headroom."""
     return hw.gpu.memory_bytes * (1.0 - (job.memory_headroom or 0.0))
+
+
+def memory_tier(total: np.ndarray, capacity: float, fits_share: float, safe_share: float) -> np.ndarray:
+    """0 under the safe line, 1 fitting above it, 2 tight under capacity, 3 tight above (``fit_lines``)."""
+    return (np.asarray(total > capacity * safe_share, dtype=np.int64) + (total > capacity * max(safe_share, fits_share))
+            + (total > capacity * max(safe_share, 1.0)))
 
 
 def fit_lines(job: Job, stack) -> tuple[float, float, float, float]:
