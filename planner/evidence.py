@@ -300,7 +300,7 @@ def memory_band(stack) -> MemoryBand:
     """The band of a Stack: its family's memory comparisons when there are MIN_BAND_RUNS of them,
     else its base stack's band (a file with ``base = ...``), else the band of every run with a
     memory comparison, pooled (the documented default: docs/fit-and-overrides.md)."""
-    from planner.stacks import get_stack, is_builtin
+    from planner.stacks import is_builtin
 
     return _memory_band(stack.name, stack.base, is_builtin(stack))
 

@@ -119,7 +119,7 @@ class Evaluation:
         if self.eval_every_steps:
             steps = self.train_tokens / (self.tokens_per_step * self.packing_efficiency)
             return np.floor(steps / self.eval_every_steps * (1 + 1e-12))  # 1e-12: an exact multiple counts
-        return np.floor(self.train_tokens / self.eval_every_tokens * (1 + 1e-12)) + 0 * self.tokens_per_step
+        return np.floor(self.train_tokens / self.eval_every_tokens * (1 + 1e-12))
 
     @property
     def eval_seconds(self) -> np.ndarray | float:

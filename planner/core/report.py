@@ -202,7 +202,8 @@ def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str =
     if not crowded(e):
         return ""
     pins = " with these pins" if pinned else ""
-    line = f"{e.memory.safe_line_bytes / e.memory.capacity_bytes:.0%}"
+    share = e.memory.safe_line_bytes / e.memory.capacity_bytes
+    line = f"{share:.0%}" if abs(share * 100 - round(share * 100)) < 1e-6 else f"{share:.1%}"
     if r is None:
         return f"no layout{pins} fits under {line} of the memory"
     best = {"time": "fastest", "cost": "cheapest", "memory": "leanest"}.get(objective, "best")
