@@ -335,7 +335,7 @@ def table(estimates: list[Estimate], indent: str = "") -> str:
 
 # The layout's columns are its dimensions, by their declared names (planner.core.layout.LAYOUT_DIMS).
 CSV_COLUMNS = ("model", "params", "gpu", "gpus", *(d.name for d in LAYOUT_DIMS), "grad_accum", "precision",
-               "fits", "total_bytes",
+               "fits", "fit", "total_bytes",
                "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
                "bubble_s",
                "optimizer_s", "other_s", "bubble_fraction", "comm_fraction", "tokens_per_s", "mfu", "hfu",
