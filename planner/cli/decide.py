@@ -277,7 +277,8 @@ def _probe_json(p) -> dict:
     out = {"gpu": p.gpu, "gpus": p.gpus, "fits": p.fits}
     if p.fits:
         return out | summary(p.best)
-    return out | {"reason": p.why, "min_memory_bytes": p.min_bytes, "capacity_bytes": p.capacity_bytes}
+    return out | {"fit": "does not fit", "reason": p.why, "min_memory_bytes": p.min_bytes,
+                  "capacity_bytes": p.capacity_bytes}
 
 
 def _model_json(model, note: str) -> dict:
