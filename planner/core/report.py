@@ -308,9 +308,10 @@ def operations_lines(e: Estimate) -> list[str]:
 
 
 TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "mb", "accum", "zero", "shard", "recompute", "sp", "offload",
-                "mem GiB", "step s", "MFU", "bubble", "comm", "time")
-# Columns left out when every row holds their default (a dense model has ep 1 everywhere).
-_QUIET = {"ep": 1, "shard": "full", "offload": "none"}
+                "mem GiB", "fit", "step s", "MFU", "bubble", "comm", "time")
+# Columns left out when every row holds their default (a dense model has ep 1 everywhere; the fit
+# verdict is said only where some row is tight).
+_QUIET = {"ep": 1, "shard": "full", "offload": "none", "fit": "fits"}
 
 
 def table_rows(estimates: list[Estimate]) -> list[tuple]:
@@ -319,7 +320,7 @@ def table_rows(estimates: list[Estimate]) -> list[tuple]:
         lay = e.layout
         rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.micro_batch, lay.grad_accum, lay.zero_stage,
                      lay.sharding, lay.recompute, "on" if lay.sequence_parallel else "off", lay.offload,
-                     f"{e.memory.total_bytes / GIB:.1f}", f"{e.time.step_s:.3g}", f"{e.mfu:.1%}",
+                     f"{e.memory.total_bytes / GIB:.1f}", e.memory.fit, f"{e.time.step_s:.3g}", f"{e.mfu:.1%}",
                      _pct(e.bubble_fraction), _pct(e.comm_fraction), fmt_days(e.train.days)))
     return rows
 
