@@ -261,3 +261,76 @@ def _like(mine: list[dict], like: tuple[str, ...]) -> dict:
             "like_worst_speed_error": _worst_speed([r for r in runs if r.get("time_error") is not None]),
             "like_memory_runs": n_memory, "like_memory_mean_abs_error": memory_mean,
             "like_memory_worst_abs_error": memory_worst, "like_worst_memory_error": _worst_memory(runs)}
+
+
+# --- the fit verdict's band -------------------------------------------------------------------
+MIN_BAND_RUNS = 3  # a stack's own band needs at least this many memory comparisons; else its base's, else all
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryBand:
+    """How far the planner's peak memory has been from measured peaks: ``under``, the most a
+    prediction fell below what the run used, and ``over``, the most it rose above, as fractions of
+    the prediction's error on the measured value (``memory_error`` = predicted / measured - 1 of
+    each run: under = max(0, -min), over = max(0, max)). A run whose prediction P had error e used
+    P / (1 + e): with e in [-under, over], it used between P / (1 + over) and P / (1 - under). The
+    verdict (``fit_verdict``): fits when P <= C (1 - under), does not fit when P > C (1 + over),
+    tight between (C: the memory a plan may fill)."""
+
+    under: float
+    over: float
+    runs: int  # the memory comparisons it comes from
+    source: str  # whose runs: '20 runs of fsdp2, fsdp2-2024, ...' or the pooled default
+    inherited: str = ""  # '' (the stack's own runs), 'base megatron-core', or 'default' (every run pooled)
+
+    def text(self) -> str:
+        return f"-{self.under:.1%}/+{self.over:.1%} (worst memory errors of {self.source})"
+
+    def to_json(self) -> dict:
+        return {"under": self.under, "over": self.over, "runs": self.runs, "source": self.source,
+                "inherited": self.inherited or None}
+
+
+def _band_of(runs: list[dict]) -> tuple[float, float]:
+    errors = [r["memory_error"] for r in runs]
+    return max(0.0, -min(errors)), max(0.0, max(errors))
+
+
+def memory_band(stack) -> MemoryBand:
+    """The band of a Stack: its family's memory comparisons when there are MIN_BAND_RUNS of them,
+    else its base stack's band (a file with ``base = ...``), else the band of every run with a
+    memory comparison, pooled (the documented default: docs/fit-and-overrides.md)."""
+    from planner.stacks import is_builtin
+
+    return _memory_band(stack.name, stack.base, is_builtin(stack))
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_band(name: str, base: str, builtin: bool) -> MemoryBand:
+    from planner.stacks import get_stack
+
+    runs = [r for r in (records() or ()) if r.get("memory_error") is not None]
+    mine = [r for r in runs if r["stack"] in family(name)] if builtin else []
+    if len(mine) >= MIN_BAND_RUNS:
+        under, over = _band_of(mine)
+        stacks = ", ".join(dict.fromkeys(r["stack"] for r in mine))
+        return MemoryBand(under=under, over=over, runs=len(mine), source=f"{len(mine)} measured runs of {stacks}")
+    if base:
+        b = memory_band(get_stack(base))
+        return MemoryBand(under=b.under, over=b.over, runs=b.runs, source=b.source,
+                          inherited=f"base {base}" + (f", {b.inherited}" if b.inherited else ""))
+    if not runs:  # the records are missing: no band can be claimed
+        return MemoryBand(under=0.0, over=0.0, runs=0, source="no measured runs (records missing)", inherited="default")
+    under, over = _band_of(runs)
+    return MemoryBand(under=under, over=over, runs=len(runs),
+                      source=f"all {len(runs)} measured runs of every stack, pooled", inherited="default")
+
+
+FIT_VERDICTS = ("fits", "tight", "does not fit")
+
+
+def fit_verdict(total_bytes: float, capacity_bytes: float, band: MemoryBand) -> str:
+    """'fits' (P <= C (1 - under)), 'tight' (up to C (1 + over)) or 'does not fit' (above): MemoryBand."""
+    if total_bytes <= capacity_bytes * (1 - band.under):
+        return FIT_VERDICTS[0]
+    return FIT_VERDICTS[1] if total_bytes <= capacity_bytes * (1 + band.over) else FIT_VERDICTS[2]

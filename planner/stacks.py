@@ -131,6 +131,9 @@ class Stack:
     ep_dedup: bool  # a token crosses the network once per node it goes to, then NVLink (DeepEP); else once per expert
     ep_overlap: float  # of the layer's compute (another micro-batch's) that hides its all-to-alls (DualPipe: 1)
     ep_sm_share: float  # of the SMs the overlapped all-to-all kernels hold while that compute runs
+    base: str = ""  # the stack this file starts from (``base = "NAME"``), by name: its evidence stands in where it has none
+    # Keys set for one plan (``--set TABLE.KEY=VALUE``; ``with_overrides``): (table.key, the value as given).
+    overrides: tuple[tuple[str, object], ...] = ()
 
     def elementwise_for(self, compile: bool) -> str:
         return "fused" if compile and self.compiles else self.elementwise
@@ -232,6 +235,23 @@ def _value(where: str, key: str, value: object, kind: str, allowed: object) -> o
     return tuple(value)
 
 
+def _table_values(data: dict, where: str) -> dict[str, object]:
+    """The stack keys of a file's tables (or of ``--set``'s), each checked and in SI units: {attribute: value}."""
+    values: dict[str, object] = {}
+    for table in _TABLES:
+        section = data.get(table, {})
+        if not isinstance(section, dict):
+            raise PlannerError(where, table, "a table")
+        for key, value in section.items():
+            if key in ("note", "source"):
+                continue
+            if key not in _KEYS:
+                raise PlannerError(f"{where} [{table}]", key, f"unknown key; allowed: {', '.join(_KEYS)}")
+            attr, kind, allowed = _KEYS[key]
+            values[attr] = _value(f"{where} [{table}]", key, value, kind, allowed)
+    return values
+
+
 def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
     """A stack from its file. ``base = "NAME"`` (a stack name, alias or file) starts from that
     stack's values: the file then sets only what differs (name, description and source always)."""
@@ -255,18 +275,9 @@ def load_stack_file(path: str | Path, _seen: tuple[str, ...] = ()) -> Stack:
             raise PlannerError(f"stack {path}", "base", f"{base!r} leads back to this file; a base may not loop")
         parent = load_stack_file(base_path, chain)
         values = {f.name: getattr(parent, f.name) for f in dataclasses.fields(Stack)
-                  if f.name not in ("name", "description", "source", "path", "not_modelled")}
-    for table in _TABLES:
-        section = data.get(table, {})
-        if not isinstance(section, dict):
-            raise PlannerError(f"stack {path}", table, "a table")
-        for key, value in section.items():
-            if key in ("note", "source"):
-                continue
-            if key not in _KEYS:
-                raise PlannerError(f"stack {path} [{table}]", key, f"unknown key; allowed: {', '.join(_KEYS)}")
-            attr, kind, allowed = _KEYS[key]
-            values[attr] = _value(f"stack {path} [{table}]", key, value, kind, allowed)
+                  if f.name not in ("name", "description", "source", "path", "not_modelled", "overrides", "base")}
+        values["base"] = parent.name
+    values.update(_table_values(data, f"stack {path}"))
     defaults = {f.name: f.default for f in dataclasses.fields(Stack)}
     values = {**{_KEYS[k][0]: defaults[_KEYS[k][0]] for k in OPTIONAL_KEYS}, **values}
     missing = [k for k, (attr, _, _) in _KEYS.items() if attr not in values]
@@ -340,6 +351,87 @@ def get_stack(name: str) -> Stack:
     return load_stack_file(_stack_path(name))
 
 
+def parse_override(item: str) -> tuple[str, str, object]:
+    """``TABLE.KEY=VALUE`` (or ``KEY=VALUE``) of ``--set``: (the key as written, the file key, the
+    value). VALUE is read as a TOML value, as a stack file holds it (``2``, ``0.5``, ``true``,
+    ``["1f1b", "gpipe"]``, ``"fused"``); a bare word that is no TOML value is text (``standard``)."""
+    if not isinstance(item, str) or "=" not in item:
+        raise PlannerError("--set", item, "TABLE.KEY=VALUE, e.g. sharding.grad_reduce_bytes=2 "
+                                        "(`planner stacks --keys` lists the keys)")
+    name, raw = (x.strip() for x in item.split("=", 1))
+    table, _, key = name.rpartition(".")
+    if table and table not in _TABLES:
+        raise PlannerError("--set", name, f"a table of a stack file before the dot: {', '.join(_TABLES)}")
+    if key not in _KEYS:
+        hint = closest_names(key, list(_KEYS))
+        raise PlannerError("--set", name, f"unknown stack key; {hint + ' ' if hint else ''}allowed: {', '.join(_KEYS)}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return name, key, value
+
+
+def with_overrides(stack: Stack, items: tuple[str, ...]) -> Stack:
+    """``stack`` with ``--set`` items applied, each checked by the stack files' own per-key check
+    (``_value``): a bad key or value is one error naming it, its value and what is allowed."""
+    if not items:
+        return stack
+    changes: dict[str, object] = {}
+    given: dict[str, object] = {}
+    for item in items:
+        name, key, value = parse_override(item)
+        attr, kind, allowed = _KEYS[key]
+        try:
+            changes[attr] = _value("--set", name, value, kind, allowed)
+        except PlannerError as exc:
+            raise PlannerError(f"--set {name}", value, exc.allowed) from None
+        given[name] = tuple(value) if isinstance(value, list) else value  # hashable: the Stack is a cache key
+    return dataclasses.replace(stack, **changes, overrides=tuple(given.items()))
+
+
+def overrides_text(stack: Stack) -> str:
+    """'' or '; set for this plan: sharding.grad_reduce_bytes=2, kernels.attention="standard"'."""
+    if not stack.overrides:
+        return ""
+    return "; set for this plan: " + ", ".join(f"{k}={_toml(v)}" for k, v in stack.overrides)
+
+
+def _toml(value: object) -> str:
+    """A --set value as a stack file writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return f'"{value}"' if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@functools.cache
+def _stack_with(name: str, items: tuple[str, ...]) -> Stack:
+    return with_overrides(get_stack(name), items)
+
+
+def job_stack(job) -> Stack:
+    """The job's stack (``job.stack``) with its ``--set`` overrides (``job.stack_set``)."""
+    return _stack_with(job.stack, tuple(job.stack_set)) if job.stack_set else get_stack(job.stack)
+
+
+def stack_keys() -> list[tuple[str, str]]:
+    """Every key a stack file (and ``--set``) takes, with what it allows."""
+    out = []
+    for key, (_, kind, allowed) in _KEYS.items():
+        if kind in ("float", "us", "ms", "mib"):
+            unit = {"us": " (us)", "ms": " (ms)", "mib": " (MiB)"}.get(kind, "")
+            out.append((key, f"a number from {allowed[0]:g} to {allowed[1]:g}{unit}"))
+        elif kind == "str":
+            out.append((key, f"one of {', '.join(allowed)}"))
+        elif kind == "bool":
+            out.append((key, "true or false"))
+        else:
+            out.append((key, f"a non-empty list of {', '.join(map(str, allowed))}"))
+    return out
+
+
 # Software factors a stack sets and a hardware profile may also set (a calibrated profile, fitted
 # on runs of one stack, keeps its own): the hardware profile wins only where its file names them.
 SHARED_FACTORS = ("dp_overlap", "zero3_overlap", "tp_overlap", "layer_overhead_s", "step_overhead_s",
@@ -367,7 +459,9 @@ def effective(hw, stack: Stack, async_tp: bool = False):
 
 
 def _effective(hw, stack: Stack, async_tp: bool):
-    given = getattr(hw, "efficiency_keys", frozenset())
+    # A key set for this plan (--set) wins over a calibrated profile's own value.
+    given = getattr(hw, "efficiency_keys", frozenset()) - {_KEYS[key.rpartition(".")[2]][0]
+                                                          for key, _ in stack.overrides}
     changes = {f: getattr(stack, f) for f in SHARED_FACTORS if f not in given}
     if async_tp and "tp_overlap" not in given:
         changes["tp_overlap"] = stack.tp_overlap_async
@@ -393,7 +487,7 @@ class Software:
 
 def software(job) -> Software:
     """The job's stack with its options (--kernels, --attention, --compile, --precision) applied."""
-    stack = get_stack(job.stack)
+    stack = job_stack(job)
     elementwise = stack.elementwise_for(job.compile) if job.kernels == "stack" else job.kernels
     attention = "standard" if job.attention == "standard" else stack.attention_kernel
     if attention == "standard" and job.attention == "flash":

@@ -1,4 +1,5 @@
-"""A plan above 95% of the memory it may fill (the warnings' "within 5% of capacity") names the
+"""With --memory-headroom given (0 here: plan up to capacity, the behaviour before plans kept room
+by default; tests/test_fit_verdict.py checks the default), a plan above 95% of the memory it may fill (the warnings' "within 5% of capacity") names the
 fastest layout with its pins under that line and what it costs in time (planner.core.plan.Plan.roomier):
 checked against the search's own table read row by row, against `planner export`, which picks
 the same layout by its own path, and on the page."""
@@ -14,8 +15,10 @@ from planner.core.plan import plan
 from planner.core.search import search
 
 GIB = 2**30
-A6000_7B = {"preset": "llama2-7b", "mode": "full-finetune", "gpus": 1, "gpu": "a6000"}
-A6000_FLAGS = ["--preset", "llama2-7b", "--mode", "full-finetune", "--gpus", "1", "--gpu", "a6000"]
+A6000_7B = {"preset": "llama2-7b", "mode": "full-finetune", "gpus": 1, "gpu": "a6000", "memory_headroom": 0.0}
+A6000_FLAGS = ["--preset", "llama2-7b", "--mode", "full-finetune", "--gpus", "1", "--gpu", "a6000",
+               "--memory-headroom", "0"]
+UP_TO_CAPACITY = ["--memory-headroom", "0"]
 
 
 def estimate_json(capsys, *flags: str) -> dict:
@@ -71,9 +74,9 @@ def test_none_below_95_or_a_plan_below_it_says_nothing(capsys):
     assert "  - no layout with these pins fits under 95% of the memory" in out
     assert estimate_json(capsys, *pinned)["roomier"] is None
     # 33B on 128 A100s (fsdp2): 90% of the memory, nothing to add.
-    j = estimate_json(capsys, "--params", "33B", "--gpus", "128")
+    j = estimate_json(capsys, "--params", "33B", "--gpus", "128", *UP_TO_CAPACITY)
     assert j["memory"]["total_bytes"] < 0.95 * j["memory"]["capacity_bytes"] and j["roomier"] is None
-    assert cli_main(["estimate", "--params", "33B", "--gpus", "128"]) == 0
+    assert cli_main(["estimate", "--params", "33B", "--gpus", "128", *UP_TO_CAPACITY]) == 0
     assert "under 95% of the memory" not in capsys.readouterr().out
 
 
@@ -81,7 +84,7 @@ def test_export_writes_the_layout_the_estimate_names(capsys):
     """`planner export` finds its layout under 95% by its own path (planner.export.plan.choose, in
     rank order, with the format's limits): for Megatron-LM, which can express every layout here,
     the same one, at the same cost."""
-    flags = ["--params", "33B", "--gpus", "128", "--stack", "megatron-core"]
+    flags = ["--params", "33B", "--gpus", "128", "--stack", "megatron-core", *UP_TO_CAPACITY]
     j = estimate_json(capsys, *flags)
     assert j["memory"]["total_bytes"] > 0.95 * j["memory"]["capacity_bytes"]
     r = j["roomier"]
@@ -96,7 +99,7 @@ def test_export_writes_the_layout_the_estimate_names(capsys):
 
 
 def test_ranked_by_cost_it_is_the_cheapest(capsys):
-    flags = ["--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--sort", "cost"]
+    flags = ["--params", "33B", "--gpus", "128", "--stack", "megatron-core", "--sort", "cost", *UP_TO_CAPACITY]
     j = estimate_json(capsys, *flags)
     r = j["roomier"]
     assert r["train"]["cost_usd"] >= j["train"]["cost_usd"]
@@ -109,6 +112,6 @@ def test_the_page_shows_it():
     pytest.importorskip("streamlit")
     from tests.app.test_app import new_app
 
-    at = new_app({"gpus": "128", "params": "33", "stack": "megatron-core"})
+    at = new_app({"gpus": "128", "params": "33", "stack": "megatron-core", "memory_headroom": "0"})
     notes = [i.value for i in at.info if i.value.startswith("The fastest layout under 95% of the memory: ")]
     assert len(notes) == 1 and "micro-batch 1 x 64 accum" in notes[0] and notes[0].endswith("1.1% slower")

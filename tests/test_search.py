@@ -28,8 +28,13 @@ def test_every_enumerated_layout_is_valid_and_fitting_ones_come_first():
     assert np.all((even.vpp == 1) | (model.layers % (even.pp * even.vpp) == 0))
     fits = ev.fits
     assert r.feasible == fits.sum() and np.all(fits[: r.feasible]) and not np.any(fits[r.feasible:])
+    # Ranked by memory tier (under the plan's safe line, fitting above it, tight: Evaluation.tier,
+    # planner.core.evaluate.fit_lines), then by time within each tier (ties within 0.1%).
+    tier = ev.tier[: r.feasible]
+    assert np.all(np.diff(tier) >= 0)
     t = ev.train_seconds[: r.feasible]
-    assert np.all(np.diff(t) >= -1e-3 * t[:-1])  # ranked by time (ties within 0.1%)
+    same = tier[1:] == tier[:-1]
+    assert np.all(np.diff(t)[same] >= -1e-3 * t[:-1][same])
 
 
 def test_pins_are_kept():

@@ -184,14 +184,24 @@ def test_ranked_rows_are_the_rows_of_the_table_in_rank_order(objective):
     model, hw, job = get_preset("mixtral-8x7b"), get_profile("h100-80g"), Job()
     r = S.search(model, hw, job, 128, objective=objective)
     t = r.table
-    # The ranking rule row by row (the long way): fitting first; then the objective in 0.1% buckets
+    # The ranking rule row by row (the long way): fitting first; then the memory tier, the objective in 0.1% buckets
     # of its logarithm, the step time (fitting) or memory (not fitting), the memory, the row's place.
+    # Before the objective, the memory tier: under the plan's safe line (the stricter of 95% and the
+    # stack's measured band below capacity), fitting above it, tight under capacity, tight above.
+    from planner.core.checks import ROOMY_SHARE
+    from planner.evidence import memory_band
+    from planner.stacks import get_stack
+
+    band, cap = memory_band(get_stack(job.stack)), t.capacity_bytes
+    safe = min(ROOMY_SHARE, 1 - band.under)
     primary = {"time": t.train_seconds, "memory": t.memory.total, "cost": t.cost_usd}[objective].tolist()
     fits, step, mem = t.fits.tolist(), t.step_s.tolist(), t.memory.total.tolist()
+    assert fits == [m <= cap * (1 + band.over) for m in mem]
 
     def key(i):
+        tier = (mem[i] > cap * safe) + (mem[i] > cap * (1 - band.under)) + (mem[i] > cap)
         bucket = round(np.log(primary[i]) / 1e-3) if fits[i] else float("inf")
-        return (bucket, step[i] if fits[i] else mem[i], mem[i], i)
+        return (tier if fits[i] else 4, bucket, step[i] if fits[i] else mem[i], mem[i], i)
 
     expected = sorted(range(len(fits)), key=key)
     assert r.order.tolist() == expected

@@ -102,7 +102,7 @@ def test_a_stack_file_on_a_base_sets_only_what_differs(tmp_path):
                                   ("fsdp2-2025", "fsdp2", {"attention_kv_heads", "schedules"})):
         a, b = get_stack(name), get_stack(base_name)
         differ = {f for f in a.__slots__ if getattr(a, f) != getattr(b, f)}
-        assert differ == keys | {"name", "description", "source", "path"}
+        assert differ == keys | {"name", "description", "source", "path", "base"}
 
 
 def test_the_search_offers_only_what_the_stack_runs():

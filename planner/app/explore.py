@@ -41,12 +41,13 @@ class View:
     model_note: str
     pinned: tuple[str, ...]
     roomier: object | None = None  # planner.core.plan.Plan.roomier
+    faster: tuple = ()  # planner.core.plan.Plan.faster
 
     def to_json(self) -> dict:
         """Exactly what `planner estimate --format json` prints for the same flags."""
         from planner.core.plan import plan_json
 
-        return plan_json(self.best, self.model_note, self.nearest_fit, self.alternatives, self.roomier)
+        return plan_json(self.best, self.model_note, self.nearest_fit, self.alternatives, self.roomier, self.faster)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,7 +91,7 @@ def compute(values: Mapping[str, object], top: int = TOP_LAYOUTS) -> View | Prob
     return View(best=p.best, layouts=(p.best, *p.runners_up) if p.best.fits else (p.best,),
                 nearest_fit=p.nearest_fit, alternatives=p.alternatives, evaluated=r.evaluated, feasible=r.feasible,
                 search_seconds=r.search_seconds, objective=objective, model_note=x.model_note, pinned=p.pinned,
-                roomier=p.roomier)
+                roomier=p.roomier, faster=p.faster)
 
 
 # --- pinned layouts that do not divide -----------------------------------------------------------

@@ -82,6 +82,8 @@ def widget(f: explore_state.Field, where, disabled: bool = False) -> None:
         where.selectbox(f.label, f.choices, **common)
     elif f.kind == "bool":
         where.checkbox(f.label, **common)
+    elif f.kind == "text":  # checked where the plan is built: a bad entry is named on the page
+        where.text_input(f.label, max_chars=2000, **common)
     # Numbers without min/max on the widget: a value out of range is named on the page
     # (explore_state.out_of_range) instead of being silently replaced by the previous one.
     elif f.kind == "int":
@@ -228,6 +230,23 @@ def show_problem(problem: explore.Problem) -> None:
         st.caption("Change the field the message names (bounds are in the sidebar), or unpin the layout.")
 
 
+def show_fit_and_evaluation(view: explore.View) -> None:
+    """The fit verdict with its band, the stack keys set for this plan, the evaluations' time, and
+    the layouts above the plan's memory line that would be faster: the report's lines."""
+    from planner.core.report import eval_lines, faster_lines, fit_lines
+    from planner.stacks import overrides_text, software
+
+    e = view.best
+    st.caption("Memory " + "; ".join(x.strip() for x in fit_lines(e)).removeprefix("fit").strip())
+    if e.job.stack_set:
+        st.caption(f"Stack {software(e.job).stack.name}{overrides_text(software(e.job).stack)}")
+    for line in eval_lines(e):
+        st.caption("Evaluation: " + line.removeprefix("eval").strip())
+    faster = faster_lines(e, view.faster, view.objective)
+    if faster:
+        st.info("  \n".join(x.strip() for x in faster if x.strip()))
+
+
 def show_headline(view: explore.View, j: dict) -> None:
     st.markdown(f"**{view.best.model.describe()}**  \n{view.model_note}")
     st.markdown(f"**layout** {explore.layout_text(j['layout'])}")
@@ -251,6 +270,7 @@ def show_headline(view: explore.View, j: dict) -> None:
     roomier = roomier_note(view.best, view.roomier, bool(view.pinned), view.objective)
     if roomier:
         st.info(roomier[0].upper() + roomier[1:])
+    show_fit_and_evaluation(view)
     st.button("Pin this layout (then change one field)", on_click=set_values,
               args=(explore_state.pins_from_layout(j["layout"]),))
 

@@ -27,8 +27,8 @@ MODEL_SOURCES = ("params", "preset", "shape", "hf")  # hf: an uploaded Hugging F
 LORA_TARGET_SETS = ("q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
                     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
 
-SCALES = {"tokens": 1e9}  # the explorer shows tokens in billions
-BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour",)  # empty, not 0: 0 is a price
+SCALES = {"tokens": 1e9, "eval_every": 1e9, "eval_tokens": 1e9}  # the explorer shows tokens in billions
+BLANK_MEANS_DEFAULT = ("price_usd_per_gpu_hour", "memory_headroom")  # empty, not 0: 0 is a price; a headroom of 0 plans up to capacity
 # Options whose default is computed (None in the declaration): the value the explorer shows, and
 # what its 0 means.
 SHOWN_DEFAULT = {"mtbf_gpu_hours": round(LLAMA3_MTBF_GPU_HOURS),
@@ -45,7 +45,8 @@ def _names(option: str) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Field:
-    """One input. ``kind``: int, float (None allowed when ``optional``), choice or bool.
+    """One input. ``kind``: int, float (None allowed when ``optional``), choice, bool or text (a list
+    option's items separated by its ``separator``, as ``--set``'s).
 
     Numbers are bounded by ``low`` and ``high``; for layout pins 0 means 'search it'.
     """
@@ -71,6 +72,8 @@ def _option_field(o: Option) -> Field:
                      group=o.group)
     if o.base_type == "bool":
         return Field(name=o.name, label=o.label, kind="bool", default=o.default, help=o.help, group=o.group)
+    if o.repeat:  # stack overrides: free text, items separated as the option declares, checked by the planner
+        return Field(name=o.name, label=o.label, kind="text", default="", help=o.help, group=o.group)
     if o.base_type == "tuple":  # LoRA targets: a few common sets, comma-separated as on the command line
         sets = (",".join(o.default), *(t for t in LORA_TARGET_SETS if t != ",".join(o.default)))
         return Field(name=o.name, label=o.label, kind="choice", default=sets[0], choices=sets, help=o.help,
@@ -186,6 +189,8 @@ def coerce(f: Field, text: object) -> object:
         if value not in f.choices:
             raise ValueError(f"one of {', '.join(f.choices)}")
         return value
+    if f.kind == "text":
+        return "" if text is None else str(text)
     if f.kind == "bool":
         value = str(text).strip().lower()
         if value not in ("1", "0", "true", "false", "on", "off", "yes", "no"):
@@ -310,6 +315,10 @@ def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
     for o in (*JOB_OPTIONS, *OPS_OPTIONS):
         if o.name in m and m[o.name] != o.default:
             value = m[o.name]
+            if o.repeat:  # one flag per item: --set A --set B
+                items = value.split(o.separator) if isinstance(value, str) else value
+                argv += [x for item in items if item.strip() for x in (o.cli_flag, item.strip())]
+                continue
             argv += ([o.cli_flag] if o.base_type == "bool" else
                      [o.cli_flag, _count(value) if o.count else _flag_text(value)])
     for d in PIN_DIMS:

@@ -193,13 +193,13 @@ def _stack_lines(options) -> list[str]:
     """The stack each option is planned for, and the measured runs that check it on these GPUs."""
     from planner.core.report import labelled
     from planner.evidence import for_stack
-    from planner.stacks import software
+    from planner.stacks import overrides_text, software
 
     out = []
     for stack in dict.fromkeys(software(o.job).stack for o in options):  # first-seen order
         gpus = tuple(dict.fromkeys(o.hardware.name for o in options if software(o.job).stack == stack))
         e = for_stack(stack, gpus[0])
-        out += [f"stack  {stack.name}: {stack.description}",
+        out += [f"stack  {stack.name}: {stack.description}{overrides_text(stack)}",
                 *([f"       not modelled: {stack.not_modelled}"] if stack.not_modelled else []),
                 *labelled("       checked against", e.clauses(gpus), 23)]
     return out
@@ -282,7 +282,8 @@ def _probe_json(p) -> dict:
     out = {"gpu": p.gpu, "gpus": p.gpus, "fits": p.fits}
     if p.fits:
         return out | summary(p.best)
-    return out | {"reason": p.why, "min_memory_bytes": p.min_bytes, "capacity_bytes": p.capacity_bytes}
+    return out | {"fit": "does not fit", "reason": p.why, "min_memory_bytes": p.min_bytes,
+                  "capacity_bytes": p.capacity_bytes}
 
 
 def _model_json(model, note: str) -> dict:

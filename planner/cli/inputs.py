@@ -64,7 +64,9 @@ def add_option(g, o: Option) -> None:
     """One declared option as a flag whose destination is the option's name. A boolean that is on
     by default is a --no-... flag; text stays text (the builder parses counts and lists)."""
     kw: dict = {"dest": o.name, "help": o.help}
-    if o.base_type == "bool":
+    if o.repeat:
+        kw["action"], kw["default"], kw["metavar"] = "append", None, "KEY=VALUE"
+    elif o.base_type == "bool":
         kw["action"] = "store_false" if o.default else "store_true"
         kw["default"] = o.default
     else:

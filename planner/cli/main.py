@@ -276,29 +276,43 @@ def cmd_profiles(a: argparse.Namespace) -> int:
     return 0
 
 
+def _stacks_args(p: argparse.ArgumentParser) -> None:
+    _formats(p)
+    p.add_argument("--keys", action="store_true", help="list the keys a stack file (and --set) takes, with "
+                                                       "what each allows")
+
+
 def cmd_stacks(a: argparse.Namespace) -> int:
     import dataclasses
 
-    from planner.evidence import for_stack
+    from planner.evidence import for_stack, memory_band
     from planner.stacks import DEFAULT_STACK, get_stack, stack_names
 
+    if getattr(a, "keys", False):  # what a stack file and --set TABLE.KEY=VALUE take
+        from planner.stacks import stack_keys
+
+        _print_rows([("key", "allowed"), *stack_keys()], a.format if a.format != "json" else "text")
+        return 0
     stacks = [get_stack(n) for n in stack_names()]
     checked = {s.name: for_stack(s, "") for s in stacks}  # the measured runs of each stack's family
     if a.format == "json":
-        print(json.dumps({s.name: {**dataclasses.asdict(s), "checked_against": checked[s.name].to_json()}
+        print(json.dumps({s.name: {**dataclasses.asdict(s), "checked_against": checked[s.name].to_json(),
+                                   "memory_band": memory_band(s).to_json()}
                           for s in stacks}, indent=2, allow_nan=False))
         return 0
     rows = [("name", "element-wise", "attention", "ZeRO", "DP overlap", "ZeRO-3 overlap", "TP overlap (async)",
-             "interleaved", "compile", "fp8", "checked (runs, mean time error)", "description")]
+             "interleaved", "compile", "fp8", "checked (runs, mean time error)", "memory band", "description")]
     for s in stacks:
         e = checked[s.name]
         rows.append((s.name + (" (default)" if s.name == DEFAULT_STACK else ""), s.elementwise, s.attention_kernel,
                      ",".join(map(str, s.zero_stages)), f"{s.dp_overlap:g}", f"{s.zero3_overlap:g}",
                      f"{s.tp_overlap:g} ({s.tp_overlap_async:g})", "yes" if s.interleaved else "no",
                      "yes" if s.compiles else "no", s.fp8_recipe,
-                     f"{e.runs}, {e.time_mean_abs_error:.1%}" if e.runs else "none", s.description))
+                     f"{e.runs}, {e.time_mean_abs_error:.1%}" if e.runs else "none",
+                     f"-{(b := memory_band(s)).under:.1%}/+{b.over:.1%}" + (" (default)" if b.inherited else ""),
+                     s.description))
     _print_rows(rows, a, drop=("ZeRO-3 overlap", "interleaved", "compile", "DP overlap", "TP overlap (async)",
-                               "attention"), wrap="description")
+                               "attention", "memory band"), wrap="description")
     return 0
 
 
@@ -347,7 +361,7 @@ SUBCOMMANDS = {
     "search": ("every valid layout, ranked", _search_args, cmd_search),
     "presets": ("list the model presets", _formats, cmd_presets),
     "profiles": ("list the hardware profiles", _formats, cmd_profiles),
-    "stacks": ("list the software stacks (--stack): kernels, overlaps, sharding, fp8", _formats, cmd_stacks),
+    "stacks": ("list the software stacks (--stack): kernels, overlaps, sharding, fp8", _stacks_args, cmd_stacks),
 }
 
 

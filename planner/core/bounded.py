@@ -195,7 +195,8 @@ def fastest_fitting_bounded(model: ModelSpec, hw: HardwareProfile, job: Job,
     fitting layouts of each count whose floor is within ``FLOOR_ROUNDS`` buckets of the least
     floor, evaluated round by round, until the best rank bucket found (a ceiling) is within what
     has been evaluated."""
-    from planner.core.evaluate import _effective, _fits
+    from planner.core.evaluate import _effective, _fits, fit_lines, memory_tier
+    from planner.core.search import TIER_STEP
 
     counts, together, segment, shared = table
     if not counts or not hw.gpu.supports(job.precision):
@@ -205,13 +206,16 @@ def fastest_fitting_bounded(model: ModelSpec, hw: HardwareProfile, job: Job,
     if floor is None:
         return fastest_fitting(model, hw, job, table)
     total, host = _table_memory(model, hw_eff, job, together, sw, shared)
-    fit = _fits(_MemoryTotals(total, host), together, hw_eff.gpu.memory_bytes, hw_eff.network.host_memory_bytes,
+    fits_share, tight_share, safe_share, _ = fit_lines(job, sw.stack)
+    cap = hw_eff.gpu.memory_bytes
+    fit = _fits(_MemoryTotals(total, host), together, cap * tight_share, hw_eff.network.host_memory_bytes,
                 hw_eff.network.host_gpus)
     # The floor's rank bucket, as _rank_keys buckets train_seconds; none for a layout that does not fit.
     floor = np.where(np.isnan(floor), 0.0, floor)  # no floor known: always evaluated
     tokens = (together.global_batch * model.seq_len).astype(float)
     seconds = job.train_tokens(model) / (tokens / (floor * (1 - FLOOR_MARGIN)) * job.packing_efficiency)
-    bucket = np.where(fit, np.round(np.log(seconds) / 1e-3), np.inf)
+    bucket = np.where(fit, np.round(np.log(seconds) / 1e-3) + TIER_STEP * memory_tier(total, cap, fits_share, safe_share),
+                      np.inf)  # by memory tier first, as _rank_keys
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
     least = np.full(len(counts), np.inf)
     least[segment[starts]] = np.minimum.reduceat(bucket, starts)

@@ -29,7 +29,7 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                  pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
                  feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None,
                  ep_fraction: float = 0.0, ep: int = 1, gpu_bytes: float | None = None,
-                 measured_under: tuple[float, str] = (0.0, "")) -> list[str]:
+                 measured_under: tuple[float, str] = (0.0, ""), tight_bytes: float | None = None) -> list[str]:
     """The report's warnings. ``gpu_bytes``: the GPU's whole memory (``capacity_bytes`` is what a
     plan may fill: less with --memory-headroom); ``measured_under``: how far below the memory they
     used the measured runs like this plan were predicted at worst (a fraction of what they used: a
@@ -37,7 +37,13 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
     out = []
     under_share, like = measured_under
     gpu_bytes = capacity_bytes if gpu_bytes is None else gpu_bytes
-    if total_bytes > capacity_bytes:
+    tight_bytes = capacity_bytes if tight_bytes is None else tight_bytes
+    if capacity_bytes < total_bytes <= tight_bytes:  # above capacity, within the stack's measured error
+        out.append(f"tight: {total_bytes / 2**30:.1f} GiB predicted, above the {capacity_bytes / 2**30:.0f} GiB "
+                   f"available but under {tight_bytes / 2**30:.1f} GiB, within the stack's measured memory error "
+                   "(measured runs used up to that much less than predicted): it may not fit; fix: a smaller "
+                   "micro-batch, recompute or a higher ZeRO stage")
+    elif total_bytes > capacity_bytes:
         over = (total_bytes - capacity_bytes) / 2**30
         out.append(f"does not fit: {total_bytes / 2**30:.1f} GiB needed, {capacity_bytes / 2**30:.0f} GiB available "
                    f"({over:.1f} GiB over); fix: activation recompute, a higher ZeRO stage, more tp/pp, "

@@ -41,11 +41,34 @@ class Evaluation:
     host_capacity_bytes: float = float("inf")  # host memory of a node (offload)
     gpus_per_host: int = 8  # GPUs sharing one host's memory (offload)
     stage_memory: tuple[Memory, ...] = ()  # first, fullest and last pipeline stage
+    # The fit verdict's lines, shares of ``capacity_bytes`` (planner.evidence.MemoryBand, ``fit_lines``):
+    # fits up to ``fits_share``, tight up to ``tight_share``, does not fit above; the ranking puts the
+    # layouts under ``safe_share`` first (the plan's memory line: it keeps room unless --memory-headroom).
+    fits_share: float = 1.0
+    tight_share: float = 1.0
+    safe_share: float = 1.0
+    eval_tokens: float = 0.0  # real tokens each evaluation reads (0: none)
+    eval_every_tokens: float = 0.0  # evaluate each time this many real tokens are trained
+    eval_every_steps: int = 0  # or each time this many steps are
+    room_share: float = 1.0  # the plan's memory line: a best layout above it names a roomier one, below it faster ones
 
     @property
     def fits(self) -> np.ndarray:
-        """In GPU memory, and what is offloaded in the host memory of its node."""
-        return _fits(self.memory, self.candidates, self.capacity_bytes, self.host_capacity_bytes, self.gpus_per_host)
+        """Not "does not fit": in GPU memory up to the tight line (the stack's measured memory error
+        above capacity), and what is offloaded in the host memory of its node."""
+        return _fits(self.memory, self.candidates, self.capacity_bytes * self.tight_share, self.host_capacity_bytes,
+                     self.gpus_per_host)
+
+    @property
+    def tight(self) -> np.ndarray:
+        """Listed, but within the stack's measured memory error of capacity (or above it by less)."""
+        return self.fits & (self.memory.total > self.capacity_bytes * self.fits_share)
+
+    @property
+    def tier(self) -> np.ndarray:
+        """The ranking's memory tier of each layout that fits: 0 under the safe line, then fitting
+        above it, then tight under capacity, then tight above it (``planner.core.search.rank_order``)."""
+        return memory_tier(self.memory.total, self.capacity_bytes, self.fits_share, self.safe_share)
 
     @property
     def host_bytes_per_host(self) -> np.ndarray:
@@ -82,8 +105,29 @@ class Evaluation:
 
     @property
     def train_seconds(self) -> np.ndarray:
-        """Ideal (failure-free) time: the planned real tokens over the real-token rate."""
-        return self.train_tokens / (self.tokens_per_s * self.packing_efficiency)
+        """Ideal (failure-free) time: the planned real tokens over the real-token rate, plus the
+        evaluations (``eval_seconds``)."""
+        steps_s = self.train_tokens / (self.tokens_per_s * self.packing_efficiency)
+        return steps_s + self.eval_seconds if self.eval_tokens else steps_s
+
+    @property
+    def evaluations(self) -> np.ndarray | float:
+        """How many evaluations the run makes: one each time eval_every real tokens (or
+        eval_every_steps steps) have been trained, the last at or before the end."""
+        if not self.eval_tokens:
+            return 0.0
+        if self.eval_every_steps:
+            steps = self.train_tokens / (self.tokens_per_step * self.packing_efficiency)
+            return np.floor(steps / self.eval_every_steps * (1 + 1e-12))  # 1e-12: an exact multiple counts
+        return np.floor(self.train_tokens / self.eval_every_tokens * (1 + 1e-12))
+
+    @property
+    def eval_seconds(self) -> np.ndarray | float:
+        """Forward-only passes over eval_tokens real tokens each evaluation, a global batch at a time
+        (``StepTime.eval_batch``; a last, partial batch costs its share)."""
+        if not self.eval_tokens:
+            return 0.0
+        return self.evaluations * self.eval_tokens / (self.tokens_per_step * self.packing_efficiency) * self.time.eval_batch
 
     @property
     def gpu_hours(self) -> np.ndarray:
@@ -161,7 +205,28 @@ def _fits(mem: Memory, c: Candidates, capacity: float, host_capacity: float, gpu
 
 def usable_memory(hw: HardwareProfile, job: Job) -> float:
     """The memory per GPU a plan may fill: the profile's capacity less the job's headroom."""
-    return hw.gpu.memory_bytes * (1.0 - job.memory_headroom)
+    return hw.gpu.memory_bytes * (1.0 - (job.memory_headroom or 0.0))
+
+
+def memory_tier(total: np.ndarray, capacity: float, fits_share: float, safe_share: float) -> np.ndarray:
+    """0 under the safe line, 1 fitting above it, 2 tight under capacity, 3 tight above (``fit_lines``)."""
+    return (np.asarray(total > capacity * safe_share, dtype=np.int64) + (total > capacity * max(safe_share, fits_share))
+            + (total > capacity * max(safe_share, 1.0)))
+
+
+def fit_lines(job: Job, stack) -> tuple[float, float, float, float]:
+    """(fits, tight, safe, room) shares of the memory a plan may fill: fits up to 1 - under, tight up to
+    1 + over (the stack's measured memory band: planner.evidence.memory_band), and the line the
+    ranking keeps the best plan under: the stricter of ROOMY_SHARE and the fits line by default,
+    the capacity itself when --memory-headroom is given (0: plan up to capacity, as before); and the
+    line a plan's note compares with (the safe line by default, ROOMY_SHARE with a headroom given)."""
+    from planner.core.checks import ROOMY_SHARE
+    from planner.evidence import memory_band
+
+    band = memory_band(stack)
+    fits = 1.0 - band.under
+    room = min(ROOMY_SHARE, fits) if job.memory_headroom is None else ROOMY_SHARE
+    return fits, 1.0 + band.over, room if job.memory_headroom is None else 1.0, room
 
 
 def _effective(hw: HardwareProfile, job: Job):
@@ -171,7 +236,7 @@ def _effective(hw: HardwareProfile, job: Job):
     hw_eff = effective(hw, sw.stack, job.async_tp)
     if not job.overlap_grad_reduce:
         hw_eff = hw_eff.with_efficiency(hw_eff.efficiency.replace(dp_overlap=0.0))
-    if job.memory_headroom > 0:
+    if job.memory_headroom:
         hw_eff = dataclasses.replace(hw_eff, gpu=dataclasses.replace(hw_eff.gpu, memory_bytes=usable_memory(hw, job)))
     return sw, hw_eff
 
@@ -279,7 +344,8 @@ def evaluate_deferred(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candid
     is half the evaluation."""
     sw, hw = _effective(hw, job)
     mem, stages = _memory(model, hw, job, c, sw)
-    fit = _fits(mem, c, hw.gpu.memory_bytes, hw.network.host_memory_bytes, hw.network.host_gpus)
+    fit = _fits(mem, c, hw.gpu.memory_bytes * fit_lines(job, sw.stack)[1], hw.network.host_memory_bytes,
+                hw.network.host_gpus)
     n, rows = len(c), np.flatnonzero(fit)
     if 2 * len(rows) >= n:  # most fit: one pass over the table costs less than two
         return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw)), None
@@ -322,7 +388,7 @@ def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candida
         if key not in shared:
             shared[key] = _checked(memory(model, hw, job, b, sw), len(b))
         mem, stages = shared[key]
-        fit = np.flatnonzero(_fits(mem, b, hw.gpu.memory_bytes, hw.network.host_memory_bytes,
+        fit = np.flatnonzero(_fits(mem, b, hw.gpu.memory_bytes * fit_lines(job, sw.stack)[1], hw.network.host_memory_bytes,
                                    hw.network.host_gpus))
         if len(fit) == 0:
             continue
@@ -340,6 +406,7 @@ def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     tokens = c.global_batch * model.seq_len
     per_token = model_flops_per_token(model, job)
     price = job.price_usd_per_gpu_hour if job.price_usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
+    fits_share, tight_share, safe_share, room_share = fit_lines(job, sw.stack)
     return Evaluation(
         candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
         tokens_per_step=tokens.astype(float), model_flops_per_step=per_token * tokens,
@@ -350,4 +417,6 @@ def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         train_tokens=job.train_tokens(model), gpus=gpus,
         power_watts=hw.gpu.tdp_watts * hw.efficiency.power_fraction, pue=job.pue, price_usd_per_gpu_hour=price,
         packing_efficiency=job.packing_efficiency, host_capacity_bytes=hw.network.host_memory_bytes,
-        gpus_per_host=hw.network.host_gpus, stage_memory=stages)
+        gpus_per_host=hw.network.host_gpus, stage_memory=stages, fits_share=fits_share, tight_share=tight_share,
+        safe_share=safe_share, room_share=room_share, eval_tokens=job.eval_tokens or 0.0,
+        eval_every_tokens=job.eval_every or 0.0, eval_every_steps=job.eval_every_steps or 0)

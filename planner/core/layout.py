@@ -225,6 +225,8 @@ class Option:
     step: float | None = None
     flag: str = ""  # default: "--" + the name with dashes
     count: bool = False  # given as a count with a suffix (1T, 2.5B; planner.units.parse_count)
+    repeat: bool = False  # a list given one item per flag (``--set A --set B``); as text, items split by ``separator``
+    separator: str = ","
     group: str = "job"  # the explorer's sidebar section
     name: str = ""
     type: str = ""  # the annotation: "int", "float | None", "tuple[str, ...]", ...
@@ -294,16 +296,37 @@ class Job:
                                           "megatron-fsdp, nemo, llama3, llm-foundry, deepspeed-zero, ...; "
                                           f"docs/stacks.md) or a stack file (default {DEFAULT_STACK})",
                       label="Software stack")
+    # Stack keys set for this plan, TABLE.KEY=VALUE each (planner.stacks.with_overrides): checked as a
+    # stack file's keys are, printed beside the stack; a setting that differs needs no stack file.
+    stack_set: tuple[str, ...] = _opt((), help="set one stack key for this plan, TABLE.KEY=VALUE as in a stack "
+                                               "file, e.g. sharding.grad_reduce_bytes=2 or kernels.attention=flash2 "
+                                               "(repeat the flag for more; `planner stacks --keys` lists them)",
+                                      label="Stack overrides (TABLE.KEY=VALUE; separated by ;)", flag="--set",
+                                      repeat=True, separator=";")
     compile: bool = _opt(False, help="torch.compile (on stacks that have it)", label="torch.compile")
     expert_imbalance: float = _opt(1.1, help="MoE load imbalance: the busiest expert-parallel rank's routed tokens "
                                              "over the mean, when ep > 1 (default 1.1: auxiliary-loss balancing)",
                                    label="MoE load imbalance (busiest / mean)", low=1.0, high=8.0, step=0.05)
     async_tp: bool = _opt(False, help="asynchronous tensor parallel: TP communication overlapped with the matmuls "
                                       "(torchtitan async TP, TE --tp-comm-overlap)", label="Async TP")
-    memory_headroom: float = _opt(0.0, help="share of each GPU's memory a plan leaves free (default 0: plan up to "
-                                            "the profile's capacity; 0.1 keeps a tenth free for allocator "
-                                            "fragmentation and communication buffers)",
-                                  label="Memory headroom (share kept free)", low=0.0, high=0.5, step=0.05)
+    memory_headroom: float | None = _opt(None, help="share of each GPU's memory a plan leaves free; the plan is the "
+                                                    "best layout up to what remains (0: up to the profile's capacity). "
+                                                    "Default: the best under the stack's safe line, the stricter of "
+                                                    "95% and its measured memory error below capacity, faster ones "
+                                                    "above it listed",
+                                  label="Memory headroom (share kept free; empty: the safe line)", low=0.0, high=0.5, step=0.05)
+
+    # Periodic evaluation (forward only, on the training layout): every so many tokens or steps, on
+    # so many tokens each time; none by default (planner.core.steptime.eval_batch_time).
+    eval_every: float | None = _opt(None, help="evaluate every so many trained tokens, e.g. 2B (default: never; "
+                                               "with --eval-tokens)", label="Evaluate every (billion tokens; 0: never)",
+                                    low=0.0, high=1e6, step=1.0, count=True, group="operations")
+    eval_every_steps: int | None = _opt(None, help="evaluate every so many optimizer steps (instead of --eval-every)",
+                                        label="Evaluate every (steps; 0: never)", low=0, high=10**9,
+                                        group="operations")
+    eval_tokens: float | None = _opt(None, help="tokens each evaluation reads, e.g. 100M (forward only)",
+                                     label="Evaluation tokens each time (billions; 0: none)", low=0.0, high=1e6,
+                                     step=0.01, count=True, group="operations")
 
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
@@ -319,8 +342,21 @@ class Job:
         require(self.mode in MODES, "mode", self.mode, f"one of {', '.join(MODES)}")
         require(1e-3 <= self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
                 "in [0.001, 1]: the share of sequence positions holding real tokens")
-        require(0.0 <= self.memory_headroom <= 0.5, "memory_headroom", self.memory_headroom,
+        require(self.memory_headroom is None or 0.0 <= self.memory_headroom <= 0.5, "memory_headroom", self.memory_headroom,
                 "in [0, 0.5]: the share of each GPU's memory a plan leaves free")
+        every = [f for f in ("eval_every", "eval_every_steps") if getattr(self, f) is not None]
+        require(len(every) < 2, "eval_every_steps", self.eval_every_steps,
+                "give --eval-every (tokens) or --eval-every-steps, not both")
+        require(self.eval_every is None or 1 <= self.eval_every <= MAX_TOKENS, "eval_every", self.eval_every,
+                f"from 1 to {MAX_TOKENS:g} tokens")
+        require(self.eval_every_steps is None or (isinstance(self.eval_every_steps, int)
+                                                   and self.eval_every_steps >= 1), "eval_every_steps",
+                self.eval_every_steps, "a positive whole number of steps")
+        require(self.eval_tokens is None or 1 <= self.eval_tokens <= MAX_TOKENS, "eval_tokens", self.eval_tokens,
+                f"from 1 to {MAX_TOKENS:g} tokens")
+        require(bool(every) == (self.eval_tokens is not None), "eval_tokens" if every else every_name(self),
+                self.eval_tokens if every else "none", "--eval-tokens and one of --eval-every, --eval-every-steps "
+                "go together (how much each evaluation reads, and how often)")
         if self.mode == "lora":
             require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")
             require(self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "greater than zero")
@@ -331,6 +367,10 @@ class Job:
     @property
     def lora(self) -> bool:
         return self.mode == "lora"
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_tokens is not None
 
     def batch_tokens_target(self, gpus: int = 1) -> int:
         """The default global batch in tokens when ``global_batch`` is not given: about 4M tokens;
@@ -348,6 +388,10 @@ class Job:
 
     def replace(self, **changes: object) -> "Job":
         return dataclasses.replace(self, **changes)
+
+
+def every_name(job: Job) -> str:
+    return "eval_every" if job.eval_every is not None or job.eval_every_steps is None else "eval_every_steps"
 
 
 JOB_OPTIONS: tuple[Option, ...] = options_of(Job)

@@ -23,8 +23,9 @@ from planner.schema import check_flags as check_against
 
 # Where the explorer's lower bound encodes something a flag says otherwise: its global batch of
 # 0 means "the default" (a flag leaves it out), its 0 hours between failures means none (a flag
-# says inf). The upper bounds stay the declared ones.
-_AS_FLAG = {"global_batch": {"lo": 1}, "mtbf_gpu_hours": {"lo_open": True, "inf_ok": True}}
+# says inf), its 0 steps between evaluations means none (a flag leaves it out). The upper bounds stay the declared ones.
+_AS_FLAG = {"global_batch": {"lo": 1}, "mtbf_gpu_hours": {"lo_open": True, "inf_ok": True},
+            "eval_every_steps": {"lo": 1, "unit": "steps"}}
 # Options declared without explorer bounds that take a sibling's range.
 _SAME_AS = {"mtbf_node_hours": "mtbf_gpu_hours", "storage_write_gbps": "storage_gbps",
             "storage_read_gbps": "storage_gbps"}

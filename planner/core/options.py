@@ -21,6 +21,7 @@ from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 from planner.core.search import Pins
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile, get_profile
+from planner.stacks import job_stack
 from planner.units import parse_count
 
 DEFAULT_GPU = "a100-80g"
@@ -82,9 +83,11 @@ def _value(values: Mapping[str, object], o: Option) -> object:
     v = values.get(o.name)
     if v is None:
         return o.default
+    if isinstance(v, (list, tuple)) and o.base_type == "tuple":  # one item per flag (--set A --set B)
+        return tuple(t for x in v for t in _value({o.name: x}, o)) if o.repeat else tuple(v)
     if isinstance(v, str):
         if o.base_type == "tuple":
-            return tuple(t.strip() for t in v.split(",") if t.strip())
+            return tuple(t.strip() for t in v.split(o.separator) if t.strip())
         if o.count:
             return parse_count(v, o.name)
     return v
@@ -312,5 +315,6 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
         if extra:
             note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"
     trainable_params(model, job)  # validates LoRA targets and rank against this model
+    job_stack(job)  # validates the stack and its --set keys: one line naming the key, the value, what is allowed
     return Inputs(model=model, model_note=note, hardware=hw, gpus=gpus, job=job, pins=pins_from(values),
                   ops=ops_from(values, hw.network.host_gpus))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.checks import ROOMY_SHARE
 from planner.core.layout import DIMS, Job
 from planner.core.model import ModelSpec
 from planner.core.resilience import Operations
@@ -29,9 +28,13 @@ class Plan:
     nearest_fit: Estimate | None = None  # when ``best`` does not fit
     alternatives: tuple[Estimate, ...] = ()  # two more fitting layouts that change other pinned fields
     pinned: tuple[str, ...] = ()
-    # When ``best`` fits above ROOMY_SHARE of what a plan may fill (the warnings' "within 5% of
-    # capacity"): the best layout with these pins at or under it, if one fits.
+    # When ``best`` fits above the plan's memory line (``MemoryParts.safe_line_bytes``: the stricter
+    # of ROOMY_SHARE and the fit verdict's line by default, ROOMY_SHARE with --memory-headroom):
+    # the best layout with these pins at or under it, if one fits.
     roomier: Estimate | None = None
+    # When ``best`` is under that line: the layouts above it (fitting or tight) that the objective
+    # ranks better, best first (at most FASTER_SHOWN): what keeping room costs.
+    faster: tuple[Estimate, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -39,15 +42,18 @@ class Plan:
 
     def to_json(self, model_note: str = "") -> dict:
         """`planner estimate --format json`: the best estimate, how the model was chosen, the nearest fit."""
-        return plan_json(self.best, model_note, self.nearest_fit, self.alternatives, self.roomier)
+        return plan_json(self.best, model_note, self.nearest_fit, self.alternatives, self.roomier, self.faster)
 
 
 def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None,
-              alternatives: tuple[Estimate, ...] = (), roomier: Estimate | None = None) -> dict:
+              alternatives: tuple[Estimate, ...] = (), roomier: Estimate | None = None,
+              faster: tuple[Estimate, ...] = ()) -> dict:
     return {**best.to_json(), "model_note": model_note,
             "nearest_fit": nearest_fit.to_json() if nearest_fit is not None else None,
             "nearest_fit_alternatives": [a.to_json() for a in alternatives],
-            "roomier": roomier.to_json() if roomier is not None else None}
+            "roomier": roomier.to_json() if roomier is not None else None,
+            "faster_above_safe_line": [{**f.to_json(), "faster_by": best.train.seconds / f.train.seconds - 1}
+                                       for f in faster]}
 
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -108,14 +114,37 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
     room = _roomier_row(result, pins) if crowded(best) else None
+    faster = _faster_rows(result, pins) if best.fits and not crowded(best) else []
+    ev = result.ranked(faster) if faster else None
     return Plan(best=best, runners_up=runners, result=result, nearest_fit=near[0] if near else None,
                 alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()),
-                roomier=estimate_at(result.ranked([room]), 0, model, hw, job, ops) if room is not None else None)
+                roomier=estimate_at(result.ranked([room]), 0, model, hw, job, ops) if room is not None else None,
+                faster=tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(len(faster))))
+
+
+FASTER_SHOWN = 3  # layouts above the memory line that a plan lists as faster
 
 
 def crowded(e: Estimate) -> bool:
-    """Fits, above ROOMY_SHARE of what a plan may fill: where a plan names a roomier layout."""
-    return e.fits and e.memory.total_bytes > ROOMY_SHARE * e.memory.capacity_bytes
+    """Fits (or is tight), above the plan's memory line (``MemoryParts.safe_line_bytes``): where a
+    plan names a roomier layout."""
+    return e.fits and e.memory.total_bytes > e.memory.safe_line_bytes
+
+
+def _faster_rows(result: SearchResult, pins: Pins) -> list[int]:
+    """The rank positions of the listed layouts above the plan's memory line that the objective
+    ranks better than the best (position 0), best first: at most FASTER_SHOWN."""
+    if result.evaluated == 1 or result.objective == "memory":
+        return []
+    ev = result.partial_table
+    above = _listed(result, pins) & (ev.memory.total > ev.room_share * ev.capacity_bytes)
+    rows = np.flatnonzero(result.in_rank_order(above))
+    if rows.size == 0:
+        return []
+    primary = result.in_rank_order(ev.train_seconds if result.objective == "time" else ev.cost_usd)
+    best = primary[0]
+    better = rows[primary[rows] < best * (1 - 1e-3)]  # a tie (within 0.1%) is no gain: rank_order's own bucket
+    return [int(i) for i in better[np.argsort(primary[better], kind="stable")][:FASTER_SHOWN]]
 
 
 def _listed(result: SearchResult, pins: Pins) -> np.ndarray:
@@ -137,10 +166,10 @@ def _runner_rows(result: SearchResult, pins: Pins, top: int) -> list[int]:
 
 
 def _roomier_row(result: SearchResult, pins: Pins) -> int | None:
-    """The rank position of the best listed layout at or under ROOMY_SHARE of what a plan may
-    fill, or None."""
+    """The rank position of the best listed layout at or under the plan's memory line, or None."""
     m = result.memory
-    roomy = _listed(result, pins) & (m.total <= ROOMY_SHARE * result.partial_table.capacity_bytes)
+    ev = result.partial_table
+    roomy = _listed(result, pins) & (m.total <= ev.room_share * ev.capacity_bytes)
     rows = np.flatnonzero(result.in_rank_order(roomy))
     return int(rows[0]) if rows.size else None
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.core.checks import ROOMY_SHARE
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
 from planner.core.plan import Plan, crowded
-from planner.core.results import Estimate, flat_fields
+from planner.core.results import Estimate, flat_fields, least_certain
 from planner.errors import PlannerError
 from planner.evidence import calibration_line
-from planner.stacks import DEFAULT_STACK, software
+from planner.stacks import DEFAULT_STACK, overrides_text, software
 from planner.tables import WIDTH, fit_table
 from planner.units import GIB, fmt_bytes, fmt_count, fmt_days, fmt_seconds
 
@@ -63,7 +62,8 @@ def stack_line(e: Estimate) -> str:
     extras = [x for x, on in (("compiled", s["compile"]), ("async TP", s["async_tp"])) if on]
     default = " (default; --stack to choose)" if e.job.stack == DEFAULT_STACK else ""
     where = Path(s["file"]).name if s["file"] else ""
-    return f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
+    return (f"{s['name']}{default}: {s['description']}{', ' + ', '.join(extras) if extras else ''} ({where})"
+            + overrides_text(software(e.job).stack))
 
 
 def offload_line(e: Estimate) -> str:
@@ -119,7 +119,8 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5, width: int | No
         f"({m.total_bytes / m.capacity_bytes:.0%}, peak on pipeline stage {m.peak_stage})"
         + ("" if m.fits else "  ** DOES NOT FIT **"),
         *([f"         the GPU's {e.hardware.gpu.memory_bytes / GIB:.0f} GiB less the {e.job.memory_headroom:.0%} "
-           "kept free (--memory-headroom)"] if e.job.memory_headroom > 0 else []),
+           "kept free (--memory-headroom)"] if e.job.memory_headroom else []),
+        *fit_lines(e),
         f"         {memory_bar(e)}",
         "         " + "  ".join(f"{ch} {label} {getattr(m, key) / GIB:.1f}" for key, ch, label in BAR_PARTS) + " GiB",
         (f"         torch would report max_memory_reserved {m.torch_reserved_bytes / GIB:.1f} GiB (the rest is the "
@@ -143,14 +144,56 @@ def estimate_report(p: Plan, model_note: str = "", top: int = 5, width: int | No
         f"train    {fmt_days(tr.days)} | {fmt_count(tr.gpu_hours)} GPU-hours | {fmt_count(tr.energy_kwh)} kWh "
         f"(TDP x PUE {tr.pue}) | ${fmt_count(tr.cost_usd)} at ${tr.price_usd_per_gpu_hour:.2f}/GPU-hour",
     ]
+    lines += eval_lines(e)
     lines += operations_lines(e)
     if p.runners_up:
         lines += ["", "runners-up:", table(list(p.runners_up)[:top], indent="  ", width=width)]
+    lines += faster_lines(e, p.faster, p.result.objective)
     lines += ["", "warnings: " + ("none" if not e.warnings else "")]
     lines += [f"  - {w}" for w in e.warnings]
     note = roomier_note(e, p.roomier, bool(p.pinned), p.result.objective)
     lines += [f"  - {note}"] if note else []
     return "\n".join(lines)
+
+
+def eval_lines(e: Estimate) -> list[str]:
+    """The evaluations' share of the time to train (in it, and in GPU-hours, energy and cost)."""
+    job, tr = e.job, e.train
+    if not job.evaluates:
+        return []
+    every = (f"every {fmt_count(job.eval_every)} tokens" if job.eval_every is not None
+             else f"every {job.eval_every_steps:,} steps")
+    return [f"eval     {tr.evaluations:,} evaluations ({every}, {fmt_count(job.eval_tokens)} tokens each, forward "
+            f"only): {fmt_seconds(tr.eval_seconds)} of the {fmt_days(tr.days)} "
+            f"({tr.eval_seconds / tr.seconds:.1%}), included above"]
+
+
+def fit_lines(e: Estimate) -> list[str]:
+    """The verdict with the stack's measured memory band, where the band comes from, and the parts
+    least certain."""
+    m, band = e.memory, e.band()
+    whose = band.source + (f" ({band.inherited}: no memory measured on {software(e.job).stack.name})"
+                           if band.inherited else "")
+    parts = ", ".join(f"{name} {b / GIB:.1f} GiB" for name, b in least_certain(m))
+    return [f"fit      {m.fit.upper()}: fits up to {m.fits_below_bytes / GIB:.1f} GiB (-{band.under:.1%}), tight up to "
+            f"{m.tight_below_bytes / GIB:.1f} GiB (+{band.over:.1%}), does not fit above",
+            f"         the band: worst memory errors of {whose}",
+            f"         least certain: {parts} (modelled; weights, gradients and optimizer states are counted)"]
+
+
+def faster_lines(e: Estimate, faster: tuple[Estimate, ...], objective: str = "time") -> list[str]:
+    """The layouts above the plan's memory line that the objective ranks better, and by how much."""
+    if not faster:
+        return []
+    line = e.memory.safe_line_bytes / e.memory.capacity_bytes
+    what = "cheaper" if objective == "cost" else "faster"
+    out = ["", f"{what} above the plan's memory line ({line:.1%} of capacity; --memory-headroom 0 plans up to "
+                 "capacity):"]
+    for f in faster:
+        gain = (e.train.cost_usd / f.train.cost_usd if objective == "cost" else e.train.seconds / f.train.seconds) - 1
+        out.append(f"  {layout_line(f)}: {f.memory.total_bytes / GIB:.1f} GiB "
+                   f"({f.memory.total_bytes / f.memory.capacity_bytes:.0%}, {f.memory.fit}), {gain:.1%} {what}")
+    return out
 
 
 def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str = "time") -> str:
@@ -160,12 +203,14 @@ def roomier_note(e: Estimate, r: Estimate | None, pinned: bool, objective: str =
     if not crowded(e):
         return ""
     pins = " with these pins" if pinned else ""
+    share = e.memory.safe_line_bytes / e.memory.capacity_bytes
+    line = f"{share:.0%}" if abs(share * 100 - round(share * 100)) < 1e-6 else f"{share:.1%}"
     if r is None:
-        return f"no layout{pins} fits under {ROOMY_SHARE:.0%} of the memory"
+        return f"no layout{pins} fits under {line} of the memory"
     best = {"time": "fastest", "cost": "cheapest", "memory": "leanest"}.get(objective, "best")
     ratio = r.train.seconds / e.train.seconds - 1
     than = f"{ratio:.1%} slower" if ratio > 0 else f"{-ratio:.1%} faster" if ratio < 0 else "as fast"
-    return (f"the {best} layout{pins} under {ROOMY_SHARE:.0%} of the memory: {layout_line(r)}: "
+    return (f"the {best} layout{pins} under {line} of the memory: {layout_line(r)}: "
             f"{r.memory.total_bytes / GIB:.1f} GiB ({r.memory.total_bytes / r.memory.capacity_bytes:.0%}), {than}")
 
 
@@ -264,9 +309,10 @@ def operations_lines(e: Estimate) -> list[str]:
 
 
 TABLE_HEADER = ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "mb", "accum", "zero", "shard", "recompute", "sp", "offload",
-                "mem GiB", "step s", "MFU", "bubble", "comm", "time")
-# Columns left out when every row holds their default (a dense model has ep 1 everywhere).
-_QUIET = {"ep": 1, "shard": "full", "offload": "none"}
+                "mem GiB", "fit", "step s", "MFU", "bubble", "comm", "time")
+# Columns left out when every row holds their default (a dense model has ep 1 everywhere; the fit
+# verdict is said only where some row is tight).
+_QUIET = {"ep": 1, "shard": "full", "offload": "none", "fit": "fits"}
 
 
 def table_rows(estimates: list[Estimate]) -> list[tuple]:
@@ -275,7 +321,7 @@ def table_rows(estimates: list[Estimate]) -> list[tuple]:
         lay = e.layout
         rows.append((i, lay.dp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.micro_batch, lay.grad_accum, lay.zero_stage,
                      lay.sharding, lay.recompute, "on" if lay.sequence_parallel else "off", lay.offload,
-                     f"{e.memory.total_bytes / GIB:.1f}", f"{e.time.step_s:.3g}", f"{e.mfu:.1%}",
+                     f"{e.memory.total_bytes / GIB:.1f}", e.memory.fit, f"{e.time.step_s:.3g}", f"{e.mfu:.1%}",
                      _pct(e.bubble_fraction), _pct(e.comm_fraction), fmt_days(e.train.days)))
     return rows
 
@@ -292,7 +338,7 @@ def table(estimates: list[Estimate], indent: str = "", width: int | None = WIDTH
 
 # The layout's columns are its dimensions, by their declared names (planner.core.layout.LAYOUT_DIMS).
 CSV_COLUMNS = ("model", "params", "gpu", "gpus", *(d.name for d in LAYOUT_DIMS), "grad_accum", "precision",
-               "fits", "total_bytes",
+               "fits", "fit", "total_bytes",
                "capacity_bytes", "step_s", "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
                "bubble_s",
                "optimizer_s", "other_s", "bubble_fraction", "comm_fraction", "tokens_per_s", "mfu", "hfu",

@@ -12,7 +12,7 @@ from planner.core.memory import allocated_bytes, outside_allocator
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.core.step_parts import STEPTIME_FIELDS
-from planner.evidence import FEATURES, Evidence, for_stack, plan_features
+from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, for_stack, plan_features
 from planner.hardware import HardwareProfile
 
 
@@ -33,6 +33,12 @@ class MemoryParts:
     # (the tensors alone, without the allocator's fragmentation).
     torch_reserved_bytes: float = 0.0
     torch_allocated_bytes: float = 0.0
+    # The verdict (planner.evidence.fit_verdict): fits up to fits_below_bytes, tight up to
+    # tight_below_bytes (``fits`` above is true for both), does not fit above; the plan's memory line.
+    fit: str = "fits"
+    fits_below_bytes: float = 0.0
+    tight_below_bytes: float = 0.0
+    safe_line_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +78,9 @@ class TrainTotals:
     cost_usd: float
     price_usd_per_gpu_hour: float
     pue: float
+    # Periodic evaluation, in ``seconds`` and what follows from it (--eval-every, --eval-tokens)
+    evaluations: int = 0
+    eval_seconds: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +125,8 @@ class Estimate:
                         "gpus_per_node": self.hardware.network.gpus_per_node,
                         "gpus_per_host": self.hardware.network.host_gpus},
             "layout": {**lay.to_json(), "precision": self.job.precision, "attention": self.job.attention},
+            "fit": self.memory.fit,
+            "fit_band": self.fit_band_json(),
             "memory": {**flat_fields(self.memory), "memory_headroom": self.job.memory_headroom},
             "memory_by_stage": [flat_fields(s) for s in self.stage_memory],
             "time": flat_fields(self.time),
@@ -140,6 +151,19 @@ class Estimate:
                                          if self.job.precision == "fp8" else f"the {self.job.precision} dense peak")},
         }
 
+    def band(self):
+        """The stack's measured memory band the verdict uses (planner.evidence.memory_band)."""
+        from planner.evidence import memory_band
+        from planner.stacks import software
+
+        return memory_band(software(self.job).stack)
+
+    def fit_band_json(self) -> dict:
+        m = self.memory
+        return {**self.band().to_json(), "fits_below_bytes": m.fits_below_bytes,
+                "tight_below_bytes": m.tight_below_bytes, "safe_line_bytes": m.safe_line_bytes,
+                "least_certain": [name for name, _ in least_certain(m)]}
+
     def stack_json(self) -> dict:
         """The software stack the figures assume, what it ran with, and where its factors come from."""
         from planner.evidence import calibration_json
@@ -149,6 +173,7 @@ class Estimate:
         return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
                 "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
                 "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
+                "overrides": dict(sw.stack.overrides),
                 "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys),
                 "checked_against": {**self.evidence().to_json(),
                                     "profile_calibration": calibration_json(self.hardware)}}
@@ -159,6 +184,18 @@ class Estimate:
         from planner.stacks import software
 
         return for_stack(software(self.job).stack, self.hardware.name, plan_features(self.model, self.layout))
+
+
+# Memory parts by how the planner gets them: weights, gradients and optimizer states are bytes per
+# parameter counted from the shape and the stack's dtypes; activations (which tensors each kernel
+# keeps) and other (workspace, buffers, fragmentation, the CUDA context) are modelled, and it is
+# they that differ between a prediction and a measured peak (docs/validation.md).
+MODELLED_PARTS = (("activations_bytes", "activations"), ("other_bytes", "other"))
+
+
+def least_certain(m: MemoryParts) -> list[tuple[str, float]]:
+    """The modelled memory parts, largest first: (name, bytes)."""
+    return sorted(((label, getattr(m, key)) for key, label in MODELLED_PARTS), key=lambda x: -x[1])
 
 
 def flat_fields(obj) -> dict:
@@ -203,12 +240,17 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                          other_bytes=float(mem.other), total_bytes=float(mem.total), capacity_bytes=ev.capacity_bytes,
                          fits=bool(ev.fits), peak_stage=int(mem.stage), host_bytes=float(mem.host),
                          torch_reserved_bytes=float(mem.total) - float(outside_allocator(hw, c)),
-                         torch_allocated_bytes=float(allocated_bytes(mem)))
+                         torch_allocated_bytes=float(allocated_bytes(mem)),
+                         fit=FIT_VERDICTS[2] if not ev.fits else FIT_VERDICTS[1] if ev.tight else FIT_VERDICTS[0],
+                         fits_below_bytes=ev.capacity_bytes * ev.fits_share,
+                         tight_below_bytes=ev.capacity_bytes * ev.tight_share,
+                         safe_line_bytes=ev.capacity_bytes * ev.room_share)
     time = TimeParts(step_s=float(t.step), **{f"{name}_s": float(getattr(t, name)) for name in STEPTIME_FIELDS})
     seconds = float(ev.train_seconds)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(ev.gpu_hours),
                         energy_kwh=float(ev.energy_kwh), cost_usd=float(ev.cost_usd),
-                        price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue)
+                        price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue,
+                        evaluations=int(ev.evaluations), eval_seconds=float(ev.eval_seconds))
     stages = {}
     for sm in ev.stage_memory:  # first, fullest, last: the same stage may appear twice
         k = int(sm.stage)
@@ -224,7 +266,8 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                             grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
                             feed=feed, reliability=reliability,
                             ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep,
-                            gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw))
+                            gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw),
+                            tight_bytes=memory.tight_below_bytes)
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=float(ev.tokens_per_s),
                     model_tflops_per_gpu=float(ev.model_flops_per_gpu) / 1e12, mfu=float(ev.mfu), hfu=float(ev.hfu),

@@ -36,9 +36,10 @@ from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import HardwareProfile
 from planner.schema import MAX_GPUS
-from planner.stacks import Stack, get_stack
+from planner.stacks import Stack, get_stack, job_stack
 
 OBJECTIVES = ("time", "cost", "memory")
+TIER_STEP = 1e6  # rank_order's key: one memory tier apart outranks any gap in the objective
 
 
 def _pinned(self) -> dict[str, object]:
@@ -267,12 +268,12 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     any of them freed, are a selection of one table (``matches``). ``gpus_per_node``: leave out
     the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``)."""
     if not widen:
-        _check_pins(model, gpus, pins, job.global_batch, get_stack(job.stack).uneven_interleave)
-        check_stack_pins(get_stack(job.stack), pins)
+        _check_pins(model, gpus, pins, job.global_batch, job_stack(job).uneven_interleave)
+        check_stack_pins(job_stack(job), pins)
         if pins.schedule == "dualpipev" and job.compile:
             raise PlannerError("schedule", "dualpipev", "torch's ScheduleDualPipeV does not run compiled stages "
                                                         "(its split backward); drop --compile or pin --schedule 1f1b")
-    uneven = get_stack(job.stack).uneven_interleave
+    uneven = job_stack(job).uneven_interleave
     mesh = _mesh(model, gpus, Pins(), uneven, pins.vpp) if widen else _mesh(model, gpus, pins, uneven)
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp, cp) multiplies to gpus={gpus} with tp dividing "
@@ -283,7 +284,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     codes = {d.name: d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free}
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
-    stack, gpipe, dualpipe = get_stack(job.stack), GPIPE, DUALPIPEV
+    stack, gpipe, dualpipe = job_stack(job), GPIPE, DUALPIPEV
     batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
         batch_rule,
@@ -569,8 +570,9 @@ def searched_by_default(c: Candidates, job: Job, model: ModelSpec) -> np.ndarray
 
 
 def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
-    """Fitting layouts first; within each group by the objective, then by memory; layouts that
-    do not fit by how much they exceed capacity. (``np.lexsort`` of ``_rank_keys``, sorted in two
+    """Fitting layouts first, by memory tier (under the plan's safe line, fitting above it, tight:
+    ``Evaluation.tier``); within each tier by the objective, then by memory; layouts that do not
+    fit by how much they exceed capacity. (``np.lexsort`` of ``_rank_keys``, sorted in two
     parts: the layouts ranked by the objective first, then the rest, most of a large table, by
     memory alone where that is all their keys hold.)"""
     mem, second, bucket = _rank_keys(ev, objective)
@@ -592,6 +594,9 @@ def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, 
     # Layouts within 0.1% of each other on the objective are a tie: prefer less memory. Layouts
     # that do not fit come last, those closest to fitting first.
     bucket = np.round(np.log(primary, where=np.isfinite(primary), out=np.full_like(primary, np.inf)) / 1e-3)
+    # Memory tiers before the objective (Evaluation.tier): under the plan's safe line, fitting above
+    # it, tight (within the stack's measured memory error of capacity); |log| / 1e-3 < 1e5 always.
+    bucket = bucket + TIER_STEP * ev.tier
     second = np.where(fits, ev.step_s, ev.memory.total)
     return ev.memory.total, second, bucket
 

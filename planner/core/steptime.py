@@ -45,11 +45,15 @@ class StepTime:
     optimizer: np.ndarray
     other: np.ndarray
     step: np.ndarray  # the sum of the parts, computed once by ``StepTime.of`` (read ~20 times per estimate)
+    # Not a part of the step: one forward-only pass over a global batch (evaluation), 0 without one.
+    eval_batch: np.ndarray
 
     @classmethod
-    def of(cls, *, compute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, bubble, optimizer, other) -> "StepTime":
+    def of(cls, *, compute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, bubble, optimizer, other,
+           eval_batch=None) -> "StepTime":
         return cls(compute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, bubble, optimizer, other,
-                   compute + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + bubble + optimizer + other)
+                   compute + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + bubble + optimizer + other,
+                   np.zeros_like(compute, dtype=float) if eval_batch is None else eval_batch)
 
 
 def linear_peak(hw: HardwareProfile, precision: str) -> float:
@@ -575,10 +579,26 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
         optimizer = where(c.offload >= 1, offload.optimizer, optimizer)
         dp = dp + offload.params
 
+    eval_batch = c.full(0.0)
+    if job.evaluates:
+        # Evaluation: the forward of each micro-batch alone on the same layout and kernels (no
+        # backward, recompute or optimizer), its forward TP collectives (2 of the 4 + recomputed
+        # ones per layer: Narayanan et al. 2021, Sec. 3.2), the forward share of the CP/EP
+        # exchanges, one p2p send per chunk, and a forward-only pipeline's own fill and drain:
+        # (p - 1) / v micro-batches of forward on the slowest stage (GPipe's forward half).
+        fwd_layer = lt.forward * slow + e.layer_overhead_s * busy
+        fwd_share = lt.forward / (lt.forward + lt.backward + lt.recompute)
+        again = 2 - sw.stack.recompute_early_stop * where(c.sequence_parallel, 0.5, 1.0)
+        tp_fwd = (2 / (4 + again * (c.recompute == 2)) * lt.tp_comm
+                  + 2 / (4 + 2 * (c.recompute == 2)) * lt.tp_calls * e.tp_collective_overhead_s) * busy
+        fwd_mb = (maximum(fullest * fwd_layer, headed * fwd_layer + (head + loss / 3) * slow)
+                  + layers_pace * (tp_fwd + fwd_share * (lt.cp_comm + lt.ep_comm) * busy)
+                  + where(p > 1, v * p2p_one, 0.0))
+        eval_batch = (m + (p - 1) / v) * fwd_mb
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
     busy_s = runs * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
     stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(c.gpus.astype(float)))
     return StepTime.of(compute=runs * (compute_mb - overhead_mb), tp_comm=runs * tp_mb, cp_comm=runs * cp_mb,
                        ep_comm=runs * ep_mb, pp_comm=runs * pp_mb, dp_comm=dp, bubble=bubble, optimizer=optimizer,
-                       other=runs * overhead_mb + e.step_overhead_s + stragglers)
+                       other=runs * overhead_mb + e.step_overhead_s + stragglers, eval_batch=eval_batch)

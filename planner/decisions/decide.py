@@ -311,4 +311,4 @@ def summary(e: Estimate) -> dict:
             "cost_usd": e.train.cost_usd, "wall_cost_usd": wall_cost_usd(e),
             "energy_kwh": e.train.energy_kwh, "mfu": e.mfu, "step_s": e.time.step_s,
             "memory_bytes": e.memory.total_bytes, "capacity_bytes": e.memory.capacity_bytes,
-            "headroom_fraction": headroom(e)}
+            "headroom_fraction": headroom(e), "fit": e.memory.fit}

@@ -82,6 +82,11 @@ def summary(e: Estimate, fmt: str, steps: int, note: str = "") -> list[str]:
              (f"predicted: step {e.time.step_s:.3g} s, MFU {e.mfu:.1%}, {fmt_days(e.train.days)} for "
               f"{fmt_count(e.train.tokens)} tokens ({steps:,} steps); "
               f"{e.memory.total_bytes / GIB:.1f} of {e.memory.capacity_bytes / GIB:.0f} GiB per GPU")]
+    if e.job.stack_set:  # the stack keys the prediction assumed: set the framework's own options to match
+        from planner.stacks import overrides_text, software
+
+        lines.append(f"stack: {software(e.job).stack.name}{overrides_text(software(e.job).stack)} "
+                     "(set the matching options of the framework)")
     h = hyperparameters(e.job.mode, e.model.params, steps)
     lines.append(f"optimizer: AdamW lr {h.lr:g} (cosine to {h.min_lr_ratio:g}x, {h.warmup_steps} warm-up steps), "
                  f"betas {h.betas[0]:g}/{h.betas[1]:g}, eps {h.eps:g}, weight decay {h.weight_decay:g}, clip "
