@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from planner.calibration.profile_grid import stop_process_group  # noqa: E402  (after the path)
+
 STAGES = ("device", "probe", "runs", "calibrate", "validate")
 NEEDS = {"probe": ("device",), "runs": ("device",), "calibrate": ("probe",), "validate": ("calibrate",)}
 LIMIT_S = {"device": 60, "probe": 90, "runs": 200, "calibrate": 90, "validate": 60}
@@ -103,14 +105,14 @@ class Session:
                         break
                     except subprocess.TimeoutExpired:
                         if time.monotonic() >= end:
-                            _stop(proc)
+                            stop_process_group(proc, grace_s=10.0)
                             self.log(f"{stage}: stopped at its limit of {limit:.0f} s")
                             return False
                         if self.records() != seen:  # a run just ended: its record goes into the archive now
                             seen = self.records()
                             self.pack()
             except BaseException:  # Ctrl-C or SIGTERM: no stage outlives the session
-                _stop(proc)
+                stop_process_group(proc, grace_s=10.0)
                 raise
         if rc != 0:
             self.log(f"{stage}: exit code {rc}")
@@ -145,19 +147,6 @@ class Session:
 
 def _on_sigterm(signum, frame) -> None:
     raise SystemExit(143)
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 # --- the stages: each returns (passed, why not) ------------------------------------------------

@@ -121,15 +121,16 @@ def _run_logged(cmd: list[str], log: Path, timeout_s: float) -> int:
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_process_group(proc)
             fh.write(f"\nstopped after {timeout_s:g} s\n")
             return -1
         except BaseException:  # Ctrl-C, or SIGTERM to the grid (run_grid): take the run down with it
-            _stop(proc)
+            stop_process_group(proc)
             raise
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM to ``proc``'s process group (started with start_new_session), SIGKILL after ``grace_s``."""
     import os
     import signal
 
