@@ -312,8 +312,8 @@ class Job:
     memory_headroom: float | None = _opt(None, help="share of each GPU's memory a plan leaves free; the plan is the "
                                                     "best layout up to what remains (0: up to the profile's capacity). "
                                                     "Default: the best under the stack's safe line, the stricter of "
-                                                    "95% and its measured memory error below capacity, faster ones "
-                                                    "above it listed",
+                                                    "0.95 of capacity and its measured memory error below capacity, "
+                                                    "faster ones above it listed",
                                   label="Memory headroom (share kept free; empty: the safe line)", low=0.0, high=0.5, step=0.05)
 
     # Periodic evaluation (forward only, on the training layout): every so many tokens or steps, on
