@@ -291,7 +291,8 @@ def cmd_stacks(a: argparse.Namespace) -> int:
     if getattr(a, "keys", False):  # what a stack file and --set TABLE.KEY=VALUE take
         from planner.stacks import stack_keys
 
-        _print_rows([("key", "allowed"), *stack_keys()], a.format if a.format != "json" else "text")
+        listing = argparse.Namespace(format="text" if a.format == "json" else a.format, wide=a.wide)
+        _print_rows([("key", "allowed"), *stack_keys()], listing, wrap="allowed")
         return 0
     stacks = [get_stack(n) for n in stack_names()]
     checked = {s.name: for_stack(s, "") for s in stacks}  # the measured runs of each stack's family
