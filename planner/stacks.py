@@ -99,6 +99,9 @@ class Stack:
     offload_grads: str = "shard"  # under offload, the gradients the GPU holds: its shard, one bucket or one block (OFFLOAD_GRADS)
     grad_dtype: str = "fp32"  # a 16-bit job's gradients under ZeRO 1-3: kept in fp32 or in the training dtype (GRAD_DTYPES)
     reduce_scatter_bytes: float = 0.0  # per parameter of one block, ZeRO-3's gradient buffers at the backward's peak
+    # ZeRO-3's cap on gathered parameter elements held at once (DeepSpeed's stage3_max_live_parameters;
+    # never below the largest module, gathered whole); 0: no cap (the gather_layers blocks)
+    gather_cap_params: float = 0.0
     grad_bucket_buffer: bool = False  # ZeRO 1-3 copy gradients into a bucket buffer of dp_bucket_bytes (DeepSpeed's contiguous_gradients)
     grad_sync_once_per_step: bool  # ZeRO-1/2 with accumulation: reduce once per step (Megatron) or per micro-batch
     dp_bucket_bytes: float  # ZeRO 0-2 gradient bucket; the last one is reduced after the backward (0: one bucket)
@@ -183,6 +186,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "offload_grads": ("offload_grads", "str", OFFLOAD_GRADS),
     "grad_dtype": ("grad_dtype", "str", GRAD_DTYPES),
     "reduce_scatter_bytes": ("reduce_scatter_bytes", "float", (0.0, 64.0)),
+    "gather_cap_params": ("gather_cap_params", "float", (0.0, 1e13)),
     "grad_bucket_buffer": ("grad_bucket_buffer", "bool", None),
     "schedules": ("schedules", "strs", ("1f1b", "gpipe", "dualpipev")),
     "interleaved": ("interleaved", "bool", None),
@@ -208,7 +212,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
 OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype", "reduce_scatter_bytes", "grad_bucket_buffer",
-                 "attention_square", "model_parallel")
+                 "attention_square", "model_parallel", "gather_cap_params")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

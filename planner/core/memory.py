@@ -245,7 +245,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in 16-bit).
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
-    gather_blocks = where(c.zero_stage >= 3, sw.stack.gather_layers * block * e, 0.0)
+    gather_blocks = where(c.zero_stage >= 3, zero3_live_params(model, c, sw, block) * e, 0.0)
     # Its backward also holds a block's gradients for the reduce-scatter (the stack's
     # ``reduce_scatter_bytes`` per parameter; a stage that keeps its gradients unsharded under
     # pipelining reduces them after the peak, below).
@@ -360,6 +360,23 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # The peak: the first stage that holds the most (a later stage only when it holds more).
     flat = np.argmax(table.total, axis=0) * len(c) + np.arange(len(c))  # (stage, layout) in the flattened table
     return Memory(*(np.ravel(col).take(flat) for col in columns)), tuple(stages)
+
+
+def zero3_live_params(model: ModelSpec, c: Candidates, sw: Software, block: np.ndarray) -> np.ndarray:
+    """Parameter elements ZeRO-3 holds gathered at once, per GPU: ``gather_layers`` wrapped blocks
+    (the block in use and the prefetched one), or under the stack's ``gather_cap_params`` at most
+    that many, never less than the largest single module, which is gathered whole. DeepSpeed
+    (runtime/zero/partitioned_param_coordinator.py, fetch_sub_module, commit 03aecee): each leaf
+    module's parameters are gathered when it runs, released after it unless reused within
+    stage3_max_reuse_distance, and prefetch stops at stage3_max_live_parameters elements in
+    flight (runtime/zero/config.py: default 1e9). The largest module: one projection of the
+    attention or one matrix of the MLP (Hugging Face's separate projections), split by TP."""
+    live = sw.stack.gather_layers * block
+    if not sw.stack.gather_cap_params:
+        return live
+    h = model.hidden
+    largest = max(h * model.q_width, h * model.attn_out_width, h * model.ffn_hidden) / c.tp
+    return minimum(live, maximum(sw.stack.gather_cap_params, largest))
 
 
 def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
