@@ -110,7 +110,7 @@ def test_report_json_and_errors(capsys):
     j = json.loads(capsys.readouterr().out)
     assert j["train"]["evaluations"] == math.floor(j["train"]["tokens"] / 1e9)
     assert 0 < j["train"]["eval_seconds"] < j["train"]["seconds"]
-    assert cli_main([*flags, "--eval-every", "1B", "--eval-tokens", "100M"]) == 0
+    assert cli_main([*flags, "--eval-every", "1B", "--eval-tokens", "100M", "--wide"]) == 0  # --wide: the eval line unwrapped
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("eval "))
     assert f"{j['train']['evaluations']:,} evaluations (every 1B tokens, 100M tokens each, forward only)" in line

@@ -107,7 +107,7 @@ def test_json_and_report_name_what_was_set(capsys):
     j = json.loads(capsys.readouterr().out)
     assert j["stack"]["overrides"] == {"sharding.grad_reduce_bytes": 2, "kernels.attention": "flash2"}
     assert j["stack"]["attention_kernel"] == "flash2"
-    assert cli_main(["estimate", *flags]) == 0
+    assert cli_main(["estimate", *flags, "--wide"]) == 0  # --wide: the stack line unwrapped
     stack = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("stack "))
     assert stack.endswith('; set for this plan: sharding.grad_reduce_bytes=2, kernels.attention="flash2"')
     assert cli_main(["estimate", "--params", "7B", "--gpus", "8", "--format", "json"]) == 0
@@ -118,12 +118,14 @@ def test_json_and_report_name_what_was_set(capsys):
                                      ["recommend", "--gpu", "a100-80g", "--deadline", "400d"],
                                      ["export", "--format", "megatron"]])
 def test_every_planning_command_takes_it(capsys, command):
-    flags = ["--params", "7B", "--gpus", "8", "--set", "sharding.grad_reduce_bytes=2"]
-    assert cli_main([*command[:1], *flags, *command[1:]]) == 0
+    # recommend picks the GPU count itself and has no --gpus (it once passed only as an
+    # abbreviation of --gpus-per-node, which the parser now refuses)
+    sizing = ["--params", "7B"] + ([] if command[0] == "recommend" else ["--gpus", "8"])
+    assert cli_main([*command[:1], *sizing, "--set", "sharding.grad_reduce_bytes=2", *command[1:]]) == 0
     out = capsys.readouterr().out
     if command[0] in ("compare", "export"):
         assert "set for this plan: sharding.grad_reduce_bytes=2" in out
-    assert cli_main([*command[:1], *flags[:4], "--set", "sharding.grad_reduce_bytes=9", *command[1:]]) == 2
+    assert cli_main([*command[:1], *sizing, "--set", "sharding.grad_reduce_bytes=9", *command[1:]]) == 2
     assert "a number from 1 to 4" in capsys.readouterr().err
 
 

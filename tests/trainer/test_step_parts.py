@@ -13,8 +13,13 @@ from planner.core.steptime import StepTime
 
 
 def test_steptime_fields_and_parts_agree():
-    fields = [f.name for f in dataclasses.fields(StepTime) if f.name != "step"]  # step: their sum
+    # step: the sum of the parts; eval_batch: one forward-only pass (evaluation), timed next to the
+    # step from the same per-layer times but not a part of it
+    fields = [f.name for f in dataclasses.fields(StepTime) if f.name not in ("step", "eval_batch")]
     assert sorted(step_parts.STEPTIME_FIELDS) == sorted(fields)  # every field mapped, none invented
+    one = {f: np.array([2.0 ** -i]) for i, f in enumerate(fields)}  # 1 + 1/2 + ... + 1/256
+    assert StepTime.of(**one).step[0] == pytest.approx(2 - 2.0 ** -8)  # the parts add up to the step
+    assert StepTime.of(**one, eval_batch=np.array([7.0])).step[0] == pytest.approx(2 - 2.0 ** -8)  # eval is not in it
     mapped = set(step_parts.STEPTIME_FIELDS.values()) | set(step_parts.NOT_PREDICTED)
     assert mapped == set(step_parts.NAMES)  # every part predicted or declared not predicted
     assert step_parts.COMMUNICATION == ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
