@@ -363,3 +363,18 @@ def profile_limits_markdown() -> str:
             **{f"[node] {k}": v for k, v in NODE_KEYS.items()},
             **{f"[efficiency] {k}": v for k, v in EFFICIENCY_KEYS.items()}}
     return limits_markdown(spec)
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version through NVML (pynvml), or None where there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # ImportError, NVMLError (no driver, no library)
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)

@@ -64,10 +64,10 @@ _JOB = {o.name: o for o in JOB_OPTIONS}  # the planner's job options: the traine
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line naming the flag, the value and what is allowed (exit 2),
-    not a usage dump; numbers read strictly (planner.cli.numbers: no 1_0, no 1e400 read as infinity)."""
+    not a usage dump; numbers read strictly (planner.numbers: no 1_0, no 1e400 read as infinity)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        from planner.cli.numbers import strict
+        from planner.numbers import strict
 
         super().__init__(*args, **kwargs)
         strict(self)

@@ -449,7 +449,7 @@ def _environment(device: torch.device) -> dict:
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        from planner.calibration.probe import driver_version
+        from planner.hardware import driver_version
 
         env["driver"] = driver_version()  # NVML's; None without pynvml
         env["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory

@@ -226,7 +226,7 @@ def calibrated_profile_toml(base: HardwareProfile, fit: Fit, runs: list[Measurem
     import tomllib
     from pathlib import Path
 
-    from planner import toml_text
+    import planner.toml_text as toml_text
 
     data = tomllib.loads(Path(base.path).read_text())
     data.pop("provenance", None)

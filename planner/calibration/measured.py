@@ -15,6 +15,7 @@ from planner.core.layout import LAYOUT_DIMS, Job, Layout
 from planner.core.model import ModelSpec
 from planner.core.step_parts import measured_parts
 from planner.errors import PlannerError
+from planner.hardware import HardwareProfile, get_profile, profile_names
 
 # Every ModelSpec field a record carries (older records: the dense shape only; the rest default).
 MODEL_KEYS = tuple(ModelSpec.__dataclass_fields__)
@@ -149,8 +150,6 @@ def load_measurements(paths: list[str], strict: bool = False, completed_only: bo
                 raise ValueError(f"run status is {rec['status']!r}, not 'completed'")
             run = from_record(rec, str(path))
             if resolve_profiles:  # the profile it names (or matches) loads, and has its precision
-                from planner.calibration.validate import profile_with_precision
-
                 profile_with_precision(run, None)
             runs.append(run)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, PlannerError) as exc:
@@ -172,3 +171,26 @@ def from_published(runs: list[PublishedRun], source: str) -> list[Measurement]:
 def published_measurements(path: str) -> list[Measurement]:
     """A published-results CSV with the columns of megatron2021_table1.csv."""
     return from_published(load_published(path), str(path))
+
+
+def profile_for(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
+    if override is not None:
+        return override
+    if run.hardware_profile:  # a file only from the project's profile folders or beside the record
+        record = run.record_path and Path(run.record_path)
+        return get_profile(profile_reference(run.hardware_profile, record) if record else run.hardware_profile)
+    for name in profile_names():
+        if get_profile(name).gpu.model.lower() == run.device_name.lower():
+            return get_profile(name)
+    raise PlannerError("gpu", run.device_name, f"no profile matches run {run.label}; pass --gpu PROFILE "
+                                               "(a probed or calibrated one for CPU runs)")
+
+
+def profile_with_precision(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
+    """``profile_for``, refused (one line) when the profile has no rate for the run's precision."""
+    hw = profile_for(run, override)
+    if not hw.gpu.supports(run.job.precision):
+        have = ", ".join(p for p in hw.gpu.peak_flops if hw.gpu.supports(p))
+        raise PlannerError("gpu", hw.name, f"has no {run.job.precision} tensor rate (its {run.job.precision}_tflops "
+                                           f"is 0; it has {have}), and run {run.label} ran in {run.job.precision}")
+    return hw

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.errors import PlannerError, require
-from planner.hardware import HardwareProfile, efficiency_to_table
+from planner.hardware import HardwareProfile, driver_version, efficiency_to_table
 from planner.units import GIB
 
 CPU_SIZES = (64, 128, 256, 512, 1024)
@@ -225,21 +225,6 @@ def device_info(device: str | None = None, nprocs: int = 1) -> DeviceInfo:
                       torch=torch.__version__)
 
 
-def driver_version() -> str | None:
-    """The NVIDIA driver's version through NVML (pynvml), or None where there is none."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # ImportError, NVMLError (no driver, no library)
-        return None
-    return version.decode() if isinstance(version, bytes) else str(version)
-
-
 # A base profile's memory may differ from what the driver reports by this much: the datasheet's
 # "80GB" H100 reports 79.6 GiB (81,559 MiB, KINDS.md), the "141GB" H200 140.4 GiB against the
 # profile's 140. Another GPU of the same name differs by 17% or more (H100 80 vs 94/96 GiB).
@@ -335,7 +320,7 @@ def profile_toml(r: ProbeResult, name: str, base: HardwareProfile | None = None)
     and memory stay and the measurements become efficiency factors; without one (a CPU), the fitted
     peaks are the peaks and the factors are 1. Written by a TOML writer (planner.toml_text): any
     name or device string stays one string."""
-    from planner import toml_text
+    import planner.toml_text as toml_text
 
     main_dtype = "bf16" if r.device == "cuda" else "fp32"
     peak, half = fit_half_dim(r.matmul.get(main_dtype) or next(iter(r.matmul.values())))

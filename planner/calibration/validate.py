@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.calibration.measured import Measurement, profile_reference
+from planner.calibration.measured import Measurement, profile_for, profile_with_precision
 from planner.core.evaluate import evaluate
 from planner.core.layout import Candidates
 from planner.core.memory import allocated_bytes
 from planner.core.step_parts import COMPARED, compared, predicted_parts
 from planner.core.steptime import time_shared
 from planner.errors import PlannerError
-from planner.hardware import HardwareProfile, get_profile, profile_names
+from planner.hardware import HardwareProfile, get_profile
 from planner.tables import WIDTH, wrap_lines
 
 # name: (unit, relative?)
@@ -49,19 +49,6 @@ class Point:
     judged: bool = True  # False: shown, left out of the summary (a time-shared run's shares)
 
 
-def profile_for(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
-    if override is not None:
-        return override
-    if run.hardware_profile:  # a file only from the project's profile folders or beside the record
-        record = run.record_path and Path(run.record_path)
-        return get_profile(profile_reference(run.hardware_profile, record) if record else run.hardware_profile)
-    for name in profile_names():
-        if get_profile(name).gpu.model.lower() == run.device_name.lower():
-            return get_profile(name)
-    raise PlannerError("gpu", run.device_name, f"no profile matches run {run.label}; pass --gpu PROFILE "
-                                               "(a probed or calibrated one for CPU runs)")
-
-
 def part_shares(run: Measurement, ev, hw: HardwareProfile) -> dict[str, tuple[float, float]]:
     """Quantity name -> (predicted, measured) share of the step for each part the run measured."""
     if not run.parts or not run.parts_step_s:
@@ -69,16 +56,6 @@ def part_shares(run: Measurement, ev, hw: HardwareProfile) -> dict[str, tuple[fl
     pred = predicted_parts(ev.time, 0, hw.efficiency.step_overhead_s)
     step = float(ev.step_s[0])
     return {SHARES[label]: (p / step, m / run.parts_step_s) for label, (p, m) in compared(pred, run.parts).items()}
-
-
-def profile_with_precision(run: Measurement, override: HardwareProfile | None) -> HardwareProfile:
-    """``profile_for``, refused (one line) when the profile has no rate for the run's precision."""
-    hw = profile_for(run, override)
-    if not hw.gpu.supports(run.job.precision):
-        have = ", ".join(p for p in hw.gpu.peak_flops if hw.gpu.supports(p))
-        raise PlannerError("gpu", hw.name, f"has no {run.job.precision} tensor rate (its {run.job.precision}_tflops "
-                                           f"is 0; it has {have}), and run {run.label} ran in {run.job.precision}")
-    return hw
 
 
 def compare(runs: list[Measurement], override: HardwareProfile | None = None) -> list[Point]:

@@ -24,10 +24,10 @@ EXTENSIONS: tuple[str, ...] = ("planner.cli.calibrate", "planner.cli.decide", "p
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the flag, the value and what is allowed, and
-    numbers are read strictly (planner.cli.numbers: no 1_0, no 1e400 read as infinity)."""
+    numbers are read strictly (planner.numbers: no 1_0, no 1e400 read as infinity)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        from planner.cli.numbers import strict
+        from planner.numbers import strict
 
         kwargs.setdefault("allow_abbrev", False)  # `recommend --gpus 7` is not --gpus-per-node 7
         super().__init__(*args, **kwargs)
