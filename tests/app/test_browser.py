@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+import site
 import socket
 import subprocess
 import sys
@@ -111,6 +112,12 @@ def installed_venv(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("venv")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    # Where this interpreter is itself a venv, --system-site-packages reaches the base Python's
+    # packages, not this venv's: name this interpreter's site-packages too (plain path lines, so its
+    # editable-install hook is not run and the installed copy is the one imported).
+    own = subprocess.run([str(venv / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    Path(own, "_parent_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     result = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
                              str(APP.parent)], cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
