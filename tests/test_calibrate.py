@@ -28,6 +28,13 @@ RECORD = Path(__file__).parent / "app" / "data" / "runs" / "tiny-cpu"
 A100 = get_profile("a100-80g")
 
 
+def synthetic_run(label: str, model, layout, truth) -> Measurement:
+    """A run whose measured step time is the planner's prediction on the ``truth`` profile."""
+    step = float(evaluate(model, truth, Job(), Candidates.from_layouts([layout]), layout.gpus).step_s[0])
+    return Measurement(label=label, source="synthetic", model=model, layout=layout, job=Job(), gpus=layout.gpus,
+                       device_kind="cuda", device_name="x", hardware_profile=None, step_s=step)
+
+
 def synthetic_runs(eff) -> list[Measurement]:
     """Runs 'measured' on an A100 whose true factors are ``eff``: the fit must find them again."""
     truth = A100.with_efficiency(eff)
@@ -37,10 +44,7 @@ def synthetic_runs(eff) -> list[Measurement]:
                                                       (8, 1536, 1, 1, 2), (16, 4096, 8, 1, 1)]):
         model = ModelSpec(arch="llama", layers=layers, hidden=hidden, heads=hidden // 128, vocab=32000, seq_len=2048)
         layout = Layout(dp=2, tp=tp, pp=pp, micro_batch=mb, global_batch=2 * mb * 4 * pp)
-        step = float(evaluate(model, truth, Job(), Candidates.from_layouts([layout]), layout.gpus).step_s[0])
-        runs.append(Measurement(label=f"run{i}", source="synthetic", model=model, layout=layout, job=Job(),
-                                gpus=layout.gpus, device_kind="cuda", device_name="x", hardware_profile=None,
-                                step_s=step))
+        runs.append(synthetic_run(f"run{i}", model, layout, truth))
     return runs
 
 
@@ -255,10 +259,7 @@ def links_runs(eff) -> list[Measurement]:
                                       (1, 1, 4)]):
         model = ModelSpec(arch="llama", layers=8, hidden=4096, heads=32, vocab=32000, seq_len=2048)
         layout = Layout(dp=dp, tp=tp, micro_batch=mb, global_batch=dp * mb * 2)
-        step = float(evaluate(model, truth, Job(), Candidates.from_layouts([layout]), layout.gpus).step_s[0])
-        runs.append(Measurement(label=f"dp{dp}tp{tp}mb{mb}", source="synthetic", model=model, layout=layout, job=Job(),
-                                gpus=layout.gpus, device_kind="cuda", device_name="x", hardware_profile=None,
-                                step_s=step))
+        runs.append(synthetic_run(f"dp{dp}tp{tp}mb{mb}", model, layout, truth))
     return runs
 
 
