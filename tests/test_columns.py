@@ -1,6 +1,7 @@
 """planner.core.columns: numpy's functions with a scalar short-cut. Each must give what numpy gives
-for the same inputs (type, dtype, value, NaN and the sign of zero), on scalars and on arrays alike:
-the pinned estimate evaluates one layout as scalars and must equal that layout's row of a table."""
+for the same inputs (dtype, value, NaN and the sign of zero), on scalars and on arrays alike; on
+scalars as a Python scalar of numpy's kind (float for float64, int for int64, bool for bool): the
+pinned estimate evaluates one layout as Python scalars and must equal that layout's row of a table."""
 
 from __future__ import annotations
 
@@ -16,7 +17,18 @@ VALUES = [np.float64(1.5), np.float64(-0.0), np.float64(0.0), np.float64(np.nan)
           np.array([1.0, np.nan, -0.0]), np.array([4, -1]), np.array(2.0)]
 
 
-def same(got, want) -> bool:
+_PYTHON = {np.float64: float, np.int64: int, np.bool_: bool}
+
+
+def same(got, want, *inputs) -> bool:
+    """``got`` is ``want``: what numpy gives (an array of its dtype and values) where an input is an
+    array, else the Python scalar of the kind of numpy's result, with its value (NaN and the sign of
+    zero included)."""
+    if np.ndim(want) == 0 and not any(type(x) is np.ndarray for x in inputs):
+        want = np.asarray(want)[()]
+        if type(got) is not _PYTHON[type(want)]:
+            return False
+        got = np.asarray(got, dtype=want.dtype)[()]
     if type(got) is not type(want) or np.shape(got) != np.shape(want):
         return False
     if np.asarray(got).dtype != np.asarray(want).dtype:
@@ -34,7 +46,7 @@ def test_maximum_and_minimum_are_numpys(ours, numpys):
             want = numpys(a, b)
         except ValueError:  # shapes that do not broadcast
             continue
-        assert same(ours(a, b), want), (a, b, ours(a, b), want)
+        assert same(ours(a, b), want, a, b), (a, b, ours(a, b), want)
 
 
 def test_where_is_numpys():
@@ -44,12 +56,8 @@ def test_where_is_numpys():
         except ValueError:
             continue
         got = columns.where(cond, a, b)
-        # np.where gives a 0-d array for scalars; the short-cut the numpy scalar of its dtype
-        if np.ndim(want) == 0:
-            assert np.ndim(got) == 0 and np.asarray(got).dtype == want.dtype, (cond, a, b, got)
-            assert same(np.asarray(got)[()], want[()]), (cond, a, b, got, want)
-        else:
-            assert same(got, want), (cond, a, b, got, want)
+        # np.where gives a 0-d array for scalars (or a 0-d branch); the short-cut a Python scalar
+        assert same(got, want, cond, a, b), (cond, a, b, got, want)
 
 
 def test_select_is_numpys():
@@ -57,6 +65,8 @@ def test_select_is_numpys():
     for zero in [np.int64(0), np.int64(1), np.int64(2), np.int64(3), np.array([0, 1, 2, 3])]:
         conds = [zero == 0, zero == 1, zero == 2]
         want, got = np.select(conds, choices, 4.0), columns.select(conds, choices, 4.0)
+        if np.ndim(zero) == 0:
+            assert type(got) is float, (zero, got)
         assert np.asarray(got).dtype == want.dtype and np.shape(got) == np.shape(want)
         assert np.array_equal(got, want, equal_nan=True), (zero, got, want)
 
@@ -67,11 +77,15 @@ def test_as_float_as_array_and_ones_like_are_numpys():
         assert np.array_equal(columns.as_float(x), np.asarray(x, dtype=float))
         assert np.asarray(columns.as_array(x)).dtype == np.asarray(x).dtype
         assert np.array_equal(columns.as_array(x), np.asarray(x))
-    for x in [np.float64(1.5), np.int64(3), np.array([1, 2]), np.array([1.0])]:
-        assert same(np.asarray(columns.ones_like(x)), np.asarray(np.ones_like(x))) or \
-            (np.ndim(x) == 0 and type(columns.ones_like(x)) is type(x) and columns.ones_like(x) == 1)
-    # scalars stay numpy scalars (a 0-d array would cost an array's time in every operation after it)
-    assert type(columns.as_float(np.int64(3))) is np.float64 and type(columns.as_array(3)) is np.int64
+    for x in [1.5, 3, np.array([1, 2]), np.array([1.0])]:
+        assert same(columns.ones_like(x), np.ones_like(x), x), x
+    # scalars are Python scalars (a 0-d array would cost an array's time in every operation after
+    # it, a numpy scalar 2-7x a Python float's)
+    assert type(columns.as_float(np.int64(3))) is float and type(columns.as_array(np.int64(3))) is int
+    assert type(columns.as_int(2.7)) is int and columns.as_int(2.7) == 2 and columns.as_int(-2.7) == -2
+    assert np.array_equal(columns.as_int(np.array([2.7, -2.7])), np.array([2, -2]))
+    assert columns.not_(True) is False and columns.not_(np.bool_(False)) is True
+    assert np.array_equal(columns.not_(np.array([True, False])), [False, True])
 
 
 @pytest.mark.parametrize("ours, numpys", [(columns.any_, np.any), (columns.all_, np.all)])
@@ -100,7 +114,7 @@ def test_one_gemm_list_in_python_floats_is_the_tables_row():
             fp8, elem = bool(rng.integers(2)), int(rng.integers(1, 3))
             got = gemms_time(scalar, 1, hw, 312e12, elem, fp8)
             want = gemms_time(table, 2, hw, 312e12, elem, fp8)[0]
-            assert type(got) is np.float64 and got == want, (gpu, dims, got, want)
+            assert type(got) is float and got == want, (gpu, dims, got, want)
     with np.errstate(all="ignore"):
         empty = gemms_time([Gemm(np.int64(0), np.int64(0), np.int64(8))], 1, get_profile("a100-80g"), 312e12, 2)
     assert np.isnan(empty)

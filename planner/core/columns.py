@@ -2,16 +2,20 @@
 
 The formulas (memory, step time, communication, pipeline) take their layouts as columns: numpy
 arrays of one value per layout. One layout (a pinned estimate: ``Candidates.one_row``) is
-evaluated with its columns as numpy scalars instead, through the same formulas: numpy's
-arithmetic on a scalar costs 30-60 ns where on a one-element array it costs 0.5-0.8 us, and a
-pinned estimate is about a thousand such operations. Scalars follow the same IEEE float64 and
-int64 arithmetic as array elements, so each number is the one the table gives that row
-(tests/test_search_paths.py checks rows of a spread of searches to the bit).
+evaluated with its columns as Python scalars instead (int, float, bool), through the same
+formulas: Python's arithmetic on a float costs 20-30 ns, numpy's on a scalar 50-200 ns (an int64
+times a float64: 200 ns) and on a one-element array 0.5-0.8 us, and a pinned estimate is about a
+thousand such operations. Python's float is an IEEE float64 and its int an exact integer, so
+each number is the one the table gives that row (+, -, *, / and // round alike; transcendental
+functions stay numpy's: ``np.log`` of a Python float is numpy's log), which
+tests/test_search_paths.py checks to the bit on rows of a spread of searches.
 
-``where``, ``maximum``, ``minimum`` and ``select`` are numpy's, with the scalar case taken the
-short way: on scalars np.where costs 1.5 us, np.maximum 0.5 us, np.select 11 us. ``as_float``,
-``as_array`` and ``ones_like`` are numpy's too, keeping a scalar a numpy scalar: a 0-d array
-would cost an array's 0.5-1 us in every operation after it.
+``where``, ``maximum``, ``minimum``, ``select`` and ``not_`` are numpy's, with the scalar case taken
+the short way and giving Python's types (float when either branch is a float, int for two ints,
+bool): on scalars np.where costs 1.5 us, np.maximum 0.5 us, np.select 11 us. ``as_float``,
+``as_int``, ``as_array`` and ``ones_like`` are numpy's too, keeping a scalar a Python scalar: a
+0-d array would cost an array's 0.5-1 us in every operation after it. ``~`` on a Python bool is
+an integer's complement (-2): formulas that may see one layout write ``not_(x)``.
 """
 
 from __future__ import annotations
@@ -23,49 +27,58 @@ import numpy as np
 _BOOLS = (bool, np.bool_)
 _FLOATS = (float, np.float64)
 _INTS = (int, np.int64)
-_NUMPY = (np.float64, np.int64)
+_SCALARS = (*_BOOLS, *_FLOATS, *_INTS)
 
 
 def where(cond, a, b):
     """``np.where(cond, a, b)``. For a scalar condition and scalar branches, the chosen branch as
-    np.where gives it: float64 when either branch is a float, else int64 (two ints) or bool."""
+    a Python scalar of np.where's kind: float when either branch is a float, else int when either
+    is an int, else bool."""
     if type(cond) in _BOOLS:
         ta, tb = type(a), type(b)
+        if ta is tb and (ta is float or ta is int):  # the common case: two of one type
+            return a if cond else b
         kind = _scalar_kind(ta, tb)
         if kind is not None:
             return kind(a if cond else b)
-        if ta in _BOOLS and tb in _BOOLS:
-            return np.bool_(a if cond else b)
     return np.where(cond, a, b)
 
 
+def not_(x):
+    """``~x`` of a boolean column; ``not x`` of one layout's bool (``~True`` is -2 in Python)."""
+    return (not x) if type(x) in _BOOLS else ~x
+
+
 def as_float(x):
-    """``np.asarray(x, dtype=float)``; a scalar (numpy's or Python's int or float) as np.float64."""
+    """``np.asarray(x, dtype=float)``; a scalar (numpy's or Python's int or float) as a float."""
     t = type(x)
-    if t in _FLOATS or t in _INTS:
-        return np.float64(x)
+    if t in _FLOATS or t in _INTS or t in _BOOLS:
+        return float(x)
     return np.asarray(x, dtype=float)
 
 
-def as_array(x):
-    """``np.asarray(x)``; a numpy scalar as it is, a Python int or float as numpy's scalar of the
-    dtype np.asarray would give it (int64, float64)."""
+def as_int(x):
+    """``np.asarray(x).astype(np.int64)`` (truncating); a scalar as an int."""
     t = type(x)
-    if t in _NUMPY:
+    if t in _FLOATS or t in _INTS or t in _BOOLS:
+        return int(x)
+    return np.asarray(x).astype(np.int64)
+
+
+def as_array(x):
+    """``np.asarray(x)``; a scalar as a Python int, float or bool (numpy's as its Python value)."""
+    t = type(x)
+    if t is int or t is float or t is bool:
         return x
-    if t is int:
-        return np.int64(x)
-    if t is float:
-        return np.float64(x)
+    if t in _SCALARS:
+        return x.item()
     return np.asarray(x)
 
 
 def ones_like(x):
-    """``np.ones_like(x)``; for a numpy scalar, one of its type."""
-    return type(x)(1) if type(x) in _NUMPY else np.ones_like(x)
-
-
-_SCALARS = (*_BOOLS, *_FLOATS, *_INTS)
+    """``np.ones_like(x)``; for a scalar, one of its type."""
+    t = type(x)
+    return t(1) if t is int or t is float else np.ones_like(x)
 
 
 def any_(x) -> bool:
@@ -79,20 +92,25 @@ def all_(x) -> bool:
     return bool(x) if type(x) in _SCALARS else bool(np.all(x))
 
 
+# Each scalar type's rank in numpy's promotion of two scalars: bool < int < float.
+_KIND = {bool: 0, np.bool_: 0, int: 1, np.int64: 1, float: 2, np.float64: 2}
+_KINDS = (bool, int, float)
+
+
 def _scalar_kind(ta, tb):
-    """np.float64 or np.int64: the dtype numpy gives a binary operation on two scalars of types
-    ``ta`` and ``tb`` (numpy's or Python's float and int); None for any other pair (arrays, bools)."""
-    if ta in _FLOATS:
-        return np.float64 if tb in _FLOATS or tb in _INTS else None
-    if ta in _INTS:
-        return np.float64 if tb in _FLOATS else np.int64 if tb in _INTS else None
-    return None
+    """bool, int or float: the kind numpy gives a binary operation on two scalars of types ``ta``
+    and ``tb`` (numpy's or Python's bool, int and float), as Python's type; None for any other pair
+    (an array)."""
+    ka, kb = _KIND.get(ta), _KIND.get(tb)
+    if ka is None or kb is None:
+        return None
+    return _KINDS[ka if ka > kb else kb]
 
 
 def maximum(a, b):
     """``np.maximum(a, b)``; two scalars compared as numpy's scalar loop does (a NaN wins)."""
     ta = type(a)
-    if ta is type(b) and ta in _NUMPY:  # the common case: two of one numpy type
+    if ta is type(b) and (ta is float or ta is int):  # the common case: two of one type
         return a if a > b or isnan(a) else b
     kind = _scalar_kind(ta, type(b))
     if kind is None:
@@ -103,7 +121,7 @@ def maximum(a, b):
 def minimum(a, b):
     """``np.minimum(a, b)``; two scalars compared as numpy's scalar loop does (a NaN wins)."""
     ta = type(a)
-    if ta is type(b) and ta in _NUMPY:
+    if ta is type(b) and (ta is float or ta is int):
         return a if a < b or isnan(a) else b
     kind = _scalar_kind(ta, type(b))
     if kind is None:
@@ -113,10 +131,10 @@ def minimum(a, b):
 
 def select(conditions: list, choices: list, default):
     """``np.select(conditions, choices, default)``; for scalar conditions and float choices, the
-    first chosen (float64, as np.select gives it)."""
+    first chosen (a float, as np.select gives float64)."""
     if all(type(x) in _BOOLS for x in conditions) and all(type(x) in _FLOATS for x in (*choices, default)):
         for cond, choice in zip(conditions, choices):
             if cond:
-                return np.float64(choice)
-        return np.float64(default)
+                return float(choice)
+        return float(default)
     return np.select(conditions, choices, default)

@@ -110,7 +110,7 @@ def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.
     reduction and no ring steps."""
     stride = tp * dp
     inter = stride >= links.gpus_per_node
-    tpf = tp.astype(float)
+    tpf = as_float(tp)
     across = bytes_ / tpf / links.inter_bw + links.inter_lat + _ring(bytes_, tp, links.intra_bw, links.intra_lat, 1.0)
     inside = bytes_ / links.p2p_bw + links.p2p_lat
     return where(inter, across, inside)

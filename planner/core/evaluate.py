@@ -152,10 +152,10 @@ def take(ev: Evaluation, index: np.ndarray) -> Evaluation:
 
 
 def row_of(ev: Evaluation, i: int) -> Evaluation:
-    """Row ``i`` of the evaluation alone, every column a numpy scalar (its candidates
+    """Row ``i`` of the evaluation alone, every column a Python scalar (its candidates
     ``Candidates.one_row``): the derived figures (MFU, days, cost) read from it are the table's at
     that row (the same float64 operations), at a scalar's cost rather than a column's."""
-    return _with_columns(ev, ev.candidates.one_row(i), [col[i] for col in _columns(ev)])
+    return _with_columns(ev, ev.candidates.one_row(i), [col.item(i) for col in _columns(ev)])
 
 
 def _columns(ev: Evaluation) -> list[np.ndarray]:
@@ -265,10 +265,13 @@ def _as_rows(value):
     if isinstance(value, tuple):
         return tuple(_as_rows(v) for v in value)
     values = [getattr(value, f) for f in type(value).__slots__]
-    # The float64 scalars (most fields) stacked into one (n, 1) array, whose rows are the columns:
+    # The floats (most fields) stacked into one (n, 1) array, whose rows are the columns:
     # 0.24 us a field where one array each costs 0.4-0.6 us.
-    rows = iter(np.array([x for x in values if type(x) is np.float64]).reshape(-1, 1))
-    return type(value)(*(next(rows) if type(x) is np.float64 else _one(x) for x in values))
+    rows = iter(np.array([x for x in values if type(x) in _FLOATS], dtype=np.float64).reshape(-1, 1))
+    return type(value)(*(next(rows) if type(x) in _FLOATS else _one(x) for x in values))
+
+
+_FLOATS = (float, np.float64)
 
 
 def _one(x) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, make_dataclass
 
 import numpy as np
 
-from planner.core.columns import any_, maximum, minimum, where
+from planner.core.columns import any_, as_float, maximum, minimum, not_, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.layout import DUALPIPEV, Candidates, Job
 from planner.core.model import ModelSpec
@@ -105,7 +105,7 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
     # The dense and the MoE layer in one pass: row 0 at the dense MLP's width, row 1 at the routed
     # width (element by element the same arithmetic as two calls; integer widths are exact in float64).
     if type(rc) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
-        dense, routed = (activation_bytes_per_layer(model, c, job, recompute, sw, ffn=np.float64(w))
+        dense, routed = (activation_bytes_per_layer(model, c, job, recompute, sw, ffn=float(w))
                          for w in (model.ffn_hidden, moe.moe_mlp_width(model, job, c)))
     else:
         width = np.stack([c.full(model.ffn_hidden), moe.moe_mlp_width(model, job, c)])
@@ -187,7 +187,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         scores = where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
     else:
         scores = c.full(4.0 * a)
-    tp = c.tp.astype(float)
+    tp = as_float(c.tp)
     per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
     if sw.stack.tp_saves_gathered_inputs:
         per_token = per_token + gathered
@@ -218,7 +218,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     sw = sw or software(job)
     eff = hw.efficiency
     # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
-    tp, dp, pp = c.tp.astype(float), c.zero_group(hw.network.gpus_per_node).astype(float), c.pp
+    tp, dp, pp = as_float(c.tp), as_float(c.zero_group(hw.network.gpus_per_node)), c.pp
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     if sw.stack.grad_dtype == "model" and gb > wb:  # kept in the training dtype under ZeRO 1-3 (DeepSpeed)
         gb = where(c.zero_stage >= 1, float(wb), float(gb))
@@ -257,7 +257,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     param_is_master = not job.lora and param_master(job, sw)
     if param_is_master:
         master, grad_b, optim_b = state_bytes(job, sw)
-        mid = ((c.zero_stage == 1) | (c.zero_stage == 2)).astype(float)  # keep the 16-bit weights
+        mid = as_float((c.zero_stage == 1) | (c.zero_stage == 2))  # keep the 16-bit weights
     lora_layer = lora_params_per_layer(model, job) if job.lora else 0  # adapter parameters per layer
 
     def stage(index, layers) -> Memory:
@@ -329,7 +329,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         if not sw.stack.reshard_in_pipeline:
             gather = where((c.zero_stage >= 3) & (pp > 1), trained * gb + shard * e, gather)
         if sw.stack.grad_bucket_buffer:  # DeepSpeed's gradient bucket (offloading, the gradients it holds are it)
-            bucket = (c.zero_stage >= 1) & ~offload_opt if offloads else c.zero_stage >= 1
+            bucket = (c.zero_stage >= 1) & not_(offload_opt) if offloads else c.zero_stage >= 1
             gather = gather + where(bucket, sw.stack.dp_bucket_bytes, 0.0)
         other = outside + gather + eff.fragmentation * (acts + grads + gather)
         if type(index) is np.ndarray:  # rows of stages: what is the same on every stage, on each
@@ -337,9 +337,9 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         return Memory.of(weights, grads, optim, acts, other, index, host, gather)
 
     if type(pp) is not np.ndarray:  # one layout (Candidates.one_row): each stage as scalars
-        stages = [stage(np.int64(0), first)]
+        stages = [stage(0, first)]
         if pp > 1:
-            stages += [stage(minimum(np.int64(1), pp - 1), fullest), stage(pp - 1, last)]
+            stages += [stage(minimum(1, pp - 1), fullest), stage(pp - 1, last)]
         stages += [stages[0]] * (3 - len(stages))
         # The peak: the first stage that holds the most, as np.argmax picks it below.
         return stages[max(range(3), key=lambda k: stages[k].total)], tuple(stages)
@@ -389,7 +389,7 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
     if type(recomputed) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
         act_layer = layer_activation_bytes(model, c, job, sw=sw)
-        no_rc = layer_activation_bytes(model, c, job, np.int64(0), sw=sw) if recomputed else 0.0
+        no_rc = layer_activation_bytes(model, c, job, 0, sw=sw) if recomputed else 0.0
     elif any_(recomputed):
         act_layer, no_rc = layer_activation_bytes(model, c, job, np.stack([c.recompute, np.zeros_like(c.recompute)]),
                                                   sw=sw)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.core.columns import any_, maximum, minimum, where
+from planner.core.columns import any_, as_float, as_int, maximum, minimum, where
 from planner.core.layout import DUALPIPEV, GPIPE
 from planner.errors import require
 
@@ -77,20 +77,20 @@ def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0
     many layers of work, by giving the last stage fewer layers (Megatron-Core's
     --account-for-loss-in-pipeline-split / --decoder-last-pipeline-num-layers); the others share
     the rest evenly."""
-    base, extra = np.divmod(layers, pp)
+    base, extra = divmod(layers, pp)
     first = where(pp == 1, layers, base)
     fullest = base + (extra > 0)
     last = where(pp == 1, layers, base + (extra >= pp - 1) * (extra > 0))
     if head_layers > 0:
-        ppf = maximum(pp, 1).astype(float)
+        ppf = as_float(maximum(pp, 1))
         balanced_last = np.clip(np.rint((layers + head_layers) / ppf - head_layers), 1,
                                 maximum(layers - (pp - 1), 1))
         rest = layers - balanced_last
         even = -(-rest // maximum(pp - 1, 1))  # ceil: the fullest of the other stages
         use = pp > 1
-        last = where(use, balanced_last, last).astype(np.int64)
-        fullest = where(use, maximum(even, last), fullest).astype(np.int64)
-        first = where(use, rest // maximum(pp - 1, 1), first).astype(np.int64)
+        last = as_int(where(use, balanced_last, last))
+        fullest = as_int(where(use, maximum(even, last), fullest))
+        first = as_int(where(use, rest // maximum(pp - 1, 1), first))
     return first, fullest, last
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.core.columns import where
+from planner.core.columns import not_, where
 from planner.core.evaluate import DeferredStepTime, Evaluation, evaluate_deferred, evaluate_fitting, take
 from planner.core.layout import (
     DIMS,
@@ -288,10 +288,10 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
     rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
         batch_rule,
-        (("sequence_parallel",), lambda c: ~(c.sequence_parallel & (c.tp == 1))),  # SP means nothing without TP
+        (("sequence_parallel",), lambda c: not_(c.sequence_parallel & (c.tp == 1))),  # SP means nothing without TP
         # Interleaved 1F1B (Megatron's, torch's) takes micro-batches in rounds of pp: m % pp.
         (("micro_batch", "schedule"), lambda c: (c.vpp == 1) | (c.m % c.pp == 0) | (c.schedule == dualpipe)),
-        (("schedule",), lambda c: ~((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
+        (("schedule",), lambda c: not_((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
         # DualPipeV: two stages per rank (vpp 2), at least as many micro-batches as stages (torch's
         # ScheduleDualPipeV: n_microbatches >= 2 pp).
         (("schedule", "micro_batch"),
@@ -475,9 +475,9 @@ def moe_sequence_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray | bo
 
 def one_of(column: np.ndarray, values) -> np.ndarray:
     """``np.isin`` for the few values of a layout dimension: one comparison each (isin sorts); one
-    layout's value (a scalar) as np.bool_."""
+    layout's value (a scalar) as a bool."""
     if type(column) is not np.ndarray:
-        return np.bool_(any(column == v for v in values))
+        return any(column == v for v in values)
     out = np.zeros(np.shape(column), dtype=bool)
     for v in values:
         out |= column == v

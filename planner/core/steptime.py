@@ -17,7 +17,7 @@ from math import isnan
 import numpy as np
 
 from planner.core import comm
-from planner.core.columns import all_, any_, as_float, maximum, minimum, select, where
+from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
 from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
@@ -91,7 +91,7 @@ def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem
     layout whose columns are scalars (``Candidates.one_row``): the GEMMs one by one, as scalars."""
     if rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):
         try:
-            return np.float64(_gemms_time_floats(gs, hw, peak, elem_bytes, fp8))
+            return _gemms_time_floats(gs, hw, peak, elem_bytes, fp8)
         except ZeroDivisionError:  # a zero divisor (a GEMM of no size, a zero roof): numpy's NaN or inf, as a row
             times = [gemm_time(Gemm(*map(np.float64, (g.m, g.n, g.k, g.count))), hw, peak, elem_bytes, fp8)
                      for g in gs]
@@ -148,7 +148,7 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
     else:  # bias-GELU
         split = 2 * f
     softmax = (2 + 2.5 * drop) * a * s if sw.attention == "standard" else 0.0
-    tp = c.tp.astype(float)
+    tp = as_float(c.tp)
     tokens = c.micro_batch * s / c.cp  # this GPU's tokens: context parallel splits the sequence
     layer = e * tokens * (where(c.sequence_parallel, replicated / tp, replicated) + split / tp)
     return layer, e * tokens * softmax / tp
@@ -191,7 +191,7 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     half_peak = reference_peak(hw, job.precision)
     if sw.attention == "standard":
         flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
-        fwd = flops / (half_peak * gemm_efficiency(hw, np.float64(model.head_dim)))
+        fwd = flops / (half_peak * gemm_efficiency(hw, float(model.head_dim)))
         return fwd, 2 * fwd
     kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
     # A kernel given a dense bias or mask without block skipping (the stack's attention_square =
@@ -284,7 +284,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element."""
     if not any_(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
         return c.full(0.0)
-    st, act, cp = sw.stack, ACT_BYTES[job.precision], c.cp.astype(float)
+    st, act, cp = sw.stack, ACT_BYTES[job.precision], as_float(c.cp)
     grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
     width = attention_kv_width(model, sw)
     kv = 2 * act * c.micro_batch * model.seq_len * width / c.tp
@@ -330,7 +330,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
     gathers of weights, minus what the stack hides behind compute. ``expert_share`` of the bytes
     (an MoE's routed experts) go over the dp*cp/ep ranks holding the same experts, tp*ep apart."""
-    e, act, m = hw.efficiency, ACT_BYTES[job.precision], c.m.astype(float)
+    e, act, m = hw.efficiency, ACT_BYTES[job.precision], as_float(c.m)
     # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
     # never wider than the precision keeps them.
     grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
@@ -483,7 +483,7 @@ def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray
     "shard": Megatron-Core) copies its shard out at the step, in the buffer's dtype, hidden by
     nothing. Offloaded parameters stream in per layer for the forward and again for the backward,
     hidden behind compute as ZeRO-3's gathers are."""
-    e, net, m = hw.efficiency, hw.network, c.m.astype(float)
+    e, net, m = hw.efficiency, hw.network, as_float(c.m)
     act = ACT_BYTES[job.precision]
     sharing = minimum(c.gpus, net.host_gpus)  # GPUs whose optimizer steps share the host
     cpu_step = held * optim_bytes_per_param / (net.host_memory_bytes_per_s / sharing)
@@ -530,8 +530,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     compute_mb = compute_mb + tp_host
     cp_mb = layers_pace * lt.cp_comm * busy
     ep_mb = layers_pace * lt.ep_comm * busy
-    m = c.m.astype(float)
-    p, v = c.pp, c.vpp.astype(float)
+    m = as_float(c.m)
+    p, v = c.pp, as_float(c.vpp)
     p2p_one = comm.p2p(links, act * c.micro_batch * model.seq_len / c.cp * model.hidden, c.tp, c.shard_group) * busy
     pp_mb = where(p > 1, 2 * v * p2p_one, 0.0)  # forward send + backward send per chunk
     # On a CPU host whose cores the processes time-share (busy > 1), the pipeline's fill and drain
@@ -552,7 +552,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     pp = c.pp
     params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
                                    stage_params(model, pp, first, True, (pp == 1) | v_shape)),
-                        stage_params(model, pp, last, pp == 1, ~v_shape))
+                        stage_params(model, pp, last, pp == 1, not_(v_shape)))
     # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
     expert_layers = maximum(maximum(fullest, first), last) * counts(model).layer_expert_params
     experts = expert_layers / (c.tp * c.ep)
@@ -598,7 +598,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
     busy_s = runs * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
-    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(c.gpus.astype(float)))
+    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(as_float(c.gpus)))
     return StepTime.of(compute=runs * (compute_mb - overhead_mb), tp_comm=runs * tp_mb, cp_comm=runs * cp_mb,
                        ep_comm=runs * ep_mb, pp_comm=runs * pp_mb, dp_comm=dp, bubble=bubble, optimizer=optimizer,
                        other=runs * overhead_mb + e.step_overhead_s + stragglers, eval_batch=eval_batch)
