@@ -172,7 +172,7 @@ def _core_caches() -> list:
     import planner.cli.api
 
     files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets")}
-    return [planner.cli.api._SETUP, *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
+    return [planner.cli.api._SETUP, planner.cli.api._PREPARED, *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
             for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))
             and getattr(f, "__module__", "") == name and (name, key) not in files)]  # defined there, not imported
 

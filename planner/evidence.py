@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.stacks import get_stack, is_builtin
+
 EVIDENCE_FILE = Path(__file__).with_name("evidence.json")
 PAGE = "docs/validation.md"
 
@@ -194,17 +196,16 @@ def calibration_line(hw) -> str:
     return f"profile {hw.name} calibrated on {n} runs" + (f": {', '.join(errors)}" if errors else "")
 
 
-def calibration_json(hw) -> dict | None:
-    if not hw.calibration:
+def calibration_json(calibration: tuple | None) -> dict | None:
+    """A profile's ``calibration`` (runs, fit and leave-one-out mean errors) as JSON; None: none."""
+    if not calibration:
         return None
-    n, fit, loo = hw.calibration
+    n, fit, loo = calibration
     return {"runs": n, "fit_mean_abs_error": fit, "loo_mean_abs_error": loo}
 
 
 def for_stack(stack, gpu: str, like: tuple[str, ...] = ()) -> Evidence:
     """``evidence_for`` a Stack object: a file of the user's own gets none, whatever its name."""
-    from planner.stacks import is_builtin
-
     return evidence_for(stack.name, gpu, not is_builtin(stack), like)
 
 
@@ -300,15 +301,11 @@ def memory_band(stack) -> MemoryBand:
     """The band of a Stack: its family's memory comparisons when there are MIN_BAND_RUNS of them,
     else its base stack's band (a file with ``base = ...``), else the band of every run with a
     memory comparison, pooled (the documented default: docs/fit-and-overrides.md)."""
-    from planner.stacks import is_builtin
-
     return _memory_band(stack.name, stack.base, is_builtin(stack))
 
 
 @functools.lru_cache(maxsize=64)
 def _memory_band(name: str, base: str, builtin: bool) -> MemoryBand:
-    from planner.stacks import get_stack
-
     runs = [r for r in (records() or ()) if r.get("memory_error") is not None]
     mine = [r for r in runs if r["stack"] in family(name)] if builtin else []
     if len(mine) >= MIN_BAND_RUNS:

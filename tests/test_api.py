@@ -117,6 +117,22 @@ def test_inputs_kept_between_calls_change_nothing(capsys):
     assert other["layout"]["global_batch"] == 2048
 
 
+def test_a_repeated_call_is_answered_anew_and_checked_by_type():
+    """The same flags again skip their checks (the prepared inputs are kept), not the plan: each
+    answer is a new dict equal to the first, and a value equal to a kept one but of another type
+    (True == 1 in Python) is still refused as the flag refuses it."""
+    from planner.cli import api
+
+    api.clear_cache()
+    flags = {"params": "7B", "gpus": 8, "tp": 1, "pp": 1, "micro_batch": 1}
+    first, again = planner.estimate(**flags), planner.estimate(**flags)
+    assert again == first and again is not first and again["layout"] is not first["layout"]
+    with pytest.raises(PlannerError, match="tp=True"):
+        planner.estimate(**{**flags, "tp": True})
+    with pytest.raises(PlannerError, match="micro_batch"):
+        planner.estimate(**{**flags, "micro_batch": 1.5})
+
+
 def test_a_misspelt_keyword_gets_suggestions():
     with pytest.raises(PlannerError, match="did you mean micro_batch"):
         planner.search(params="7B", micro_batches=2)

@@ -318,6 +318,40 @@ def test_one_layout_evaluated_alone_is_its_row_of_the_table(name, gpu, gpus, job
             assert np.array_equal(alone[k], column[i:i + 1], equal_nan=True), (i, c.layout(i), k, alone[k], column[i])
 
 
+@pytest.mark.parametrize("name, gpu, gpus, job, pins", ONE_ROW_CASES[::2])
+def test_a_search_of_one_pinned_layout_is_its_row_of_the_table(name, gpu, gpus, job, pins):
+    """Every field pinned, ``search`` enumerates the one layout as Python scalars
+    (``enumerate_layouts(as_row=True)``), evaluates it alone (``evaluate_one``) and builds its
+    table only when read: each column equals the layout's row of the whole table's one pass (to the
+    bit, same dtypes), and the estimate a plan makes of it is the one read from that row."""
+    from planner.core.evaluate import as_table, evaluate
+    from planner.core.results import estimate_at
+
+    model, hw = get_preset(name), get_profile(gpu)
+    c, _ = enumerate_layouts(model, gpus, job, pins, widen=True)
+    whole = evaluate(model, hw, job, c, gpus)
+    columns = _columns(whole)
+    checked = 0
+    for i in np.unique(np.linspace(0, len(c) - 1, min(len(c), 40)).astype(int)):
+        lay = c.layout(int(i))
+        one_pins = Pins(**{n: getattr(lay, n) for n in Pins.__slots__})
+        try:
+            result = S.search(model, hw, job, gpus, one_pins)
+        except PlannerError:  # the pins' own checks refuse it (the widened table holds such rows)
+            continue
+        assert result.one is not None and result.evaluated == 1
+        assert result.feasible == int(whole.fits[i])
+        for table in (as_table(result.one), result.table):
+            alone = _columns(table)
+            for k, column in columns.items():
+                assert alone[k].shape == (1,) and alone[k].dtype == column.dtype, (k, alone[k])
+                assert np.array_equal(alone[k], column[i:i + 1], equal_nan=True), (i, lay, k, alone[k], column[i])
+        got = estimate_at(result.one, 0, model, hw, job).to_json()
+        assert got == estimate_at(whole, int(i), model, hw, job).to_json()
+        checked += 1
+    assert checked > 0
+
+
 def test_an_estimate_read_from_its_row_is_the_tables_figures_at_that_row():
     """``estimate_at`` reads a layout's derived figures from its row alone (``take``), so
     that listing every layout of a table (`planner search --all`) stays linear in its size: each

@@ -133,12 +133,35 @@ _SETUP: dict[tuple, object] = {}
 _SETUP_SIZE = 64
 
 
+# The last calls' flags, exactly as given (each value's type too: True is no 1 here), and what
+# ``_prepared`` made of them: a call repeating them (the same estimate asked again) skips the
+# keyword checks; its plan is computed anew. Not kept for a Hugging Face config.
+_PREPARED: dict[tuple, tuple] = {}
+
+
 def clear_cache() -> None:
     _SETUP.clear()
+    _PREPARED.clear()
 
 
 def _prepared(command: str, flags: Mapping[str, object]):
     """(the parsed flags, the inputs), checked as the CLI checks them."""
+    try:
+        key = (command, *((name, type(value), value) for name, value in flags.items()))
+        done = _PREPARED.get(key)
+    except TypeError:  # an unhashable value (a list)
+        key = done = None
+    if done is not None:
+        return done[0], done[1]
+    a, x = _prepare(command, flags)
+    if key is not None and not getattr(a, "hf_config", None):
+        if len(_PREPARED) >= _SETUP_SIZE:
+            _PREPARED.clear()
+        _PREPARED[key] = (a, x)
+    return a, x
+
+
+def _prepare(command: str, flags: Mapping[str, object]):
     from planner.core.layout import PIN_DIMS
     from planner.core.limits import check_flags
     from planner.core.options import build_inputs, pins_from

@@ -36,8 +36,11 @@ def where(cond, a, b):
     is an int, else bool."""
     if type(cond) in _BOOLS:
         ta, tb = type(a), type(b)
-        if ta is tb and (ta is float or ta is int):  # the common case: two of one type
-            return a if cond else b
+        if ta is float or ta is int:  # the common cases: Python's numbers
+            if ta is tb:
+                return a if cond else b
+            if tb is float or tb is int:
+                return float(a if cond else b)
         kind = _scalar_kind(ta, tb)
         if kind is not None:
             return kind(a if cond else b)
@@ -109,10 +112,13 @@ def _scalar_kind(ta, tb):
 
 def maximum(a, b):
     """``np.maximum(a, b)``; two scalars compared as numpy's scalar loop does (a NaN wins)."""
-    ta = type(a)
-    if ta is type(b) and (ta is float or ta is int):  # the common case: two of one type
-        return a if a > b or isnan(a) else b
-    kind = _scalar_kind(ta, type(b))
+    ta, tb = type(a), type(b)
+    if ta is float or ta is int:  # the common cases: Python's numbers (``a != a``: a NaN)
+        if ta is tb:
+            return a if a > b or a != a else b
+        if tb is float or tb is int:
+            return float(a if a > b or a != a else b)
+    kind = _scalar_kind(ta, tb)
     if kind is None:
         return np.maximum(a, b)
     return kind(a if a > b or isnan(a) else b)
@@ -120,10 +126,13 @@ def maximum(a, b):
 
 def minimum(a, b):
     """``np.minimum(a, b)``; two scalars compared as numpy's scalar loop does (a NaN wins)."""
-    ta = type(a)
-    if ta is type(b) and (ta is float or ta is int):
-        return a if a < b or isnan(a) else b
-    kind = _scalar_kind(ta, type(b))
+    ta, tb = type(a), type(b)
+    if ta is float or ta is int:
+        if ta is tb:
+            return a if a < b or a != a else b
+        if tb is float or tb is int:
+            return float(a if a < b or a != a else b)
+    kind = _scalar_kind(ta, tb)
     if kind is None:
         return np.minimum(a, b)
     return kind(a if a < b or isnan(a) else b)

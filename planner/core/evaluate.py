@@ -1,6 +1,7 @@
 """One vectorised pass over candidate layouts: memory, step time and everything derived from them.
 
-A single estimate is an evaluation of one candidate; there is no scalar copy of the model.
+A single estimate is an evaluation of one candidate, through the same formulas with the layout's
+columns as Python scalars (``evaluate_one``); there is no scalar copy of the model.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.columns import minimum
+from planner.core.checks import ROOMY_SHARE
+from planner.core.columns import as_float, minimum
 from planner.core.flops import hardware_flops_per_token, model_flops_per_token
-from planner.core.layout import Candidates, Job
+from planner.core.layout import DIMS, Candidates, Job, is_one_row
 from planner.core.memory import Memory, hardware_read, memory
 from planner.core.model import ModelSpec
 from planner.core.steptime import StepTime, reference_peak, step_time
 from planner.hardware import HardwareProfile
+from planner.evidence import memory_band
 from planner.stacks import effective, software
 
 
@@ -155,7 +158,26 @@ def row_of(ev: Evaluation, i: int) -> Evaluation:
     """Row ``i`` of the evaluation alone, every column a Python scalar (its candidates
     ``Candidates.one_row``): the derived figures (MFU, days, cost) read from it are the table's at
     that row (the same float64 operations), at a scalar's cost rather than a column's."""
+    if is_one_row(ev.candidates):  # already one layout's scalars (``evaluate_one``)
+        return ev
     return _with_columns(ev, ev.candidates.one_row(i), [col.item(i) for col in _columns(ev)])
+
+
+def evaluate_one(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpus: int) -> Evaluation:
+    """``evaluate`` of a table of one layout, with every column a Python scalar (its candidates
+    ``c.one_row()``): the numbers of that layout's row in any table (the same operations, as
+    scalars), without a table's arrays (``as_table`` builds them)."""
+    sw, hw = _effective(hw, job)
+    one = c.one_row()
+    mem, stages = memory(model, hw, job, one, sw)
+    return _evaluation(model, hw, job, one, gpus, sw, mem, stages, step_time(model, hw, job, one, sw))
+
+
+def as_table(one: Evaluation) -> Evaluation:
+    """A one-layout evaluation of scalars (``evaluate_one``, ``row_of``) as a table of one row."""
+    c = one.candidates
+    return _with_columns(one, Candidates(**{name: np.array([getattr(c, name)]) for name in DIMS}),
+                         [_one(x) for x in _columns(one)])
 
 
 def _columns(ev: Evaluation) -> list[np.ndarray]:
@@ -220,9 +242,6 @@ def fit_lines(job: Job, stack) -> tuple[float, float, float, float]:
     ranking keeps the best plan under: the stricter of ROOMY_SHARE and the fits line by default,
     the capacity itself when --memory-headroom is given (0: plan up to capacity, as before); and the
     line a plan's note compares with (the safe line by default, ROOMY_SHARE with a headroom given)."""
-    from planner.core.checks import ROOMY_SHARE
-    from planner.evidence import memory_band
-
     band = memory_band(stack)
     fits = 1.0 - band.under
     room = min(ROOMY_SHARE, fits) if job.memory_headroom is None else ROOMY_SHARE
@@ -412,7 +431,7 @@ def _evaluation(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     fits_share, tight_share, safe_share, room_share = fit_lines(job, sw.stack)
     return Evaluation(
         candidates=c, memory=mem, time=st, capacity_bytes=hw.gpu.memory_bytes,
-        tokens_per_step=tokens.astype(float), model_flops_per_step=per_token * tokens,
+        tokens_per_step=as_float(tokens), model_flops_per_step=per_token * tokens,
         hardware_flops_per_step=hardware_flops_per_token(
             model, job, c.recompute, sw.stack.selective,
             full_square=sw.attention == "standard" or sw.stack.attention_square == "full") * tokens,

@@ -92,6 +92,14 @@ class Dim:
         if self.choices:
             require(value in self.choices, self.name, value, choices)
 
+    def code(self, value: object) -> int | bool:
+        """One value as a column holds it (``encode``'s element, a Python int or bool)."""
+        if self.type is bool:
+            return bool(value)
+        if self.type is str:
+            return self.choices.index(value)
+        return int(value)
+
     def encode(self, values: list) -> np.ndarray:
         """A column: ints as int64, bools as bool, strings as their index in ``choices``."""
         if self.type is bool:
@@ -464,7 +472,7 @@ class Candidates:
         return Candidates(**{name: column[index] for name, column in self.columns().items()})
 
     def layout(self, i: int) -> Layout:
-        return Layout(**{d.name: d.decode(getattr(self, d.name)[i]) for d in LAYOUT_DIMS})
+        return _checked_layout({d.name: d.decode(getattr(self, d.name)[i]) for d in LAYOUT_DIMS})
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> "Candidates":
@@ -485,6 +493,35 @@ class _OneRow(Candidates):
 
     def full(self, value: float, dtype: type = float) -> float | int:
         return float(value) if dtype is float else int(value)
+
+    def one_row(self, i: int = 0) -> Candidates:
+        return self
+
+    def layout(self, i: int = 0) -> Layout:
+        return _checked_layout({d.name: d.decode(getattr(self, d.name)) for d in LAYOUT_DIMS})
+
+
+def _checked_layout(values: dict[str, object]) -> Layout:
+    """A Layout of values a table holds: each dimension's own rule was checked where the table was
+    built (the pins, the values searched), so ``Layout.__post_init__`` is not run again."""
+    layout = object.__new__(Layout)
+    for name, value in values.items():
+        object.__setattr__(layout, name, value)
+    return layout
+
+
+def one_row_of(columns: dict[str, int | bool]) -> Candidates:
+    """One layout from its columns' values (a Python int or bool each, as ``Dim.code`` gives them),
+    as ``Candidates.one_row`` gives it."""
+    row = object.__new__(_OneRow)
+    for name in DIMS:
+        object.__setattr__(row, name, columns[name])
+    return row
+
+
+def is_one_row(c: Candidates) -> bool:
+    """Whether ``c`` is one layout of Python scalars (``Candidates.one_row``), not a table."""
+    return type(c) is _OneRow
 
 
 def _candidates(columns: dict[str, np.ndarray]) -> Candidates:

@@ -109,7 +109,8 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     """The plan from the layouts with these pins (``result``, in rank order); ``table`` (the
     widened one) is needed only when the best does not fit, for the nearest fitting layouts."""
     rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
-    ev = result.ranked(rows)  # only these rows: the rest of the table is never put in rank order
+    # Only these rows: the rest of the table is never put in rank order (one layout: its scalars).
+    ev = result.one if result.one is not None else result.ranked(rows)
     best = estimate_at(ev, 0, model, hw, job, ops)
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
@@ -167,6 +168,8 @@ def _runner_rows(result: SearchResult, pins: Pins, top: int) -> list[int]:
 
 def _roomier_row(result: SearchResult, pins: Pins) -> int | None:
     """The rank position of the best listed layout at or under the plan's memory line, or None."""
+    if result.evaluated == 1:  # the one layout is the best, above the line: none
+        return None
     m = result.memory
     ev = result.partial_table
     roomy = _listed(result, pins) & (m.total <= ev.room_share * ev.capacity_bytes)

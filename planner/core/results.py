@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from planner.core.checks import warnings_for
@@ -12,8 +13,9 @@ from planner.core.memory import allocated_bytes, outside_allocator
 from planner.core.model import ModelSpec
 from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, ReliabilityPlan, plan_operations
 from planner.core.step_parts import STEPTIME_FIELDS
-from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, for_stack, plan_features
+from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, calibration_json, for_stack, memory_band, plan_features
 from planner.hardware import HardwareProfile
+from planner.stacks import software
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,9 +155,6 @@ class Estimate:
 
     def band(self):
         """The stack's measured memory band the verdict uses (planner.evidence.memory_band)."""
-        from planner.evidence import memory_band
-        from planner.stacks import software
-
         return memory_band(software(self.job).stack)
 
     def fit_band_json(self) -> dict:
@@ -166,24 +165,38 @@ class Estimate:
 
     def stack_json(self) -> dict:
         """The software stack the figures assume, what it ran with, and where its factors come from."""
-        from planner.evidence import calibration_json
-        from planner.stacks import software
-
-        sw = software(self.job)
-        return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
-                "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": self.job.compile, "async_tp": self.job.async_tp,
-                "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
-                "overrides": dict(sw.stack.overrides),
-                "calibrated_factors_from_profile": sorted(self.hardware.efficiency_keys),
-                "checked_against": {**self.evidence().to_json(),
-                                    "profile_calibration": calibration_json(self.hardware)}}
+        hw = self.hardware
+        return _copied(_stack_json(self.job, hw.name, tuple(sorted(hw.efficiency_keys)), hw.calibration,
+                                   plan_features(self.model, self.layout)))
 
     def evidence(self) -> Evidence:
         """The measured runs that check this estimate's stack (planner.evidence)."""
-        from planner.evidence import for_stack, plan_features
-        from planner.stacks import software
-
         return for_stack(software(self.job).stack, self.hardware.name, plan_features(self.model, self.layout))
+
+
+@functools.lru_cache(maxsize=64)
+def _stack_json(job: Job, gpu: str, calibrated: tuple[str, ...], calibration: tuple | None,
+                like: tuple[str, ...]) -> dict:
+    """``Estimate.stack_json`` of a job on a profile (what it reads of it: its name, the factors it
+    calibrates and its calibration's figures), for plans with the features ``like``: built once for
+    an estimate in a loop (each call gets a copy: ``_copied``)."""
+    sw = software(job)
+    return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
+            "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": job.compile,
+            "async_tp": job.async_tp, "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
+            "overrides": dict(sw.stack.overrides),
+            "calibrated_factors_from_profile": list(calibrated),
+            "checked_against": {**for_stack(sw.stack, gpu, like).to_json(),
+                                "profile_calibration": calibration_json(calibration)}}
+
+
+def _copied(value):
+    """A JSON value's dicts and lists copied, all the way down (its numbers and strings are immutable)."""
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copied(v) for v in value]
+    return value
 
 
 # Memory parts by how the planner gets them: weights, gradients and optimizer states are bytes per
@@ -214,8 +227,6 @@ def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: Hardw
     parallel or MoE: planner.evidence) were predicted at worst, a fraction of what they used (the
     share of the GPU a plan must leave free to cover them), and what they were; (0, "") when none
     was predicted low, or the plan has none of those features."""
-    from planner.stacks import software
-
     like = plan_features(model, layout)
     if not like:
         return 0.0, ""

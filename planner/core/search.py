@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.core.columns import not_, where
-from planner.core.evaluate import DeferredStepTime, Evaluation, evaluate_deferred, evaluate_fitting, take
+from planner.core.evaluate import (
+    DeferredStepTime,
+    Evaluation,
+    as_table,
+    evaluate_deferred,
+    evaluate_fitting,
+    evaluate_one,
+    take,
+)
 from planner.core.layout import (
     DIMS,
     DUALPIPEV,
@@ -30,6 +38,7 @@ from planner.core.layout import (
     Candidates,
     Job,
     default_global_batch,
+    one_row_of,
 )
 from planner.core.memory import Memory
 from planner.core.model import ModelSpec
@@ -70,7 +79,7 @@ class SearchResult:
     is computed when first read (``table``, ``evaluation``, or ``ranked`` rows that need it):
     ``candidates``, ``fits`` and ``memory`` read the table without it."""
 
-    _table: Evaluation
+    _table: Evaluation | None  # None: one layout, ``one``, whose table is built from it when read
     order: np.ndarray
     evaluated: int
     feasible: int
@@ -79,41 +88,52 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     _deferred: DeferredStepTime | None = None  # shared by ``select``'s copies: each row is filled once
     _in_order: list = field(default_factory=list, init=False, repr=False, compare=False)  # ``evaluation``, once built
+    # One layout (every layout field pinned): its evaluation with its columns as Python scalars
+    # (``evaluate_one``), all a pinned estimate reads; the one-row table is built from it if read.
+    one: Evaluation | None = None
+    _built: list = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def _whole(self) -> Evaluation:
+        if self._table is not None:
+            return self._table
+        if not self._built:
+            self._built.append(as_table(self.one))
+        return self._built[0]
 
     @property
     def table(self) -> Evaluation:
         """Every layout evaluated, step times included."""
         if self._deferred is not None:
             self._deferred.fill()
-        return self._table
+        return self._whole()
 
     @property
     def partial_table(self) -> Evaluation:
         """The table as evaluated so far: every column, but the step times of layouts that do not
         fit are NaN until read through ``table`` or ``ranked``."""
-        return self._table
+        return self._whole()
 
     @property
     def candidates(self) -> Candidates:
-        return self._table.candidates
+        return self._whole().candidates
 
     @property
     def fits(self) -> np.ndarray:
-        return self._table.fits
+        return self._whole().fits
 
     @property
     def memory(self) -> Memory:
-        return self._table.memory
+        return self._whole().memory
 
     @property
     def evaluation(self) -> Evaluation:
         """Every selected layout in rank order: fitting ones first."""
         if not self._in_order:
             o = self.order
-            whole = _every_row_in_order(o, len(self._table.candidates))
+            whole = _every_row_in_order(o, len(self._whole().candidates))
             if self._deferred is not None:
                 self._deferred.fill(None if whole else o)
-            self._in_order.append(self._table if whole else take(self._table, o))
+            self._in_order.append(self._whole() if whole else take(self._whole(), o))
         return self._in_order[0]
 
     def ranked(self, positions) -> Evaluation:
@@ -121,9 +141,9 @@ class SearchResult:
         rows = self.order[np.asarray(positions, dtype=np.int64)]
         if self._deferred is not None:
             self._deferred.fill(rows)
-        if _every_row_in_order(rows, len(self._table.candidates)):
-            return self._table  # one pinned layout, say: the table itself
-        return take(self._table, rows)
+        if _every_row_in_order(rows, len(self._whole().candidates)):
+            return self._whole()  # one pinned layout, say: the table itself
+        return take(self._whole(), rows)
 
     def in_rank_order(self, column: np.ndarray) -> np.ndarray:
         """A column of ``table`` (or one computed from it) in rank order."""
@@ -262,11 +282,14 @@ def _values(d, job: Job, model: ModelSpec, pinned: object, widen: bool) -> list:
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins(),
-                      widen: bool = False, gpus_per_node: int | None = None) -> tuple[Candidates, str]:
+                      widen: bool = False, gpus_per_node: int | None = None,
+                      as_row: bool = False) -> tuple[Candidates, str]:
     """All valid layouts as columns, and a reason when there are none. ``widen``: every layout of
     the free search plus the pinned values, unchecked, so that the layouts of these pins, and of
     any of them freed, are a selection of one table (``matches``). ``gpus_per_node``: leave out
-    the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``)."""
+    the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``).
+    ``as_row``: when the fields allow one layout alone (every one pinned), that layout as
+    ``Candidates.one_row`` gives it (its columns Python scalars), built without arrays."""
     if not widen:
         _check_pins(model, gpus, pins, job.global_batch, job_stack(job).uneven_interleave)
         check_stack_pins(job_stack(job), pins)
@@ -281,32 +304,14 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                                     f"({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
     free = [d for d in LAYOUT_DIMS if d.searched is not None]
-    codes = {d.name: d.encode(_values(d, job, model, getattr(pins, d.name), widen)) for d in free}
+    values = {d.name: _values(d, job, model, getattr(pins, d.name), widen) for d in free}
+    if as_row and len(mesh) == 1 and all(len(v) == 1 for v in values.values()):
+        return _one_layout(model, gpus, job, pins, mesh[0], values, gpus_per_node)
+    codes = {d.name: d.encode(values[d.name]) for d in free}
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
-    stack, gpipe, dualpipe = job_stack(job), GPIPE, DUALPIPEV
-    batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
-    rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
-        batch_rule,
-        (("sequence_parallel",), lambda c: not_(c.sequence_parallel & (c.tp == 1))),  # SP means nothing without TP
-        # Interleaved 1F1B (Megatron's, torch's) takes micro-batches in rounds of pp: m % pp.
-        (("micro_batch", "schedule"), lambda c: (c.vpp == 1) | (c.m % c.pp == 0) | (c.schedule == dualpipe)),
-        (("schedule",), lambda c: not_((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
-        # DualPipeV: two stages per rank (vpp 2), at least as many micro-batches as stages (torch's
-        # ScheduleDualPipeV: n_microbatches >= 2 pp).
-        (("schedule", "micro_batch"),
-         lambda c: (c.schedule != dualpipe) | ((c.pp > 1) & (c.vpp == 2) & (c.m >= 2 * c.pp))),
-        (("zero_stage", "schedule", "offload"), lambda c: runs_on_stack(c, stack)),
-        (("ep",), lambda c: expert_parallel_ok(model, c)),
-        (("sequence_parallel",), lambda c: moe_sequence_parallel_ok(model, c)),
-        # Hybrid sharding: with ZeRO on a group of more than one rank, without expert parallel (its
-        # expert-data-parallel groups are not split again here); whether the group spans nodes is
-        # known with the hardware (``search`` drops the layouts where hybrid equals full).
-        (("sharding", "zero_stage", "ep"),
-         lambda c: (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))),
-    )
-    if gpus_per_node is not None:
-        rules += ((("sharding",), lambda c: _not_redundant_hybrid(c, gpus_per_node)),)
+    batch_rule, *rules = _rules(model, job, gpus_per_node)
+    rules = (batch_rule, *rules)
     if len(gb) == 1 and all(len(v) == 1 for v in codes.values()):  # one layout (every field pinned)
         c = Candidates(**mesh_cols, **codes, global_batch=gb[0])  # the columns the product would give
         one = c.one_row()  # the rules read its values as scalars
@@ -330,6 +335,56 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     if len(c) == 0:
         return c, _NO_SPLIT.format(job.global_batch, pins.pinned())
     return c, ""
+
+
+def _rules(model: ModelSpec, job: Job, gpus_per_node: int | None) -> tuple:
+    """The enumeration's rules across dimensions: (the dimensions each rule reads besides the
+    mesh's, the rule), the batch rule first."""
+    stack, gpipe, dualpipe = job_stack(job), GPIPE, DUALPIPEV
+    batch_rule = (("micro_batch",), lambda c: c.batch_ok)  # the global batch splits (``_batch_table``)
+    rules = (  # (the dimensions each rule reads besides the mesh's, the rule)
+        batch_rule,
+        (("sequence_parallel",), lambda c: not_(c.sequence_parallel & (c.tp == 1))),  # SP means nothing without TP
+        # Interleaved 1F1B (Megatron's, torch's) takes micro-batches in rounds of pp: m % pp.
+        (("micro_batch", "schedule"), lambda c: (c.vpp == 1) | (c.m % c.pp == 0) | (c.schedule == dualpipe)),
+        (("schedule",), lambda c: not_((c.schedule == gpipe) & (c.vpp > 1))),  # GPipe is not interleaved here
+        # DualPipeV: two stages per rank (vpp 2), at least as many micro-batches as stages (torch's
+        # ScheduleDualPipeV: n_microbatches >= 2 pp).
+        (("schedule", "micro_batch"),
+         lambda c: (c.schedule != dualpipe) | ((c.pp > 1) & (c.vpp == 2) & (c.m >= 2 * c.pp))),
+        (("zero_stage", "schedule", "offload"), lambda c: runs_on_stack(c, stack)),
+        (("ep",), lambda c: expert_parallel_ok(model, c)),
+        (("sequence_parallel",), lambda c: moe_sequence_parallel_ok(model, c)),
+        # Hybrid sharding: with ZeRO on a group of more than one rank, without expert parallel (its
+        # expert-data-parallel groups are not split again here); whether the group spans nodes is
+        # known with the hardware (``search`` drops the layouts where hybrid equals full).
+        (("sharding", "zero_stage", "ep"),
+         lambda c: (c.sharding == 0) | ((c.zero_stage >= 1) & (c.shard_group > 1) & (c.ep == 1))),
+    )
+    if gpus_per_node is not None:
+        rules += ((("sharding",), lambda c: _not_redundant_hybrid(c, gpus_per_node)),)
+    return rules
+
+
+def _one_layout(model: ModelSpec, gpus: int, job: Job, pins: Pins, mesh: tuple, values: dict,
+                gpus_per_node: int | None) -> tuple[Candidates, str]:
+    """``enumerate_layouts`` of one layout (each field one value), as Python scalars: the layout
+    (``Candidates.one_row``'s kind) when every rule keeps it, else no layout and the reason."""
+    (dp, tp, pp, vpp, cp) = mesh
+    mb = values["micro_batch"][0]
+    if job.global_batch is not None:
+        gb = job.global_batch
+        batch_ok = gb % (dp * mb) == 0
+    else:  # _batch_table's, on a table of this one layout
+        gb_col, ok = _batch_table(model, gpus, job, np.array([dp], dtype=np.int64), np.array([mb], dtype=np.int64))
+        gb, batch_ok = gb_col.item(0), bool(ok.item(0))
+    columns = dict(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, global_batch=gb,
+                   **{name: DIMS[name].code(v[0]) for name, v in values.items()})
+    one = one_row_of(columns)
+    _, *rules = _rules(model, job, gpus_per_node)
+    if batch_ok and all(bool(rule(one)) for _, rule in rules):
+        return one, ""
+    return Candidates.empty(), _NO_SPLIT.format(job.global_batch, pins.pinned())
 
 
 _NO_SPLIT = ("no layout splits global_batch={} sequences into dp x micro_batch (and m divisible by pp when "
@@ -611,11 +666,15 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
                                                        f"choose one of {', '.join(have)}")
     # Hybrid sharding where the group fits in a node is full sharding: left out unless pinned.
     c, why = enumerate_layouts(model, gpus, job, pins, widen,
-                               hw.network.gpus_per_node if pins.sharding is None else None)
+                               hw.network.gpus_per_node if pins.sharding is None else None, as_row=True)
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
-    ev, deferred = evaluate_deferred(model, hw, job, c, gpus)
     require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
+    if len(c) == 1:  # one layout (every field pinned): evaluated as scalars, its own order
+        one = evaluate_one(model, hw, job, c, gpus)
+        return SearchResult(_table=None, one=one, order=np.zeros(1, dtype=np.int64), evaluated=1,
+                            feasible=int(one.fits), search_seconds=time.perf_counter() - start, objective=objective)
+    ev, deferred = evaluate_deferred(model, hw, job, c, gpus)
     order = rank_order(ev, objective) if len(c) > 1 else np.zeros(1, dtype=np.int64)  # one layout: its own order
     return SearchResult(_table=ev, order=order, evaluated=len(c), feasible=int(ev.fits.sum()),
                         search_seconds=time.perf_counter() - start, objective=objective, _deferred=deferred)
