@@ -113,20 +113,13 @@ class Estimate:
         return self.memory.fits
 
     def to_json(self) -> dict:
-        m, lay = self.model, self.layout
+        m = self.model
         return {
-            "model": {"name": m.name, "arch": m.arch, "params": m.params, "active_params": m.active_params,
-                      "layers": m.layers, "hidden": m.hidden,
-                      "heads": m.heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
-                      "seq_len": m.seq_len, "tied_embeddings": m.tied_embeddings,
-                      **({"experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
-                          "shared_experts": m.shared_experts, "dense_layers": m.dense_layers,
-                          "capacity_factor": m.capacity_factor, "expert_groups": m.expert_groups,
-                          "groups_per_token": m.groups_per_token} if m.moe else {})},
+            "model": dict(_model_json(m)),
             "cluster": {"gpu": self.hardware.name, "gpus": self.gpus,
                         "gpus_per_node": self.hardware.network.gpus_per_node,
                         "gpus_per_host": self.hardware.network.host_gpus},
-            "layout": {**lay.to_json(), "precision": self.job.precision, "attention": self.job.attention},
+            "layout": {**self.layout.to_json(), "precision": self.job.precision, "attention": self.job.attention},
             "fit": self.memory.fit,
             "fit_band": self.fit_band_json(),
             "memory": {**flat_fields(self.memory), "memory_headroom": self.job.memory_headroom},
@@ -172,6 +165,19 @@ class Estimate:
     def evidence(self) -> Evidence:
         """The measured runs that check this estimate's stack (planner.evidence)."""
         return for_stack(software(self.job).stack, self.hardware.name, plan_features(self.model, self.layout))
+
+
+@functools.lru_cache(maxsize=64)
+def _model_json(m: ModelSpec) -> dict:
+    """``Estimate.to_json``'s model: its shape (each call gets a copy)."""
+    return {"name": m.name, "arch": m.arch, "params": m.params, "active_params": m.active_params,
+            "layers": m.layers, "hidden": m.hidden,
+            "heads": m.heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
+            "seq_len": m.seq_len, "tied_embeddings": m.tied_embeddings,
+            **({"experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
+                "shared_experts": m.shared_experts, "dense_layers": m.dense_layers,
+                "capacity_factor": m.capacity_factor, "expert_groups": m.expert_groups,
+                "groups_per_token": m.groups_per_token} if m.moe else {})}
 
 
 @functools.lru_cache(maxsize=64)
