@@ -463,6 +463,29 @@ class Candidates:
     def take(self, index: np.ndarray) -> "Candidates":
         return Candidates(**{name: column[index] for name, column in self.columns().items()})
 
+    def distinct(self, dims: tuple[str, ...]) -> tuple["Candidates", np.ndarray]:
+        """The distinct combinations of the columns ``dims`` as a table of their own, and each row's
+        index in it (``np.unique``'s inverse, so ``part.tp[inverse]`` is ``self.tp``). Its other
+        columns are None: a formula given it that reads one fails instead of reading another row's
+        value. One key per row: the columns' values in mixed radix (max + 1 each)."""
+        columns = [getattr(self, name) for name in dims]
+        radix = [int(col.max()) + 1 if len(col) else 1 for col in columns]
+        if math.prod(radix) >= 1 << 62:  # no key in int64: the rows compared column by column
+            _, first, inverse = np.unique(np.stack(columns, axis=1).astype(np.int64), axis=0,
+                                          return_index=True, return_inverse=True)
+        else:
+            key = columns[0].astype(np.int64)
+            for col, r in zip(columns[1:], radix[1:]):
+                key = key * r + col
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        part = object.__new__(_Part)
+        for name in DIMS:
+            object.__setattr__(part, name, None)
+        for name, col in zip(dims, columns):
+            object.__setattr__(part, name, col[first])
+        object.__setattr__(part, "rows", len(first))
+        return part, inverse.reshape(-1)
+
     def layout(self, i: int) -> Layout:
         return Layout(**{d.name: d.decode(getattr(self, d.name)[i]) for d in LAYOUT_DIMS})
 
@@ -485,6 +508,45 @@ class _OneRow(Candidates):
 
     def full(self, value: float, dtype: type = float) -> float | int:
         return float(value) if dtype is float else int(value)
+
+
+# The columns one layer's work per micro-batch reads (its GEMMs, attention, element-wise kernels,
+# activations, TP/CP/EP exchanges): the same in every layout that agrees on these.
+LAYER_DIMS = ("tp", "cp", "ep", "micro_batch", "sequence_parallel", "recompute")
+
+
+class _Part(Candidates):
+    """Some columns of a table's distinct rows (``Candidates.distinct``); the others None."""
+
+    __slots__ = ("rows",)
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def per_distinct(c: Candidates, dims: tuple[str, ...], f: Callable):
+    """``f(c)`` for a formula ``f`` that reads only the columns ``dims`` of ``c`` (and its length),
+    row by row: computed once per distinct combination of them and gathered to every row, the
+    same numbers in each (every element sees the same operations). ``f``'s result: a column, a
+    scalar (the same in every row), or a tuple or slotted dataclass of them. One layout (columns
+    as scalars), or a table with few repeats, is computed directly."""
+    if type(c.dp) is not np.ndarray or len(c) < 64:
+        return f(c)
+    part, inverse = c.distinct(dims)
+    if 2 * len(part) > len(c):
+        return f(c)
+    return _gathered(f(part), inverse)
+
+
+def _gathered(value, inverse: np.ndarray):
+    """Each column of ``value`` (a ``per_distinct`` result) at ``inverse``; scalars as they are."""
+    if type(value) is np.ndarray:
+        return value.take(inverse, axis=-1) if value.ndim else value
+    if isinstance(value, tuple):
+        return tuple(_gathered(v, inverse) for v in value)
+    if hasattr(type(value), "__slots__") and dataclasses.is_dataclass(value):
+        return type(value)(*(_gathered(getattr(value, f), inverse) for f in type(value).__slots__))
+    return value
 
 
 def _candidates(columns: dict[str, np.ndarray]) -> Candidates:

@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.core.columns import any_, as_float, maximum, minimum, not_, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.layout import DUALPIPEV, Candidates, Job
+from planner.core.layout import DUALPIPEV, LAYER_DIMS, Candidates, Job, per_distinct
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
@@ -222,8 +222,13 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
     if sw.stack.grad_dtype == "model" and gb > wb:  # kept in the training dtype under ZeRO 1-3 (DeepSpeed)
         gb = where(c.zero_stage >= 1, float(wb), float(gb))
-    act_layer, working = layer_activations_and_working(model, c, job, sw)
-    working = working + context_parallel_working(model, c, job, sw)
+
+    def per_layer(p: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        act_layer, working = layer_activations_and_working(model, p, job, sw)
+        return act_layer, working + context_parallel_working(model, p, job, sw)
+
+    # What a layer keeps and works in, per micro-batch: once per distinct LAYER_DIMS.
+    act_layer, working = per_distinct(c, LAYER_DIMS, per_layer)
     first, fullest, last = stage_layers(model, c, sw)
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
     tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence

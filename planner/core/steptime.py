@@ -20,7 +20,7 @@ from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
-from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
+from planner.core.layout import DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, per_distinct
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
@@ -503,12 +503,19 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     sw = sw or software(job)
     e = hw.efficiency
     links = comm.Links.of(hw)
-    lt = layer_times(model, hw, job, c, links, sw)
     act = ACT_BYTES[job.precision]
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
+
+    def per_micro_batch(p: Candidates) -> tuple[_LayerTimes, np.ndarray, np.ndarray]:
+        """A layer's times, the head's GEMM and the loss's traffic per micro-batch: of LAYER_DIMS alone."""
+        head = gemm_time(logits_gemm(model, p.micro_batch, p.tp, p.cp), hw, reference_peak(hw, job.precision), act)
+        loss = LOGIT_TRAFFIC_BYTES * p.micro_batch * model.seq_len / p.cp * model.vocab / p.tp / hbm
+        return layer_times(model, hw, job, p, links, sw), head, loss
+
+    # Computed once per distinct (tp, cp, ep, micro-batch, SP, recompute): a table holds 6-60
+    # layouts of each (dp, pp, vpp, ZeRO and sharding vary around them).
+    lt, head, loss = per_distinct(c, LAYER_DIMS, per_micro_batch)
     slow, busy = _host_sharing(hw, c)
-    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp, c.cp), hw, reference_peak(hw, job.precision), act)
-    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len / c.cp * model.vocab / c.tp / hbm
     head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
     first, fullest, last = stage_layers(model, c, sw)
     v_shape = c.schedule == DUALPIPEV  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
