@@ -470,20 +470,33 @@ class Candidates:
         value. One key per row: the columns' values in mixed radix (max + 1 each)."""
         columns = [getattr(self, name) for name in dims]
         radix = [int(col.max()) + 1 if len(col) else 1 for col in columns]
-        if math.prod(radix) >= 1 << 62:  # no key in int64: the rows compared column by column
-            _, first, inverse = np.unique(np.stack(columns, axis=1).astype(np.int64), axis=0,
-                                          return_index=True, return_inverse=True)
-        else:
-            key = columns[0].astype(np.int64)
-            for col, r in zip(columns[1:], radix[1:]):
-                key = key * r + col
-            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         part = object.__new__(_Part)
         for name in DIMS:
             object.__setattr__(part, name, None)
-        for name, col in zip(dims, columns):
-            object.__setattr__(part, name, col[first])
-        object.__setattr__(part, "rows", len(first))
+        if math.prod(radix) >= 1 << 62:  # no key in int64: the rows compared column by column
+            _, first, inverse = np.unique(np.stack(columns, axis=1).astype(np.int64), axis=0,
+                                          return_index=True, return_inverse=True)
+            values = [col[first] for col in columns]
+        else:  # np.unique's steps, with an unstable sort (no first index wanted: the key holds the values)
+            key = columns[0].astype(np.int64)
+            for col, r in zip(columns[1:], radix[1:]):
+                key = key * r + col
+            order = key.argsort()
+            ordered = key[order]
+            new = np.empty(len(key), dtype=bool)
+            new[:1] = True
+            np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+            inverse = np.empty(len(key), dtype=np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            unique = ordered[new]
+            values = []
+            for col, r in zip(columns[::-1], radix[::-1]):
+                values.append((unique % r).astype(col.dtype, copy=False))
+                unique = unique // r
+            values = values[::-1]
+        for name, value in zip(dims, values):
+            object.__setattr__(part, name, value)
+        object.__setattr__(part, "rows", len(values[0]))
         return part, inverse.reshape(-1)
 
     def layout(self, i: int) -> Layout:
