@@ -404,7 +404,8 @@ class Candidates:
     sequence_parallel as bool.
     """
 
-    __slots__ = tuple(DIMS)
+    # ``_distinct``: ``distinct``'s answers, kept (and carried to the tables ``take`` makes of this one).
+    __slots__ = (*DIMS, "_distinct")
 
     def __init__(self, **columns: np.ndarray) -> None:
         missing, unknown = set(DIMS) - set(columns), set(columns) - set(DIMS)
@@ -412,6 +413,7 @@ class Candidates:
             raise TypeError(f"Candidates: columns missing {sorted(missing)}, unknown {sorted(unknown)}")
         for name, column in columns.items():
             object.__setattr__(self, name, column)
+        object.__setattr__(self, "_distinct", {})
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Candidates are immutable")
@@ -461,13 +463,23 @@ class Candidates:
         return row
 
     def take(self, index: np.ndarray) -> "Candidates":
-        return Candidates(**{name: column[index] for name, column in self.columns().items()})
+        out = Candidates(**{name: column[index] for name, column in self.columns().items()})
+        # The distinct rows found in this table hold those of any selection of it (a few more, at no
+        # harm: each row's numbers are computed alone): the selection's rows index them alike.
+        known = getattr(self, "_distinct", {})
+        out._distinct.update({dims: (part, inverse[index]) for dims, (part, inverse) in known.items()})
+        return out
 
     def distinct(self, dims: tuple[str, ...]) -> tuple["Candidates", np.ndarray]:
         """The distinct combinations of the columns ``dims`` as a table of their own, and each row's
         index in it (``np.unique``'s inverse, so ``part.tp[inverse]`` is ``self.tp``). Its other
         columns are None: a formula given it that reads one fails instead of reading another row's
-        value. One key per row: the columns' values in mixed radix (max + 1 each)."""
+        value. One key per row: the columns' values in mixed radix (max + 1 each). Kept: the
+        memory and the step time of a table ask for the same; a table ``take`` makes of this one
+        reads this one's distinct rows (a superset of its own)."""
+        known = getattr(self, "_distinct", None)
+        if known is not None and dims in known:
+            return known[dims]
         columns = [getattr(self, name) for name in dims]
         radix = [int(col.max()) + 1 if len(col) else 1 for col in columns]
         part = object.__new__(_Part)
@@ -497,6 +509,8 @@ class Candidates:
         for name, value in zip(dims, values):
             object.__setattr__(part, name, value)
         object.__setattr__(part, "rows", len(values[0]))
+        if known is not None:
+            known[dims] = part, inverse.reshape(-1)
         return part, inverse.reshape(-1)
 
     def layout(self, i: int) -> Layout:
