@@ -361,6 +361,9 @@ def _bits(count: int) -> int:
 _CANDIDATE_PROPERTIES = {name: v for name, v in vars(Candidates).items() if isinstance(v, property)}
 
 
+GROW_ROWS = 16384  # ``_Product.extend`` builds a product up to this many rows before its rules prune it
+
+
 class _Product:
     """The layouts enumerated so far: the mesh rows times the values of the dimensions added, in
     lexicographic order (a meshgrid's, flattened), read like ``Candidates`` (columns by name, and
@@ -380,15 +383,16 @@ class _Product:
 
     def extend(self, name: str, rules: list = ()) -> None:
         """Add dimension ``name`` (each row times its values), keeping the rows where ``rules`` hold.
-        With several values the rules are read once per value on the rows before they multiply
-        (the columns of the other dimensions read once for all values), and only the rows kept
-        are built."""
+        With several values and more than GROW_ROWS rows once multiplied, the rules are read once
+        per value on the rows before they multiply (the columns of the other dimensions read once
+        for all values), and only the rows kept are built; up to GROW_ROWS, the rows are built and
+        the rules read once on them (fewer numpy calls: the same rows, in the same order)."""
         k = len(self._codes[name])
         if k == 0:  # a dimension with no value: no layout
             self._bits[name] = 0
             self._code, self._read = self._code[:0], {}
             return
-        if k == 1 or not rules:
+        if k == 1 or not rules or len(self._code) * k <= GROW_ROWS:
             self._bits[name] = _bits(k)
             if k > 1:
                 self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
