@@ -397,15 +397,21 @@ def every_name(job: Job) -> str:
 JOB_OPTIONS: tuple[Option, ...] = options_of(Job)
 
 
-class Candidates:
+class _Kept:
+    """What a table keeps beside its columns: ``Candidates.distinct``'s answers (carried to the
+    tables ``take`` makes of it)."""
+
+    __slots__ = ("_distinct",)
+
+
+class Candidates(_Kept):
     """Layouts as columns (numpy arrays of equal length, one per Layout dimension, by its name):
     what the vectorised model evaluates. String dimensions are held as their index in the
     dimension's choices (recompute: 0 none, 1 selective, 2 full; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
     sequence_parallel as bool.
     """
 
-    # ``_distinct``: ``distinct``'s answers, kept (and carried to the tables ``take`` makes of this one).
-    __slots__ = (*DIMS, "_distinct")
+    __slots__ = tuple(DIMS)
 
     def __init__(self, **columns: np.ndarray) -> None:
         missing, unknown = set(DIMS) - set(columns), set(columns) - set(DIMS)
