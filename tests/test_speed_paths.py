@@ -4,7 +4,9 @@
 - ``fastest_fitting`` (every count's layouts evaluated together, step time only where memory fits)
   picks, per GPU count, the row a free ``search`` ranks first, with the same numbers;
 - the explorer's sweep equals `planner compare`'s best layout per (profile, count);
-- a fully pinned search equals the row of the free search with those values.
+- a fully pinned search equals the row of the free search with those values;
+- the parts computed once per distinct combination of the columns they read (``per_distinct``)
+  equal those computed on every row.
 """
 
 from __future__ import annotations
@@ -76,3 +78,47 @@ def test_fully_pinned_search_is_the_free_searchs_row():
         pinned = search(model, hw, job, 64, Pins(**{n: getattr(lay, n) for n in Pins.__slots__})).evaluation
         assert len(pinned.candidates) == 1
         same(columns(take(ev, np.array([row]))), columns(pinned))
+
+
+@pytest.mark.parametrize("name, gpu, gpus, job", [
+    ("mixtral-8x7b", "h100-80g", 512, Job(attention="standard")),  # MoE, expert parallel, selective recompute
+    ("llama3-70b", "h100-80g", 64, Job(attention="standard", stack="megatron-core")),  # context parallel
+    ("llama2-7b", "a100-80g", 8, Job(mode="full-finetune")),  # offload searched
+    ("llama2-7b", "h100-80g", 16, Job(mode="lora", precision="fp8", kernels="eager")),
+    ("deepseek-v3", "h100-80g", 2048, Job()),
+])
+def test_parts_per_distinct_rows_equal_every_row(monkeypatch, name, gpu, gpus, job):
+    from planner.core import memory, steptime
+
+    model, hw = get_preset(name), get_profile(gpu)
+    c, _ = enumerate_layouts(model, gpus, job)
+    fast = E.evaluate(model, hw, job, c, gpus)
+    for module in (memory, steptime):  # every part computed on every row: the long way
+        monkeypatch.setattr(module, "per_distinct", lambda c, dims, f: f(c))
+    long = E.evaluate(model, hw, job, c.take(np.arange(len(c))), gpus)
+    same(columns(long), columns(fast))
+
+
+def test_distinct_rows_index_every_row_and_hide_the_other_columns():
+    from planner.core.layout import DIMS, LAYER_DIMS, Candidates, per_distinct
+
+    rng = np.random.default_rng(0)
+    n = 20000
+    cols = {d: rng.integers(0, 3, n) for d in DIMS}
+    cols["sequence_parallel"] = rng.integers(0, 2, n).astype(bool)
+    for large in (False, True):  # values too large for one int64 key: compared column by column
+        for d in ("tp", "cp", "ep", "micro_batch"):
+            cols[d] = rng.choice([1, 2, 7, 2**20 - 1] if large else [1, 2, 4, 64], n)
+        c = Candidates(**cols)
+        part, inverse = c.distinct(LAYER_DIMS)
+        assert len(part) == len({tuple(row) for row in zip(*(getattr(c, d).tolist() for d in LAYER_DIMS))})
+        for d in LAYER_DIMS:
+            got = getattr(part, d)
+            assert got.dtype == getattr(c, d).dtype and np.array_equal(got[inverse], getattr(c, d))
+        with pytest.raises(TypeError):  # a column the dimensions leave out is not there to read
+            per_distinct(c, LAYER_DIMS, lambda p: p.dp + 1)
+        twice = per_distinct(c, LAYER_DIMS, lambda p: (2 * p.tp + p.micro_batch, 0.5))
+        assert np.array_equal(twice[0], 2 * c.tp + c.micro_batch) and twice[1] == 0.5
+        some = c.take(np.arange(0, n, 3))  # a selection reads the table's distinct rows
+        sub, index = some.distinct(LAYER_DIMS)
+        assert sub is part and all(np.array_equal(getattr(sub, d)[index], getattr(some, d)) for d in LAYER_DIMS)

@@ -7,6 +7,7 @@ columns as Python scalars (``evaluate_one``); there is no scalar copy of the mod
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -261,11 +262,26 @@ def _effective(hw: HardwareProfile, job: Job):
 
 
 # Layouts evaluated at once. Each formula works row by row, so a large table is evaluated in blocks
-# of this many rows, with the same numbers: a block's temporaries (64 KiB a column) stay in the
+# of this many rows, with the same numbers: a block's temporaries (128 KiB a column) stay in the
 # caches and their memory is reused by the next block, where a whole 70K-row table's temporaries
-# are fresh pages from the kernel each time (measured: memory 31 -> 12 ms, step time 45 -> 22 ms
-# on 69K layouts).
-BLOCK_ROWS = 8192
+# are fresh pages from the kernel each time (measured at 8,192 rows: memory 31 -> 12 ms, step time
+# 45 -> 22 ms on 69K layouts). Twice that since the parts a layer or a stage's model states read are
+# computed once per distinct combination (``per_distinct``): a 10-16K-row table is one block, not
+# two and a join (DeepSeek-V3 on 2,048 GPUs: 7.7 -> 7.2 ms, its whole table evaluated and ranked).
+BLOCK_ROWS = 16384
+
+
+@functools.cache
+def _keep_freed_heap() -> None:
+    """Once per process: one 8 MiB array allocated and freed, never touched. glibc's malloc gives
+    the top of its heap back to the kernel whenever more than its trim threshold is free there
+    (128 KiB in a new process), so each pass over a table (megabytes of temporaries, freed at its
+    end) found its memory as fresh pages again, each zero-filled by the kernel on first touch:
+    about half the time of memory and step time on 5-10K layouts (DeepSeek-V3 on 2,048 GPUs:
+    1,000-1,500 page faults a pass). Freeing a block that malloc mapped on its own raises its
+    thresholds to that block's size (mmap) and twice it (trim): glibc's dynamic mmap threshold,
+    what any process that once held a large array gets. Other allocators: an array made and freed."""
+    np.empty(1 << 20)
 
 
 def _in_blocks(f, c: Candidates):
@@ -273,6 +289,7 @@ def _in_blocks(f, c: Candidates):
     one layout with its columns as scalars (``Candidates.one_row``), its parts made columns of one row."""
     if len(c) == 1:
         return _as_rows(f(c.one_row()))
+    _keep_freed_heap()
     if len(c) <= BLOCK_ROWS:
         return f(c)
     return _join([_checked(f(b), len(b)) for b in (c.take(slice(i, i + BLOCK_ROWS))
@@ -334,6 +351,9 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, gpu
     return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw))
 
 
+DEFER_MIN_ROWS = 4096  # ``evaluate_deferred`` leaves out the step time of at least this many layouts, or none
+
+
 class DeferredStepTime:
     """The step times ``evaluate_deferred`` left out: ``fill(rows)`` computes those of ``rows``
     (all, with None) still missing and writes them into the table's step-time columns."""
@@ -369,7 +389,12 @@ def evaluate_deferred(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candid
     fit = _fits(mem, c, hw.gpu.memory_bytes * fit_lines(job, sw.stack)[1], hw.network.host_memory_bytes,
                 hw.network.host_gpus)
     n, rows = len(c), np.flatnonzero(fit)
-    if 2 * len(rows) >= n:  # most fit: one pass over the table costs less than two
+    # More than a third fit, or too few are left out: one pass. A pass has a fixed cost (its ~1,000
+    # numpy calls: 0.5-0.6 ms) beside its rows' (0.05-0.1 us each, the parts of distinct rows
+    # computed once), which a caller reading the whole table pays again for the rows left out:
+    # leaving out 6,366 of 11,368 (DeepSeek-V3 on 2,048 GPUs) saved the search 0.35 ms and cost
+    # the whole table 0.65 ms.
+    if 3 * len(rows) > n or n - len(rows) < DEFER_MIN_ROWS:
         return _evaluation(model, hw, job, c, gpus, sw, mem, stages, _step_time(model, hw, job, c, sw)), None
     columns = [np.full(n, np.nan) for _ in StepTime.__slots__]
     st = StepTime(*columns)
@@ -404,6 +429,7 @@ def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candida
     sw, hw = _effective(hw, job)
     out = []
     shared = {} if shared is None else shared
+    _keep_freed_heap()
     for i in range(0, len(c), BLOCK_ROWS):
         b = c.take(slice(i, i + BLOCK_ROWS))
         key = (model, job, hardware_read(hw), i)

@@ -405,7 +405,14 @@ def every_name(job: Job) -> str:
 JOB_OPTIONS: tuple[Option, ...] = options_of(Job)
 
 
-class Candidates:
+class _Kept:
+    """What a table keeps beside its columns: ``Candidates.distinct``'s answers (carried to the
+    tables ``take`` makes of it)."""
+
+    __slots__ = ("_distinct",)
+
+
+class Candidates(_Kept):
     """Layouts as columns (numpy arrays of equal length, one per Layout dimension, by its name):
     what the vectorised model evaluates. String dimensions are held as their index in the
     dimension's choices (recompute: 0 none, 1 selective, 2 full; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
@@ -420,6 +427,7 @@ class Candidates:
             raise TypeError(f"Candidates: columns missing {sorted(missing)}, unknown {sorted(unknown)}")
         for name, column in columns.items():
             object.__setattr__(self, name, column)
+        object.__setattr__(self, "_distinct", {})
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Candidates are immutable")
@@ -469,7 +477,55 @@ class Candidates:
         return row
 
     def take(self, index: np.ndarray) -> "Candidates":
-        return Candidates(**{name: column[index] for name, column in self.columns().items()})
+        out = Candidates(**{name: column[index] for name, column in self.columns().items()})
+        # The distinct rows found in this table hold those of any selection of it (a few more, at no
+        # harm: each row's numbers are computed alone): the selection's rows index them alike.
+        known = getattr(self, "_distinct", {})
+        out._distinct.update({dims: (part, inverse[index]) for dims, (part, inverse) in known.items()})
+        return out
+
+    def distinct(self, dims: tuple[str, ...]) -> tuple["Candidates", np.ndarray]:
+        """The distinct combinations of the columns ``dims`` as a table of their own, and each row's
+        index in it (``np.unique``'s inverse, so ``part.tp[inverse]`` is ``self.tp``). Its other
+        columns are None: a formula given it that reads one fails instead of reading another row's
+        value. One key per row: the columns' values in mixed radix (max + 1 each). Kept: the
+        memory and the step time of a table ask for the same; a table ``take`` makes of this one
+        reads this one's distinct rows (a superset of its own)."""
+        known = getattr(self, "_distinct", None)
+        if known is not None and dims in known:
+            return known[dims]
+        columns = [getattr(self, name) for name in dims]
+        radix = [int(col.max()) + 1 if len(col) else 1 for col in columns]
+        part = object.__new__(_Part)
+        for name in DIMS:
+            object.__setattr__(part, name, None)
+        if math.prod(radix) >= 1 << 62:  # no key in int64: the rows compared column by column
+            _, first, inverse = np.unique(np.stack(columns, axis=1).astype(np.int64), axis=0,
+                                          return_index=True, return_inverse=True)
+            values = [col[first] for col in columns]
+        else:  # np.unique's steps, with an unstable sort (no first index wanted: the key holds the values)
+            key = columns[0].astype(np.int64)
+            for col, r in zip(columns[1:], radix[1:]):
+                key = key * r + col
+            order = key.argsort()
+            ordered = key[order]
+            new = np.empty(len(key), dtype=bool)
+            new[:1] = True
+            np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+            inverse = np.empty(len(key), dtype=np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            unique = ordered[new]
+            values = []
+            for col, r in zip(columns[::-1], radix[::-1]):
+                values.append((unique % r).astype(col.dtype, copy=False))
+                unique = unique // r
+            values = values[::-1]
+        for name, value in zip(dims, values):
+            object.__setattr__(part, name, value)
+        object.__setattr__(part, "rows", len(values[0]))
+        if known is not None:
+            known[dims] = part, inverse.reshape(-1)
+        return part, inverse.reshape(-1)
 
     def layout(self, i: int) -> Layout:
         return _checked_layout({d.name: d.decode(getattr(self, d.name)[i]) for d in LAYOUT_DIMS})
@@ -522,6 +578,45 @@ def one_row_of(columns: dict[str, int | bool]) -> Candidates:
 def is_one_row(c: Candidates) -> bool:
     """Whether ``c`` is one layout of Python scalars (``Candidates.one_row``), not a table."""
     return type(c) is _OneRow
+
+
+# The columns one layer's work per micro-batch reads (its GEMMs, attention, element-wise kernels,
+# activations, TP/CP/EP exchanges): the same in every layout that agrees on these.
+LAYER_DIMS = ("tp", "cp", "ep", "micro_batch", "sequence_parallel", "recompute")
+
+
+class _Part(Candidates):
+    """Some columns of a table's distinct rows (``Candidates.distinct``); the others None."""
+
+    __slots__ = ("rows",)
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def per_distinct(c: Candidates, dims: tuple[str, ...], f: Callable):
+    """``f(c)`` for a formula ``f`` that reads only the columns ``dims`` of ``c`` (and its length),
+    row by row: computed once per distinct combination of them and gathered to every row, the
+    same numbers in each (every element sees the same operations). ``f``'s result: a column, a
+    scalar (the same in every row), or a tuple or slotted dataclass of them. One layout (columns
+    as scalars), or a table with few repeats, is computed directly."""
+    if type(c.dp) is not np.ndarray or len(c) < 64:
+        return f(c)
+    part, inverse = c.distinct(dims)
+    if 2 * len(part) > len(c):
+        return f(c)
+    return _gathered(f(part), inverse)
+
+
+def _gathered(value, inverse: np.ndarray):
+    """Each column of ``value`` (a ``per_distinct`` result) at ``inverse``; scalars as they are."""
+    if type(value) is np.ndarray:
+        return value.take(inverse, axis=-1) if value.ndim else value
+    if isinstance(value, tuple):
+        return tuple(_gathered(v, inverse) for v in value)
+    if hasattr(type(value), "__slots__") and dataclasses.is_dataclass(value):
+        return type(value)(*(_gathered(getattr(value, f), inverse) for f in type(value).__slots__))
+    return value
 
 
 def _candidates(columns: dict[str, np.ndarray]) -> Candidates:

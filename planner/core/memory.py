@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.core.columns import any_, as_float, maximum, minimum, not_, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.layout import DUALPIPEV, Candidates, Job
+from planner.core.layout import DUALPIPEV, LAYER_DIMS, Candidates, Job, per_distinct
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
@@ -207,6 +207,11 @@ def hardware_read(hw: HardwareProfile) -> tuple:
     return hw.network.gpus_per_node, e.fragmentation, e.cuda_context_bytes, e.comm_buffer_bytes
 
 
+# The columns a stage's model states read (weights, gradients, optimizer states, ZeRO-3 buffers,
+# the memory outside the allocator): not the micro-batch, recompute or sequence parallel.
+STATE_DIMS = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "sharding", "offload", "schedule")
+
+
 def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
            sw: Software | None = None) -> tuple[Memory, tuple[Memory, ...]]:
     """Peak memory per GPU, and the memory of the three stages that can hold the peak: the first
@@ -217,22 +222,16 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     ``outside_allocator``) and what it does (ZeRO-3 gather buffers, fragmentation)."""
     sw = sw or software(job)
     eff = hw.efficiency
-    # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
-    tp, dp, pp = as_float(c.tp), as_float(c.zero_group(hw.network.gpus_per_node)), c.pp
-    wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
-    if sw.stack.grad_dtype == "model" and gb > wb:  # kept in the training dtype under ZeRO 1-3 (DeepSpeed)
-        gb = where(c.zero_stage >= 1, float(wb), float(gb))
-    act_layer, working = layer_activations_and_working(model, c, job, sw)
-    working = working + context_parallel_working(model, c, job, sw)
-    first, fullest, last = stage_layers(model, c, sw)
     e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
+
+    def per_layer(p: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        act_layer, working = layer_activations_and_working(model, p, job, sw)
+        return act_layer, working + context_parallel_working(model, p, job, sw)
+
+    # What a layer keeps and works in, per micro-batch: once per distinct LAYER_DIMS.
+    act_layer, working = per_distinct(c, LAYER_DIMS, per_layer)
+    tp, pp = as_float(c.tp), c.pp
     tokens = c.micro_batch * model.seq_len / c.cp  # per GPU: context parallel splits the sequence
-    # What does not depend on the stage: ZeRO's divisors by stage (dense, routed experts), the
-    # memory outside the allocator, the offload flags.
-    divisors = {k: (where(c.zero_stage >= k, dp, 1), where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
-    outside = outside_allocator(hw, c)
-    offload_opt, offload_par = c.offload >= 1, c.offload == 2
-    offloads = any_(offload_opt)
     # The embedding dropout mask on the first stage (Korthikanti et al. 2022, Sec. 4.3), per micro-batch in flight.
     mask_per_flight = (1.0 if model.has_dropout else 0.0) * tokens * model.hidden
     mask_split = where(c.sequence_parallel, tp, 1)
@@ -242,6 +241,70 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
     kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
     last_extra = logits + where(pp > 1, kept, 0.0)
+
+    def stage(index, layers, states: tuple) -> Memory:
+        """The memory of the stages ``index`` holding ``layers`` layers, their model states
+        ``states`` (``model_states``): rows (stages, layouts) of a table, or one layout's stage as
+        scalars."""
+        weights, grads, optim, host, gather, outside = states
+        is_first, is_last = _ends(c, index, pp)
+        flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
+        acts = layers * act_layer * flight + working
+        acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
+        acts = acts + where(is_last, last_extra, 0.0)
+        other = outside + gather + eff.fragmentation * (acts + grads + gather)
+        return Memory.of(weights, grads, optim, acts, other, index, host, gather)
+
+    if type(pp) is not np.ndarray:  # one layout (Candidates.one_row): each stage as scalars
+        first, fullest, last = stage_layers(model, c, sw)
+        states = model_states(model, hw, job, c, sw)
+        stages = [stage(0, first, states(0, first))]
+        if pp > 1:
+            stages += [stage(k, n, states(k, n)) for k, n in ((minimum(1, pp - 1), fullest), (pp - 1, last))]
+        stages += [stages[0]] * (3 - len(stages))
+        # The peak: the first stage that holds the most, as np.argmax picks it below.
+        return stages[max(range(3), key=lambda k: stages[k].total)], tuple(stages)
+    # The three stages as rows of one (3, layouts) table (one row when no layout pipelines: the
+    # stages are then one and the same), so each formula runs once for all of them. Their model
+    # states (and which stage each row is, of how many layers) read STATE_DIMS alone: computed
+    # once per distinct combination.
+    piped = any_(pp > 1)
+
+    def stage_states(p: Candidates) -> tuple:
+        index, layers = _stage_rows(model, p, sw, piped)
+        return index, layers, model_states(model, hw, job, p, sw)(index, layers)
+
+    index, layers, states = per_distinct(c, STATE_DIMS, stage_states)
+    table = stage(index, layers, states)
+    columns = [getattr(table, f) for f in Memory.__slots__]  # each (stages, layouts): every part reads ``layers``
+    assert all(col.shape == index.shape for col in columns), "memory: a part is not one value per stage and layout"
+    stages = [Memory(*(col[k] for col in columns)) for k in range(len(index))]
+    stages += [stages[0]] * (3 - len(stages))  # one stage: first, fullest and last are the same
+    if len(index) == 1:
+        return stages[0], tuple(stages)
+    # The peak: the first stage that holds the most (a later stage only when it holds more).
+    flat = np.argmax(table.total, axis=0) * len(c) + np.arange(len(c))  # (stage, layout) in the flattened table
+    return Memory(*(np.ravel(col).take(flat) for col in columns)), tuple(stages)
+
+
+def model_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software):
+    """``states(index, layers)``: the weights, gradients and optimizer states of the stages
+    ``index`` holding ``layers`` layers, what of them is in host memory, the ZeRO-3 / bucket
+    buffers (``Memory.gathered``) and the memory outside the allocator, of each layout of ``c``
+    (rows (stages, layouts) of a table, or one layout's stage as scalars). They read the columns
+    STATE_DIMS alone."""
+    e = ACT_BYTES[job.precision]  # 16-bit weights as gathered and held (fp32 jobs: 4)
+    # ZeRO shards over dp x cp (under hybrid sharding, over those ranks inside one node).
+    tp, dp, pp = as_float(c.tp), as_float(c.zero_group(hw.network.gpus_per_node)), c.pp
+    wb, gb, ob = WEIGHT_BYTES[job.precision], GRAD_BYTES[job.precision], OPTIMIZER_BYTES[job.precision]
+    if sw.stack.grad_dtype == "model" and gb > wb:  # kept in the training dtype under ZeRO 1-3 (DeepSpeed)
+        gb = where(c.zero_stage >= 1, float(wb), float(gb))
+    # What does not depend on the stage: ZeRO's divisors by stage (dense, routed experts), the
+    # memory outside the allocator, the offload flags.
+    divisors = {k: (where(c.zero_stage >= k, dp, 1), where(c.zero_stage >= k, dp / c.ep, 1)) for k in (1, 2, 3)}
+    outside = outside_allocator(hw, c)
+    offload_opt, offload_par = c.offload >= 1, c.offload == 2
+    offloads = any_(offload_opt)
     # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in 16-bit).
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
@@ -260,12 +323,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         mid = as_float((c.zero_stage == 1) | (c.zero_stage == 2))  # keep the 16-bit weights
     lora_layer = lora_params_per_layer(model, job) if job.lora else 0  # adapter parameters per layer
 
-    def stage(index, layers) -> Memory:
-        """The memory of the stages ``index`` holding ``layers`` layers: rows (stages, layouts) of
-        a table, or one layout's stage as scalars."""
-        is_first, is_last = index == 0, index == pp - 1
-        if any_(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
-            is_last = where(c.schedule == DUALPIPEV, is_first, is_last)
+    def states(index, layers) -> tuple:
+        is_first, is_last = _ends(c, index, pp)
         params = stage_params(model, pp, layers, is_first, is_last)
         # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
         # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
@@ -319,10 +378,6 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
             weights = where(offload_par, 0.0, weights)
         else:  # nothing offloaded: the same values as the lines above give
             host = c.full(0.0)
-        flight = in_flight(pp, c.vpp, c.m, c.schedule, index)
-        acts = layers * act_layer * flight + working
-        acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
-        acts = acts + where(is_last, last_extra, 0.0)
         # Under pipelining a stack that does not reshard between micro-batches (FSDP2 in torchtitan)
         # keeps the stage's weights gathered and its gradients unsharded (fp32).
         gather = gather_blocks
@@ -331,35 +386,29 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         if sw.stack.grad_bucket_buffer:  # DeepSpeed's gradient bucket (offloading, the gradients it holds are it)
             bucket = (c.zero_stage >= 1) & not_(offload_opt) if offloads else c.zero_stage >= 1
             gather = gather + where(bucket, sw.stack.dp_bucket_bytes, 0.0)
-        other = outside + gather + eff.fragmentation * (acts + grads + gather)
         if type(index) is np.ndarray:  # rows of stages: what is the same on every stage, on each
             host, gather = host * np.ones_like(weights), gather + np.zeros_like(weights)
-        return Memory.of(weights, grads, optim, acts, other, index, host, gather)
+        return weights, grads, optim, host, gather, outside
 
-    if type(pp) is not np.ndarray:  # one layout (Candidates.one_row): each stage as scalars
-        stages = [stage(0, first)]
-        if pp > 1:
-            stages += [stage(minimum(1, pp - 1), fullest), stage(pp - 1, last)]
-        stages += [stages[0]] * (3 - len(stages))
-        # The peak: the first stage that holds the most, as np.argmax picks it below.
-        return stages[max(range(3), key=lambda k: stages[k].total)], tuple(stages)
-    # The three stages as rows of one (3, layouts) table (one row when no layout pipelines: the
-    # stages are then one and the same), so each formula runs once for all of them.
-    if any_(pp > 1):
-        index = np.stack([np.zeros_like(pp), minimum(1, pp - 1), pp - 1])
-        layers = np.stack([first, fullest, last])
-    else:
-        index, layers = np.zeros_like(pp)[None], first[None]
-    table = stage(index, layers)
-    columns = [getattr(table, f) for f in Memory.__slots__]  # each (stages, layouts): every part reads ``layers``
-    assert all(col.shape == index.shape for col in columns), "memory: a part is not one value per stage and layout"
-    stages = [Memory(*(col[k] for col in columns)) for k in range(len(index))]
-    stages += [stages[0]] * (3 - len(stages))  # one stage: first, fullest and last are the same
-    if len(index) == 1:
-        return stages[0], tuple(stages)
-    # The peak: the first stage that holds the most (a later stage only when it holds more).
-    flat = np.argmax(table.total, axis=0) * len(c) + np.arange(len(c))  # (stage, layout) in the flattened table
-    return Memory(*(np.ravel(col).take(flat) for col in columns)), tuple(stages)
+    return states
+
+
+def _ends(c: Candidates, index, pp) -> tuple:
+    """Whether the stages ``index`` are the first and the last (under DualPipeV rank 0 holds both)."""
+    is_first, is_last = index == 0, index == pp - 1
+    if any_(c.schedule == DUALPIPEV):  # the first and the last stage on rank 0 (two stages per rank in a V)
+        is_last = where(c.schedule == DUALPIPEV, is_first, is_last)
+    return is_first, is_last
+
+
+def _stage_rows(model: ModelSpec, c: Candidates, sw: Software, piped: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The first, fullest and last stage of each layout as rows (stages, layouts): their indices
+    and layers (one row, the first, when no layout pipelines: ``piped`` False)."""
+    first, fullest, last = stage_layers(model, c, sw)
+    pp = c.pp
+    if piped:
+        return np.stack([np.zeros_like(pp), minimum(1, pp - 1), pp - 1]), np.stack([first, fullest, last])
+    return np.zeros_like(pp)[None], first[None]
 
 
 def zero3_live_params(model: ModelSpec, c: Candidates, sw: Software, block: np.ndarray) -> np.ndarray:

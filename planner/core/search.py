@@ -416,6 +416,9 @@ def _bits(count: int) -> int:
 _CANDIDATE_PROPERTIES = {name: v for name, v in vars(Candidates).items() if isinstance(v, property)}
 
 
+GROW_ROWS = 16384  # ``_Product.extend`` builds a product up to this many rows before its rules prune it
+
+
 class _Product:
     """The layouts enumerated so far: the mesh rows times the values of the dimensions added, in
     lexicographic order (a meshgrid's, flattened), read like ``Candidates`` (columns by name, and
@@ -435,15 +438,16 @@ class _Product:
 
     def extend(self, name: str, rules: list = ()) -> None:
         """Add dimension ``name`` (each row times its values), keeping the rows where ``rules`` hold.
-        With several values the rules are read once per value on the rows before they multiply
-        (the columns of the other dimensions read once for all values), and only the rows kept
-        are built."""
+        With several values and more than GROW_ROWS rows once multiplied, the rules are read once
+        per value on the rows before they multiply (the columns of the other dimensions read once
+        for all values), and only the rows kept are built; up to GROW_ROWS, the rows are built and
+        the rules read once on them (fewer numpy calls: the same rows, in the same order)."""
         k = len(self._codes[name])
         if k == 0:  # a dimension with no value: no layout
             self._bits[name] = 0
             self._code, self._read = self._code[:0], {}
             return
-        if k == 1 or not rules:
+        if k == 1 or not rules or len(self._code) * k <= GROW_ROWS:
             self._bits[name] = _bits(k)
             if k > 1:
                 self._code = ((self._code[:, None] << self._bits[name]) | np.arange(k)).reshape(-1)
@@ -633,11 +637,38 @@ def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     mem, second, bucket = _rank_keys(ev, objective)
     ranked = np.isfinite(bucket)
     head, tail = np.flatnonzero(ranked), np.flatnonzero(~ranked)
-    head = head[np.lexsort((mem[head], second[head], bucket[head]))]
+    head = head[lexsort((mem[head], second[head], bucket[head]))]
     mem_tail, second_tail = mem[tail], second[tail]
     if np.array_equal(second_tail, mem_tail):  # none fits: ranked by memory (a stable sort keeps ties in order)
-        return np.concatenate([head, tail[np.argsort(mem_tail, kind="stable")]])
-    return np.concatenate([head, tail[np.lexsort((mem_tail, second_tail))]])
+        return np.concatenate([head, tail[lexsort((mem_tail,))]])
+    return np.concatenate([head, tail[lexsort((mem_tail, second_tail))]])
+
+
+RANK_SORT_ROWS = 4096  # from this many rows ``lexsort`` sorts by ranks
+
+
+def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``np.lexsort(keys)``: the rows by the last key, then the one before..., rows equal in every key
+    in table order. From RANK_SORT_ROWS rows up to 65,536 (and no NaN), on each key's dense rank
+    (an unstable sort, equal neighbours sharing a rank) as 16-bit integers, which numpy's stable sort
+    orders by radix: the same order in a third of the time of its merge sort of float64 keys on
+    5-10K rows (shorter tables are often near sorted, which the merge sort takes faster)."""
+    n = len(keys[0])
+    if not RANK_SORT_ROWS <= n <= 1 << 16:
+        return np.lexsort(keys) if len(keys) > 1 else np.argsort(keys[0], kind="stable")
+    ranks = []
+    for key in keys:
+        order = np.argsort(key)
+        ordered = key[order]
+        if ordered.dtype.kind == "f" and np.isnan(ordered[-1]):  # NaNs: their order among themselves is lost
+            return np.lexsort(keys)
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+        rank = np.empty(n, dtype=np.uint16)
+        rank[order] = np.cumsum(new) - 1
+        ranks.append(rank)
+    return np.lexsort(ranks) if len(ranks) > 1 else np.argsort(ranks[0], kind="stable")
 
 
 def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

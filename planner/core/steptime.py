@@ -20,8 +20,8 @@ from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
-from planner.core.layout import DUALPIPEV, SHARDING, Candidates, Job
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, attention_kv_width, counts, param_master, stage_params
+from planner.core.layout import DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, per_distinct
+from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
 from planner.hardware import HardwareProfile
@@ -330,7 +330,32 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
     gathers of weights, minus what the stack hides behind compute. ``expert_share`` of the bytes
     (an MoE's routed experts) go over the dp*cp/ep ranks holding the same experts, tp*ep apart."""
-    e, act, m = hw.efficiency, ACT_BYTES[job.precision], as_float(c.m)
+    return _dp_exposed(hw, sw, c, _dp_collectives(hw, job, c, sw, links, trained, shard, busy, expert_share),
+                       fwd_mb, bwd_mb, layers_pace, rc_mb)
+
+
+@dataclass(frozen=True, slots=True)
+class _Collectives:
+    """The data-parallel collectives of a step before any overlap (``_data_parallel``), and which
+    ZeRO stages the table holds (a stage's times are computed only where some layout has it)."""
+
+    ar: np.ndarray | float  # ZeRO 0: the gradients' all-reduce
+    rs: np.ndarray | float  # their reduce-scatter (with the replicas' all-reduce under hybrid sharding)
+    ag3: np.ndarray | float  # ZeRO-3's gather of the weights
+    rs3: np.ndarray | float  # ZeRO-3's reduce-scatter of the gradients
+    ar_last: np.ndarray | float  # the last bucket's all-reduce
+    rs_last: np.ndarray | float  # the last bucket's reduce-scatter
+    ag_step: np.ndarray | float  # ZeRO-1/2's gather of the updated weights
+    has0: bool
+    has12: bool
+    has3: bool
+
+
+def _dp_collectives(hw: HardwareProfile, job: Job, c: Candidates, sw: Software, links: comm.Links,
+                    trained: np.ndarray, shard: np.ndarray, busy, expert_share=0.0) -> _Collectives:
+    """``_data_parallel``'s collectives, before what compute hides: they read the layouts' groups
+    and the stage's parameters, not the micro-batches."""
+    act = ACT_BYTES[job.precision]
     # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
     # never wider than the precision keeps them.
     grad_bytes = trained * min(GRAD_BYTES[job.precision], sw.stack.grad_reduce_bytes)
@@ -379,7 +404,6 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
           if has12 or (has3 and zcoll is comm.group_collective) else 0.0)
     ag3 = over(zcoll, param_bytes, 1.0) if has3 or has12 else 0.0  # ZeRO-1/2's step gather may be this call
     rs3 = (rs if zcoll is comm.group_collective else over(zcoll, grad_bytes, 1.0) + replica_ar) if has3 else 0.0
-    hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # Bucketed reduction (torch DDP, Megatron-Core, DeepSpeed; Li et al. 2020, PyTorch Distributed,
     # Sec. 3.2.3): buckets fill in reverse parameter order and each is reduced once its gradients
     # are ready, so the last one (the first layers and the embedding) starts only when the backward
@@ -390,6 +414,21 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     last_bucket = grad_bytes if whole else minimum(grad_bytes, bucket)
     ar_last = (ar if whole else over(comm.group_collective, last_bucket, 2.0)) if has0 else 0.0
     rs_last = over(comm.group_collective, last_bucket, 1.0) if has12 else 0.0
+    ag_step = 0.0
+    if has12:
+        step_bytes = trained * act
+        same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # the same call as ag3
+        ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
+    return _Collectives(ar, rs, ag3, rs3, ar_last, rs_last, ag_step, has0, has12, has3)
+
+
+def _dp_exposed(hw: HardwareProfile, sw: Software, c: Candidates, coll: _Collectives, fwd_mb: np.ndarray,
+                bwd_mb: np.ndarray, layers_pace: np.ndarray, rc_mb: np.ndarray | float = 0.0) -> np.ndarray:
+    """``_data_parallel``: the collectives ``coll`` less what the micro-batches' compute hides."""
+    e, m, zero = hw.efficiency, as_float(c.m), c.zero_stage
+    ar, rs, ag3, rs3, ar_last, rs_last = coll.ar, coll.rs, coll.ag3, coll.rs3, coll.ar_last, coll.rs_last
+    has0, has12, has3 = coll.has0, coll.has12, coll.has3
+    hidden = e.dp_overlap * bwd_mb  # the last micro-batch's backward hides the reduction
     # ZeRO-3 / FSDP: each wrapped block's weights gathered before its forward and again before its
     # backward, its gradients reduce-scattered after; the next block's gather is prefetched behind
     # the current block's compute. The first gather and the last reduce-scatter of a pass have
@@ -410,10 +449,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
     # ZeRO-1/2 gather the updated weights after the step; Megatron-Core's --overlap-param-gather
     # hides it behind the next step's forward (the stack's ``param_gather_overlap``).
     if has12:
-        step_bytes = trained * act
-        same = zcoll is comm.group_collective and np.array_equal(step_bytes, param_bytes)  # the same call as ag3
-        ag_step = ag3 if same else over(comm.group_collective, step_bytes, 1.0)
-        ag_step = maximum(0.0, ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
+        ag_step = maximum(0.0, coll.ag_step - sw.stack.param_gather_overlap * m * fwd_mb)
         zero1 = maximum(rs_last, rs - hidden)
         zero2 = (1 if sw.stack.grad_sync_once_per_step else m) * zero1 + ag_step
         zero1 = zero1 + ag_step
@@ -497,20 +533,67 @@ def offload_times(hw: HardwareProfile, job: Job, c: Candidates, held: np.ndarray
     return _Offload(optimizer=optimizer, params=params)
 
 
+def optim_bytes_per_param(job: Job, sw: Software) -> int:
+    """AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights
+    (none where the fp32 parameters are the master: FSDP2 casts them at each gather)."""
+    mixed = job.precision in ("fp16", "bf16", "fp8")
+    return GRAD_BYTES[job.precision] + 24 + (2 if mixed and not param_master(job, sw) else 0)
+
+
+def _stage_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
+                  links: comm.Links) -> tuple:
+    """What ``step_time`` reads of the stages' layers and parameters and the groups (STATE_DIMS):
+    the first, fullest and last stage's layers, the parameters this GPU holds of the stage with
+    the most and of them what its optimizer steps (``held``, sharded over ``zg`` ranks under
+    ZeRO), the data-parallel collectives (``_dp_collectives``) and the optimizer step's time."""
+    slow, busy = _host_sharing(hw, c)
+    first, fullest, last = stage_layers(model, c, sw)
+    v_shape = c.schedule == DUALPIPEV  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
+    # Data parallel: the stage with the most parameters reduces the most gradient bytes.
+    pp = c.pp
+    params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
+                                   stage_params(model, pp, first, True, (pp == 1) | v_shape)),
+                        stage_params(model, pp, last, pp == 1, not_(v_shape)))
+    # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
+    expert_layers = maximum(maximum(fullest, first), last) * counts(model).layer_expert_params
+    experts = expert_layers / (c.tp * c.ep)
+    shard = (params - expert_layers) / c.tp + experts
+    expert_share = 0.0 if job.lora else experts / shard
+    trained = shard if not job.lora else maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
+    coll = _dp_collectives(hw, job, c, sw, links, trained, shard, busy, expert_share)
+    zg = c.zero_group(hw.network.gpus_per_node)
+    held = trained * ((1 - expert_share) / where(c.zero_stage >= 1, zg, 1)
+                      + expert_share / where(c.zero_stage >= 1, zg / c.ep, 1))
+    hbm = hw.gpu.hbm_bytes_per_s * hw.efficiency.memory
+    optimizer = held * optim_bytes_per_param(job, sw) / hbm * slow
+    optimizer = optimizer + optimizer_host_time(model, hw, c, sw, links, first, fullest, last, busy)
+    return first, fullest, last, shard, zg, held, coll, optimizer
+
+
 def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software | None = None) -> StepTime:
     """The step's breakdown: seconds per optimizer step on the critical path, by part. ``hw``
     carries the stack's software factors already (planner.stacks.effective)."""
     sw = sw or software(job)
     e = hw.efficiency
     links = comm.Links.of(hw)
-    lt = layer_times(model, hw, job, c, links, sw)
     act = ACT_BYTES[job.precision]
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
+
+    def per_micro_batch(p: Candidates) -> tuple[_LayerTimes, np.ndarray, np.ndarray]:
+        """A layer's times, the head's GEMM and the loss's traffic per micro-batch: of LAYER_DIMS alone."""
+        head = gemm_time(logits_gemm(model, p.micro_batch, p.tp, p.cp), hw, reference_peak(hw, job.precision), act)
+        loss = LOGIT_TRAFFIC_BYTES * p.micro_batch * model.seq_len / p.cp * model.vocab / p.tp / hbm
+        return layer_times(model, hw, job, p, links, sw), head, loss
+
+    # Computed once per distinct (tp, cp, ep, micro-batch, SP, recompute): a table holds 6-60
+    # layouts of each (dp, pp, vpp, ZeRO and sharding vary around them).
+    lt, head, loss = per_distinct(c, LAYER_DIMS, per_micro_batch)
     slow, busy = _host_sharing(hw, c)
-    head = gemm_time(logits_gemm(model, c.micro_batch, c.tp, c.cp), hw, reference_peak(hw, job.precision), act)
-    loss = LOGIT_TRAFFIC_BYTES * c.micro_batch * model.seq_len / c.cp * model.vocab / c.tp / hbm
     head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
-    first, fullest, last = stage_layers(model, c, sw)
+    # What reads the stage's parameters and the groups alone (STATE_DIMS): the data-parallel
+    # collectives and the optimizer step, once per distinct combination.
+    first, fullest, last, shard, zg, held, coll, optimizer = per_distinct(
+        c, STATE_DIMS, lambda part: _stage_states(model, hw, job, part, sw, links))
     v_shape = c.schedule == DUALPIPEV  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
     overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
@@ -548,33 +631,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     bubble = (p - 1) * share * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) * ramp
     runs = maximum(m - (1 - ramp) * (p - 1) / v, m * ramp)
 
-    # Data parallel: the stage with the most parameters reduces the most gradient bytes.
-    pp = c.pp
-    params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
-                                   stage_params(model, pp, first, True, (pp == 1) | v_shape)),
-                        stage_params(model, pp, last, pp == 1, not_(v_shape)))
-    # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
-    expert_layers = maximum(maximum(fullest, first), last) * counts(model).layer_expert_params
-    experts = expert_layers / (c.tp * c.ep)
-    shard = (params - expert_layers) / c.tp + experts
-    expert_share = 0.0 if job.lora else experts / shard
-    trained = shard if not job.lora else maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
-    dp = _data_parallel(hw, job, c, sw, links, trained, shard, layers_pace * lt.forward * slow,
-                        layers_pace * lt.backward * slow, layers_pace, busy, expert_share,
-                        layers_pace * lt.recompute * slow)
-
-    # AdamW step: read gradient, read+write master, momentum, variance; write 16-bit weights
-    # (none where the fp32 parameters are the master: FSDP2 casts them at each gather).
-    mixed = job.precision in ("fp16", "bf16", "fp8")
-    optim_bytes_per_param = GRAD_BYTES[job.precision] + 24 + (2 if mixed and not param_master(job, sw) else 0)
-    zg = c.zero_group(hw.network.gpus_per_node)
-    held = trained * ((1 - expert_share) / where(c.zero_stage >= 1, zg, 1)
-                      + expert_share / where(c.zero_stage >= 1, zg / c.ep, 1))
-    optimizer = held * optim_bytes_per_param / hbm * slow
-    optimizer = optimizer + optimizer_host_time(model, hw, c, sw, links, first, fullest, last, busy)
+    dp = _dp_exposed(hw, sw, c, coll, layers_pace * lt.forward * slow, layers_pace * lt.backward * slow, layers_pace,
+                     layers_pace * lt.recompute * slow)
     if any_(c.offload >= 1):
         offload = offload_times(hw, job, c, held, shard / where(c.zero_stage >= 3, zg, 1),
-                                optim_bytes_per_param, layers_pace * lt.forward * slow,
+                                optim_bytes_per_param(job, sw), layers_pace * lt.forward * slow,
                                 layers_pace * lt.backward * slow, sw)
         optimizer = where(c.offload >= 1, offload.optimizer, optimizer)
         dp = dp + offload.params
