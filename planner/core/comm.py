@@ -8,7 +8,6 @@ GPU using its share of the node's NICs, then inside the node again.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,17 +52,18 @@ def in_node(links: Links, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
 
 
 def group_collective(links: Links, bytes_: np.ndarray, size: np.ndarray, stride: np.ndarray,
-                     passes: float) -> np.ndarray:
+                     passes: float, intra_bw: float | None = None) -> np.ndarray:
     """Time of a collective over ``size`` ranks spaced ``stride`` apart (ranks fill nodes in order).
 
     k = ranks of the group inside one node; when the group spans nodes, the k ranks first
     reduce-scatter inside the node, the n/k node-level shards cross the network in parallel
-    (one NIC share per GPU), and the result is gathered inside the node again.
+    (one NIC share per GPU), and the result is gathered inside the node again. ``intra_bw``: the
+    bandwidth inside a node, when not the links' own.
     """
     size = as_array(size)
     k = in_node(links, size, stride)
     nodes = maximum(size // k, 1)
-    inside = _ring(bytes_, k, links.intra_bw, links.intra_lat, passes)
+    inside = _ring(bytes_, k, links.intra_bw if intra_bw is None else intra_bw, links.intra_lat, passes)
     across = _ring(bytes_ / k, nodes, links.inter_bw, links.inter_lat, passes)
     return inside + across
 
@@ -96,9 +96,7 @@ def tp_collective(links: Links, bytes_: np.ndarray, tp: np.ndarray, passes: floa
     """A tensor-parallel all-reduce (or its reduce-scatter + all-gather pair under sequence
     parallel: the same bytes) over contiguous ranks, at the TP collectives' own achieved bandwidth
     inside a node (``Links.tp_intra_bw``) where a profile has one."""
-    if links.tp_intra_bw and links.tp_intra_bw != links.intra_bw:
-        links = dataclasses.replace(links, intra_bw=links.tp_intra_bw)
-    return group_collective(links, bytes_, tp, ones_like(tp), passes)
+    return group_collective(links, bytes_, tp, ones_like(tp), passes, links.tp_intra_bw or links.intra_bw)
 
 
 def p2p(links: Links, bytes_: np.ndarray, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ its host work per parameter tensor and its all-reduces.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from math import isnan
 
@@ -570,6 +571,19 @@ def _stage_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
     return first, fullest, last, shard, zg, held, coll, optimizer
 
 
+def _spread(gpus: np.ndarray | int) -> np.ndarray | float:
+    """sqrt(2 ln N) of a GPU count (the stragglers' factor): numpy's log; of one layout's count
+    (a Python int) as a Python float, remembered per count."""
+    if type(gpus) is int:
+        return _spread_of(gpus)
+    return np.sqrt(2 * np.log(as_float(gpus)))
+
+
+@functools.lru_cache(maxsize=256)
+def _spread_of(gpus: int) -> float:
+    return float(np.sqrt(2 * np.log(float(gpus))))
+
+
 def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw: Software | None = None) -> StepTime:
     """The step's breakdown: seconds per optimizer step on the critical path, by part. ``hw``
     carries the stack's software factors already (planner.stacks.effective)."""
@@ -659,7 +673,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     overhead_mb = layers_pace * overhead_layer
     # Stragglers: the slowest of N GPUs sets the pace of a synchronous step (Efficiency.step_jitter).
     busy_s = runs * (compute_mb + tp_mb + cp_mb + ep_mb + pp_mb) + bubble + dp + optimizer
-    stragglers = busy_s * e.step_jitter * np.sqrt(2 * np.log(as_float(c.gpus)))
+    stragglers = busy_s * e.step_jitter * _spread(c.gpus)
     return StepTime.of(compute=runs * (compute_mb - overhead_mb), tp_comm=runs * tp_mb, cp_comm=runs * cp_mb,
                        ep_comm=runs * ep_mb, pp_comm=runs * pp_mb, dp_comm=dp, bubble=bubble, optimizer=optimizer,
                        other=runs * overhead_mb + e.step_overhead_s + stragglers, eval_batch=eval_batch)
