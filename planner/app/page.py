@@ -672,12 +672,17 @@ def main() -> None:
         _settle_heap()
 
 
+_SETTLED: list[bool] = []  # set by the process's first page run
+
+
 def _settle_heap() -> None:
     """After the process's first page run, move what it has built (Streamlit, pandas, the
     profiles: long-lived) out of the garbage collector's reach (gc.freeze), so that a full
     collection during a later interaction scans only what that interaction made: unfrozen, one
-    took 13-61 ms, and an interaction 130 ms instead of 45 (benchmarks/app_speed.py)."""
-    if gc.get_freeze_count() == 0:
+    took 13-61 ms, and an interaction 130 ms instead of 45 (benchmarks/app_speed.py). Once per
+    process, told by a flag: gc.get_freeze_count() walks every frozen object (several ms a call)."""
+    if not _SETTLED:
+        _SETTLED.append(True)
         gc.collect()
         gc.freeze()
         _warm_up()
