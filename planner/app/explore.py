@@ -1,7 +1,7 @@
 """What the what-if explorer computes: pure functions of a mapping of declared names.
 
 The page turns its widgets into that mapping (planner.app.state.mapping_from_state), calls these
-through ``st.cache_data`` (so each input is computed once), and draws what they return. The mapping
+through Streamlit's cache (so each input is computed once), and draws what they return. The mapping
 goes to the same builder as the CLI's parsed flags (planner.core.options.build_inputs), which is
 what makes the page's figures and `planner estimate` agree. One explorer update evaluates one
 table of layouts; the plan, its runners-up, the nearest fit and the pin suggestions are read off it

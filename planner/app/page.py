@@ -27,8 +27,10 @@ from planner.evidence import calibration_line
 TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
 
 
-@st.cache_data(show_spinner=False, max_entries=512)
+@st.cache_resource(show_spinner=False, max_entries=512)
 def cached_compute(values: dict) -> explore.View | explore.Problem:
+    """explore.compute once per input, shared by sessions as it is (a View is frozen; st.cache_data
+    would pickle it on the way in and unpickle it on every page run that reads it)."""
     return explore.compute(values)
 
 
