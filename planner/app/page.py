@@ -433,12 +433,12 @@ def draw_in_progress(views: tuple[explore.InProgress, ...], draw, *args) -> None
         st.fragment(draw, run_every=POLL_S)(*args, polling=True)
 
 
-def work_a_slice(views: tuple[explore.InProgress, ...]) -> None:
+def work_a_slice(views: tuple[explore.InProgress, ...], between_steps=None) -> None:
     """What one run of the polling fragment computes: SLICE_S more work on ``views`` (a step begun
     runs to its end, so each slice adds at least one step to a view not done)."""
     deadline = time.perf_counter() + SLICE_S
     for view in views:
-        view.advance(deadline)
+        view.advance(deadline, between_steps)
 
 
 def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
@@ -448,7 +448,10 @@ def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
         return
     if all(view.done for view in views):
         st.rerun()
-    work_a_slice(views)
+    # Between two steps, a message to the browser (an empty placeholder emptied again): Streamlit
+    # checks for a newer request at each one, so a click while the fragment works stops it after
+    # the step in hand (kept), not at the end of the slice.
+    work_a_slice(views, st.empty().empty)
 
 
 def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, tokens: float, state: dict,
