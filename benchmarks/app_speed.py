@@ -21,6 +21,10 @@ Rows:
   the browser's timer asks for it (AppTest has no timer: ``FragmentRuns`` requests the run with
   the fragment's id, as the browser does); the page runs are the change itself and the page once
   the views are done (every row of the Hardware tab drawn, both pictures drawn).
+- "a change while the fragment works": a click (GPUs changed) a few milliseconds into a fragment
+  run, sent from another thread as the browser sends it while the run is under way; timed from the
+  click until the page it asks for is drawn (the fragment's run stopped first, or finished). No CPU
+  column: two threads' work.
 
 Target (issue 39): every interaction under 100 ms, the worst run of every row; the first page
 under 1 s. The verdict at the end is the maximum over every row. After it, not rows of the table:
@@ -68,9 +72,10 @@ class Row:
     target: float = TARGET_S
 
     def line(self) -> str:
-        worst, med, cpu = max(self.wall), statistics.median(self.wall), max(self.cpu)
+        worst, med = max(self.wall), statistics.median(self.wall)
+        cpu = f"{max(self.cpu) * 1e3:8.1f}" if self.cpu else f"{'-':>8s}"  # '-': two threads' work, not one run's
         verdict = "meets" if worst < self.target else "MISSES"
-        return (f"{self.label:46s} {len(self.wall):4d} {worst * 1e3:8.1f} {med * 1e3:8.1f} {cpu * 1e3:8.1f}  "
+        return (f"{self.label:46s} {len(self.wall):4d} {worst * 1e3:8.1f} {med * 1e3:8.1f} {cpu}  "
                 f"{verdict} (< {self.target * 1e3:.0f} ms)")
 
 
@@ -225,6 +230,8 @@ class FragmentRuns:
     ids: list[str] = []  # the fragments the last page run left on a timer
     _queue: list[str] = []  # while set, AppTest's runs are these fragments' runs
     _timers: list[str] = []  # the timers the last run drew
+    runner = None  # the script runner of the run in progress (or the last)
+    rerun_data = None  # Streamlit's RerunData
 
     @classmethod
     def install(cls) -> None:
@@ -235,6 +242,7 @@ class FragmentRuns:
         run, rerun_data = lsr.LocalScriptRunner.run, lsr.RerunData
 
         def run_reading_timers(self, *args, **kwargs):
+            cls.runner = self
             tree = run(self, *args, **kwargs)
             cls._timers = [m.auto_rerun.fragment_id for m in self.forward_msgs() if m.HasField("auto_rerun")]
             if not cls._queue:
@@ -245,6 +253,7 @@ class FragmentRuns:
             return rerun_data(**kwargs, fragment_id_queue=list(cls._queue), is_auto_rerun=True) if cls._queue \
                 else rerun_data(**kwargs)
 
+        cls.rerun_data = rerun_data
         run_reading_timers._fragment_runs = True
         lsr.LocalScriptRunner.run, lsr.RerunData = run_reading_timers, data
 
@@ -260,6 +269,70 @@ class FragmentRuns:
         if is_page(at):  # the fragment found its views done and reran the page: that run's timers
             cls.ids = cls._timers
         return at
+
+
+def change_during_fragment_run(at, page_tree, name: str, value, delay_s: float) -> float:
+    """A click ``delay_s`` into a fragment run (the views' slice of work in hand): the browser sends
+    the page's widget states with ``name`` set to ``value``, asking for a whole page run. The
+    seconds from the click until that page is drawn (the fragment's run stopped, or finished, first)."""
+    import threading
+
+    at._tree = page_tree  # the page the browser shows
+    before = page_tree.get_widget_states()
+    widget(at, name).set_value(value)  # the click, not run yet
+    after = page_tree.get_widget_states()
+    clicked: list[float] = []
+
+    def click() -> None:
+        time.sleep(delay_s)
+        while FragmentRuns.runner is None:
+            time.sleep(0.001)
+        now = time.perf_counter()
+        if FragmentRuns.runner.request_rerun(FragmentRuns.rerun_data(widget_states=after)):
+            clicked.append(now)  # else the run had ended: no click in a fragment run
+
+    FragmentRuns.runner = None
+    thread = threading.Thread(target=click)
+    FragmentRuns._queue = list(FragmentRuns.ids)
+    try:
+        thread.start()
+        at._run(widget_state=before)
+    finally:
+        FragmentRuns._queue = []
+        thread.join()
+    end = time.perf_counter()
+    assert not at.exception, [e.message for e in at.exception]
+    if not clicked:
+        return None
+    assert is_page(at) and widget(at, name).value == value, (name, value)
+    return end - clicked[0]
+
+
+def click_rows(tab: str, quick: bool) -> list[Row]:
+    """The tab filling in (a model not seen before), one fragment run done, then a change of GPUs
+    some milliseconds into the next fragment run; timed from the click to the page drawn."""
+    row = Row(f"{tab} tab: a change while the fragment works (from the click)")
+    FragmentRuns.install()
+    at = new_session(tab)
+    at.run()
+    settle()
+    for i, (params, gpus) in enumerate(CLICKS[:2] if quick else CLICKS):
+        widget(at, "params").set_value(params).run()
+        page_tree = at._tree
+        if FragmentRuns.ids:
+            FragmentRuns.run(at, page_tree)  # the views' first slice
+            at._tree = page_tree
+        if FragmentRuns.ids:
+            seconds = change_during_fragment_run(at, page_tree, "gpus", gpus, CLICK_DELAYS_S[i % len(CLICK_DELAYS_S)])
+            if seconds is not None:
+                row.wall.append(seconds)
+    return [row] if row.wall else []
+
+
+# Models not seen before, each with a GPU count changed while the views fill in; the click lands
+# this long into the fragment's run.
+CLICKS = [(14.0, 100), (31.0, 136), (45.0, 72), (62.0, 88), (23.0, 120), (52.0, 104)]
+CLICK_DELAYS_S = (0.002, 0.015, 0.03)
 
 
 def is_page(at) -> bool:
@@ -323,6 +396,10 @@ def main() -> None:
     for tab, changes in FILL_CHANGES.items():
         fill, until[tab] = fill_rows(tab, changes[:1] if args.quick else changes)
         for r in fill:
+            rows.append(r)
+            print(r.line(), flush=True)
+    for tab in FILL_CHANGES:
+        for r in click_rows(tab, args.quick):
             rows.append(r)
             print(r.line(), flush=True)
     worst = max(rows, key=lambda r: max(r.wall) / r.target)
