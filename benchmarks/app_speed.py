@@ -28,8 +28,9 @@ Rows:
 
 Target (issue 39): every interaction under 100 ms, the worst run of every row; the first page
 under 1 s. The verdict at the end is the maximum over every row. After it, not rows of the table:
-the time from a change until the views are complete (the sum of the runs it took; the browser's
-waits between fragment runs not counted), which no single run shows.
+the time from a change until the views are complete, which no single run shows: the sum of the
+runs it took, and the same with the waits for the fragment's timer that a browser adds between
+them (``with_timer``).
 """
 
 from __future__ import annotations
@@ -354,11 +355,11 @@ def fill_rows(tab: str, changes: list[tuple[str, object]]) -> tuple[list[Row], l
     settle()
     for name, value in changes:
         timed(pages, lambda: widget(at, name).set_value(value).run())
-        total, page_tree = pages.wall[-1], at._tree
+        runs, page_tree = [pages.wall[-1]], at._tree
         while FragmentRuns.ids and len(fragments.wall) < 400:
             run = Row("")
             timed(run, lambda: FragmentRuns.run(at, page_tree))
-            total += run.wall[0]
+            runs.append(run.wall[0])
             if is_page(at):  # the views done: the fragment reran the page
                 pages.wall += run.wall
                 pages.cpu += run.cpu
@@ -368,8 +369,23 @@ def fill_rows(tab: str, changes: list[tuple[str, object]]) -> tuple[list[Row], l
                 fragments.cpu += run.cpu
                 at._tree = page_tree  # the browser keeps the page: the next change is made on it
         assert any(c.value.startswith(FILLED[tab]) for c in at.caption), (tab, name, value)
-        until.append(total)
+        until.append((sum(runs), with_timer(runs)))
     return ([pages, fragments] if fragments.wall else [pages]), until
+
+
+def with_timer(runs: list[float]) -> float:
+    """When the last of ``runs`` ends, the first a page run and the rest the fragment's, in a browser
+    whose timer asks for a fragment run every POLL_S from the end of the page run (a browser's
+    setInterval, set as the page's message arrives): a run starts at the first tick after the
+    previous run began (at once when that tick came while it ran: Streamlit queues the request)."""
+    from planner.app.page import POLL_S
+
+    end = start = runs[0]
+    for run in runs[1:]:
+        tick = runs[0] + POLL_S * (int((start - runs[0]) / POLL_S + 1e-9) + 1)  # the first tick after start
+        start = max(end, tick)
+        end = start + run
+    return end
 
 
 # The fill-in views' inputs: the model (both views computed again), and on the Hardware tab the
@@ -406,11 +422,12 @@ def main() -> None:
     ok = all(max(r.wall) < r.target for r in rows)
     print(f"\nverdict over every row: {'meets' if ok else 'MISSES'}; worst against its target: {worst.label}, "
           f"{max(worst.wall) * 1e3:.1f} ms (< {worst.target * 1e3:.0f} ms)")
-    print("\nfrom a change until the views are complete (not one run: the sum of the page and fragment runs "
-          "above\nfrom the change to the complete page; a browser waits between fragment runs as well), ms:")
+    print("\nfrom a change until the views are complete (not one run), ms: the sum of the page and fragment runs "
+          "above from the change\nto the complete page; then with the waits for the fragment's timer "
+          "(planner.app.page.POLL_S) a browser adds between them:")
     for tab, totals in until.items():
-        print(f"  {tab} tab: " + ", ".join(f"{name}={value}: {t * 1e3:.0f}"
-                                           for (name, value), t in zip(FILL_CHANGES[tab], totals)))
+        print(f"  {tab} tab: " + ", ".join(f"{name}={value}: {runs * 1e3:.0f} / {timer * 1e3:.0f}"
+                                           for (name, value), (runs, timer) in zip(FILL_CHANGES[tab], totals)))
 
 if __name__ == "__main__":
     main()
