@@ -698,21 +698,16 @@ def _settle_heap() -> None:
 
 def _warm_up() -> None:
     """Once per process, after its first page is drawn: import in a background thread what the
-    other tabs need the first time they open (pandas for the first table: 0.4-0.6 s of CPU; the
-    Runs tab's modules; the profile names), so the visitor's first click on a tab does not pay for
-    it; then freeze what that built, as ``_settle_heap`` does for the first page."""
+    other tabs need the first time they open (planner.app.serve.warm_up: pandas for the first table,
+    the Runs tab's modules, the profile names), so the visitor's first click on a tab does not pay
+    for it; then freeze what that built, as ``_settle_heap`` does for the first page. Under `planner
+    app` the server began the same imports at its start (planner.app.serve): what is left is little."""
     import threading
 
-    def work() -> None:
-        import importlib
+    from planner.app.serve import warm_up
 
-        for name in ("pandas", "pyarrow.compute", "yaml", "planner.calibration.validate", "planner.app.live",
-                     "planner.app.charts", "planner.export.formats", "planner.decisions.pictures"):
-            try:
-                importlib.import_module(name)
-            except ImportError:  # an optional part missing: its tab says so when opened
-                pass
-        explore.profile_names()
+    def work() -> None:
+        warm_up()
         gc.collect()
         gc.freeze()
 
