@@ -9,12 +9,16 @@ same run (on a shared machine the wall clock also counts the time other processe
 cores). Each row gives the worst run (the target is on it), the median and the worst CPU time.
 
 Rows:
-- "first page, new process": a new visitor on a server just started (a fresh Python process,
-  streamlit imported as the server has it; the page's own imports, the profiles, the plan).
+- "first page, new process": a new visitor on a server just started, arriving the moment it
+  answers (a fresh Python process started as `planner app` starts its server, whose warm-up
+  thread, planner.app.serve, is then still importing; the page's own imports, the profiles, the
+  plan); then that visitor's first click at once (a tab, a button, a field).
 - "first page, new session": a new visitor on a server that has served others (on the Plan tab,
   and by a link to the Hardware tab).
 - interactions on the Plan tab: each value new (the search runs), then seen before (cached).
-- opening each tab; a change of model, GPUs or GPU profile on the Layouts, Runs and Export tabs.
+- opening each tab; a change of model, GPUs or GPU profile on the Layouts, Runs and Export tabs;
+  the page's other controls (sidebar groups, buttons, the model's source, export format, the Runs
+  tab's profile).
 - "filling in": the Plan tab's two pictures and the Hardware tab's views are computed a step at a
   time; in a browser they rerun alone (a Streamlit fragment on a timer) until complete, then the
   page runs once more. Here each fragment run is a Streamlit script run of the fragment alone, as
@@ -132,27 +136,50 @@ def widget(at, name: str):
     return at.number_input(key=name) if kind in ("int", "float") else at.selectbox(key=name)
 
 
-def first_page_new_process() -> Row:
-    """A fresh interpreter with streamlit imported (the server's start), then the first page run."""
-    code = ("import time, logging, sys; from streamlit.testing.v1 import AppTest; "
+FIRST_CLICKS = ("Layouts", "Hardware", "Runs", "Export", "keep_a", "gpus")  # a tab opened, a button, a field
+
+
+def first_page_new_process(quick: bool) -> list[Row]:
+    """A fresh interpreter started as `planner app` starts its server (planner.app.serve: the
+    warm-up thread begun, then streamlit imported, then, in ``new_session``, Streamlit's component
+    scan, which the server makes before it answers), then at once the first page run, then at
+    once one click (the visitor's first): each of FIRST_CLICKS in its own process."""
+    code = ("import time, logging, sys, threading; from planner.app.serve import start_warm_up; start_warm_up(); "
+            "from streamlit.testing.v1 import AppTest; "
             "logging.getLogger('streamlit.runtime.scriptrunner_utils.script_run_context').disabled = True; "
-            "sys.path.insert(0, 'benchmarks'); from app_speed import new_session; at = new_session(); "
+            "sys.path.insert(0, 'benchmarks'); from app_speed import new_session, first_click; at = new_session(); "
             "s, c = time.perf_counter(), time.process_time(); at.run(); "
-            "print(time.perf_counter() - s, time.process_time() - c); assert not at.exception")
+            "print(time.perf_counter() - s, time.process_time() - c); assert not at.exception; "
+            "s, c = time.perf_counter(), time.process_time(); first_click(at, sys.argv[1]); "
+            "print(time.perf_counter() - s, time.process_time() - c); assert not at.exception; "
+            "[t.join() for t in threading.enumerate() if t.name.startswith('planner-')]")  # compiled, for the next
     row = Row("first page, new process (new visitor, server just started)", target=FIRST_PAGE_S)
+    clicks = Row("the first click at once after it (same process)")
     # Compiled modules cached as an installed package has them (this environment may set
     # PYTHONDONTWRITEBYTECODE: every process would compile the sources again); the first try warms it.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "planner-app-speed-pycache")
-    for i in range(3):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
-                             env=env)
+    for i, click in enumerate(("gpus", *(FIRST_CLICKS[:2] if quick else FIRST_CLICKS))):
+        out = subprocess.run([sys.executable, "-c", code, click], capture_output=True, text=True, cwd=ROOT,
+                             check=True, env=env)
         if i == 0:
             continue
-        wall, cpu = map(float, out.stdout.split())
+        wall, cpu, click_wall, click_cpu = map(float, out.stdout.split())
         row.wall.append(wall)
         row.cpu.append(cpu)
-    return row
+        clicks.wall.append(click_wall)
+        clicks.cpu.append(click_cpu)
+    return [row, clicks]
+
+
+def first_click(at, click: str) -> None:
+    """One of FIRST_CLICKS: a tab opened, scenario A kept, or the GPU count changed."""
+    if click == "keep_a":
+        at.button(key="keep_a").click().run()
+    elif click == "gpus":
+        at.number_input(key="gpus").set_value(96).run()
+    else:
+        _open(at, click)
 
 
 def interaction_rows(quick: bool) -> list[Row]:
@@ -209,6 +236,45 @@ def other_tab_rows(quick: bool) -> list[Row]:
             timed(row, lambda: widget(at, name).set_value(value).run())
         rows.append(row)
     return rows
+
+
+def more_rows(quick: bool) -> list[Row]:
+    """The page's other controls: the sidebar's groups opened and closed, its buttons (pin the plan,
+    unpin, keep and clear scenario A, with a change while A is kept), the model's source and a
+    shape or preset value, the Export tab's format and steps, the Runs tab's profile."""
+    from planner.app.page import GROUPS
+
+    groups, buttons = Row("open or close a sidebar group"), Row("pin, unpin, scenario A kept and cleared")
+    model, export, runs = Row("model from a shape or preset, and its values"), Row("Export tab: format, steps"), \
+        Row("Runs tab: predicted on another profile")
+    at = new_session()
+    at.run()
+    for opened in (True, False):
+        for key, _ in GROUPS.values():
+            timed(groups, lambda: _set_and_run(at, key, opened))  # what a click on the expander sets
+    for label in ("Keep as scenario A", "Pin this layout", "Search every field", "Clear scenario A"):
+        timed(buttons, lambda: next(b for b in at.button if b.label.startswith(label)).click().run())
+        if label == "Keep as scenario A":
+            timed(buttons, lambda: widget(at, "gpus").set_value(208).run())  # A beside B
+    for name, value in (("model", "shape"), ("layers", 44), ("model", "preset"), ("preset", "llama3-70b"),
+                        ("model", "params")):
+        timed(model, lambda: (at.radio(key=name) if name == "model" else widget(at, name)).set_value(value).run())
+    at = new_session("Export")
+    at.run()
+    formats = at.selectbox(key="export_format").options
+    for fmt in formats[1:3] if quick else [*formats[1:], formats[0]]:
+        timed(export, lambda: at.selectbox(key="export_format").set_value(fmt).run())
+    timed(export, lambda: at.number_input(key="export_steps").set_value(300).run())
+    at = new_session("Runs")
+    at.run()
+    for profile in at.selectbox(key="runs_profile").options[1:3 if quick else 6]:
+        timed(runs, lambda: at.selectbox(key="runs_profile").set_value(profile).run())
+    return [groups, buttons, model, export, runs]
+
+
+def _set_and_run(at, key: str, value):
+    at.session_state[key] = value
+    return at.run()
 
 
 def _open(at, tab: str):
@@ -399,13 +465,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer interactions and models")
     args = parser.parse_args()
     quiet()
-    rows = [first_page_new_process()]
+    rows = first_page_new_process(args.quick)
     rows += tab_rows()
     print(f"what-if explorer, whole script runs (AppTest), milliseconds; default 33B on 128 x a100-80g\n"
           f"{'row':46s} {'runs':>4s} {'worst':>8s} {'median':>8s} {'CPU max':>8s}")
     for r in rows:
         print(r.line(), flush=True)
-    for r in interaction_rows(args.quick) + other_tab_rows(args.quick):
+    for r in interaction_rows(args.quick) + other_tab_rows(args.quick) + more_rows(args.quick):
         rows.append(r)
         print(r.line(), flush=True)
     until = {}
