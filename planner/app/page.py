@@ -41,12 +41,12 @@ def cached_compute(values: dict) -> explore.View | explore.Problem:
 # A page run costs about 45 ms of CPU of its own (Streamlit drawing ~30 widgets, the charts; measured
 # by benchmarks/app_speed.py): 25 ms of work on the views keeps it near 70 ms; a fragment run draws
 # only the views, so its slice can be longer. A browser's timer asks for a fragment run every
-# POLL_S whether or not one is under way (Streamlit queues the request): near a fragment run's own
-# length, the runs follow each other with little idle time between them, and a click stops the run
-# in hand after its step (advance_alone).
+# POLL_S whether or not one is under way (Streamlit queues one request, drops the rest): shorter
+# than a fragment run, the first follows the page run at once and the others follow each other,
+# and a click stops the run in hand after its step (advance_alone).
 PAGE_BUDGET_S = 0.025
 SLICE_S = 0.04
-POLL_S = 0.05
+POLL_S = 0.02
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
