@@ -436,7 +436,12 @@ def fill_rows(tab: str, changes: list[tuple[str, object]]) -> tuple[list[Row], l
                 at._tree = page_tree  # the browser keeps the page: the next change is made on it
         assert any(c.value.startswith(FILLED[tab]) for c in at.caption), (tab, name, value)
         until.append((sum(runs), with_timer(runs)))
-    return ([pages, fragments] if fragments.wall else [pages]), until
+    reopen = Row(f"open the {tab} tab again, its views complete")  # drawn whole, nothing to compute
+    for _ in range(3):
+        _open(at, "Layouts" if tab != "Layouts" else "Plan")
+        timed(reopen, lambda: _open(at, tab))
+        assert any(c.value.startswith(FILLED[tab]) for c in at.caption) and not FragmentRuns.ids, tab
+    return ([pages, fragments, reopen] if fragments.wall else [pages, reopen]), until
 
 
 def with_timer(runs: list[float]) -> float:
