@@ -338,10 +338,11 @@ class FragmentRuns:
         return at
 
 
-def change_during_fragment_run(at, page_tree, name: str, value, delay_s: float) -> float:
+def change_during_fragment_run(at, page_tree, name: str, value, delay_s: float) -> float | None:
     """A click ``delay_s`` into a fragment run (the views' slice of work in hand): the browser sends
     the page's widget states with ``name`` set to ``value``, asking for a whole page run. The
-    seconds from the click until that page is drawn (the fragment's run stopped, or finished, first)."""
+    seconds from the click until that page is drawn (the fragment's run stopped, or finished, first);
+    None when the fragment's run had ended before the click."""
     import threading
 
     at._tree = page_tree  # the page the browser shows
@@ -406,7 +407,7 @@ def is_page(at) -> bool:
     return any(c.value.startswith(PAGE_CAPTION) for c in at.caption)
 
 
-def fill_rows(tab: str, changes: list[tuple[str, object]]) -> tuple[list[Row], list[float]]:
+def fill_rows(tab: str, changes: list[tuple[str, object]]) -> tuple[list[Row], list[tuple[float, float]]]:
     """The tab open, then each change (a field, a value not seen before) and the runs until the tab's
     views are complete: the page run of the change, the fragment's runs alone (each working a slice
     on the views and drawing them), and the page run once they are done (the last fragment run
@@ -414,7 +415,7 @@ def fill_rows(tab: str, changes: list[tuple[str, object]]) -> tuple[list[Row], l
     runs from each change to the complete page."""
     pages = Row(f"{tab} tab filling in after a change: page runs")
     fragments = Row(f"{tab} tab filling in: the fragment's runs alone")
-    until: list[float] = []
+    until: list[tuple[float, float]] = []
     FragmentRuns.install()
     at = new_session(tab)
     at.run()
