@@ -1,7 +1,7 @@
 """What the what-if explorer computes: pure functions of a mapping of declared names.
 
 The page turns its widgets into that mapping (planner.app.state.mapping_from_state), calls these
-through ``st.cache_data`` (so each input is computed once), and draws what they return. The mapping
+through Streamlit's cache (so each input is computed once), and draws what they return. The mapping
 goes to the same builder as the CLI's parsed flags (planner.core.options.build_inputs), which is
 what makes the page's figures and `planner estimate` agree. One explorer update evaluates one
 table of layouts; the plan, its runners-up, the nearest fit and the pin suggestions are read off it
@@ -559,12 +559,15 @@ class InProgress:
         self.total = total  # profiles, for the page's "k of n so far"
         self.error: Exception | None = None  # what stopped it before its end
 
-    def advance(self, deadline: float) -> None:
+    def advance(self, deadline: float, between_steps=None) -> None:
         """Compute until ``time.perf_counter()`` reaches ``deadline`` or it is done; nothing when the
         deadline has passed or another session is advancing it. A step begun runs to its end, so
         one is begun only where a step as long as the last one would end by the deadline (the
         first always: each call that works makes progress); the steps (a profile's searches) take
-        0-25 ms, and a run that began one at its deadline's edge ran that much over it."""
+        0-25 ms, and a run that began one at its deadline's edge ran that much over it.
+        ``between_steps`` is called after each step before the next begins (the page passes a
+        point where Streamlit may stop the run for a newer one: what is done is kept, the next
+        call goes on from there)."""
         import time
 
         if self.done or time.perf_counter() >= deadline or not self._lock.acquire(blocking=False):
@@ -583,6 +586,8 @@ class InProgress:
                 now = time.perf_counter()
                 if now + (now - start) > deadline:
                     break
+                if between_steps is not None and not self.done:
+                    between_steps()
         finally:
             self._lock.release()
 

@@ -27,8 +27,10 @@ from planner.evidence import calibration_line
 TABS = ("Plan", "Layouts", "Hardware", "Runs", "Export")
 
 
-@st.cache_data(show_spinner=False, max_entries=512)
+@st.cache_resource(show_spinner=False, max_entries=512)
 def cached_compute(values: dict) -> explore.View | explore.Problem:
+    """explore.compute once per input, shared by sessions as it is (a View is frozen; st.cache_data
+    would pickle it on the way in and unpickle it on every page run that reads it)."""
     return explore.compute(values)
 
 
@@ -38,10 +40,13 @@ def cached_compute(values: dict) -> explore.View | explore.Problem:
 # rerun alone (a fragment) every POLL_S, each run working SLICE_S on them.
 # A page run costs about 45 ms of CPU of its own (Streamlit drawing ~30 widgets, the charts; measured
 # by benchmarks/app_speed.py): 25 ms of work on the views keeps it near 70 ms; a fragment run draws
-# only the views, so its slice can be longer.
+# only the views, so its slice can be longer. A browser's timer asks for a fragment run every
+# POLL_S whether or not one is under way (Streamlit queues one request, drops the rest): shorter
+# than a fragment run, the first follows the page run at once and the others follow each other,
+# and a click stops the run in hand after its step (advance_alone).
 PAGE_BUDGET_S = 0.025
 SLICE_S = 0.04
-POLL_S = 0.1
+POLL_S = 0.02
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
@@ -431,12 +436,12 @@ def draw_in_progress(views: tuple[explore.InProgress, ...], draw, *args) -> None
         st.fragment(draw, run_every=POLL_S)(*args, polling=True)
 
 
-def work_a_slice(views: tuple[explore.InProgress, ...]) -> None:
+def work_a_slice(views: tuple[explore.InProgress, ...], between_steps=None) -> None:
     """What one run of the polling fragment computes: SLICE_S more work on ``views`` (a step begun
     runs to its end, so each slice adds at least one step to a view not done)."""
     deadline = time.perf_counter() + SLICE_S
     for view in views:
-        view.advance(deadline)
+        view.advance(deadline, between_steps)
 
 
 def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
@@ -446,7 +451,10 @@ def advance_alone(views: tuple[explore.InProgress, ...]) -> None:
         return
     if all(view.done for view in views):
         st.rerun()
-    work_a_slice(views)
+    # Between two steps, a message to the browser (an empty placeholder emptied again): Streamlit
+    # checks for a newer request at each one, so a click while the fragment works stops it after
+    # the step in hand (kept), not at the end of the slice.
+    work_a_slice(views, st.empty().empty)
 
 
 def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, tokens: float, state: dict,
@@ -672,12 +680,17 @@ def main() -> None:
         _settle_heap()
 
 
+_SETTLED: list[bool] = []  # set by the process's first page run
+
+
 def _settle_heap() -> None:
     """After the process's first page run, move what it has built (Streamlit, pandas, the
     profiles: long-lived) out of the garbage collector's reach (gc.freeze), so that a full
     collection during a later interaction scans only what that interaction made: unfrozen, one
-    took 13-61 ms, and an interaction 130 ms instead of 45 (benchmarks/app_speed.py)."""
-    if gc.get_freeze_count() == 0:
+    took 13-61 ms, and an interaction 130 ms instead of 45 (benchmarks/app_speed.py). Once per
+    process, told by a flag: gc.get_freeze_count() walks every frozen object (several ms a call)."""
+    if not _SETTLED:
+        _SETTLED.append(True)
         gc.collect()
         gc.freeze()
         _warm_up()
@@ -685,21 +698,16 @@ def _settle_heap() -> None:
 
 def _warm_up() -> None:
     """Once per process, after its first page is drawn: import in a background thread what the
-    other tabs need the first time they open (pandas for the first table: 0.4-0.6 s of CPU; the
-    Runs tab's modules; the profile names), so the visitor's first click on a tab does not pay for
-    it; then freeze what that built, as ``_settle_heap`` does for the first page."""
+    other tabs need the first time they open (planner.app.serve.warm_up: pandas for the first table,
+    the Runs tab's modules, the profile names), so the visitor's first click on a tab does not pay
+    for it; then freeze what that built, as ``_settle_heap`` does for the first page. Under `planner
+    app` the server began the same imports at its start (planner.app.serve): what is left is little."""
     import threading
 
-    def work() -> None:
-        import importlib
+    from planner.app.serve import warm_up
 
-        for name in ("pandas", "pyarrow.compute", "yaml", "planner.calibration.validate", "planner.app.live",
-                     "planner.app.charts", "planner.export.formats", "planner.decisions.pictures"):
-            try:
-                importlib.import_module(name)
-            except ImportError:  # an optional part missing: its tab says so when opened
-                pass
-        explore.profile_names()
+    def work() -> None:
+        warm_up()
         gc.collect()
         gc.freeze()
 

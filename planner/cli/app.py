@@ -30,9 +30,11 @@ def add_parser(sub) -> None:
 
 
 def streamlit_command(args: argparse.Namespace, app: Path) -> list[str]:
-    """Always headless: a non-headless Streamlit asks for an e-mail address on its first run and
-    waits at the prompt (or exits 255 without a terminal). ``open_browser`` opens the page instead."""
-    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
+    """`streamlit run` through planner.app.serve (Streamlit's own command line, begun after a thread
+    that imports what the first page and the first clicks need). Always headless: a non-headless
+    Streamlit asks for an e-mail address on its first run and waits at the prompt (or exits 255
+    without a terminal). ``open_browser`` opens the page instead."""
+    return [sys.executable, "-m", "planner.app.serve", "run", str(app), "--server.port", str(args.port),
             "--server.address", args.address, "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
 

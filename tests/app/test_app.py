@@ -402,3 +402,54 @@ def test_plan_tab_pictures_fill_in_over_runs():
     assert memory["layer"][0]["data"]["values"] == want_memory and len(want_memory) >= 3
     assert [{k: r[k] for k in ("GPUs", "part", "seconds")} for r in parts] == want_time
     assert {r["GPUs"] for r in want_time} == {32, 64, 128, 256, 512}  # a quarter to four times the plan's 128
+
+
+@contextlib.contextmanager
+def fragment_reruns(ids: list[str]):
+    """AppTest's runs while inside are reruns of the fragments ``ids`` alone, requested as a
+    browser's timer requests them (RerunData's fragment_id_queue); AppTest has no timer."""
+    from streamlit.testing.v1 import local_script_runner as lsr
+
+    rerun_data = lsr.RerunData
+    lsr.RerunData = lambda **kw: rerun_data(**kw, fragment_id_queue=list(ids), is_auto_rerun=True)
+    try:
+        yield
+    finally:
+        lsr.RerunData = rerun_data
+
+
+def test_hardware_views_fill_in_by_runs_of_their_fragment_alone():
+    """In a browser, the Hardware tab's views not yet complete rerun alone (a fragment on a timer):
+    each such run draws only the views, each further along, and the one that finds them complete
+    reruns the whole page, which draws them complete and sets no timer."""
+    from streamlit.testing.v1 import local_script_runner as lsr
+
+    timers: list[list[str]] = []
+    run = lsr.LocalScriptRunner.run
+
+    def run_reading_timers(self, *args, **kwargs):  # the ids a run asks the browser to rerun on a timer
+        tree = run(self, *args, **kwargs)
+        timers.append([m.auto_rerun.fragment_id for m in self.forward_msgs() if m.HasField("auto_rerun")])
+        return tree
+
+    lsr.LocalScriptRunner.run = run_reading_timers
+    try:
+        at = new_app({"tab": "Hardware", "params": "9", "gpus": "24"})
+        page, ids = at._tree, timers[-1]
+        assert ids and not any(c.value.startswith("Fastest fitting layout per point") for c in at.caption)
+        drawn, reran = [], False
+        for _ in range(1000):
+            with fragment_reruns(ids):
+                at._run(widget_state=page.get_widget_states())
+            assert not at.exception, [e.message for e in at.exception]
+            reran = any(c.value.startswith("page computed and drawn") for c in at.caption)
+            if reran:
+                break  # the whole page: the fragment found its views complete
+            assert not at.number_input and not at.metric  # the views alone: no sidebar, no headline
+            spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+            drawn.append({r["profile"] for r in spec["layer"][0]["data"]["values"]})
+        assert reran and len(drawn) > 1 and all(a <= b for a, b in itertools.pairwise(drawn))
+        assert at.number_input and at.metric and any(c.value.startswith("Fastest fitting layout per point") for c in at.caption)
+        assert timers[-1] == [] and {"a100-80g", "h100-80g"} <= {p.split(" ")[0] for p in drawn[-1]}
+    finally:
+        lsr.LocalScriptRunner.run = run

@@ -207,12 +207,32 @@ def test_planner_app_serves_the_packaged_page(tmp_path):
 
     args = build_parser().parse_args(["app", "--port", "8600", "--headless"])
     cmd = app_cli.streamlit_command(args, app_cli.app_path())
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("page.py")
+    assert cmd[1:4] == ["-m", "planner.app.serve", "run"] and cmd[4].endswith("page.py")
     assert cmd[cmd.index("--server.port") + 1] == "8600" and cmd[cmd.index("--server.headless") + 1] == "true"
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         assert cli_main(["app", "--port", "0"]) == 2
     assert "port=0" in err.getvalue()
+
+
+def test_the_server_is_streamlits_command_line_after_a_warm_up_of_the_pages_imports():
+    """`planner app` runs `python -m planner.app.serve run page.py ...`: Streamlit's own command
+    line with the same arguments; before it, a thread imports what the first page and the first
+    clicks need. Every module it names exists (a misspelt one would be skipped without a word)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from planner.app import serve
+
+    assert all(importlib.util.find_spec(name) is not None for name in serve.WARM_MODULES)
+    thread = serve.start_warm_up()
+    assert thread.daemon and thread.name == "planner-server-warm-up"
+    thread.join()
+    assert set(serve.WARM_MODULES) <= set(sys.modules)
+    out = subprocess.run([sys.executable, "-m", "planner.app.serve", "version"], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.startswith("Streamlit, version ")
 
 
 def test_an_uploaded_hf_config_plans_like_the_cli(tmp_path):

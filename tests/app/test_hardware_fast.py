@@ -253,3 +253,26 @@ def test_a_step_is_begun_only_where_one_as_long_as_the_last_ends_by_the_deadline
         work = explore.InProgress(steps(), 1)
         work.advance(clock[0] + budget)
         assert len(work.items) == ran, (budget, work.items)
+
+
+def test_a_newer_request_between_steps_stops_the_work_and_keeps_what_is_done():
+    """``between_steps`` runs after each step but the last: when it raises (Streamlit stopping the
+    run for a newer request), the steps done are kept, the lock is free, and the next call goes on
+    from the next step, none lost or repeated."""
+    class Newer(Exception):
+        pass
+
+    calls = []
+
+    def stop_at_third():
+        calls.append(len(work.items))
+        if len(calls) == 3:
+            raise Newer
+
+    work = explore.InProgress(((i,) for i in range(5)), 1)
+    with pytest.raises(Newer):
+        work.advance(time.perf_counter() + 10, stop_at_third)
+    assert work.items == (0, 1, 2) and not work.done and calls == [1, 2, 3]
+    work.advance(time.perf_counter() + 10, lambda: calls.append(len(work.items)))  # the lock was released: it works again
+    assert work.items == (0, 1, 2, 3, 4) and work.done
+    assert calls == [1, 2, 3, 4, 5]  # after steps 3 and 4 as well; not once more at the end
