@@ -147,7 +147,7 @@ def clear_cache() -> None:
 def _prepared(command: str, flags: Mapping[str, object]):
     """(the parsed flags, the inputs), checked as the CLI checks them."""
     try:
-        key = (command, *((name, type(value), value) for name, value in flags.items()))
+        key = (command, tuple(flags.items()), tuple(map(type, flags.values())))
         done = _PREPARED.get(key)
     except TypeError:  # an unhashable value (a list)
         key = done = None

@@ -448,7 +448,7 @@ class Candidates(_Kept):
 
     @property
     def gpus(self) -> np.ndarray:
-        return math.prod(getattr(self, name) for name in GPU_FACTORS)
+        return self.dp * self.tp * self.pp * self.cp  # GPU_FACTORS' product (asserted below the class)
 
     @property
     def shard_group(self) -> np.ndarray:
@@ -537,6 +537,9 @@ class Candidates(_Kept):
     @classmethod
     def empty(cls) -> "Candidates":
         return cls.from_layouts([])
+
+
+assert GPU_FACTORS == ("dp", "tp", "pp", "cp"), GPU_FACTORS  # Candidates.gpus multiplies these
 
 
 class _OneRow(Candidates):

@@ -199,9 +199,9 @@ def _stack_json(job: Job, gpu: str, calibrated: tuple[str, ...], calibration: tu
 def _copied(value):
     """A JSON value's dicts and lists copied, all the way down (its numbers and strings are immutable)."""
     if type(value) is dict:
-        return {k: _copied(v) for k, v in value.items()}
+        return {k: _copied(v) if type(v) is dict or type(v) is list else v for k, v in value.items()}
     if type(value) is list:
-        return [_copied(v) for v in value]
+        return [_copied(v) if type(v) is dict or type(v) is list else v for v in value]
     return value
 
 
