@@ -260,7 +260,10 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         states = model_states(model, hw, job, c, sw)
         stages = [stage(0, first, states(0, first))]
         if pp > 1:
-            stages += [stage(k, n, states(k, n)) for k, n in ((minimum(1, pp - 1), fullest), (pp - 1, last))]
+            mid = stage(1, fullest, states(1, fullest))
+            # Two stages: the second is the fullest and the last (one computation when they hold as many layers).
+            same = pp == 2 and last == fullest
+            stages += [mid, mid if same else stage(pp - 1, last, states(pp - 1, last))]
         stages += [stages[0]] * (3 - len(stages))
         # The peak: the first stage that holds the most, as np.argmax picks it below.
         return stages[max(range(3), key=lambda k: stages[k].total)], tuple(stages)
