@@ -209,9 +209,9 @@ def test_the_floor_leaves_few_layouts_to_evaluate(monkeypatch):
     model, hw, job = get_preset("llama2-7b"), get_profile("h100-80g"), Job()
     table = table_of(model, job, (64, 512), hw)
     evaluated = []
-    real = B._evaluate_rows
-    monkeypatch.setattr(B, "_evaluate_rows", lambda m, h, j, c, rows, sw: evaluated.append(len(rows)) or
-                        real(m, h, j, c, rows, sw))
+    real = B._time_rows
+    monkeypatch.setattr(B, "_time_rows", lambda m, h, j, c, rows, sw, mem: evaluated.append(len(rows)) or
+                        real(m, h, j, c, rows, sw, mem))
     B.fastest_fitting_bounded(model, hw, job, table)
     assert 0 < sum(evaluated) < len(table[1]) / 4
 
