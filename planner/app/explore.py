@@ -440,28 +440,40 @@ def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
     x, options = _options(values, profiles)
     counts = sorted(set(counts))
     tables: dict = {}
-    find = fastest_fitting_rows if rows else fastest_fitting_bounded
+    # The sweep's work where it holds these counts for the same job (no token count of its own:
+    # planner.app.state.sweep_mapping): done once for both views (``_swept``).
+    swept = rows and "tokens" not in values and set(counts) <= set(SWEEP_GPUS)
     for o in options:
         out = []
         hw, cap = o.hardware, usable_memory(o.hardware, o.job)
-        table = _counts_table(x.model, o, counts, tables)
-        try:
-            best = find(x.model, hw, o.job, table) if table[0] else {}
-            least = least_memory(x.model, hw, o.job, table) if set(table[0]) - set(best) else {}
-        except PlannerError:  # the precision, say: every count the long way, for its reason
-            best, least = {}, {}
-        sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
+        if swept:
+            found, refused, least, sizes = yield from _swept(x, o, list(SWEEP_GPUS), tables)
+            best = {n: r for n, r in found.items() if n in counts}
+            if refused:  # the precision, say: every count the long way, for its reason
+                least = {}
+        else:
+            table = _counts_table(x.model, o, counts, tables)
+            try:
+                find = fastest_fitting_rows if rows else fastest_fitting_bounded
+                best = find(x.model, hw, o.job, table) if table[0] else {}
+                least = least_memory(x.model, hw, o.job, table) if set(table[0]) - set(best) else {}
+            except PlannerError:  # the precision, say: every count the long way, for its reason
+                best, least = {}, {}
+            sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
         for n in counts:
             row = None
             if n in best:
                 try:
                     if rows:
-                        row = _best_row(best[n], x.model, o.job, o.ops)
+                        row = best[n] if swept else _best_row(best[n], x.model, o.job, o.ops)
+                        if isinstance(row, PlannerError):
+                            raise row
                         p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap)
                     else:
                         p = Probe(gpu=hw.name, gpus=n, best=estimate_at(best[n], 0, x.model, hw, o.job, o.ops),
                                   capacity_bytes=cap)
                 except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
+                    row = None
                     p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap, why=str(exc), error=exc)
             elif n in least:
                 p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap, min_bytes=least[n],
@@ -548,39 +560,71 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
 
 def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
     """``sweep`` in steps of a few milliseconds each: yields the points each step adds (one
-    profile's, or none while a count's layouts are enumerated)."""
-    from planner.core.bounded import fastest_fitting_rows, least_memory, least_memory_steps
-    from planner.core.memory import hardware_read
-
+    profile's, or none while a count's layouts are enumerated or their memory computed)."""
     x, options = _options(values, profiles)
     counts = sorted(set(counts))
     tables: dict = {}
     for o in options:
-        for n in counts:
-            if (n, o.job) not in tables:
-                _enumerated(x.model, o.job, [n], tables)
-                yield ()
-        table = _counts_table(x.model, o, counts, tables)
-        if ("memory", o.job, hardware_read(o.hardware)) not in tables and table[0]:  # shared by some profiles
-            for _ in least_memory_steps(x.model, o.hardware, o.job, table):  # a block of layouts a step
-                yield ()
-            tables["memory", o.job, hardware_read(o.hardware)] = least_memory(x.model, o.hardware, o.job, table)
-        try:
-            best = fastest_fitting_rows(x.model, o.hardware, o.job, table)
-        except PlannerError:
-            best = {}
+        found, *_ = yield from _swept(x, o, counts, tables)
         points = []
         for n in counts:
-            seconds = math.nan
-            if n in best:
-                try:  # the estimate's train.seconds / train.tokens, read off the row
-                    row = _best_row(best[n], x.model, o.job, o.ops)
-                    seconds = float(row.train_seconds) / row.train_tokens
-                except PlannerError:  # e.g. an MTBF too short for this many GPUs: this count only
-                    pass
+            row = found.get(n)
+            # The estimate's train.seconds / train.tokens, read off the row; none where nothing fits
+            # or the estimate refuses it (e.g. an MTBF too short for this many GPUs: this count only).
+            seconds = math.nan if row is None or isinstance(row, PlannerError) else \
+                float(row.train_seconds) / row.train_tokens
             points.append(SweepPoint(profile=o.hardware.name, precision=o.job.precision, gpus=n,
                                      seconds_per_token=seconds))
         yield tuple(points)
+
+
+# Each (model, job, operations, profile, counts)'s best layouts as the sweep finds them (``_swept``),
+# the last SWEPT_KEPT: the comparison table at one of the sweep's counts reads them, and the sweep
+# of the same inputs after it (the page advances the table first) finds them done.
+_SWEPT: dict = {}
+SWEPT_KEPT = 256  # profiles' results (one-row evaluations of scalars: a few KB each)
+
+
+def _swept(x, o, counts: list[int], tables: dict):
+    """({count: its best layout for option ``o`` (``bounded.fastest_fitting_rows``) as its row
+    (``_best_row``), or the PlannerError its estimate raises}, counts where nothing fits left out;
+    the PlannerError of the search itself, or None (the precision on this GPU, say); {count: the
+    least memory per GPU of its layouts}; {count: how many layouts it has}). A generator: yields
+    () after each count's enumeration and each block of the layouts' memory, and returns those.
+    ``tables``: what the options share (``_counts_table``)."""
+    from planner.core.bounded import fastest_fitting_rows, least_memory, least_memory_steps
+    from planner.core.memory import hardware_read
+
+    key = (x.model, o.job, o.ops, o.hardware.name, tuple(counts))
+    kept = _SWEPT.get(key)
+    if kept is not None and (kept[0] is o.hardware or kept[0] == o.hardware):
+        return kept[1]
+    for n in counts:
+        if (n, o.job) not in tables:
+            _enumerated(x.model, o.job, [n], tables)
+            yield ()
+    table = _counts_table(x.model, o, counts, tables)
+    if ("memory", o.job, hardware_read(o.hardware)) not in tables and table[0]:  # shared by some profiles
+        for _ in least_memory_steps(x.model, o.hardware, o.job, table):  # a block of layouts a step
+            yield ()
+        tables["memory", o.job, hardware_read(o.hardware)] = least_memory(x.model, o.hardware, o.job, table)
+    refused = None
+    try:
+        best = fastest_fitting_rows(x.model, o.hardware, o.job, table)
+    except PlannerError as exc:
+        best, refused = {}, exc
+    out = {}
+    for n, found in best.items():
+        try:
+            out[n] = _best_row(found, x.model, o.job, o.ops)
+        except PlannerError as exc:
+            out[n] = exc
+    for oldest in list(_SWEPT)[:max(0, len(_SWEPT) + 1 - SWEPT_KEPT)]:  # sessions share it: no iterator held
+        _SWEPT.pop(oldest, None)
+    least = tables.get(("memory", o.job, hardware_read(o.hardware)), {})
+    sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
+    _SWEPT[key] = (o.hardware, (out, refused, least, sizes))
+    return out, refused, least, sizes
 
 
 class InProgress:
