@@ -136,13 +136,32 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     return busy * (1 + e.step_jitter * stragglers) + e.step_overhead_s
 
 
-def _table_memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw, shared: dict) -> Memory:
-    """The peak stage's memory (every part, ``memory``'s first answer) of every row, a block at a
-    time, kept in ``shared`` for the profiles that read the same of the hardware
-    (memory.hardware_read)."""
+def _table_memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw, shared: dict) -> _TableMemory:
+    """The peak stage's memory (``memory``'s first answer) of every row, a block at a time, kept
+    in ``shared`` for the profiles that read the same of the hardware (memory.hardware_read)."""
     for _ in _table_memory_steps(model, hw, job, c, sw, shared):
         pass
     return shared[_table_memory_key(model, hw, job)]
+
+
+class _TableMemory:
+    """A table's peak memory as ``memory`` gives it a block at a time: ``total`` and ``host`` (what
+    fits reads) of every row joined; every part of some rows on demand (``rows``)."""
+
+    def __init__(self, parts: list[Memory], block: int, n: int) -> None:
+        self.parts, self.block = parts, block
+        self.sizes = [min(block, n - i) for i in range(0, n, block)]
+        self.total, self.host = (np.concatenate([np.broadcast_to(getattr(m, f), (k,)) for m, k in zip(parts, self.sizes)])
+                                 for f in ("total", "host"))
+
+    def rows(self, rows: np.ndarray) -> Memory:
+        """Every part of ``rows`` (ascending) as one Memory of their columns."""
+        ends = np.searchsorted(rows, np.arange(1, len(self.parts) + 1) * self.block)
+        pieces = [(m, k, rows[a:b] - i * self.block)
+                  for i, (m, k, a, b) in enumerate(zip(self.parts, self.sizes, np.r_[0, ends[:-1]], ends)) if b > a]
+        return Memory(*(np.concatenate([np.broadcast_to(getattr(m, f), (k,))[local] for m, k, local in pieces])
+                        if len(pieces) != 1 else np.broadcast_to(getattr(pieces[0][0], f), (pieces[0][1],))[pieces[0][2]]
+                        for f in Memory.__slots__))
 
 
 def _table_memory_key(model: ModelSpec, hw: HardwareProfile, job: Job) -> tuple:
@@ -164,9 +183,7 @@ def _table_memory_steps(model: ModelSpec, hw: HardwareProfile, job: Job, c: Cand
     for i in range(0, len(c), BLOCK_ROWS):
         parts.append(memory(model, hw, job, c.take(slice(i, i + BLOCK_ROWS)), sw)[0])
         yield
-    shared[key] = Memory(*(np.concatenate([np.broadcast_to(getattr(m, f), (min(BLOCK_ROWS, len(c) - i),))
-                                           for m, i in zip(parts, range(0, len(c), BLOCK_ROWS))])
-                           for f in Memory.__slots__))
+    shared[key] = _TableMemory(parts, BLOCK_ROWS, len(c))
 
 
 def least_memory(model: ModelSpec, hw: HardwareProfile, job: Job,
@@ -207,14 +224,15 @@ def _evaluate_rows(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidate
 
 
 def _time_rows(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, rows: np.ndarray, sw,
-               mem: Memory) -> Evaluation:
-    """``evaluate``'s numbers for ``rows`` of ``c`` but the stages' memory (its ``stage_memory``
-    left empty), the peak's read from ``mem`` (``_table_memory``): only the step time computed."""
+               mem: _TableMemory) -> Evaluation:
+    """``evaluate``'s numbers for ``rows`` of ``c`` (ascending) but the stages' memory (its
+    ``stage_memory`` left empty), the peak's read from ``mem`` (``_table_memory``): only the step
+    time computed."""
     from planner.core.evaluate import _evaluation
     from planner.core.steptime import step_time
 
     b = c.take(rows)
-    peak = Memory(*(getattr(mem, f)[rows] for f in Memory.__slots__))
+    peak = mem.rows(rows)
     return _evaluation(model, hw, job, b, 0, sw, peak, (), step_time(model, hw, job, b, sw))
 
 
