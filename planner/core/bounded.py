@@ -74,22 +74,19 @@ def _distinct_rows(c: Candidates, names: tuple[str, ...]) -> tuple[np.ndarray, n
     return slot[used], index[key]
 
 
-def on_distinct_rows(f, c: Candidates, shared: dict, start: tuple[str, ...] = (),
-                     rows: np.ndarray | None = None) -> np.ndarray:
-    """``f(c)`` for a row-wise ``f`` returning one column (or a few, stacked: shape (k, rows)),
-    computed once per distinct combination of the columns it reads (found by reading them: a
-    column read beyond ``start`` widens the combination and ``f`` runs again) and spread to every
-    row (to ``rows`` alone, given them). ``shared``: kept for one ``c``."""
+def on_distinct_rows(f, c: Candidates, shared: dict, start: tuple[str, ...] = ()) -> np.ndarray:
+    """``f(c)`` for a row-wise ``f`` returning one column, computed once per distinct combination
+    of the columns it reads (found by reading them: a column read beyond ``start`` widens the
+    combination and ``f`` runs again) and spread to every row. ``shared``: kept for one ``c``."""
     names = tuple(sorted(start))
     while True:
         if ("distinct", names) not in shared:
             shared["distinct", names] = _distinct_rows(c, names)
-        first, inverse = shared["distinct", names]
-        reads = _Reads(c.take(first))
-        out = np.asarray(f(reads))
-        out = np.broadcast_to(out, (*out.shape[:-1], len(first)) if out.ndim else (len(first),))
+        rows, inverse = shared["distinct", names]
+        reads = _Reads(c.take(rows))
+        out = np.broadcast_to(f(reads), (len(rows),))
         if reads.names <= set(names):
-            return out[..., inverse if rows is None else inverse[rows]]
+            return out[inverse]
         names = tuple(sorted(reads.names | set(names)))
 
 
@@ -108,13 +105,15 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
         return None
     e, links = hw.efficiency, comm.Links.of(hw)
 
-    def per_layer(r) -> np.ndarray:  # (compute, exchanges) of a layer per micro-batch
-        lt = layer_times(model, hw, job, r, links, sw)
-        return np.stack(np.broadcast_arrays(lt.forward + lt.backward + lt.recompute,
-                                            lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s
-                                            + lt.cp_comm + lt.ep_comm))
-
-    layer, exchanges = on_distinct_rows(per_layer, c, shared, LAYER_DIMS, rows)
+    # A layer's compute and exchanges per micro-batch (``layer_times`` reads LAYER_DIMS alone, as
+    # step_time computes it): once per distinct combination of the table (kept on it: its memory's
+    # blocks read the same), gathered to the rows.
+    part, inverse = c.distinct(LAYER_DIMS)
+    lt = layer_times(model, hw, job, part, links, sw)
+    index = inverse if rows is None else inverse[rows]
+    layer = np.broadcast_to(lt.forward + lt.backward + lt.recompute, (len(part),))[index]
+    exchanges = np.broadcast_to(lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s + lt.cp_comm + lt.ep_comm,
+                                (len(part),))[index]
     key = ("floor pace", model.layers, head_layers(model, sw))
     if key not in shared:  # micro-batches plus the bubble's share; the fullest stage's layers, and the fewest of the pace's
         first, fullest, last = stage_layers(model, c, sw)
@@ -180,6 +179,7 @@ def _table_memory_steps(model: ModelSpec, hw: HardwareProfile, job: Job, c: Cand
     if key in shared:
         return
     parts = []
+    c.distinct(LAYER_DIMS)  # kept on the table for its blocks (a layer's parts) and step_time_floor
     for i in range(0, len(c), BLOCK_ROWS):
         parts.append(memory(model, hw, job, c.take(slice(i, i + BLOCK_ROWS)), sw)[0])
         yield
