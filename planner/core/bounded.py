@@ -115,7 +115,7 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     exchanges = np.broadcast_to(lt.tp_comm + lt.tp_calls * e.tp_collective_overhead_s + lt.cp_comm + lt.ep_comm,
                                 (len(part),))[index]
     key = ("floor pace", model.layers, head_layers(model, sw))
-    if key not in shared:  # micro-batches plus the bubble's share; the fullest stage's layers, and the fewest of the pace's
+    if key not in shared:  # micro-batches and the bubble's share, times the fullest stage's, the pace's least layers
         first, fullest, last = stage_layers(model, c, sw)
         v_shape = c.schedule == DUALPIPEV
         bubble = np.where(v_shape, 0.0, (c.pp - 1) / c.vpp.astype(float))  # DualPipeV's is less: none
@@ -150,17 +150,16 @@ class _TableMemory:
     def __init__(self, parts: list[Memory], block: int, n: int) -> None:
         self.parts, self.block = parts, block
         self.sizes = [min(block, n - i) for i in range(0, n, block)]
-        self.total, self.host = (np.concatenate([np.broadcast_to(getattr(m, f), (k,)) for m, k in zip(parts, self.sizes)])
-                                 for f in ("total", "host"))
+        self.total, self.host = (np.concatenate([np.broadcast_to(getattr(m, f), (k,))
+                                                 for m, k in zip(parts, self.sizes)]) for f in ("total", "host"))
 
     def rows(self, rows: np.ndarray) -> Memory:
         """Every part of ``rows`` (ascending) as one Memory of their columns."""
         ends = np.searchsorted(rows, np.arange(1, len(self.parts) + 1) * self.block)
         pieces = [(m, k, rows[a:b] - i * self.block)
                   for i, (m, k, a, b) in enumerate(zip(self.parts, self.sizes, np.r_[0, ends[:-1]], ends)) if b > a]
-        return Memory(*(np.concatenate([np.broadcast_to(getattr(m, f), (k,))[local] for m, k, local in pieces])
-                        if len(pieces) != 1 else np.broadcast_to(getattr(pieces[0][0], f), (pieces[0][1],))[pieces[0][2]]
-                        for f in Memory.__slots__))
+        columns = ([np.broadcast_to(getattr(m, f), (k,))[local] for m, k, local in pieces] for f in Memory.__slots__)
+        return Memory(*(got[0] if len(got) == 1 else np.concatenate(got) for got in columns))
 
 
 def _table_memory_key(model: ModelSpec, hw: HardwareProfile, job: Job) -> tuple:
@@ -273,8 +272,8 @@ def _fastest(model: ModelSpec, hw: HardwareProfile, job: Job, table: tuple[list[
     only where ``step_time_floor`` leaves a layout a chance: among each count's fitting layouts of
     its least memory tier (a layout of another tier never ranks first), the FIRST_ROUND_ROWS of
     least floor, whose best rank bucket (a ceiling) then bounds the floor of the others worth
-    evaluating: those not past it, in a second round (none when the first held them). (software, effective
-    profile, {count's index: (sort key, evaluation, its row there, the table's row)}); or
+    evaluating: those not past it, in a second round (none when the first held them). (software,
+    effective profile, {count's index: (sort key, evaluation, its row there, the table's row)}); or
     ``fastest_fitting``'s answer where there is no floor, or it failed."""
     counts, together, segment, shared = table
     if not counts or not hw.gpu.supports(job.precision):
@@ -303,7 +302,8 @@ def _fastest(model: ModelSpec, hw: HardwareProfile, job: Job, table: tuple[list[
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]]) if len(seg) else np.zeros(0, dtype=np.int64)
     for k, a, b in zip(seg[starts].tolist(), starts.tolist(), np.r_[starts[1:], len(seg)].tolist()):
         part = bucket[a:b]
-        upto[k] = part.max() if b - a <= FIRST_ROUND_ROWS else np.partition(part, FIRST_ROUND_ROWS - 1)[FIRST_ROUND_ROWS - 1]
+        upto[k] = part.max() if b - a <= FIRST_ROUND_ROWS else np.partition(part, FIRST_ROUND_ROWS - 1)[
+            FIRST_ROUND_ROWS - 1]
     ceiling, done, best = np.full(len(counts), np.inf), np.zeros(len(rows_c), dtype=bool), {}
     for reach in (upto, np.inf):
         pick = np.flatnonzero(~done & (bucket <= np.minimum(ceiling, reach)[seg]))
