@@ -430,7 +430,9 @@ def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
     """``probes`` an option at a time: yields each option's (option, probe, row) triples. With
     ``rows``, a count whose best layout fits has its figures in ``row`` (``_best_row``: one
     evaluated row, the estimate's numbers without an Estimate built) and a probe without one;
-    else ``row`` is None and the probe has the whole estimate."""
+    else ``row`` is None and the probe has the whole estimate. With ``rows`` at the sweep's
+    counts, each option's row comes from the sweep's work for it (``_swept``, kept for the
+    sweep), with () yielded between that work's steps."""
     from planner.core.bounded import fastest_fitting_bounded, fastest_fitting_rows, least_memory
     from planner.core.evaluate import usable_memory
     from planner.core.results import estimate_at
