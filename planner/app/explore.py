@@ -396,12 +396,9 @@ def _counts_table(model, option, counts: Sequence[int], tables: dict):
     """The layouts of ``counts`` for an option's job and GPUs per node as one table
     (planner.core.search.counts_table), kept in ``tables`` for the options that share them, and
     the counts where enumerating failed (no valid layout)."""
-    from planner.core.search import counts_table, enumerate_counts
+    from planner.core.search import counts_table
 
-    missing = [n for n in counts if (n, option.job) not in tables]
-    found = enumerate_counts(model, missing, option.job)
-    for n in missing:
-        tables[n, option.job] = found.get(n)
+    _enumerated(model, option.job, counts, tables)
     key = (option.job, option.hardware.network.gpus_per_node, tuple(counts))
     if key not in tables:
         tables[key] = counts_table({n: tables[n, option.job] for n in counts if tables[n, option.job] is not None},
@@ -409,41 +406,76 @@ def _counts_table(model, option, counts: Sequence[int], tables: dict):
     return tables[key]
 
 
+def _enumerated(model, job, counts: Sequence[int], tables: dict) -> None:
+    """Each count's layouts for ``job`` (planner.core.search.enumerate_counts) kept in ``tables``
+    (None for a count without a valid layout)."""
+    from planner.core.search import enumerate_counts
+
+    missing = [n for n in counts if (n, job) not in tables]
+    found = enumerate_counts(model, missing, job)
+    for n in missing:
+        tables[n, job] = found.get(n)
+
+
 def probes(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None = None) -> tuple:
     """(option, planner.decisions.decide.Probe) for every option and count, counts ascending within
     each option: what `planner compare` finds (``_comparison``), each count's best layout found by
     planner.core.bounded.fastest_fitting_bounded (the same layout, with the step time of far fewer
     layouts). A count without a valid layout is probed the long way, for its reason."""
-    return tuple(p for step in _probe_steps(values, counts, profiles) for p in step)
+    return tuple((o, p) for step in _probe_steps(values, counts, profiles) for o, p, _ in step)
 
 
-def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
-    """``probes`` an option at a time: yields each option's (option, probe) pairs."""
-    from planner.core.results import estimate_at
-    from planner.core.bounded import fastest_fitting_bounded, least_memory
+def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None,
+                 rows: bool = False):
+    """``probes`` an option at a time: yields each option's (option, probe, row) triples. With
+    ``rows``, a count whose best layout fits has its figures in ``row`` (``_best_row``: one
+    evaluated row, the estimate's numbers without an Estimate built) and a probe without one;
+    else ``row`` is None and the probe has the whole estimate. With ``rows`` at the sweep's
+    counts, each option's row comes from the sweep's work for it (``_swept``, kept for the
+    sweep), with () yielded between that work's steps."""
+    from planner.core.bounded import fastest_fitting_bounded, fastest_fitting_rows, least_memory
     from planner.core.evaluate import usable_memory
+    from planner.core.results import estimate_at
     from planner.decisions.decide import Probe, probe
     from planner.units import GIB
 
     x, options = _options(values, profiles)
     counts = sorted(set(counts))
     tables: dict = {}
+    # The sweep's work where it holds these counts for the same job (no token count of its own:
+    # planner.app.state.sweep_mapping): done once for both views (``_swept``).
+    swept = rows and "tokens" not in values and set(counts) <= set(SWEEP_GPUS)
     for o in options:
         out = []
         hw, cap = o.hardware, usable_memory(o.hardware, o.job)
-        table = _counts_table(x.model, o, counts, tables)
-        try:
-            best = fastest_fitting_bounded(x.model, hw, o.job, table) if table[0] else {}
-            least = least_memory(x.model, hw, o.job, table) if set(table[0]) - set(best) else {}
-        except PlannerError:  # the precision, say: every count the long way, for its reason
-            best, least = {}, {}
-        sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
+        if swept:
+            found, refused, least, sizes = yield from _swept(x, o, list(SWEEP_GPUS), tables)
+            best = {n: r for n, r in found.items() if n in counts}
+            if refused:  # the precision, say: every count the long way, for its reason
+                least = {}
+        else:
+            table = _counts_table(x.model, o, counts, tables)
+            try:
+                find = fastest_fitting_rows if rows else fastest_fitting_bounded
+                best = find(x.model, hw, o.job, table) if table[0] else {}
+                least = least_memory(x.model, hw, o.job, table) if set(table[0]) - set(best) else {}
+            except PlannerError:  # the precision, say: every count the long way, for its reason
+                best, least = {}, {}
+            sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
         for n in counts:
+            row = None
             if n in best:
                 try:
-                    p = Probe(gpu=hw.name, gpus=n, best=estimate_at(best[n], 0, x.model, hw, o.job, o.ops),
-                              capacity_bytes=cap)
+                    if rows:
+                        row = best[n] if swept else _best_row(best[n], x.model, o.job, o.ops)
+                        if isinstance(row, PlannerError):
+                            raise row
+                        p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap)
+                    else:
+                        p = Probe(gpu=hw.name, gpus=n, best=estimate_at(best[n], 0, x.model, hw, o.job, o.ops),
+                                  capacity_bytes=cap)
                 except PlannerError as exc:  # e.g. an MTBF too short for this many GPUs: this count only
+                    row = None
                     p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap, why=str(exc), error=exc)
             elif n in least:
                 p = Probe(gpu=hw.name, gpus=n, best=None, capacity_bytes=cap, min_bytes=least[n],
@@ -451,8 +483,24 @@ def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
                               f"GPU, {hw.name} has {cap / GIB:.0f} GiB")
             else:  # no valid layout: the search's own reason
                 p = probe(x.model, o, n)
-            out.append((o, p))
+            out.append((o, p, row))
         yield tuple(out)
+
+
+def _best_row(found: tuple, model, job, ops):
+    """A count's best layout (``fastest_fitting_rows``: an evaluation and the layout's row) as
+    that row alone (planner.core.evaluate.row_of: its figures are the estimate's, to the bit), or
+    the PlannerError ``estimate_at`` raises for it (its operations: an MTBF too short for this many
+    GPUs, planner.core.resilience.plan_operations)."""
+    from planner.core.evaluate import row_of
+    from planner.core.finetune import trainable_params
+    from planner.core.resilience import plan_operations
+
+    ev, i = found
+    r = row_of(ev, i)
+    plan_operations(model, job, r.candidates.layout(), r.gpus, float(r.time.step), float(r.train_seconds),
+                    float(r.tokens_per_s), trainable_params(model, job), ops)
+    return r
 
 
 def compare_hardware(values: Mapping[str, object], gpus: int,
@@ -463,11 +511,12 @@ def compare_hardware(values: Mapping[str, object], gpus: int,
 
 def _compare_steps(values: Mapping[str, object], gpus: int, profiles: Sequence[str] | None):
     """``compare_hardware`` a profile at a time: yields each profile's row (in a tuple)."""
-    for step in _probe_steps(values, (gpus,), profiles):
-        yield tuple(_hardware_row(option, probe) for option, probe in step)
+    for step in _probe_steps(values, (gpus,), profiles, rows=True):
+        yield tuple(_hardware_row(option, probe, row) for option, probe, row in step)
 
 
-def _hardware_row(option, probe) -> HardwareRow:
+def _hardware_row(option, probe, row=None) -> HardwareRow:
+    """The table's row of a probe, its figures those of ``row`` (``_best_row``) or its estimate."""
     from planner.evidence import for_stack
     from planner.stacks import get_stack
 
@@ -475,6 +524,11 @@ def _hardware_row(option, probe) -> HardwareRow:
     checked = for_stack(get_stack(option.job.stack), probe.gpu).on_gpu
     base = {"profile": probe.gpu, "gpu": option.hardware.gpu.model, "precision": option.job.precision,
             "capacity_bytes": probe.capacity_bytes, "checked_runs": checked}
+    if row is not None:  # the estimate's figures (planner.core.results.estimate_at), read off the row
+        seconds = float(row.train_seconds)
+        return HardwareRow(**base, fits=True, layout=layout_text(row.candidates.layout().to_json()),
+                           days=seconds / 86400, gpu_hours=float(row.gpu_hours), cost_usd=float(row.cost_usd),
+                           energy_kwh=float(row.energy_kwh), mfu=float(row.mfu), memory_bytes=float(row.memory.total))
     if e is None:
         return HardwareRow(**base, fits=False, layout="", days=math.nan, gpu_hours=math.nan, cost_usd=math.nan,
                            energy_kwh=math.nan, mfu=math.nan,
@@ -502,46 +556,77 @@ def sweep(values: Mapping[str, object], counts: Sequence[int] = SWEEP_GPUS,
     with less work: each count's layouts enumerated once for the profiles that run the same job,
     each profile's counts evaluated together, their memory shared by the profiles that read the
     same of the hardware, and the step time only of the fitting layouts whose floor leaves them a
-    chance (planner.core.bounded.fastest_fitting_bounded)."""
+    chance (planner.core.bounded.fastest_fitting_rows), each best read off its evaluated row."""
     return tuple(p for points in _sweep_steps(values, counts, profiles) for p in points)
 
 
 def _sweep_steps(values: Mapping[str, object], counts: Sequence[int], profiles: Sequence[str] | None):
     """``sweep`` in steps of a few milliseconds each: yields the points each step adds (one
-    profile's, or none while a count's layouts are enumerated)."""
-    from planner.core.memory import hardware_read
-    from planner.core.results import estimate_at
-    from planner.core.bounded import fastest_fitting_bounded, least_memory, least_memory_steps
-
+    profile's, or none while a count's layouts are enumerated or their memory computed)."""
     x, options = _options(values, profiles)
     counts = sorted(set(counts))
     tables: dict = {}
     for o in options:
-        for n in counts:
-            if (n, o.job) not in tables:
-                _counts_table(x.model, o, [n], tables)
-                yield ()
-        table = _counts_table(x.model, o, counts, tables)
-        if ("memory", o.job, hardware_read(o.hardware)) not in tables and table[0]:  # shared by some profiles
-            for _ in least_memory_steps(x.model, o.hardware, o.job, table):  # a block of layouts a step
-                yield ()
-            tables["memory", o.job, hardware_read(o.hardware)] = least_memory(x.model, o.hardware, o.job, table)
-        try:
-            best = fastest_fitting_bounded(x.model, o.hardware, o.job, table)
-        except PlannerError:
-            best = {}
+        found, *_ = yield from _swept(x, o, counts, tables)
         points = []
         for n in counts:
-            seconds = math.nan
-            if n in best:
-                try:
-                    e = estimate_at(best[n], 0, x.model, o.hardware, o.job, o.ops)
-                    seconds = e.train.seconds / e.train.tokens
-                except PlannerError:  # e.g. an MTBF too short for this many GPUs: this count only
-                    pass
+            row = found.get(n)
+            # The estimate's train.seconds / train.tokens, read off the row; none where nothing fits
+            # or the estimate refuses it (e.g. an MTBF too short for this many GPUs: this count only).
+            seconds = math.nan if row is None or isinstance(row, PlannerError) else \
+                float(row.train_seconds) / row.train_tokens
             points.append(SweepPoint(profile=o.hardware.name, precision=o.job.precision, gpus=n,
                                      seconds_per_token=seconds))
         yield tuple(points)
+
+
+# Each (model, job, operations, profile, counts)'s best layouts as the sweep finds them (``_swept``),
+# the last SWEPT_KEPT: the comparison table at one of the sweep's counts reads them, and the sweep
+# of the same inputs after it (the page advances the table first) finds them done.
+_SWEPT: dict = {}
+SWEPT_KEPT = 256  # profiles' results (one-row evaluations of scalars: a few KB each)
+
+
+def _swept(x, o, counts: list[int], tables: dict):
+    """({count: its best layout for option ``o`` (``bounded.fastest_fitting_rows``) as its row
+    (``_best_row``), or the PlannerError its estimate raises}, counts where nothing fits left out;
+    the PlannerError of the search itself, or None (the precision on this GPU, say); {count: the
+    least memory per GPU of its layouts}; {count: how many layouts it has}). A generator: yields
+    () after each count's enumeration and each block of the layouts' memory, and returns those.
+    ``tables``: what the options share (``_counts_table``)."""
+    from planner.core.bounded import fastest_fitting_rows, least_memory, least_memory_steps
+    from planner.core.memory import hardware_read
+
+    key = (x.model, o.job, o.ops, o.hardware.name, tuple(counts))
+    kept = _SWEPT.get(key)
+    if kept is not None and (kept[0] is o.hardware or kept[0] == o.hardware):
+        return kept[1]
+    for n in counts:
+        if (n, o.job) not in tables:
+            _enumerated(x.model, o.job, [n], tables)
+            yield ()
+    table = _counts_table(x.model, o, counts, tables)
+    if ("memory", o.job, hardware_read(o.hardware)) not in tables and table[0]:  # shared by some profiles
+        for _ in least_memory_steps(x.model, o.hardware, o.job, table):  # a block of layouts a step
+            yield ()
+        tables["memory", o.job, hardware_read(o.hardware)] = least_memory(x.model, o.hardware, o.job, table)
+    refused = None
+    try:
+        best = fastest_fitting_rows(x.model, o.hardware, o.job, table)
+    except PlannerError as exc:
+        best, refused = {}, exc
+    out = {}
+    for n, found in best.items():
+        try:
+            out[n] = _best_row(found, x.model, o.job, o.ops)
+        except PlannerError as exc:
+            out[n] = exc
+    for oldest in list(_SWEPT)[:max(0, len(_SWEPT) + 1 - SWEPT_KEPT)]:  # sessions share it: no iterator held
+        _SWEPT.pop(oldest, None)
+    least = tables.get(("memory", o.job, hardware_read(o.hardware)), {})
+    sizes = dict(zip(table[0], np.bincount(table[2], minlength=len(table[0])).tolist()))
+    _SWEPT[key] = (o.hardware, (out, refused, least, sizes))
+    return out, refused, least, sizes
 
 
 class InProgress:

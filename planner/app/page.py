@@ -49,8 +49,8 @@ SLICE_S = 0.04
 POLL_S = 0.02
 
 
-@st.cache_resource(show_spinner=False, max_entries=32)
-def comparison_in_progress(values: dict, gpus: int) -> explore.InProgress:
+@st.cache_resource(show_spinner=False, max_entries=8)  # as the sweep's: one not done at one of the sweep's
+def comparison_in_progress(values: dict, gpus: int) -> explore.InProgress:  # counts holds the sweep's tables
     """One per input, shared by sessions (the same computation), kept as it advances."""
     return explore.comparison_in_progress(values, gpus)
 

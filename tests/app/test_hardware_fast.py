@@ -150,6 +150,7 @@ def test_the_sweep_a_step_at_a_time_is_the_sweep(monkeypatch):
     # run exactly one step, however fast or loaded the machine is.
     ticks = iter(range(10**9))
     monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
+    explore._SWEPT.clear()  # computed again, in steps (not read off what the whole sweep kept)
     steps = explore.sweep_in_progress(values, explore.SWEEP_GPUS, profiles)
     steps.advance(0.0)  # a deadline already passed: no step
     assert steps.items == () and not steps.done
@@ -160,6 +161,7 @@ def test_the_sweep_a_step_at_a_time_is_the_sweep(monkeypatch):
         assert steps.items == whole[:len(steps.items)]
     assert steps.items == whole and steps.profiles_done == 3 and runs > 3
     values = explore_state.comparison_mapping({**explore_state.defaults(), "params": 7.0})
+    explore._SWEPT.clear()
     table = explore.comparison_in_progress(values, 64, profiles)
     while not table.done:
         table.advance(time.perf_counter() + 1.5)
@@ -182,6 +184,40 @@ def test_comparison_is_decides_probe_per_profile():
                 assert fast.best.to_json() == slow.best.to_json()
     rows = explore.compare_hardware(values, 8, profiles)
     assert any(not r.fits and r.note == "no layout fits" for r in rows)  # 70B on 8 small GPUs
+
+
+def same_row(a, b) -> bool:
+    """Two HardwareRows equal field by field (nan where both have none)."""
+    return all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+               for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b)))
+
+
+@pytest.mark.parametrize("more, counts", [({}, (8, 128, 96)), ({"tokens": 300.0}, (8, 128, 96)),
+                                          ({"mtbf_gpu_hours": 2.0}, (128, 96))])
+def test_the_table_is_decides_probe_with_or_without_the_sweeps_work(more, counts):
+    """The table's rows, read off each best layout's evaluated row (at one of the sweep's counts
+    with the sweep's own job, from the sweep's work: before the sweep ran and after), are what
+    decide's probe finds (a free search, then estimate_at) and its Estimate says. (Where no layout
+    fits and the MTBF is too short for the count, the probe names the MTBF and the table says no
+    layout fits: counts where something fits, there.)"""
+    state = {**explore_state.defaults(), "params": 70.0, **more}
+    values = explore_state.comparison_mapping(state)
+    profiles = ("a100-40g", "v100-16g", "h100-80g", "a6000", "gb200-nvl72")
+    x, options = explore._options(values, profiles)
+    seen = []
+    for gpus in counts:  # 96: not one of the sweep's counts
+        want = [explore._hardware_row(o, probe(x.model, o, gpus)) for o in options]
+        seen += want
+        explore._SWEPT.clear()
+        first = explore.compare_hardware(values, gpus, profiles)
+        explore.sweep(explore_state.sweep_mapping(state), explore.SWEEP_GPUS, profiles)
+        again = explore.compare_hardware(values, gpus, profiles)
+        for w, f, a in zip(want, first, again, strict=True):
+            assert same_row(w, f) and same_row(w, a), (w, f, a)
+    if "mtbf_gpu_hours" in more:
+        assert all("too short" in r.note for r in seen)
+    else:
+        assert any(r.fits for r in seen) and any(r.note == "no layout fits" for r in seen)
 
 
 def test_distinct_rows_equal_every_row_and_widen():
@@ -209,9 +245,9 @@ def test_the_floor_leaves_few_layouts_to_evaluate(monkeypatch):
     model, hw, job = get_preset("llama2-7b"), get_profile("h100-80g"), Job()
     table = table_of(model, job, (64, 512), hw)
     evaluated = []
-    real = B._evaluate_rows
-    monkeypatch.setattr(B, "_evaluate_rows", lambda m, h, j, c, rows, sw: evaluated.append(len(rows)) or
-                        real(m, h, j, c, rows, sw))
+    real = B._time_rows
+    monkeypatch.setattr(B, "_time_rows", lambda m, h, j, c, rows, sw, mem: evaluated.append(len(rows)) or
+                        real(m, h, j, c, rows, sw, mem))
     B.fastest_fitting_bounded(model, hw, job, table)
     assert 0 < sum(evaluated) < len(table[1]) / 4
 
