@@ -7,12 +7,11 @@ tests/app/test_hardware_fast.py.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
 from planner.core.evaluate import Evaluation
-from planner.core.layout import DIMS, LAYER_DIMS, Candidates, Job
+from planner.core.layout import LAYER_DIMS, Candidates, Job
 from planner.core.memory import Memory
 from planner.core.model import ModelSpec
 from planner.core.search import _rank_keys, fastest_fitting, first_per_segment, take
@@ -30,64 +29,6 @@ from planner.hardware import HardwareProfile
 # ranked first; the rest are evaluated exactly. The floor is checked against every step time
 # computed; a profile where it ever exceeds one is evaluated whole (``fastest_fitting``).
 FLOOR_MARGIN = 1e-9  # relative: a floor this much under, so rounding cannot lift it past a bucket
-
-
-class _Reads:
-    """Candidates as ``f`` reads them: the columns it touches are recorded (properties and
-    methods read through to the columns they use)."""
-
-    def __init__(self, c: Candidates) -> None:
-        self._c, self.names = c, set()
-
-    def __len__(self) -> int:
-        return len(self._c)
-
-    def __getattr__(self, name: str):
-        if name in DIMS:
-            self.names.add(name)
-            return getattr(self._c, name)
-        attr = getattr(Candidates, name)
-        if isinstance(attr, property):
-            return attr.fget(self)
-        if name in ("take", "columns", "layout"):  # reads every column
-            self.names.update(DIMS)
-            return getattr(self._c, name)
-        return functools.partial(attr, self)
-
-
-def _distinct_rows(c: Candidates, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(one row for each distinct combination of the columns ``names``, each row's combination
-    as an index into those)."""
-    key, size = np.zeros(len(c), dtype=np.int64), 1
-    for name in names:
-        col = getattr(c, name).astype(np.int64)
-        low, span = (int(col.min()), int(col.max()) - int(col.min()) + 1) if len(col) else (0, 1)
-        key, size = key * span + (col - low), size * span
-    if size > 1 << 22:
-        _, rows, inverse = np.unique(key, return_index=True, return_inverse=True)
-        return rows, inverse.reshape(-1)
-    slot = np.full(size, -1, dtype=np.int64)
-    slot[key] = np.arange(len(c))  # some row of each combination
-    used = np.flatnonzero(slot >= 0)
-    index = np.empty(size, dtype=np.int64)
-    index[used] = np.arange(len(used))
-    return slot[used], index[key]
-
-
-def on_distinct_rows(f, c: Candidates, shared: dict, start: tuple[str, ...] = ()) -> np.ndarray:
-    """``f(c)`` for a row-wise ``f`` returning one column, computed once per distinct combination
-    of the columns it reads (found by reading them: a column read beyond ``start`` widens the
-    combination and ``f`` runs again) and spread to every row. ``shared``: kept for one ``c``."""
-    names = tuple(sorted(start))
-    while True:
-        if ("distinct", names) not in shared:
-            shared["distinct", names] = _distinct_rows(c, names)
-        rows, inverse = shared["distinct", names]
-        reads = _Reads(c.take(rows))
-        out = np.broadcast_to(f(reads), (len(rows),))
-        if reads.names <= set(names):
-            return out[inverse]
-        names = tuple(sorted(reads.names | set(names)))
 
 
 def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw,

@@ -9,8 +9,7 @@ report), and ``planner.decisions.decide.probe`` for the comparison table.
   for dense, MoE, long-sequence (context parallel), fine-tuning, fp8 and other-stack jobs, and
   when the floor is wrong or missing (it then evaluates everything);
 - the explorer's sweep, in one go or a few steps at a time, and its comparison table equal the
-  search per (profile, count);
-- ``on_distinct_rows`` equals the function on every row, and widens to the columns it reads.
+  search per (profile, count).
 """
 
 from __future__ import annotations
@@ -218,26 +217,6 @@ def test_the_table_is_decides_probe_with_or_without_the_sweeps_work(more, counts
         assert all("too short" in r.note for r in seen)
     else:
         assert any(r.fits for r in seen) and any(r.note == "no layout fits" for r in seen)
-
-
-def test_distinct_rows_equal_every_row_and_widen():
-    model, job = get_preset("llama2-7b"), Job()
-    c, _ = S.enumerate_layouts(model, 64, job)
-    shared: dict = {}
-    f = lambda r: r.tp * 1000 + r.micro_batch * 10 + r.m  # m reads dp and global_batch
-    got = B.on_distinct_rows(f, c, shared, ("tp",))
-    assert np.array_equal(got, f(c))
-    assert any(set(k[1]) >= {"tp", "micro_batch", "dp", "global_batch"} for k in shared if k[0] == "distinct")
-    zero = B.on_distinct_rows(lambda r: r.zero_group(8) * 1.0, c, shared)
-    assert np.array_equal(zero, c.zero_group(8) * 1.0)
-
-
-def test_distinct_rows_of_a_table_with_a_wide_key():
-    c, _ = S.enumerate_layouts(get_preset("llama2-7b"), 512, Job())
-    rows, inverse = B._distinct_rows(c, tuple(c.columns()))  # every column: the sorting path
-    key = np.stack([getattr(c, n).astype(np.int64) for n in c.columns()], axis=1)
-    assert np.array_equal(key[rows][inverse], key)
-    assert len(np.unique(key, axis=0)) == len(rows)
 
 
 def test_the_floor_leaves_few_layouts_to_evaluate(monkeypatch):
