@@ -15,12 +15,12 @@ import numpy as np
 from planner.core.checks import ROOMY_SHARE
 from planner.core.columns import as_float, minimum
 from planner.core.flops import hardware_flops_per_token, model_flops_per_token
-from planner.core.layout import DIMS, Candidates, Job, is_one_row
+from planner.core.layout import Candidates, Job, is_one_row
 from planner.core.memory import Memory, hardware_read, memory
 from planner.core.model import ModelSpec
 from planner.core.steptime import StepTime, reference_peak, step_time
-from planner.hardware import HardwareProfile
 from planner.evidence import memory_band
+from planner.hardware import HardwareProfile
 from planner.stacks import effective, software
 
 
@@ -176,9 +176,7 @@ def evaluate_one(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
 
 def as_table(one: Evaluation) -> Evaluation:
     """A one-layout evaluation of scalars (``evaluate_one``, ``row_of``) as a table of one row."""
-    c = one.candidates
-    return _with_columns(one, Candidates(**{name: np.array([getattr(c, name)]) for name in DIMS}),
-                         [_one(x) for x in _columns(one)])
+    return _with_columns(one, one.candidates.table(), [_one(x) for x in _columns(one)])
 
 
 def _columns(ev: Evaluation) -> list[np.ndarray]:

@@ -305,20 +305,13 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     # Every other dimension: its pinned value, or the values it declares for the search.
     free = [d for d in LAYOUT_DIMS if d.searched is not None]
     values = {d.name: _values(d, job, model, getattr(pins, d.name), widen) for d in free}
-    if as_row and len(mesh) == 1 and all(len(v) == 1 for v in values.values()):
-        return _one_layout(model, gpus, job, pins, mesh[0], values, gpus_per_node)
+    if len(mesh) == 1 and all(len(v) == 1 for v in values.values()):  # one layout (every field pinned)
+        one, why = _one_layout(model, gpus, job, pins, mesh[0], values, gpus_per_node)
+        return (one if as_row or why else one.table()), why
     codes = {d.name: d.encode(values[d.name]) for d in free}
     mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
-    batch_rule, *rules = _rules(model, job, gpus_per_node)
-    rules = (batch_rule, *rules)
-    if len(gb) == 1 and all(len(v) == 1 for v in codes.values()):  # one layout (every field pinned)
-        c = Candidates(**mesh_cols, **codes, global_batch=gb[0])  # the columns the product would give
-        one = c.one_row()  # the rules read its values as scalars
-        # The batch rule read from its table, then the others.
-        if bool(batch_ok[0][0]) and all(bool(rule(one)) for _, rule in rules if rule is not batch_rule[1]):
-            return c, ""
-        return c.take(np.zeros(0, dtype=np.int64)), _NO_SPLIT.format(job.global_batch, pins.pinned())
+    rules = _rules(model, job, gpus_per_node)
     # The product grows a dimension at a time. A rule applies as soon as the columns it reads exist:
     # before the product grows when it reads only the mesh and dimensions of one value (constant
     # columns from the start), else when the last dimension it reads of several values is added
@@ -369,7 +362,8 @@ def _rules(model: ModelSpec, job: Job, gpus_per_node: int | None) -> tuple:
 def _one_layout(model: ModelSpec, gpus: int, job: Job, pins: Pins, mesh: tuple, values: dict,
                 gpus_per_node: int | None) -> tuple[Candidates, str]:
     """``enumerate_layouts`` of one layout (each field one value), as Python scalars: the layout
-    (``Candidates.one_row``'s kind) when every rule keeps it, else no layout and the reason."""
+    (``Candidates.one_row``'s kind) when every rule keeps it, else no layout and the reason. Its
+    values are those the product would give that row (``_batch_table``'s global batch)."""
     (dp, tp, pp, vpp, cp) = mesh
     mb = values["micro_batch"][0]
     if job.global_batch is not None:
@@ -706,7 +700,7 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
         return SearchResult(_table=None, one=one, order=np.zeros(1, dtype=np.int64), evaluated=1,
                             feasible=int(one.fits), search_seconds=time.perf_counter() - start, objective=objective)
     ev, deferred = evaluate_deferred(model, hw, job, c, gpus)
-    order = rank_order(ev, objective) if len(c) > 1 else np.zeros(1, dtype=np.int64)  # one layout: its own order
+    order = rank_order(ev, objective)
     return SearchResult(_table=ev, order=order, evaluated=len(c), feasible=int(ev.fits.sum()),
                         search_seconds=time.perf_counter() - start, objective=objective, _deferred=deferred)
 
