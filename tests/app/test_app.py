@@ -175,9 +175,10 @@ def test_hardware_tab_compares_profiles():
         spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
         drawn.append({r["profile"] for r in spec["layer"][0]["data"]["values"]})
         compared.append(set(at.dataframe[0].value["profile"]) if len(at.dataframe[0].value) else set())
-        if any(c.value.startswith("Fastest fitting layout per point") for c in at.caption):
-            break
-        assert any(c.value.startswith("Searching every profile") for c in at.caption)
+        chart_done = any(c.value.startswith("Fastest fitting layout per point") for c in at.caption)
+        if chart_done and not [c for c in at.caption if "profiles so far" in c.value]:
+            break  # both views complete (on a loaded machine a page run's budget may end with one still going)
+        assert chart_done or any(c.value.startswith("Searching every profile") for c in at.caption)
         work_a_slice(at.session_state["_polled"])
         at.run()
         assert not at.exception, [e.message for e in at.exception]
