@@ -490,16 +490,14 @@ def _probe_steps(values: Mapping[str, object], counts: Sequence[int], profiles: 
 def _best_row(found: tuple, model, job, ops):
     """A count's best layout (``fastest_fitting_rows``: an evaluation and the layout's row) as
     that row alone (planner.core.evaluate.row_of: its figures are the estimate's, to the bit), or
-    the PlannerError ``estimate_at`` raises for it (its operations: an MTBF too short for this many
-    GPUs, planner.core.resilience.plan_operations)."""
+    the PlannerError ``estimate_at`` raises for it (``operations_at``: an MTBF too short for this
+    many GPUs)."""
     from planner.core.evaluate import row_of
-    from planner.core.finetune import trainable_params
-    from planner.core.resilience import plan_operations
+    from planner.core.results import operations_at
 
     ev, i = found
     r = row_of(ev, i)
-    plan_operations(model, job, r.candidates.layout(), r.gpus, float(r.time.step), float(r.train_seconds),
-                    float(r.tokens_per_s), trainable_params(model, job), ops)
+    operations_at(r, model, job, ops)
     return r
 
 

@@ -244,6 +244,15 @@ def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: Hardw
     return -worst, f"{' + '.join(FEATURES[f][0] for f in like)}: {runs}"
 
 
+def operations_at(row: Evaluation, model: ModelSpec, job: Job, ops: Operations, layout: Layout | None = None,
+                  trainable: int | None = None) -> tuple[CheckpointPlan, ReliabilityPlan, DataFeedPlan]:
+    """The checkpoint, reliability and data-feed plans of one layout's evaluation (``row_of``):
+    ``estimate_at``'s, and its one refusal (PlannerError: an MTBF too short for the GPU count)."""
+    return plan_operations(model, job, row.candidates.layout() if layout is None else layout, row.gpus,
+                           float(row.time.step), float(row.train_seconds), float(row.tokens_per_s),
+                           trainable_params(model, job) if trainable is None else trainable, ops)
+
+
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
                 ops: Operations = Operations()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate."""
@@ -276,8 +285,7 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                                 other_bytes=float(sm.other), total_bytes=float(sm.total))
     bubble, comm = float(ev.bubble_fraction), float(ev.comm_fraction)
     trainable = trainable_params(model, job)
-    checkpoint, reliability, feed = plan_operations(model, job, layout, ev.gpus, time.step_s, seconds,
-                                                    float(ev.tokens_per_s), trainable, ops)
+    checkpoint, reliability, feed = operations_at(ev, model, job, ops, layout, trainable)
     warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=memory.total_bytes,
                             capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
                             grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
