@@ -216,9 +216,12 @@ def evidence_for(stack: str, gpu: str, own_file: bool = False, like: tuple[str, 
 
 
 def plan_features(model, layout) -> tuple[str, ...]:
-    """The FEATURES a plan has, in their order."""
-    have = {"moe": model.moe, "cp": layout.cp > 1, "pp": layout.pp > 1}
-    return tuple(f for f in FEATURES if have[f])
+    """The FEATURES a plan has, in their order (one tuple object for each combination)."""
+    return _FEATURE_SETS[bool(model.moe), layout.cp > 1, layout.pp > 1]
+
+
+_FEATURE_SETS = {(moe, cp, pp): tuple(f for f in FEATURES if {"moe": moe, "cp": cp, "pp": pp}[f])
+                 for moe in (False, True) for cp in (False, True) for pp in (False, True)}
 
 
 def summarise(stack: str, gpu: str, runs, own_file: bool = False, like: tuple[str, ...] = ()) -> Evidence:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlannerError, closest_names
+from planner.memo import by_identity
 
 ELEMENTWISE = ("fused", "eager")
 ATTENTION_KERNELS = ("flash2", "fused", "standard")  # fused: FlashAttention-3 / cuDNN / TE on Hopper
@@ -442,24 +443,11 @@ SHARED_FACTORS = ("dp_overlap", "zero3_overlap", "tp_overlap", "layer_overhead_s
                   "tp_collective_overhead_s", "optimizer_tensor_overhead_s")
 
 
-# effective()'s answers by the identity of its (immutable) arguments, kept with them so that an id
-# is not reused while its entry lives: a search or estimate asks for the same pair each time
-# (15 us a call, a tenth of a pinned estimate's evaluation).
-_EFFECTIVE: dict[tuple[int, int, bool], tuple[object, Stack, object]] = {}
-
-
+@by_identity  # a search or estimate asks for the same pair each time (15 us a call)
 def effective(hw, stack: Stack, async_tp: bool = False):
     """The hardware profile with the stack's software factors in its efficiency (those its own
     file does not set)."""
-    key = (id(hw), id(stack), async_tp)
-    hit = _EFFECTIVE.get(key)
-    if hit is not None and hit[0] is hw and hit[1] is stack:
-        return hit[2]
-    if len(_EFFECTIVE) >= 64:
-        _EFFECTIVE.clear()
-    out = _effective(hw, stack, async_tp)
-    _EFFECTIVE[key] = (hw, stack, out)
-    return out
+    return _effective(hw, stack, async_tp)
 
 
 def _effective(hw, stack: Stack, async_tp: bool):
@@ -489,6 +477,7 @@ class Software:
         return self.elementwise == "eager"
 
 
+@by_identity  # an estimate reads the job's Software in its memory, step time, checkpoint and JSON
 def software(job) -> Software:
     """The job's stack with its options (--kernels, --attention, --compile, --precision) applied."""
     stack = job_stack(job)

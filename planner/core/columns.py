@@ -20,6 +20,7 @@ an integer's complement (-2): formulas that may see one layout write ``not_(x)``
 
 from __future__ import annotations
 
+import math
 from math import isnan
 
 import numpy as np
@@ -82,6 +83,23 @@ def ones_like(x):
     """``np.ones_like(x)``; for a scalar, one of its type."""
     t = type(x)
     return t(1) if t is int or t is float else np.ones_like(x)
+
+
+def floor(x):
+    """``np.floor(x)``; a Python float's floor as a Python float (numpy's would make every operation
+    after it a numpy scalar's)."""
+    if type(x) is float and math.isfinite(x):
+        return float(math.floor(x))
+    return np.floor(x)
+
+
+def ceil_log2(x):
+    """``np.ceil(np.log2(x))``; of a Python number, by ``math`` (the same number: log2 of a
+    count is exact at a power of two and far from any integer elsewhere)."""
+    t = type(x)
+    if (t is float or t is int) and x > 0 and math.isfinite(x):
+        return float(math.ceil(math.log2(x)))
+    return np.ceil(np.log2(x))
 
 
 def any_(x) -> bool:

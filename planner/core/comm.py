@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.columns import as_array, as_float, maximum, minimum, ones_like, where
+from planner.core.columns import as_array, as_float, ceil_log2, floor, maximum, minimum, ones_like, where
 from planner.hardware import HardwareProfile
 
 
@@ -76,7 +76,7 @@ def group_coefficients(links: Links, size: np.ndarray, stride: np.ndarray) -> tu
     group of one, as ``_ring``'s zero does."""
     size = as_float(size)
     k = in_node(links, size, stride)
-    nodes = maximum(np.floor(size / k), 1)
+    nodes = maximum(floor(size / k), 1)
     per_byte = (k - 1) / k / links.intra_bw + (nodes - 1) / nodes / k / links.inter_bw
     return per_byte, (k - 1) * links.intra_lat + (nodes - 1) * links.inter_lat
 
@@ -89,7 +89,7 @@ def small_all_reduce(links: Links, size: np.ndarray, stride: np.ndarray) -> np.n
     size = as_float(size)
     k = in_node(links, size, stride)
     nodes = maximum(size / k, 1)
-    return 2 * (np.ceil(np.log2(k)) * links.intra_lat + np.ceil(np.log2(nodes)) * links.inter_lat)
+    return 2 * (ceil_log2(k) * links.intra_lat + ceil_log2(nodes) * links.inter_lat)
 
 
 def tp_collective(links: Links, bytes_: np.ndarray, tp: np.ndarray, passes: float = 2.0) -> np.ndarray:

@@ -19,6 +19,7 @@ from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
 from planner.errors import require
 from planner.hardware import PRECISIONS
+from planner.memo import kept_hash
 from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
 
@@ -336,6 +337,9 @@ class Job:
                                      label="Evaluation tokens each time (billions; 0: none)", low=0.0, high=1e6,
                                      step=0.01, count=True, group="operations")
 
+    def __hash__(self) -> int:  # the dataclass's, kept: a job keys several caches in each estimate
+        return kept_hash(self)
+
     def __post_init__(self) -> None:
         require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
         require(self.attention in ATTENTION, "attention", self.attention, f"one of {', '.join(ATTENTION)}")
@@ -539,10 +543,15 @@ class Candidates(_Kept):
 assert GPU_FACTORS == ("dp", "tp", "pp", "cp"), GPU_FACTORS  # Candidates.gpus multiplies these
 
 
+_KEPT_PROPERTIES = ("m", "gpus", "shard_group")
+
+
 class _OneRow(Candidates):
     """One layout whose columns are Python scalars (``Candidates.one_row``)."""
 
-    __slots__ = ()
+    # Its Layout once read (or given: ``one_row_of``), and the properties the formulas read most,
+    # computed once (Candidates' own properties, on the scalars).
+    __slots__ = ("_layout", *_KEPT_PROPERTIES)
 
     def __len__(self) -> int:
         return 1
@@ -554,7 +563,10 @@ class _OneRow(Candidates):
         return self
 
     def layout(self, i: int = 0) -> Layout:
-        return _checked_layout({d.name: d.decode(getattr(self, d.name)) for d in LAYOUT_DIMS})
+        if self._layout is None:
+            object.__setattr__(self, "_layout", _checked_layout({d.name: d.decode(getattr(self, d.name))
+                                                                 for d in LAYOUT_DIMS}))
+        return self._layout
 
     def table(self) -> Candidates:
         """This layout as a table of one row (each column an array of one value, ``Dim.encode``'s dtype)."""
@@ -570,13 +582,19 @@ def _checked_layout(values: dict[str, object]) -> Layout:
     return layout
 
 
-def one_row_of(columns: dict[str, int | bool]) -> Candidates:
+def one_row_of(columns: dict[str, int | bool], layout: Layout | None = None) -> Candidates:
     """One layout from its columns' values (a Python int or bool each, as ``Dim.code`` gives them),
-    as ``Candidates.one_row`` gives it."""
+    as ``Candidates.one_row`` gives it; ``layout``: the same layout as a Layout, when the caller has it."""
     row = object.__new__(_OneRow)
     for name in DIMS:
         object.__setattr__(row, name, columns[name])
+    for name in _KEPT_PROPERTIES:
+        object.__setattr__(row, name, _CANDIDATE_PROPERTY[name](row))
+    object.__setattr__(row, "_layout", layout)
     return row
+
+
+_CANDIDATE_PROPERTY = {name: getattr(Candidates, name).fget for name in _KEPT_PROPERTIES}
 
 
 def is_one_row(c: Candidates) -> bool:

@@ -29,6 +29,7 @@ import functools
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
+from planner.memo import kept_hash
 from planner.schema import FLAGS, MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
@@ -71,6 +72,9 @@ class ModelSpec:
     qk_rope_dim: int = 0  # MLA: RoPE part of each q/k head (the key's is one, shared by all heads)
     qk_nope_dim: int = 0  # MLA: non-RoPE part of each q/k head
     v_head_dim: int = 0  # MLA: per-head V width
+
+    def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
+        return kept_hash(self)
 
     def __post_init__(self) -> None:
         require(self.arch in ARCHS, "arch", self.arch, f"one of {', '.join(ARCHS)}")

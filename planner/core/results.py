@@ -15,6 +15,7 @@ from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, Re
 from planner.core.step_parts import STEPTIME_FIELDS
 from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, calibration_json, for_stack, memory_band, plan_features
 from planner.hardware import HardwareProfile
+from planner.memo import by_identity
 from planner.stacks import software
 
 
@@ -152,22 +153,26 @@ class Estimate:
 
     def fit_band_json(self) -> dict:
         m = self.memory
-        return {**self.band().to_json(), "fits_below_bytes": m.fits_below_bytes,
+        return {**_band_json(software(self.job).stack), "fits_below_bytes": m.fits_below_bytes,
                 "tight_below_bytes": m.tight_below_bytes, "safe_line_bytes": m.safe_line_bytes,
                 "least_certain": [name for name, _ in least_certain(m)]}
 
     def stack_json(self) -> dict:
         """The software stack the figures assume, what it ran with, and where its factors come from."""
-        hw = self.hardware
-        return _copied(_stack_json(self.job, hw.name, tuple(sorted(hw.efficiency_keys)), hw.calibration,
-                                   plan_features(self.model, self.layout)))
+        return _copied(_stack_json(self.job, self.hardware, plan_features(self.model, self.layout)))
 
     def evidence(self) -> Evidence:
         """The measured runs that check this estimate's stack (planner.evidence)."""
         return for_stack(software(self.job).stack, self.hardware.name, plan_features(self.model, self.layout))
 
 
-@functools.lru_cache(maxsize=64)
+@by_identity
+def _band_json(stack) -> dict:
+    """The JSON of the stack's memory band (``Estimate.band``), for ``fit_band_json`` to copy."""
+    return memory_band(stack).to_json()
+
+
+@by_identity
 def _model_json(m: ModelSpec) -> dict:
     """``Estimate.to_json``'s model: its shape (each call gets a copy)."""
     return {"name": m.name, "arch": m.arch, "params": m.params, "active_params": m.active_params,
@@ -180,9 +185,8 @@ def _model_json(m: ModelSpec) -> dict:
                 "groups_per_token": m.groups_per_token} if m.moe else {})}
 
 
-@functools.lru_cache(maxsize=64)
-def _stack_json(job: Job, gpu: str, calibrated: tuple[str, ...], calibration: tuple | None,
-                like: tuple[str, ...]) -> dict:
+@by_identity  # ``plan_features`` gives one tuple object per combination
+def _stack_json(job: Job, hw: HardwareProfile, like: tuple[str, ...]) -> dict:
     """``Estimate.stack_json`` of a job on a profile (what it reads of it: its name, the factors it
     calibrates and its calibration's figures), for plans with the features ``like``: built once for
     an estimate in a loop (each call gets a copy: ``_copied``)."""
@@ -191,9 +195,9 @@ def _stack_json(job: Job, gpu: str, calibrated: tuple[str, ...], calibration: tu
             "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": job.compile,
             "async_tp": job.async_tp, "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
             "overrides": dict(sw.stack.overrides),
-            "calibrated_factors_from_profile": list(calibrated),
-            "checked_against": {**for_stack(sw.stack, gpu, like).to_json(),
-                                "profile_calibration": calibration_json(calibration)}}
+            "calibrated_factors_from_profile": sorted(hw.efficiency_keys),
+            "checked_against": {**for_stack(sw.stack, hw.name, like).to_json(),
+                                "profile_calibration": calibration_json(hw.calibration)}}
 
 
 def _copied(value):
@@ -261,18 +265,22 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     # its columns scalars, listing a table stays linear and one estimate costs scalars' time.
     ev = row_of(ev, i)
     c, mem, t = ev.candidates, ev.memory, ev.time
+    cap = ev.capacity_bytes
+    fits = bool(ev.fits)
+    tight = fits and bool(mem.total > cap * ev.fits_share)  # ``Evaluation.tight``
+    total = float(mem.total)
     memory = MemoryParts(weights_bytes=float(mem.weights), gradients_bytes=float(mem.gradients),
                          optimizer_bytes=float(mem.optimizer), activations_bytes=float(mem.activations),
-                         other_bytes=float(mem.other), total_bytes=float(mem.total), capacity_bytes=ev.capacity_bytes,
-                         fits=bool(ev.fits), peak_stage=int(mem.stage), host_bytes=float(mem.host),
-                         torch_reserved_bytes=float(mem.total) - float(outside_allocator(hw, c)),
+                         other_bytes=float(mem.other), total_bytes=total, capacity_bytes=cap,
+                         fits=fits, peak_stage=int(mem.stage), host_bytes=float(mem.host),
+                         torch_reserved_bytes=total - float(outside_allocator(hw, c)),
                          torch_allocated_bytes=float(allocated_bytes(mem)),
-                         fit=FIT_VERDICTS[2] if not ev.fits else FIT_VERDICTS[1] if ev.tight else FIT_VERDICTS[0],
-                         fits_below_bytes=ev.capacity_bytes * ev.fits_share,
-                         tight_below_bytes=ev.capacity_bytes * ev.tight_share,
-                         safe_line_bytes=ev.capacity_bytes * ev.room_share)
-    time = TimeParts(step_s=float(t.step), **{f"{name}_s": float(getattr(t, name)) for name in STEPTIME_FIELDS})
-    seconds = float(ev.train_seconds)
+                         fit=FIT_VERDICTS[2] if not fits else FIT_VERDICTS[1] if tight else FIT_VERDICTS[0],
+                         fits_below_bytes=cap * ev.fits_share, tight_below_bytes=cap * ev.tight_share,
+                         safe_line_bytes=cap * ev.room_share)
+    step = float(t.step)
+    time = TimeParts(step_s=step, **{key: float(getattr(t, name)) for name, key in _TIME_KEYS})
+    seconds, tokens_per_s = float(ev.train_seconds), float(ev.tokens_per_s)
     train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(ev.gpu_hours),
                         energy_kwh=float(ev.energy_kwh), cost_usd=float(ev.cost_usd),
                         price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue,
@@ -285,16 +293,20 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                                 other_bytes=float(sm.other), total_bytes=float(sm.total))
     bubble, comm = float(ev.bubble_fraction), float(ev.comm_fraction)
     trainable = trainable_params(model, job)
-    checkpoint, reliability, feed = operations_at(ev, model, job, ops, layout, trainable)
-    warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=memory.total_bytes,
-                            capacity_bytes=memory.capacity_bytes, pp=layout.pp, vpp=layout.vpp,
-                            grad_accum=layout.grad_accum, tp=layout.tp, gpus_per_node=hw.network.gpus_per_node,
-                            feed=feed, reliability=reliability,
-                            ep_fraction=time.ep_comm_s / time.step_s if time.step_s > 0 else 0.0, ep=layout.ep,
+    # ``operations_at``, on the figures read above
+    checkpoint, reliability, feed = plan_operations(model, job, layout, ev.gpus, step, seconds, tokens_per_s,
+                                                    trainable, ops)
+    warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=total, capacity_bytes=cap,
+                            pp=layout.pp, vpp=layout.vpp, grad_accum=layout.grad_accum, tp=layout.tp,
+                            gpus_per_node=hw.network.gpus_per_node, feed=feed, reliability=reliability,
+                            ep_fraction=time.ep_comm_s / step if step > 0 else 0.0, ep=layout.ep,
                             gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw),
                             tight_bytes=memory.tight_below_bytes)
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
-                    bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=float(ev.tokens_per_s),
+                    bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=tokens_per_s,
                     model_tflops_per_gpu=float(ev.model_flops_per_gpu) / 1e12, mfu=float(ev.mfu), hfu=float(ev.hfu),
                     train=train, warnings=tuple(warnings), stage_memory=tuple(stages[k] for k in sorted(stages)),
                     trainable_params=trainable, checkpoint=checkpoint, reliability=reliability, data_feed=feed)
+
+
+_TIME_KEYS = tuple((name, f"{name}_s") for name in STEPTIME_FIELDS)  # StepTime's parts, TimeParts' fields

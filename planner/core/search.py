@@ -43,6 +43,7 @@ from planner.core.layout import (
 from planner.core.memory import Memory
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
+from planner.memo import by_identity
 from planner.hardware import HardwareProfile
 from planner.schema import MAX_GPUS
 from planner.stacks import Stack, get_stack, job_stack
@@ -51,8 +52,11 @@ OBJECTIVES = ("time", "cost", "memory")
 TIER_STEP = 1e6  # rank_order's key: one memory tier apart outranks any gap in the objective
 
 
+_PIN_NAMES = tuple(d.name for d in PIN_DIMS)
+
+
 def _pinned(self) -> dict[str, object]:
-    return {d.name: getattr(self, d.name) for d in PIN_DIMS if getattr(self, d.name) is not None}
+    return {name: value for name in _PIN_NAMES if (value := getattr(self, name)) is not None}
 
 
 def _check_own(self) -> None:
@@ -251,11 +255,11 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
     divide pp*vpp (Llama 3 405B: 126 layers). ``extra_vpp``: a pinned degree tried as well, unpinned
     (the widened table of ``enumerate_layouts``)."""
     out = []
-    for tp in _divisors(gpus):
-        if model.heads % tp or model.kv_heads % tp or (pins.tp is not None and tp != pins.tp):
+    for tp in _dividing(gpus, pins.tp):
+        if model.heads % tp or model.kv_heads % tp:
             continue
-        for pp in _divisors(gpus // tp):
-            if pp > model.layers or (pins.pp is not None and pp != pins.pp):
+        for pp in _dividing(gpus // tp, pins.pp):
+            if pp > model.layers:
                 continue
             vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
                           if pp > 1 else [])
@@ -268,6 +272,13 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
                     continue
                 out += [(dp, tp, pp, vpp, cp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
     return out
+
+
+def _dividing(n: int, pinned: int | None) -> tuple[int, ...]:
+    """The divisors of ``n``; with a pinned one, it alone (if it divides ``n``)."""
+    if pinned is None:
+        return _divisors(n)
+    return (pinned,) if n % pinned == 0 else ()
 
 
 def _values(d, job: Job, model: ModelSpec, pinned: object, widen: bool) -> list:
@@ -303,7 +314,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                                     f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
                                     f"({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
-    free = [d for d in LAYOUT_DIMS if d.searched is not None]
+    free = _FREE_DIMS
     values = {d.name: _values(d, job, model, getattr(pins, d.name), widen) for d in free}
     if len(mesh) == 1 and all(len(v) == 1 for v in values.values()):  # one layout (every field pinned)
         one, why = _one_layout(model, gpus, job, pins, mesh[0], values, gpus_per_node)
@@ -330,6 +341,10 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     return c, ""
 
 
+_FREE_DIMS = tuple(d for d in LAYOUT_DIMS if d.searched is not None)  # the dimensions beside the mesh's
+
+
+@by_identity  # the same rules for every layout of a model, job and node size
 def _rules(model: ModelSpec, job: Job, gpus_per_node: int | None) -> tuple:
     """The enumeration's rules across dimensions: (the dimensions each rule reads besides the
     mesh's, the rule), the batch rule first."""

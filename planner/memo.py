@@ -1,0 +1,55 @@
+"""Answers kept by the identity of their arguments, for functions of immutable objects (a job, a
+model, a hardware profile, a stack) that an estimate asks again and again with the same objects.
+
+``functools.lru_cache`` hashes its arguments on every call: a frozen dataclass of thirty fields
+hashes them all (1-3 us), which is what some of these functions cost. Here the key is the
+arguments' ``id``s; each entry keeps its arguments alive, so an id is not reused while its entry
+lives, and a hit is checked to be the same objects. Small ints, bools and None (the other
+arguments these take) are the same objects whenever they are equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from collections.abc import Callable
+
+SIZE = 64  # entries kept per function: when full, it starts again empty
+
+
+def by_identity(f: Callable) -> Callable:
+    """``f`` with its answers kept by its positional arguments' identity (``cache_clear`` empties it)."""
+    kept: dict[tuple[int, ...], tuple[tuple, object]] = {}
+
+    @functools.wraps(f)
+    def cached(*args):
+        key = tuple(map(id, args))
+        hit = kept.get(key)
+        if hit is not None and all(map(operator.is_, hit[0], args)):
+            return hit[1]
+        if len(kept) >= SIZE:
+            kept.clear()
+        out = f(*args)
+        kept[key] = (args, out)
+        return out
+
+    cached.cache_clear = kept.clear
+    return cached
+
+
+_HASHES: dict[int, tuple[object, int]] = {}
+
+
+def kept_hash(obj) -> int:
+    """A frozen dataclass's hash (of its compared fields, as the dataclass's own), computed once per
+    object: a model or job is a key of several caches in every estimate, and hashing its thirty
+    fields costs more than most of what those caches keep."""
+    hit = _HASHES.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    if len(_HASHES) >= 4 * SIZE:
+        _HASHES.clear()
+    value = hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare))
+    _HASHES[id(obj)] = (obj, value)
+    return value
