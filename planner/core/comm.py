@@ -14,8 +14,10 @@ import numpy as np
 
 from planner.core.columns import as_array, as_float, ceil_log2, floor, maximum, minimum, ones_like, where
 from planner.hardware import HardwareProfile
+from planner.memo import fast_init
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Links:
     """Achieved bandwidth (bytes/s per GPU per direction) and latency (s) of the two tiers."""

@@ -21,9 +21,11 @@ from planner.core.model import ModelSpec
 from planner.core.steptime import StepTime, reference_peak, step_time
 from planner.evidence import memory_band
 from planner.hardware import HardwareProfile
+from planner.memo import fast_init
 from planner.stacks import effective, software
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """Columns aligned with the candidates. Seconds, bytes, FLOP/s, joules: SI units."""

@@ -27,11 +27,13 @@ import numpy as np
 
 from planner.core.columns import minimum, where
 from planner.core.model import ModelSpec
+from planner.memo import fast_init
 
 if TYPE_CHECKING:
     from planner.core.layout import Job
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Gemm:
     """A forward GEMM per micro-batch on one GPU: (m x k) @ (k x n), ``count`` of them."""

@@ -20,6 +20,7 @@ from planner.core.layout import DUALPIPEV, LAYER_DIMS, Candidates, Job, per_dist
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
+from planner.memo import fast_init
 from planner.stacks import Software, software
 
 # fp8 keeps bf16 weights; Transformer Engine's delayed scaling also caches an fp8 copy (+1 byte),
@@ -71,6 +72,7 @@ def fp8_weight_bytes(sw: Software) -> float:
     return 1.0 if sw.fp8 and sw.stack.fp8_recipe == "delayed" else 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Memory:
     """Bytes per GPU at the peak stage, by part; ``stage`` is the peak stage's index."""

@@ -18,8 +18,10 @@ from planner.core.results import Estimate, estimate_at
 from planner.core.search import Pins, SearchResult, enumerate_layouts, matches, search, searched_by_default, select
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
+from planner.memo import fast_init
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     best: Estimate

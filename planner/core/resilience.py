@@ -14,6 +14,7 @@ from planner.core.layout import Job, Layout
 from planner.core.memory import OPTIMIZER_BYTES, WEIGHT_BYTES, state_bytes
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
+from planner.memo import fast_init
 from planner.stacks import software
 
 # Llama 3 (Llama Team 2024, Sec. 3.3.4): 419 unexpected interruptions in a 54-day snapshot on
@@ -56,6 +57,7 @@ class Operations:
         require(self.prefetch_factor >= 1, "prefetch_factor", self.prefetch_factor, "at least 1")
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointPlan:
     bytes_total: float  # one checkpoint, all ranks
@@ -67,6 +69,7 @@ class CheckpointPlan:
     interval_s: float | None
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReliabilityPlan:
     mtbf_job_hours: float
@@ -78,6 +81,7 @@ class ReliabilityPlan:
     goodput: float  # ideal / expected, in (0, 1]
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataFeedPlan:
     token_bytes: int

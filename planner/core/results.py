@@ -15,10 +15,11 @@ from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, Re
 from planner.core.step_parts import STEPTIME_FIELDS
 from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, calibration_json, for_stack, memory_band, plan_features
 from planner.hardware import HardwareProfile
-from planner.memo import by_identity
+from planner.memo import by_identity, fast_init
 from planner.stacks import software
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryParts:
     weights_bytes: float
@@ -44,6 +45,7 @@ class MemoryParts:
     safe_line_bytes: float = 0.0
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageMemory:
     """Memory of one pipeline stage (the first, the fullest and the last are reported)."""
@@ -57,6 +59,7 @@ class StageMemory:
     total_bytes: float
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimeParts:
     step_s: float
@@ -71,6 +74,7 @@ class TimeParts:
     other_s: float
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainTotals:
     tokens: float
@@ -86,6 +90,7 @@ class TrainTotals:
     eval_seconds: float = 0.0
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
     model: ModelSpec
@@ -237,10 +242,14 @@ def _measured_memory_under(model: ModelSpec, layout: Layout, job: Job, hw: Hardw
     parallel or MoE: planner.evidence) were predicted at worst, a fraction of what they used (the
     share of the GPU a plan must leave free to cover them), and what they were; (0, "") when none
     was predicted low, or the plan has none of those features."""
-    like = plan_features(model, layout)
+    return _measured_under(software(job).stack, hw, plan_features(model, layout))
+
+
+@by_identity
+def _measured_under(stack, hw: HardwareProfile, like: tuple[str, ...]) -> tuple[float, str]:
     if not like:
         return 0.0, ""
-    e = for_stack(software(job).stack, hw.name, like)
+    e = for_stack(stack, hw.name, like)
     worst = e.like_worst_memory_error
     if worst is None or worst >= 0:
         return 0.0, ""

@@ -38,6 +38,7 @@ from planner.core.layout import (
     Candidates,
     Job,
     default_global_batch,
+    _checked_layout,
     one_row_of,
 )
 from planner.core.memory import Memory
@@ -387,9 +388,13 @@ def _one_layout(model: ModelSpec, gpus: int, job: Job, pins: Pins, mesh: tuple, 
     else:  # _batch_table's, on a table of this one layout
         gb_col, ok = _batch_table(model, gpus, job, np.array([dp], dtype=np.int64), np.array([mb], dtype=np.int64))
         gb, batch_ok = gb_col.item(0), bool(ok.item(0))
-    columns = dict(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, global_batch=gb,
-                   **{name: DIMS[name].code(v[0]) for name, v in values.items()})
-    one = one_row_of(columns)
+    columns = dict(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, global_batch=gb)
+    fields = dict(columns)  # the Layout: each value as a column holds it and as Layout.decode gives it back
+    for name, v in values.items():
+        d = DIMS[name]
+        columns[name] = code = d.code(v[0])
+        fields[name] = d.decode(code)
+    one = one_row_of(columns, _checked_layout(fields))
     _, *rules = _rules(model, job, gpus_per_node)
     if batch_ok and all(bool(rule(one)) for _, rule in rules):
         return one, ""

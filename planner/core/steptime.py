@@ -26,12 +26,14 @@ from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
 from planner.hardware import HardwareProfile
+from planner.memo import fast_init
 from planner.stacks import Software, software
 
 FLASH_BACKWARD_RATIO = 2.5  # flash attention backward / forward time (Dao 2023, FlashAttention-2, Sec. 3)
 LOGIT_TRAFFIC_BYTES = 12  # per logit, forward + backward cross-entropy (16-bit in, fp32 exp, 16-bit grad)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepTime:
     """Seconds per optimizer step on the critical path, by part (they add up to ``step``)."""
@@ -166,6 +168,7 @@ def fp8_cast_elements(model: ModelSpec, ffn: np.ndarray | float | None = None) -
     return (3 * h + f) + (h + 2 * hkv + h + mlp_in + h)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _LayerTimes:
     forward: np.ndarray
@@ -335,6 +338,7 @@ def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
                        fwd_mb, bwd_mb, layers_pace, rc_mb)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Collectives:
     """The data-parallel collectives of a step before any overlap (``_data_parallel``), and which
