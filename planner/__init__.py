@@ -12,6 +12,7 @@ from planner.errors import PlannerError
 
 __version__ = "0.1.0"
 __all__ = ["PlannerError", "estimate", "search"]
+_API: dict = {}  # the API's functions, once imported
 
 
 def estimate(**flags: object) -> dict:
@@ -19,8 +20,11 @@ def estimate(**flags: object) -> dict:
     pinned, its memory, step time, days and cost. Keywords: the flags of `planner estimate` with
     dashes made underscores (``params="33B", gpus=128, tp=2, micro_batch=1, zero=3``); raises
     ``PlannerError`` (field, value, what is allowed) on a bad one."""
-    from planner.cli.api import estimate as run
+    run = _API.get("estimate")
+    if run is None:  # the model is imported on the first call, not with the package
+        from planner.cli.api import estimate as run
 
+        _API["estimate"] = run
     return run(**flags)
 
 

@@ -20,7 +20,21 @@ SIZE = 64  # entries kept per function: when full, it starts again empty
 
 def by_identity(f: Callable) -> Callable:
     """``f`` with its answers kept by its positional arguments' identity (``cache_clear`` empties it)."""
-    kept: dict[tuple[int, ...], tuple[tuple, object]] = {}
+    kept: dict = {}
+    if f.__code__.co_argcount == 1 and not f.__defaults__:  # one argument: its id alone is the key
+        @functools.wraps(f)
+        def cached_one(arg):
+            hit = kept.get(id(arg))
+            if hit is not None and hit[0] is arg:
+                return hit[1]
+            if len(kept) >= SIZE:
+                kept.clear()
+            out = f(arg)
+            kept[id(arg)] = (arg, out)
+            return out
+
+        cached_one.cache_clear = kept.clear
+        return cached_one
 
     @functools.wraps(f)
     def cached(*args):
@@ -58,24 +72,34 @@ def kept_hash(obj) -> int:
 def fast_init(cls: type) -> type:
     """A frozen, slotted dataclass whose ``__init__`` sets each field through its slot's descriptor
     rather than ``object.__setattr__`` (which looks the name up on the type for every field): the
-    same signature, defaults and ``__post_init__``, the same object, in three quarters of the time.
-    Objects an estimate makes by the dozen (its memory, times, evaluation and JSON parts) use it.
-    A class with a ``default_factory`` or an ``init=False`` field keeps the dataclass's own."""
-    fields = dataclasses.fields(cls)
+    same signature, defaults, default factories and ``__post_init__``, the same object, in three
+    quarters of the time. Objects an estimate makes by the dozen (its memory, times, evaluation and
+    JSON parts) use it."""
     params = getattr(cls, "__dataclass_params__", None)
-    if (params is None or not params.frozen or "__slots__" not in cls.__dict__
-            or any(f.default_factory is not dataclasses.MISSING or not f.init for f in fields)):
-        raise TypeError(f"fast_init: {cls.__name__} is not a frozen, slotted dataclass of plain fields")
-    names: dict[str, object] = {}
-    args, kwonly = [], []
-    for f in fields:
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"fast_init: {cls.__name__} is not a frozen, slotted dataclass")
+    names: dict[str, object] = {"_FACTORY": _FACTORY}
+    args, kwonly, body = [], [], []
+    for f in dataclasses.fields(cls):
         names[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
-        arg = f.name if f.default is dataclasses.MISSING else f"{f.name}=_default_{f.name}"
-        if f.default is not dataclasses.MISSING:
+        if f.default_factory is not dataclasses.MISSING:
+            names[f"_make_{f.name}"] = f.default_factory
+            value = f"_make_{f.name}()"
+            if f.init:  # the factory's value when not given (the dataclass's own sentinel rule)
+                value = f"_make_{f.name}() if {f.name} is _FACTORY else {f.name}"
+                (kwonly if f.kw_only else args).append(f"{f.name}=_FACTORY")
+        elif f.default is not dataclasses.MISSING:
             names[f"_default_{f.name}"] = f.default
-        (kwonly if f.kw_only else args).append(arg)
+            value = f.name if f.init else f"_default_{f.name}"
+            if f.init:
+                (kwonly if f.kw_only else args).append(f"{f.name}=_default_{f.name}")
+        elif f.init:
+            value = f.name
+            (kwonly if f.kw_only else args).append(f.name)
+        else:  # no init, no default: left unset, as the dataclass leaves it
+            continue
+        body.append(f"    _set_{f.name}(self, {value})")
     signature = ", ".join(["self", *args, *(["*", *kwonly] if kwonly else [])])
-    body = [f"    _set_{f.name}(self, {f.name})" for f in fields]
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
     exec(f"def __init__({signature}):\n" + "\n".join(body or ["    pass"]), names)
@@ -84,3 +108,6 @@ def fast_init(cls: type) -> type:
     init.__doc__ = cls.__init__.__doc__
     cls.__init__ = init
     return cls
+
+
+_FACTORY = object()  # "not given" for a field with a default factory

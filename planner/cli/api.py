@@ -16,6 +16,7 @@ recent call reuses that call's checked inputs (model, hardware, job, operations)
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Mapping
 
 from planner.errors import PlannerError, closest_names
@@ -193,10 +194,15 @@ def _prepare(command: str, flags: Mapping[str, object]):
 
 def estimate(**flags: object) -> dict:
     """`planner estimate --format json` as a dict. Keywords: the flags of `planner estimate`."""
+    x, p = _estimate_plan()(*_prepared("estimate", flags))
+    return p.to_json(x.model_note)
+
+
+@functools.cache
+def _estimate_plan():
     from planner.cli.main import estimate_plan
 
-    x, p = estimate_plan(*_prepared("estimate", flags))
-    return p.to_json(x.model_note)
+    return estimate_plan
 
 
 def search(**flags: object) -> dict:

@@ -6,6 +6,7 @@ Exit codes: 0 ok, 2 bad input (one line on stderr), 3 the layout asked for does 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -152,20 +153,28 @@ def estimate_plan(a: argparse.Namespace, x=None):
     """`planner estimate`'s work on its parsed flags: (the inputs, the plan). The CLI and the Python
     API (``planner.estimate``) both call it, so their JSON is one. ``x``: the inputs, when the
     caller has built them from these flags (the API, which keeps them between calls)."""
-    from planner.cli.inputs import inputs_from_args
-    from planner.core.plan import plan
-
     if a.plot:
         from planner.cli.decide import _check_plot_path
 
         _check_plot_path(a.plot)  # before the work: a bad path fails in one line, nothing computed
-    x = inputs_from_args(a) if x is None else x
-    p = plan(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
+    if x is None:
+        from planner.cli.inputs import inputs_from_args
+
+        x = inputs_from_args(a)
+    p = _plan()(x.model, x.hardware, x.job, x.gpus, x.pins, a.sort, top=a.top, ops=x.ops)
     if a.plot:
         from planner.cli.plots import write_estimate_plot
 
         write_estimate_plot(x, p, a.plot)
     return x, p
+
+
+@functools.cache
+def _plan():
+    """``planner.core.plan.plan``, imported once (the model loads on the first command that needs it)."""
+    from planner.core.plan import plan
+
+    return plan
 
 
 def cmd_estimate(a: argparse.Namespace) -> int:

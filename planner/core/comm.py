@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.core.columns import as_array, as_float, ceil_log2, floor, maximum, minimum, ones_like, where
 from planner.hardware import HardwareProfile
-from planner.memo import fast_init
+from planner.memo import by_identity, fast_init
 
 
 @fast_init
@@ -31,14 +31,19 @@ class Links:
     p2p_lat: float
     tp_intra_bw: float = 0.0  # tensor-parallel collectives inside a node (0: intra_bw)
 
-    @classmethod
-    def of(cls, hw: HardwareProfile) -> "Links":
-        n, e = hw.network, hw.efficiency
-        intra = n.intra_bytes_per_s * e.intra_node_bw
-        tp = intra if e.tp_intra_node_bw is None else n.intra_bytes_per_s * e.tp_intra_node_bw
-        return cls(intra, n.inter_bytes_per_s * e.inter_node_bw, n.intra_latency_s, n.inter_latency_s,
-                   n.gpus_per_node, intra if n.p2p_bytes_per_s is None else n.p2p_bytes_per_s,
-                   n.intra_latency_s if n.p2p_latency_s is None else n.p2p_latency_s, tp)
+    @staticmethod
+    def of(hw: HardwareProfile) -> "Links":
+        return _links_of(hw)
+
+
+@by_identity  # a profile's links, once (each step time reads them)
+def _links_of(hw: HardwareProfile) -> Links:
+    n, e = hw.network, hw.efficiency
+    intra = n.intra_bytes_per_s * e.intra_node_bw
+    tp = intra if e.tp_intra_node_bw is None else n.intra_bytes_per_s * e.tp_intra_node_bw
+    return Links(intra, n.inter_bytes_per_s * e.inter_node_bw, n.intra_latency_s, n.inter_latency_s,
+                 n.gpus_per_node, intra if n.p2p_bytes_per_s is None else n.p2p_bytes_per_s,
+                 n.intra_latency_s if n.p2p_latency_s is None else n.p2p_latency_s, tp)
 
 
 def _ring(bytes_: np.ndarray, n: np.ndarray, bw: float, lat: float, passes: float) -> np.ndarray:

@@ -137,17 +137,24 @@ class Evaluation:
 
     @property
     def gpu_hours(self) -> np.ndarray:
-        return self.train_seconds * self.gpus / 3600.0
+        return self.totals(self.train_seconds)[0]
 
     @property
     def energy_kwh(self) -> np.ndarray:
         """GPU power x time x PUE (GPUs only: hosts and network are left out, as in the Llama 2
         paper's accounting, which uses the GPUs' TDP)."""
-        return self.gpus * self.power_watts * self.train_seconds * self.pue / 3.6e6
+        return self.totals(self.train_seconds)[1]
 
     @property
     def cost_usd(self) -> np.ndarray:
-        return self.gpu_hours * self.price_usd_per_gpu_hour
+        return self.totals(self.train_seconds)[2]
+
+    def totals(self, seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(GPU-hours, energy in kWh, cost in USD) of a run of ``seconds`` (``train_seconds``, read
+        once by a caller that wants all three)."""
+        gpu_hours = seconds * self.gpus / 3600.0
+        return (gpu_hours, self.gpus * self.power_watts * seconds * self.pue / 3.6e6,
+                gpu_hours * self.price_usd_per_gpu_hour)
 
 
 def take(ev: Evaluation, index: np.ndarray) -> Evaluation:

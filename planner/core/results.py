@@ -289,9 +289,11 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                          safe_line_bytes=cap * ev.room_share)
     step = float(t.step)
     time = TimeParts(step_s=step, **{key: float(getattr(t, name)) for name, key in _TIME_KEYS})
-    seconds, tokens_per_s = float(ev.train_seconds), float(ev.tokens_per_s)
-    train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(ev.gpu_hours),
-                        energy_kwh=float(ev.energy_kwh), cost_usd=float(ev.cost_usd),
+    train_seconds, tokens_per_s = ev.train_seconds, float(ev.tokens_per_s)
+    seconds = float(train_seconds)
+    gpu_hours, energy_kwh, cost_usd = ev.totals(train_seconds)
+    train = TrainTotals(tokens=ev.train_tokens, seconds=seconds, days=seconds / 86400, gpu_hours=float(gpu_hours),
+                        energy_kwh=float(energy_kwh), cost_usd=float(cost_usd),
                         price_usd_per_gpu_hour=ev.price_usd_per_gpu_hour, pue=ev.pue,
                         evaluations=int(ev.evaluations), eval_seconds=float(ev.eval_seconds))
     stages = {}

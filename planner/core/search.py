@@ -44,12 +44,15 @@ from planner.core.layout import (
 from planner.core.memory import Memory
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
-from planner.memo import by_identity
+from planner.memo import by_identity, fast_init
 from planner.hardware import HardwareProfile
 from planner.schema import MAX_GPUS
 from planner.stacks import Stack, get_stack, job_stack
 
 OBJECTIVES = ("time", "cost", "memory")
+_OBJECTIVES_ALLOWED = f"one of {', '.join(OBJECTIVES)}"
+_ONE_ORDER = np.zeros(1, dtype=np.int64)  # a search of one layout: its order (shared, read-only)
+_ONE_ORDER.flags.writeable = False
 TIER_STEP = 1e6  # rank_order's key: one memory tier apart outranks any gap in the objective
 
 
@@ -74,6 +77,7 @@ Pins = dataclasses.make_dataclass(
 Pins.__module__ = __name__
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchResult:
     """A ranked search. ``table``: every layout evaluated, in the enumeration's order; ``order``: the
@@ -396,8 +400,12 @@ def _one_layout(model: ModelSpec, gpus: int, job: Job, pins: Pins, mesh: tuple, 
         fields[name] = d.decode(code)
     one = one_row_of(columns, _checked_layout(fields))
     _, *rules = _rules(model, job, gpus_per_node)
-    if batch_ok and all(bool(rule(one)) for _, rule in rules):
-        return one, ""
+    if batch_ok:
+        for _, rule in rules:
+            if not rule(one):
+                break
+        else:
+            return one, ""
     return Candidates.empty(), _NO_SPLIT.format(job.global_batch, pins.pinned())
 
 
@@ -550,7 +558,7 @@ def one_of(column: np.ndarray, values) -> np.ndarray:
     """``np.isin`` for the few values of a layout dimension: one comparison each (isin sorts); one
     layout's value (a scalar) as a bool."""
     if type(column) is not np.ndarray:
-        return any(column == v for v in values)
+        return column in values
     out = np.zeros(np.shape(column), dtype=bool)
     for v in values:
         out |= column == v
@@ -569,15 +577,21 @@ def _not_redundant_hybrid(c: Candidates, gpus_per_node: int) -> np.ndarray:
 def runs_on_stack(c: Candidates, stack: Stack) -> np.ndarray:
     """The layouts the software stack can run: its ZeRO stages, its pipeline schedules, and
     interleaving only where it has an interleaved schedule (planner/stacks.py)."""
-    schedules = [SCHEDULES.index(s) for s in stack.schedules]
+    schedules, offloads = _stack_codes(stack)
     ok = one_of(c.zero_stage, stack.zero_stages) & (one_of(c.schedule, schedules) | (c.pp == 1))
     # Offload: the modes the stack has; the optimizer's needs ZeRO >= 1 (DeepSpeed's ZeRO-Offload,
     # Megatron's distributed optimizer), the parameters' ZeRO-3 (they are streamed in per layer).
-    ok &= one_of(c.offload, [OFFLOAD.index(m) for m in stack.offload])
+    ok &= one_of(c.offload, offloads)
     ok &= (c.offload == 0) | (c.zero_stage >= where(c.offload == 2, 3, 1))
     if not stack.model_parallel:  # data parallel only (llm-foundry: Composer's FSDP has no TP or PP)
         ok &= (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.ep == 1)
     return ok & ((c.vpp == 1) | stack.interleaved)
+
+
+@by_identity
+def _stack_codes(stack: Stack) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The stack's pipeline schedules and offload modes as a column holds them."""
+    return tuple(SCHEDULES.index(s) for s in stack.schedules), tuple(OFFLOAD.index(m) for m in stack.offload)
 
 
 def check_stack_pins(stack: Stack, pins: Pins) -> None:
@@ -714,10 +728,10 @@ def search(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pin
                                hw.network.gpus_per_node if pins.sharding is None else None, as_row=True)
     if len(c) == 0:
         raise PlannerError("layout", pins.pinned() or "search", why)
-    require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
+    require(objective in OBJECTIVES, "sort", objective, _OBJECTIVES_ALLOWED)
     if len(c) == 1:  # one layout (every field pinned): evaluated as scalars, its own order
         one = evaluate_one(model, hw, job, c, gpus)
-        return SearchResult(_table=None, one=one, order=np.zeros(1, dtype=np.int64), evaluated=1,
+        return SearchResult(_table=None, one=one, order=_ONE_ORDER, evaluated=1,
                             feasible=int(one.fits), search_seconds=time.perf_counter() - start, objective=objective)
     ev, deferred = evaluate_deferred(model, hw, job, c, gpus)
     order = rank_order(ev, objective)

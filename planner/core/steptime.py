@@ -21,7 +21,7 @@ from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
-from planner.core.layout import DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, per_distinct
+from planner.core.layout import DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
@@ -87,12 +87,13 @@ def gemm_time(g: Gemm, hw: HardwareProfile, peak: float, elem_bytes: float, fp8:
 
 
 def gemms_time(gs: list[Gemm], rows: int, hw: HardwareProfile, peak: float, elem_bytes: float,
-               fp8: bool = False) -> np.ndarray:
+               fp8: bool = False, scalars: bool = False) -> np.ndarray:
     """``sum(gemm_time(g, ...) for g in gs)`` for ``rows`` layouts, the GEMMs as the rows of one
     array: one pass instead of one per GEMM, the same numbers (each element sees the same
     operations, in float64, where integer sizes are exact; the GEMMs are added in order). One
-    layout whose columns are scalars (``Candidates.one_row``): the GEMMs one by one, as scalars."""
-    if rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count)):
+    layout whose columns are scalars (``Candidates.one_row``; ``scalars``: the caller knows it):
+    the GEMMs one by one, as scalars."""
+    if scalars or (rows == 1 and all(type(x) is not np.ndarray for g in gs for x in (g.m, g.n, g.k, g.count))):
         try:
             return _gemms_time_floats(gs, hw, peak, elem_bytes, fp8)
         except ZeroDivisionError:  # a zero divisor (a GEMM of no size, a zero roof): numpy's NaN or inf, as a row
@@ -211,8 +212,10 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     act = ACT_BYTES[job.precision]
     peak = linear_peak(hw, job.precision)
     fp8 = sw.fp8 and hw.gpu.supports("fp8")
+    one = is_one_row(c)
+
     def timed(gs: list[Gemm]) -> np.ndarray:
-        return gemms_time(gs, len(c), hw, peak, 1 if fp8 else act, fp8)
+        return gemms_time(gs, len(c), hw, peak, 1 if fp8 else act, fp8, one)
 
     gs = layer_gemms(model, c.micro_batch, c.tp, c.cp)
     attention_gemms, dense_mlp = gs[:2], gs[2:]  # QKV and projection; MLP in and out
