@@ -12,43 +12,42 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 from collections.abc import Callable
 
 SIZE = 64  # entries kept per function: when full, it starts again empty
 
 
 def by_identity(f: Callable) -> Callable:
-    """``f`` with its answers kept by its positional arguments' identity (``cache_clear`` empties it)."""
+    """``f`` with its answers kept by its arguments' identity (``cache_clear`` empties it, and the
+    cache under it, if any). ``f`` takes one to four positional arguments, none with a default."""
+    inner = getattr(f, "__wrapped__", f)  # under it, an lru_cache keeping answers by equal arguments
+    n = inner.__code__.co_argcount
+    if not 1 <= n <= 4 or inner.__defaults__ or inner.__code__.co_kwonlyargcount:
+        raise TypeError(f"by_identity: {inner.__name__} takes 1 to 4 positional arguments without defaults")
+    args = ", ".join(f"a{i}" for i in range(n))
+    key = f"id(a0)" if n == 1 else f"({', '.join(f'id(a{i})' for i in range(n))})"
+    same = " and ".join(f"hit[{i}] is a{i}" for i in range(n))
+    # Written out for its count of arguments: a hit is a dict lookup and n identity checks.
+    source = (f"def cached({args}):\n"
+              f"    hit = kept.get({key})\n"
+              f"    if hit is not None and {same}:\n"
+              f"        return hit[{n}]\n"
+              f"    if len(kept) >= SIZE:\n"
+              f"        kept.clear()\n"
+              f"    out = f({args})\n"
+              f"    kept[{key}] = ({args}, out)\n"
+              f"    return out\n")
     kept: dict = {}
-    if f.__code__.co_argcount == 1 and not f.__defaults__:  # one argument: its id alone is the key
-        @functools.wraps(f)
-        def cached_one(arg):
-            hit = kept.get(id(arg))
-            if hit is not None and hit[0] is arg:
-                return hit[1]
-            if len(kept) >= SIZE:
-                kept.clear()
-            out = f(arg)
-            kept[id(arg)] = (arg, out)
-            return out
+    names = {"kept": kept, "f": f, "SIZE": SIZE}
+    exec(source, names)
+    cached = functools.wraps(f)(names["cached"])
 
-        cached_one.cache_clear = kept.clear
-        return cached_one
+    def cache_clear() -> None:
+        kept.clear()
+        if hasattr(f, "cache_clear"):
+            f.cache_clear()
 
-    @functools.wraps(f)
-    def cached(*args):
-        key = tuple(map(id, args))
-        hit = kept.get(key)
-        if hit is not None and all(map(operator.is_, hit[0], args)):
-            return hit[1]
-        if len(kept) >= SIZE:
-            kept.clear()
-        out = f(*args)
-        kept[key] = (args, out)
-        return out
-
-    cached.cache_clear = kept.clear
+    cached.cache_clear = cache_clear
     return cached
 
 

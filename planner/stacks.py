@@ -443,13 +443,13 @@ SHARED_FACTORS = ("dp_overlap", "zero3_overlap", "tp_overlap", "layer_overhead_s
                   "tp_collective_overhead_s", "optimizer_tensor_overhead_s")
 
 
-@by_identity  # a search or estimate asks for the same pair each time (15 us a call)
 def effective(hw, stack: Stack, async_tp: bool = False):
     """The hardware profile with the stack's software factors in its efficiency (those its own
     file does not set)."""
     return _effective(hw, stack, async_tp)
 
 
+@by_identity  # a search or estimate asks for the same pair each time (15 us a call)
 def _effective(hw, stack: Stack, async_tp: bool):
     # A key set for this plan (--set) wins over a calibrated profile's own value.
     given = getattr(hw, "efficiency_keys", frozenset()) - {_KEYS[key.rpartition(".")[2]][0]

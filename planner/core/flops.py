@@ -27,7 +27,7 @@ import numpy as np
 
 from planner.core.columns import minimum, where
 from planner.core.model import ModelSpec
-from planner.memo import fast_init
+from planner.memo import by_identity, fast_init
 
 if TYPE_CHECKING:
     from planner.core.layout import Job
@@ -133,6 +133,7 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
     return where(recompute == 2, full, where(recompute == 1, selective_flops, 0.0))
 
 
+@by_identity  # the same objects again (an estimate reads it several times): no hashing
 @functools.lru_cache(maxsize=256)
 def _recompute_flops(model: ModelSpec, selective: str, causal: bool) -> tuple[float, float]:
     """(full, selective) recomputation's extra forward FLOPs per token, read once per model."""

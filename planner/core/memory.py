@@ -20,7 +20,7 @@ from planner.core.layout import DUALPIPEV, LAYER_DIMS, Candidates, Job, per_dist
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
-from planner.memo import fast_init
+from planner.memo import by_identity, fast_init
 from planner.stacks import Software, software
 
 # fp8 keeps bf16 weights; Transformer Engine's delayed scaling also caches an fp8 copy (+1 byte),
@@ -40,6 +40,7 @@ Counts = make_dataclass("Counts", [(n, float) for n in ("layer_params", "layer_e
                                                         "norm_params", "head_params")], frozen=True, slots=True)
 
 
+@by_identity  # the same objects again (an estimate reads it several times): no hashing
 @functools.lru_cache(maxsize=256)
 def counts(model: ModelSpec) -> Counts:
     """``model``'s per-layer, embedding, norm and head parameters, remembered (a ModelSpec is frozen)."""

@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
-from planner.memo import kept_hash
+from planner.memo import by_identity, kept_hash
 from planner.schema import FLAGS, MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
@@ -430,6 +430,7 @@ def spec_from_dict(name: str, data: dict) -> ModelSpec:
     return ModelSpec(name=name, **{k: v for k, v in data.items() if k in allowed})
 
 
+@by_identity  # the same objects again (an estimate reads it several times): no hashing
 @functools.lru_cache(maxsize=256)
 def _params(model: ModelSpec) -> int:
     """Every parameter of ``model``, counted once per model (a ModelSpec is frozen; the count
