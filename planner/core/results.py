@@ -288,7 +288,9 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                          fits_below_bytes=cap * ev.fits_share, tight_below_bytes=cap * ev.tight_share,
                          safe_line_bytes=cap * ev.room_share)
     step = float(t.step)
-    time = TimeParts(step_s=step, **{key: float(getattr(t, name)) for name, key in _TIME_KEYS})
+    time = TimeParts(step_s=step, compute_s=float(t.compute), tp_comm_s=float(t.tp_comm), cp_comm_s=float(t.cp_comm),
+                     ep_comm_s=float(t.ep_comm), pp_comm_s=float(t.pp_comm), dp_comm_s=float(t.dp_comm),
+                     bubble_s=float(t.bubble), optimizer_s=float(t.optimizer), other_s=float(t.other))
     train_seconds, tokens_per_s = ev.train_seconds, float(ev.tokens_per_s)
     seconds = float(train_seconds)
     gpu_hours, energy_kwh, cost_usd = ev.totals(train_seconds)
@@ -320,4 +322,5 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                     trainable_params=trainable, checkpoint=checkpoint, reliability=reliability, data_feed=feed)
 
 
-_TIME_KEYS = tuple((name, f"{name}_s") for name in STEPTIME_FIELDS)  # StepTime's parts, TimeParts' fields
+# TimeParts holds StepTime's parts, each as <part>_s, and the step.
+assert [f"{name}_s" for name in STEPTIME_FIELDS] == list(TimeParts.__slots__[1:]), TimeParts.__slots__

@@ -47,7 +47,7 @@ from planner.errors import PlannerError, require
 from planner.memo import by_identity, fast_init
 from planner.hardware import HardwareProfile
 from planner.schema import MAX_GPUS
-from planner.stacks import Stack, get_stack, job_stack
+from planner.stacks import Stack, get_stack, job_stack, stack_names
 
 OBJECTIVES = ("time", "cost", "memory")
 _OBJECTIVES_ALLOWED = f"one of {', '.join(OBJECTIVES)}"
@@ -60,7 +60,12 @@ _PIN_NAMES = tuple(d.name for d in PIN_DIMS)
 
 
 def _pinned(self) -> dict[str, object]:
-    return {name: value for name in _PIN_NAMES if (value := getattr(self, name)) is not None}
+    return dict(_pinned_of(self))  # a copy: the caller may change it
+
+
+@by_identity  # Pins are immutable: read once per object
+def _pinned_of(pins) -> dict[str, object]:
+    return {name: value for name in _PIN_NAMES if (value := getattr(pins, name)) is not None}
 
 
 def _check_own(self) -> None:
@@ -596,8 +601,6 @@ def _stack_codes(stack: Stack) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def check_stack_pins(stack: Stack, pins: Pins) -> None:
     """A pinned value the stack cannot run: one error naming the stacks that can."""
-    from planner.stacks import stack_names
-
     def who(test) -> str:
         return ", ".join(n for n in stack_names() if test(get_stack(n)))
 
