@@ -51,6 +51,22 @@ def by_identity(f: Callable) -> Callable:
     return cached
 
 
+def dict_of_slots(cls: type) -> Callable:
+    """``lambda obj: {name: obj.name for name in cls.__slots__}``, written out as one dict display
+    (twice as fast as the comprehension: each field one attribute load)."""
+    fields = ", ".join(f"{name!r}: obj.{name}" for name in cls.__slots__)
+    names: dict[str, object] = {}
+    exec(f"def as_dict(obj):\n    return {{{fields}}}\n", names)
+    return names["as_dict"]
+
+
+def kept_property(f: Callable) -> property:
+    """A property of an immutable object computed once per object (``by_identity``): for those
+    that read several others (a model's widths and parameter counts, read dozens of times in an
+    estimate)."""
+    return property(by_identity(f))
+
+
 _HASHES: dict[int, tuple[object, int]] = {}
 
 

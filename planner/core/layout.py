@@ -19,7 +19,7 @@ from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
 from planner.errors import require
 from planner.hardware import PRECISIONS
-from planner.memo import kept_hash
+from planner.memo import dict_of_slots, kept_hash
 from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
 
@@ -209,7 +209,9 @@ class Layout:
 
     def to_json(self) -> dict[str, object]:
         """The layout's JSON form: every dimension by its name, plus grad_accum."""
-        return {**{d.name: getattr(self, d.name) for d in LAYOUT_DIMS}, "grad_accum": self.grad_accum}
+        out = _LAYOUT_JSON(self)
+        out["grad_accum"] = self.grad_accum
+        return out
 
 
 _TYPES = {"int": int, "str": str, "bool": bool}
@@ -218,6 +220,8 @@ LAYOUT_DIMS: tuple[Dim, ...] = tuple(dataclasses.replace(f.metadata["dim"], name
 PIN_DIMS: tuple[Dim, ...] = tuple(d for d in LAYOUT_DIMS if d.pinnable)  # the fields a user may fix
 DIMS: dict[str, Dim] = {d.name: d for d in LAYOUT_DIMS}
 GPU_FACTORS: tuple[str, ...] = tuple(d.name for d in LAYOUT_DIMS if d.gpu_factor)  # ("dp", "tp", "pp", "cp")
+_LAYOUT_JSON = dict_of_slots(Layout)  # its fields by name, in LAYOUT_DIMS' order
+assert tuple(Layout.__slots__) == tuple(DIMS), Layout.__slots__
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,7 +29,7 @@ import functools
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
-from planner.memo import by_identity, kept_hash
+from planner.memo import by_identity, kept_hash, kept_property
 from planner.schema import FLAGS, MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
@@ -183,46 +183,46 @@ class ModelSpec:
         """Per-head width of q and k, the inner dimension of QK^T (MLA: qk_nope_dim + qk_rope_dim)."""
         return self.head_dim
 
-    @property
+    @kept_property
     def attn_v_dim(self) -> int:
         """Per-head width of v, the inner dimension of AV (MLA: v_head_dim)."""
         return self.v_head_dim if self.mla else self.head_dim
 
-    @property
+    @kept_property
     def q_width(self) -> int:
         """Width of Q: heads * attn_qk_dim (= hidden for standard attention)."""
         return self.heads * self.attn_qk_dim
 
-    @property
+    @kept_property
     def attn_out_width(self) -> int:
         """Width of the attention output, the input of the output projection: heads * attn_v_dim."""
         return self.heads * self.attn_v_dim
 
-    @property
+    @kept_property
     def k_width(self) -> int:
         """Width of K as attention consumes it: kv_heads * attn_qk_dim (MLA: every head's, up-projected
         from the latent, as training and context parallel use it)."""
         return self.kv_heads * self.attn_qk_dim
 
-    @property
+    @kept_property
     def v_width(self) -> int:
         """Width of V as attention consumes it: kv_heads * attn_v_dim."""
         return self.kv_heads * self.attn_v_dim
 
-    @property
+    @kept_property
     def kv_hidden(self) -> int:
         """Width of K (and of V): kv_heads * head_dim. With MLA, K and V differ; this is their mean,
         so that 2 * kv_hidden is the K+V width (k_width + v_width) that activations and context
         parallel's K/V exchange carry."""
         return (self.k_width + self.v_width) // 2
 
-    @property
+    @kept_property
     def kv_cache_width(self) -> int:
         """Per token per layer, the K/V values an inference cache keeps: K and V (2 * kv_hidden);
         MLA caches the latent and the shared RoPE key only (kv_lora_rank + qk_rope_dim; DeepSeek-V2 Sec. 2.1.2)."""
         return self.kv_lora_rank + self.qk_rope_dim if self.mla else self.k_width + self.v_width
 
-    @property
+    @kept_property
     def attn_core_width(self) -> int:
         """heads * (attn_qk_dim + attn_v_dim): forward QK^T plus AV cost 2*s*this FLOPs per token per
         layer over the full square (4*s*h for standard attention with head_dim = hidden / heads)."""
@@ -255,7 +255,7 @@ class ModelSpec:
         """A norm over ``width``: LayerNorm weight and bias (gpt), RMSNorm weight (llama)."""
         return (2 if self.arch == "gpt" else 1) * width
 
-    @property
+    @kept_property
     def attention_params(self) -> int:
         """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms)."""
         qkv = self.q_width + self.k_width + self.v_width
@@ -275,7 +275,7 @@ class ModelSpec:
     def _mlp_matmul(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width
 
-    @property
+    @kept_property
     def mlp_params(self) -> int:
         """The dense MLP (every layer of a dense model; the leading dense layers of an MoE)."""
         return self._mlp(self.ffn_hidden)
@@ -284,42 +284,42 @@ class ModelSpec:
     def moe(self) -> bool:
         return self.experts > 0
 
-    @property
+    @kept_property
     def moe_layers(self) -> int:
         return self.layers - self.dense_layers if self.moe else 0
 
-    @property
+    @kept_property
     def expert_params(self) -> int:
         """One routed expert's MLP."""
         return self._mlp(self.expert_ffn) if self.moe else 0
 
-    @property
+    @kept_property
     def router_params(self) -> int:
         """An MoE layer's router Linear(hidden, experts), its per-expert bias if held as a weight,
         and the shared MLP's gate Linear(hidden, 1) (Qwen1.5/2-MoE)."""
         return ((self.hidden + self.router_bias) * self.experts
                 + self.hidden * self.shared_expert_gate) if self.moe else 0
 
-    @property
+    @kept_property
     def moe_mlp_params(self) -> int:
         """An MoE layer's MLP block: router, shared MLP and every routed expert."""
         shared = self._mlp(self.shared_experts * self.expert_ffn) if self.shared_experts else 0
         return self.router_params + shared + self.experts * self.expert_params
 
-    @property
+    @kept_property
     def dense_layer_params(self) -> int:
         return self.attention_params + self.mlp_params + 2 * self.norm_params
 
-    @property
+    @kept_property
     def moe_layer_params(self) -> int:
         return self.attention_params + self.moe_mlp_params + 2 * self.norm_params if self.moe else 0
 
-    @property
+    @kept_property
     def layers_params(self) -> int:
         """All transformer layers together."""
         return (self.layers - self.moe_layers) * self.dense_layer_params + self.moe_layers * self.moe_layer_params
 
-    @property
+    @kept_property
     def layer_params(self) -> float:
         """Parameters of one layer: exact for a dense model, the mean over layers for an MoE
         (its leading dense layers are smaller); a pipeline stage of n layers holds n times this."""
@@ -327,12 +327,12 @@ class ModelSpec:
             return self.dense_layer_params
         return self.layers_params / self.layers
 
-    @property
+    @kept_property
     def layer_expert_params(self) -> float:
         """Routed-expert weights per layer (mean over layers): what expert parallel shards."""
         return self.moe_layers * self.experts * self.expert_params / self.layers
 
-    @property
+    @kept_property
     def embedding_params(self) -> int:
         """Token embedding plus the learned position table (gpt)."""
         return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_positions else 0)
@@ -346,13 +346,13 @@ class ModelSpec:
     def params(self) -> int:
         return _params(self)
 
-    @property
+    @kept_property
     def active_params(self) -> int:
         """Parameters one token uses: all of a dense model; an MoE's without the routed experts
         it does not go to (top_k of experts per MoE layer)."""
         return self.params - self.moe_layers * (self.experts - self.top_k) * self.expert_params
 
-    @property
+    @kept_property
     def attention_matmul_params(self) -> int:
         """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
         projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output."""
@@ -365,11 +365,11 @@ class ModelSpec:
         kv_b = self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.attn_v_dim)
         return q + kv_a + kv_b + out
 
-    @property
+    @kept_property
     def dense_layer_matmul_params(self) -> int:
         return self.attention_matmul_params + self._mlp_matmul(self.ffn_hidden)
 
-    @property
+    @kept_property
     def moe_layer_matmul_params(self) -> int:
         """Weights one token multiplies in an MoE layer: attention, router, shared MLP, top_k experts."""
         if not self.moe:
@@ -377,7 +377,7 @@ class ModelSpec:
         return (self.attention_matmul_params + self.hidden * (self.experts + self.shared_expert_gate)
                 + self._mlp_matmul(self.shared_experts * self.expert_ffn) + self.top_k * self._mlp_matmul(self.expert_ffn))
 
-    @property
+    @kept_property
     def matmul_params_per_token(self) -> int:
         """Weights that every token multiplies: all layer matmuls plus the output head
         (the head multiplies even when tied); for an MoE, its active experts only.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.core.checks import warnings_for
@@ -15,7 +16,7 @@ from planner.core.resilience import CheckpointPlan, DataFeedPlan, Operations, Re
 from planner.core.step_parts import STEPTIME_FIELDS
 from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, calibration_json, for_stack, memory_band, plan_features
 from planner.hardware import HardwareProfile
-from planner.memo import by_identity, fast_init
+from planner.memo import by_identity, dict_of_slots, fast_init
 from planner.stacks import software
 
 
@@ -164,7 +165,7 @@ class Estimate:
 
     def stack_json(self) -> dict:
         """The software stack the figures assume, what it ran with, and where its factors come from."""
-        return _copied(_stack_json(self.job, self.hardware, plan_features(self.model, self.layout)))
+        return _copied(*_stack_json(self.job, self.hardware, plan_features(self.model, self.layout)))
 
     def evidence(self) -> Evidence:
         """The measured runs that check this estimate's stack (planner.evidence)."""
@@ -194,24 +195,35 @@ def _model_json(m: ModelSpec) -> dict:
 def _stack_json(job: Job, hw: HardwareProfile, like: tuple[str, ...]) -> dict:
     """``Estimate.stack_json`` of a job on a profile (what it reads of it: its name, the factors it
     calibrates and its calibration's figures), for plans with the features ``like``: built once for
-    an estimate in a loop (each call gets a copy: ``_copied``)."""
+    an estimate in a loop (each call gets a copy: ``_copied``), with where its containers are."""
     sw = software(job)
-    return {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
+    return _with_plan({"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
             "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": job.compile,
             "async_tp": job.async_tp, "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
             "overrides": dict(sw.stack.overrides),
             "calibrated_factors_from_profile": sorted(hw.efficiency_keys),
             "checked_against": {**for_stack(sw.stack, hw.name, like).to_json(),
-                                "profile_calibration": calibration_json(hw.calibration)}}
+                                "profile_calibration": calibration_json(hw.calibration)}})
 
 
-def _copied(value):
-    """A JSON value's dicts and lists copied, all the way down (its numbers and strings are immutable)."""
-    if type(value) is dict:
-        return {k: _copied(v) if type(v) is dict or type(v) is list else v for k, v in value.items()}
-    if type(value) is list:
-        return [_copied(v) if type(v) is dict or type(v) is list else v for v in value]
-    return value
+def _with_plan(value) -> tuple:
+    """(a JSON value, where its dicts and lists are): what ``_copied`` copies it by."""
+    return value, _copy_plan(value)
+
+
+def _copy_plan(value) -> tuple:
+    """The keys (indices) of a JSON dict (list) that hold dicts or lists, each with its own plan."""
+    items = value.items() if type(value) is dict else enumerate(value)
+    return tuple((k, _copy_plan(v)) for k, v in items if type(v) is dict or type(v) is list)
+
+
+def _copied(value, plan: tuple):
+    """A JSON value's dicts and lists copied, all the way down (its numbers and strings are
+    immutable), visiting only the containers ``plan`` (``_copy_plan``) names."""
+    out = value.copy()
+    for k, sub in plan:
+        out[k] = _copied(value[k], sub)
+    return out
 
 
 # Memory parts by how the planner gets them: weights, gradients and optimizer states are bytes per
@@ -229,7 +241,14 @@ def least_certain(m: MemoryParts) -> list[tuple[str, float]]:
 def flat_fields(obj) -> dict:
     """A dataclass of plain values (numbers, strings, None) as a dict: ``dataclasses.asdict``
     without its recursion and deep copies (a fifth of a CSV row's time)."""
-    return {name: getattr(obj, name) for name in obj.__slots__}
+    kind = type(obj)
+    read = _FLAT.get(kind)
+    if read is None:
+        read = _FLAT[kind] = dict_of_slots(kind)
+    return read(obj)
+
+
+_FLAT: dict[type, Callable] = {}
 
 
 def _finite(d: dict) -> dict:
