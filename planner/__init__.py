@@ -22,10 +22,10 @@ def estimate(**flags: object) -> dict:
     ``PlannerError`` (field, value, what is allowed) on a bad one."""
     run = _API.get("estimate")
     if run is None:  # the model is imported on the first call, not with the package
-        from planner.cli.api import estimate as run
+        from planner.cli.api import estimate_of as run
 
         _API["estimate"] = run
-    return run(**flags)
+    return run(flags)
 
 
 def search(**flags: object) -> dict:

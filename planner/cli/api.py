@@ -194,6 +194,11 @@ def _prepare(command: str, flags: Mapping[str, object]):
 
 def estimate(**flags: object) -> dict:
     """`planner estimate --format json` as a dict. Keywords: the flags of `planner estimate`."""
+    return estimate_of(flags)
+
+
+def estimate_of(flags: Mapping[str, object]) -> dict:
+    """``estimate`` of the flags as a mapping (``planner.estimate`` passes its keywords' dict on)."""
     x, p = _estimate_plan()(*_prepared("estimate", flags))
     return p.to_json(x.model_note)
 

@@ -269,7 +269,11 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
             stages += [mid, mid if same else stage(pp - 1, last, states(pp - 1, last))]
         stages += [stages[0]] * (3 - len(stages))
         # The peak: the first stage that holds the most, as np.argmax picks it below.
-        return stages[max(range(3), key=lambda k: stages[k].total)], tuple(stages)
+        peak = stages[0]
+        for s in stages[1:]:
+            if s.total > peak.total:
+                peak = s
+        return peak, tuple(stages)
     # The three stages as rows of one (3, layouts) table (one row when no layout pipelines: the
     # stages are then one and the same), so each formula runs once for all of them. Their model
     # states (and which stage each row is, of how many layers) read STATE_DIMS alone: computed

@@ -177,6 +177,9 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(small.tolist()) | set((n // small).tolist())))
 
 
+_FACTORS_NAME = "*".join(GPU_FACTORS)  # the field named when the pinned degrees do not multiply to the GPUs
+
+
 def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None, uneven: bool = False) -> None:
     """Pinned values that can never be valid get one clear error each (each value's own rule was
     checked when the Pins were made)."""
@@ -198,7 +201,8 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
                 lambda: f"seq_len={model.seq_len} must divide into 2*cp={2 * pins.cp} load-balanced chunks")
     degrees = {name: getattr(pins, name) for name in GPU_FACTORS}
     if None not in degrees.values():
-        require(math.prod(degrees.values()) == gpus, "*".join(GPU_FACTORS), math.prod(degrees.values()),
+        product = math.prod(degrees.values())
+        require(product == gpus, _FACTORS_NAME, product,
                 lambda: "must equal gpus: " + " ".join(f"{k}={v}" for k, v in degrees.items()) + f" gpus={gpus}")
     others = {k: v for k, v in degrees.items() if k != "cp"}
     if degrees["cp"] is None and None not in others.values():  # context parallel would take the rest
