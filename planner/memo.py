@@ -60,6 +60,15 @@ def dict_of_slots(cls: type) -> Callable:
     return names["as_dict"]
 
 
+def slot_filler(cls: type, names: tuple[str, ...]) -> Callable:
+    """``fill(obj, values)``: each of ``names`` set on ``obj`` (an instance of ``cls``, frozen or
+    not) to ``values[name]``, through the slots' descriptors, written out name by name."""
+    setters = {f"_set_{i}": getattr(cls, name).__set__ for i, name in enumerate(names)}
+    body = "".join(f"    _set_{i}(obj, values[{name!r}])\n" for i, name in enumerate(names))
+    exec(f"def fill(obj, values):\n{body or '    pass'}\n", setters)
+    return setters["fill"]
+
+
 def kept_property(f: Callable) -> property:
     """A property of an immutable object computed once per object (``by_identity``): for those
     that read several others (a model's widths and parameter counts, read dozens of times in an

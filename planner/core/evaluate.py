@@ -21,7 +21,7 @@ from planner.core.model import ModelSpec
 from planner.core.steptime import StepTime, reference_peak, step_time
 from planner.evidence import memory_band
 from planner.hardware import HardwareProfile
-from planner.memo import fast_init
+from planner.memo import by_identity, fast_init
 from planner.stacks import effective, software
 
 
@@ -244,6 +244,7 @@ def memory_tier(total: np.ndarray, capacity: float, fits_share: float, safe_shar
             + (total > capacity * max(safe_share, 1.0)))
 
 
+@by_identity  # one job and stack: every layout's
 def fit_lines(job: Job, stack) -> tuple[float, float, float, float]:
     """(fits, tight, safe, room) shares of the memory a plan may fill: fits up to 1 - under, tight up to
     1 + over (the stack's measured memory band: planner.evidence.memory_band), and the line the

@@ -92,7 +92,6 @@ def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
     return (0.5 if causal else 1.0) * 2.0 * model.seq_len * model.attn_core_width * model.layers
 
 
-@functools.lru_cache(maxsize=256)  # model and job are frozen: read once per pair (6 us for an MoE)
 def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:
     """Training FLOPs per token without recomputation: 3x forward, where forward is
     2 FLOPs per matmul weight (layers and output head) plus the attention core (causal: 2*s*h
@@ -101,6 +100,12 @@ def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bo
 
     LoRA: frozen weights need only input gradients in backward (1x their forward, not 2x), the
     attention core still 2x, and the adapters 3x their forward: 4W + 3A + 3a per token."""
+    return _model_flops(model, job, causal)
+
+
+@by_identity  # the same model and job again (several reads an estimate): no hashing
+@functools.lru_cache(maxsize=256)  # model and job are frozen: read once per pair (6 us for an MoE)
+def _model_flops(model: ModelSpec, job: "Job | None", causal: bool) -> float:
     from planner.core.finetune import lora_forward_flops_per_token
 
     weights = 2.0 * model.matmul_params_per_token

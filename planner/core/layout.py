@@ -19,7 +19,7 @@ from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
 from planner.errors import require
 from planner.hardware import PRECISIONS
-from planner.memo import dict_of_slots, kept_hash
+from planner.memo import dict_of_slots, kept_hash, slot_filler
 from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
 
@@ -581,8 +581,7 @@ def _checked_layout(values: dict[str, object]) -> Layout:
     """A Layout of values a table holds: each dimension's own rule was checked where the table was
     built (the pins, the values searched), so ``Layout.__post_init__`` is not run again."""
     layout = object.__new__(Layout)
-    for name, value in values.items():
-        object.__setattr__(layout, name, value)
+    _fill_layout(layout, values)
     return layout
 
 
@@ -590,15 +589,16 @@ def one_row_of(columns: dict[str, int | bool], layout: Layout | None = None) -> 
     """One layout from its columns' values (a Python int or bool each, as ``Dim.code`` gives them),
     as ``Candidates.one_row`` gives it; ``layout``: the same layout as a Layout, when the caller has it."""
     row = object.__new__(_OneRow)
-    for name in DIMS:
-        object.__setattr__(row, name, columns[name])
-    for name in _KEPT_PROPERTIES:
-        object.__setattr__(row, name, _CANDIDATE_PROPERTY[name](row))
-    object.__setattr__(row, "_layout", layout)
+    _fill_row(row, columns)
+    _fill_kept(row, {name: prop(row) for name, prop in _CANDIDATE_PROPERTY.items()})
+    _set_layout(row, layout)
     return row
 
 
 _CANDIDATE_PROPERTY = {name: getattr(Candidates, name).fget for name in _KEPT_PROPERTIES}
+_fill_layout = slot_filler(Layout, tuple(DIMS))  # every field (a Layout's are the dimensions)
+_fill_row, _fill_kept = slot_filler(_OneRow, tuple(DIMS)), slot_filler(_OneRow, _KEPT_PROPERTIES)
+_set_layout = _OneRow._layout.__set__
 
 
 def is_one_row(c: Candidates) -> bool:
