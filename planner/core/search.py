@@ -275,17 +275,29 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
         for pp in _dividing(gpus // tp, pins.pp):
             if pp > model.layers:
                 continue
-            vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
-                          if pp > 1 else [])
-            if uneven and pp > 1:
-                tried = set(UNEVEN_VPP) | {v for v in (pins.vpp, extra_vpp) if v}
-                vpps += [v for v in sorted(tried) if v > 1 and pp * v <= model.layers and v not in vpps]
+            vpps = _vpps(model, pp, uneven, pins.vpp, extra_vpp)
             for cp in cp_degrees(model, gpus // (tp * pp), pins.cp):
                 dp = gpus // (tp * pp * cp)
                 if pins.dp is not None and dp != pins.dp:
                     continue
-                out += [(dp, tp, pp, vpp, cp) for vpp in vpps if pins.vpp is None or vpp == pins.vpp]
+                out += [(dp, tp, pp, vpp, cp) for vpp in vpps]
     return out
+
+
+def _vpps(model: ModelSpec, pp: int, uneven: bool, pinned: int | None, extra: int | None) -> list[int]:
+    """``_mesh``'s interleaving degrees for ``pp`` stages: 1, those dividing the layers per stage
+    evenly, and under ``uneven`` the few UNEVEN_VPP (and ``pinned``, ``extra``) that leave each
+    virtual stage a layer; with one pinned, it alone when it is one of them."""
+    if pinned is not None:  # the same test as its membership in the list below
+        even = pp > 1 and pinned > 1 and (model.layers // pp) % pinned == 0 and model.layers % (pp * pinned) == 0
+        return [pinned] if pinned == 1 or even or (uneven and pp > 1 and pinned > 1
+                                                    and pp * pinned <= model.layers) else []
+    vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
+                  if pp > 1 else [])
+    if uneven and pp > 1:
+        tried = set(UNEVEN_VPP) | {v for v in (pinned, extra) if v}
+        vpps += [v for v in sorted(tried) if v > 1 and pp * v <= model.layers and v not in vpps]
+    return vpps
 
 
 def _dividing(n: int, pinned: int | None) -> tuple[int, ...]:
