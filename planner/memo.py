@@ -1,11 +1,20 @@
-"""Answers kept by the identity of their arguments, for functions of immutable objects (a job, a
-model, a hardware profile, a stack) that an estimate asks again and again with the same objects.
+"""What makes one pinned estimate cheap in Python, for the immutable objects it is made of.
 
-``functools.lru_cache`` hashes its arguments on every call: a frozen dataclass of thirty fields
-hashes them all (1-3 us), which is what some of these functions cost. Here the key is the
-arguments' ``id``s; each entry keeps its arguments alive, so an id is not reused while its entry
-lives, and a hit is checked to be the same objects. Small ints, bools and None (the other
-arguments these take) are the same objects whenever they are equal.
+- ``by_identity``: answers kept by the identity of their arguments, for functions of immutable
+  objects (a job, a model, a hardware profile, a stack) that an estimate asks again and again with
+  the same objects. ``functools.lru_cache`` hashes its arguments on every call: a frozen dataclass
+  of thirty fields hashes them all (1-3 us), which is what some of these functions cost. Here the
+  key is the arguments' ``id``s; each entry keeps its arguments alive, so an id is not reused
+  while its entry lives, and a hit is checked to be the same objects. Small ints, bools, None and
+  a stack's strings (the other arguments these take) are the same objects whenever they are equal;
+  an equal but distinct object is a miss, computed again (to the same answer). ``kept_property``:
+  a property kept so, ``kept_hash``: a frozen dataclass's hash kept so.
+- ``fast_init``, ``dict_of_slots``, ``slot_filler``: a frozen slotted dataclass's ``__init__``,
+  its fields as a dict, and its fields set from a dict, written out field by field (each one
+  attribute load or slot store, not a name looked up on the type per field).
+
+None of these changes an answer: tests/test_memo.py checks each against the plain Python it stands
+for, and tests/test_search_paths.py the pinned estimate against its row of a table, to the bit.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ def by_identity(f: Callable) -> Callable:
     if not 1 <= n <= 4 or inner.__defaults__ or inner.__code__.co_kwonlyargcount:
         raise TypeError(f"by_identity: {inner.__name__} takes 1 to 4 positional arguments without defaults")
     args = ", ".join(f"a{i}" for i in range(n))
-    key = f"id(a0)" if n == 1 else f"({', '.join(f'id(a{i})' for i in range(n))})"
+    key = "id(a0)" if n == 1 else f"({', '.join(f'id(a{i})' for i in range(n))})"
     same = " and ".join(f"hit[{i}] is a{i}" for i in range(n))
     # Written out for its count of arguments: a hit is a dict lookup and n identity checks.
     source = (f"def cached({args}):\n"
@@ -39,7 +48,7 @@ def by_identity(f: Callable) -> Callable:
               f"    return out\n")
     kept: dict = {}
     names = {"kept": kept, "f": f, "SIZE": SIZE}
-    exec(source, names)
+    exec(source, names)  # noqa: S102 (our own text: a function written out, as dataclasses writes __init__)
     cached = functools.wraps(f)(names["cached"])
 
     def cache_clear() -> None:
@@ -56,7 +65,7 @@ def dict_of_slots(cls: type) -> Callable:
     (twice as fast as the comprehension: each field one attribute load)."""
     fields = ", ".join(f"{name!r}: obj.{name}" for name in cls.__slots__)
     names: dict[str, object] = {}
-    exec(f"def as_dict(obj):\n    return {{{fields}}}\n", names)
+    exec(f"def as_dict(obj):\n    return {{{fields}}}\n", names)  # noqa: S102 (as above)
     return names["as_dict"]
 
 
@@ -65,7 +74,7 @@ def slot_filler(cls: type, names: tuple[str, ...]) -> Callable:
     not) to ``values[name]``, through the slots' descriptors, written out name by name."""
     setters = {f"_set_{i}": getattr(cls, name).__set__ for i, name in enumerate(names)}
     body = "".join(f"    _set_{i}(obj, values[{name!r}])\n" for i, name in enumerate(names))
-    exec(f"def fill(obj, values):\n{body or '    pass'}\n", setters)
+    exec(f"def fill(obj, values):\n{body or '    pass'}\n", setters)  # noqa: S102 (as above)
     return setters["fill"]
 
 
@@ -126,7 +135,7 @@ def fast_init(cls: type) -> type:
     signature = ", ".join(["self", *args, *(["*", *kwonly] if kwonly else [])])
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
-    exec(f"def __init__({signature}):\n" + "\n".join(body or ["    pass"]), names)
+    exec(f"def __init__({signature}):\n" + "\n".join(body or ["    pass"]), names)  # noqa: S102 (as above)
     init = names["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__

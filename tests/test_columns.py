@@ -118,3 +118,23 @@ def test_one_gemm_list_in_python_floats_is_the_tables_row():
     with np.errstate(all="ignore"):
         empty = gemms_time([Gemm(np.int64(0), np.int64(0), np.int64(8))], 1, get_profile("a100-80g"), 312e12, 2)
     assert np.isnan(empty)
+
+
+# Counts and ratios the communication model takes floor and ceil(log2) of (ranks, nodes, ranks per
+# node), and the edge values: zeros of both signs, fractions, infinity, NaN, numpy's scalars, arrays.
+COUNTS = [1, 2, 3, 7, 8, 9, 16, 17, 1000, 1024, 16384, 2**40 + 1, 0.5, 0.75, 1.0, 1.5, 2.5, 3.0, 6.4, 100.25,
+          0.0, -0.0, -0.3, -2.5, float("inf"), float("-inf"), float("nan"), np.float64(6.5), np.int64(12),
+          np.array([1.0, 2.5, 8.0, 0.75]), np.array([3, 4])]
+
+
+def test_floor_is_numpys():
+    for x in COUNTS:
+        assert same(columns.floor(x), np.floor(x), x), (x, columns.floor(x), np.floor(x))
+
+
+def test_ceil_log2_is_numpys():
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for x in COUNTS + [k / 8 for k in range(1, 80)] + list(range(1, 5000)):
+            want = np.ceil(np.log2(x))
+            got = columns.ceil_log2(x)
+            assert same(got, want, x), (x, got, want)

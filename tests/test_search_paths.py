@@ -372,3 +372,21 @@ def test_an_estimate_read_from_its_row_is_the_tables_figures_at_that_row():
                                                                           ev.cost_usd[i])
         stages = {int(m.stage[i]): float(m.total[i]) for m in ev.stage_memory}
         assert [(s.stage, s.total_bytes) for s in e.stage_memory] == sorted(stages.items())
+
+
+def test_a_pinned_interleaving_degree_is_kept_exactly_when_the_list_holds_it():
+    """``_vpps`` with a pinned degree tests it directly: kept exactly when the unpinned list (with the
+    pinned degree among those tried unevenly, as the enumeration tries it) holds it."""
+    from planner.core.model import ModelSpec
+
+    for layers in (1, 2, 7, 12, 30, 32, 60, 61, 80, 126):
+        model = ModelSpec(layers=layers, hidden=64, heads=4)
+        for pp in range(1, min(layers, 16) + 1):
+            for uneven in (False, True):
+                for vpp in range(1, 20):
+                    listed = [1] + [v for v in S._divisors(layers // pp) if pp > 1 and v > 1
+                                    and layers % (pp * v) == 0]
+                    if uneven and pp > 1:
+                        listed += [v for v in sorted(set(S.UNEVEN_VPP) | {vpp}) if v > 1 and pp * v <= layers
+                                   and v not in listed]
+                    assert S._vpps(model, pp, uneven, vpp, None) == [vpp] * (vpp in listed), (layers, pp, uneven, vpp)

@@ -105,7 +105,7 @@ def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bo
 
 @by_identity  # the same model and job again (several reads an estimate): no hashing
 @functools.lru_cache(maxsize=256)  # model and job are frozen: read once per pair (6 us for an MoE)
-def _model_flops(model: ModelSpec, job: "Job | None", causal: bool) -> float:
+def _model_flops(model: ModelSpec, job: Job | None, causal: bool) -> float:
     from planner.core.finetune import lora_forward_flops_per_token
 
     weights = 2.0 * model.matmul_params_per_token

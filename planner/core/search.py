@@ -37,15 +37,15 @@ from planner.core.layout import (
     SCHEDULES,
     Candidates,
     Job,
-    default_global_batch,
     _checked_layout,
+    default_global_batch,
     one_row_of,
 )
 from planner.core.memory import Memory
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
-from planner.memo import by_identity, fast_init
 from planner.hardware import HardwareProfile
+from planner.memo import by_identity, fast_init
 from planner.schema import MAX_GPUS
 from planner.stacks import Stack, get_stack, job_stack, stack_names
 
@@ -413,7 +413,7 @@ def _one_layout(model: ModelSpec, gpus: int, job: Job, pins: Pins, mesh: tuple, 
     else:  # _batch_table's, on a table of this one layout
         gb_col, ok = _batch_table(model, gpus, job, np.array([dp], dtype=np.int64), np.array([mb], dtype=np.int64))
         gb, batch_ok = gb_col.item(0), bool(ok.item(0))
-    columns = dict(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, global_batch=gb)
+    columns = {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "global_batch": gb}
     fields = dict(columns)  # the Layout: each value as a column holds it and as Layout.decode gives it back
     for name, v in values.items():
         d = DIMS[name]

@@ -1,0 +1,142 @@
+"""planner.memo: each helper gives what the plain Python it stands for gives (no timing here)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+
+from planner import memo
+
+
+def test_by_identity_keeps_answers_per_object_and_recomputes_for_an_equal_one():
+    calls = []
+
+    @memo.by_identity
+    def f(a, b):
+        calls.append((a, b))
+        return [a, b]  # a new object each time it is computed
+
+    x, y = ("x",) * 2, [1]
+    first = f(x, y)
+    assert f(x, y) is first and len(calls) == 1  # the same objects: kept
+    other = [1]  # equal to y, another object: computed again, to an equal answer
+    assert f(x, other) == first and f(x, other) is not first and len(calls) == 2
+    f.cache_clear()
+    assert f(x, y) is not first and len(calls) == 3
+
+
+def test_by_identity_of_one_argument_and_its_limits():
+    @memo.by_identity
+    def g(a):
+        return object()
+
+    a = object()
+    assert g(a) is g(a)
+    kept = [g(object()) for _ in range(memo.SIZE + 5)]  # more than it keeps: it starts again, still right
+    assert len(set(map(id, kept))) == len(kept)
+    with pytest.raises(TypeError, match="without defaults"):
+        memo.by_identity(lambda a, b=1: a)
+
+
+def test_by_identity_clears_the_lru_cache_under_it_too():
+    import functools
+
+    @memo.by_identity
+    @functools.lru_cache(maxsize=8)
+    def h(a):
+        return object()
+
+    a = object()
+    before = h(a)
+    h.cache_clear()
+    assert h.__wrapped__.cache_info().currsize == 0 and h(a) is not before
+
+
+@dataclass(frozen=True)
+class _Plain:
+    a: int
+    b: tuple = ()
+
+
+def test_kept_hash_is_the_dataclass_hash_of_its_fields():
+    @dataclass(frozen=True, slots=True)
+    class Kept:
+        a: int
+        b: tuple = ()
+
+        def __hash__(self) -> int:
+            return memo.kept_hash(self)
+
+    for a, b in [(1, ()), (2, ("x", 3)), (-5, (1.5,))]:
+        assert hash(Kept(a, b)) == hash((a, b)) == hash(Kept(a, b))
+        assert Kept(a, b) == Kept(a, b)
+    assert {Kept(1, ()): "one"}[Kept(1, ())] == "one"  # equal objects find each other
+
+
+def _pair(cls_kwargs: dict, body: dict):
+    """The same dataclass twice: as the dataclass module makes it, and with ``fast_init``."""
+    def make(fast: bool):
+        ns = {"__annotations__": dict(body["__annotations__"]),
+              **{k: (dataclasses.field(**v) if isinstance(v, dict) else v) for k, v in body.items()
+                 if k != "__annotations__"}}
+        cls = dataclass(frozen=True, slots=True, **cls_kwargs)(type("C", (), ns))
+        return memo.fast_init(cls) if fast else cls
+    return make(False), make(True)
+
+
+@pytest.mark.parametrize("kw_only", [False, True])
+def test_fast_init_builds_the_same_object(kw_only):
+    posts = []
+    body = {"__annotations__": {"a": int, "b": float, "c": list, "d": list},
+            "b": 2.5, "c": {"default_factory": list}, "d": {"default_factory": list, "init": False, "compare": False},
+            "__post_init__": lambda self: posts.append(self.a)}
+    plain, fast = _pair({"kw_only": kw_only}, body)
+    for kwargs in ({"a": 1}, {"a": 1, "b": 3.0}, {"a": 2, "c": [7]}):
+        x, y = plain(**kwargs), fast(**kwargs)
+        assert (x.a, x.b, x.c, x.d) == (y.a, y.b, y.c, y.d) and repr(x)[1:] == repr(y)[1:]
+        assert posts[-2:] == [kwargs["a"]] * 2  # __post_init__ ran once for each
+        assert y.d is not fast(**kwargs).d and ("c" in kwargs or y.c is not fast(**kwargs).c)  # a new list each
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast(a=1).a = 2
+    with pytest.raises(TypeError):
+        fast(a=1, e=2)
+    if kw_only:
+        with pytest.raises(TypeError):
+            fast(1)
+    else:
+        assert fast(1, 4.0).b == 4.0
+    with pytest.raises(TypeError):
+        memo.fast_init(_Plain)  # not slotted
+
+
+def test_dict_of_slots_and_slot_filler_are_the_loops_they_write_out():
+    @dataclass(frozen=True, slots=True)
+    class P:
+        x: int
+        y: str
+        z: float
+
+    p = P(1, "two", 3.0)
+    assert memo.dict_of_slots(P)(p) == {name: getattr(p, name) for name in P.__slots__} == {"x": 1, "y": "two", "z": 3.0}
+    q = object.__new__(P)
+    memo.slot_filler(P, ("x", "y", "z"))(q, {"x": 4, "y": "five", "z": 6.0, "unused": 0})
+    assert q == P(4, "five", 6.0)
+    with pytest.raises(KeyError):
+        memo.slot_filler(P, ("x",))(object.__new__(P), {})
+
+
+def test_kept_property_is_the_property():
+    class M:
+        def __init__(self, n):
+            self.n, self.reads = n, 0
+
+        @memo.kept_property
+        def twice(self):
+            self.reads += 1
+            return 2 * self.n
+
+    m = M(4)
+    assert (m.twice, m.twice, m.reads) == (8, 8, 1)
+    assert M(5).twice == 10
