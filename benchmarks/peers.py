@@ -15,8 +15,9 @@ llm-analysis is installed from PyPI into its own virtual environment (created on
 Each round starts one fresh process per tool, in alternating order, and each process reports:
 - cold: the CPU and wall seconds of its import, and of its first call (a fresh process);
 - warm: the median CPU and wall seconds of ``--calls`` further calls;
-- the planner also with its computed-value caches (``functools`` caches of planner.core, and the
-  inputs ``planner.estimate`` keeps between calls) cleared before each call; the files it read
+- the planner also with its computed-value caches (``functools`` caches of planner.core, every
+  cache of planner.memo, and the inputs ``planner.estimate`` keeps between calls) cleared before
+  each call; the files it read
   (profiles, stacks, presets) stay loaded, as llm-analysis's do.
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
@@ -169,12 +170,17 @@ def _core_caches() -> list:
     """The inputs the API keeps between calls, and the functools caches of the planner's model
     (planner.core.*): values it computes, not the files it read (the preset table:
     ``planner.core.presets._raw`` and ``presets``)."""
+    import types
+
     import planner.cli.api
+    import planner.memo
 
     files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets")}
-    return [planner.cli.api._SETUP, planner.cli.api._PREPARED, *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
-            for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))
-            and getattr(f, "__module__", "") == name and (name, key) not in files)]  # defined there, not imported
+    return [planner.cli.api._SETUP, planner.cli.api._PREPARED,
+            types.SimpleNamespace(cache_clear=planner.memo.clear_all),  # the identity caches, all of them
+            *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
+              for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))
+              and getattr(f, "__module__", "") == name and (name, key) not in files)]  # defined there, not imported
 
 
 def _answer(tool: str, out: dict) -> dict:

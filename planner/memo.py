@@ -57,7 +57,19 @@ def by_identity(f: Callable) -> Callable:
             f.cache_clear()
 
     cached.cache_clear = cache_clear
+    _CLEARS.append(cache_clear)
     return cached
+
+
+_CLEARS: list[Callable[[], None]] = []
+
+
+def clear_all() -> None:
+    """Empty every cache of this module: what ``by_identity`` (and ``kept_property``) keep, the
+    caches under them, and the kept hashes."""
+    for clear in _CLEARS:
+        clear()
+    _HASHES.clear()
 
 
 def dict_of_slots(cls: type) -> Callable:

@@ -140,3 +140,14 @@ def test_kept_property_is_the_property():
     m = M(4)
     assert (m.twice, m.twice, m.reads) == (8, 8, 1)
     assert M(5).twice == 10
+
+
+def test_clear_all_empties_every_identity_cache():
+    @memo.by_identity
+    def f(a):
+        return object()
+
+    a = object()
+    before = f(a)
+    memo.clear_all()
+    assert f(a) is not before
