@@ -721,7 +721,8 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
 def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``rank_order``'s sort keys, least significant first (``np.lexsort``'s order)."""
     require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
-    primary = {"time": ev.train_seconds, "cost": ev.cost_usd, "memory": ev.memory.total}[objective]
+    # The objective's column alone (each is a few passes over the table)
+    primary = ev.train_seconds if objective == "time" else ev.cost_usd if objective == "cost" else ev.memory.total
     fits = ev.fits
     primary = np.where(fits, primary, np.inf)
     # Layouts within 0.1% of each other on the objective are a tie: prefer less memory. Layouts
