@@ -368,3 +368,14 @@ def test_validate_on_a_profile_without_the_runs_precision_is_one_line(tmp_path):
     rc, out, err = planner("validate", "--published", str(rows), "--gpu", str(profile))
     one_line_refusal(rc, err, "has no fp16 tensor rate")
     assert out == ""
+
+
+def test_a_lora_target_that_is_no_name_is_refused_in_any_mode():
+    """Found by the hostile-records test: a run record of a full fine-tune whose LoRA targets held a
+    list made a Job that could not be hashed (a TypeError where the model's caches key on it)."""
+    from planner.core.layout import Job
+
+    for mode in ("pretrain", "full-finetune", "lora"):
+        with pytest.raises(PlannerError, match=r"^lora_targets=\[\]: each one of q_proj"):
+            Job(mode=mode, lora_targets=([],))
+    assert hash(Job(mode="pretrain")) == hash(Job(mode="pretrain"))

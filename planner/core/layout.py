@@ -377,8 +377,10 @@ class Job:
             require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")
             require(self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "greater than zero")
             require(len(self.lora_targets) > 0, "lora_targets", "", f"one or more of {', '.join(LORA_TARGETS)}")
-            for t in self.lora_targets:
-                require(t in LORA_TARGETS, "lora_targets", t, f"each one of {', '.join(LORA_TARGETS)}")
+        # Checked in every mode: a job is a key of the model's caches, and a target that is no name
+        # (a run record's list, say) would make it unhashable.
+        for t in self.lora_targets:
+            require(t in LORA_TARGETS, "lora_targets", t, f"each one of {', '.join(LORA_TARGETS)}")
 
     @property
     def lora(self) -> bool:
