@@ -65,11 +65,10 @@ _CLEARS: list[Callable[[], None]] = []
 
 
 def clear_all() -> None:
-    """Empty every cache of this module: what ``by_identity`` (and ``kept_property``) keep, the
-    caches under them, and the kept hashes."""
+    """Empty every cache of this module: what ``by_identity`` (and ``kept_property``,
+    ``kept_hash``) keep, and the caches under them."""
     for clear in _CLEARS:
         clear()
-    _HASHES.clear()
 
 
 def dict_of_slots(cls: type) -> Callable:
@@ -97,21 +96,12 @@ def kept_property(f: Callable) -> property:
     return property(by_identity(f))
 
 
-_HASHES: dict[int, tuple[object, int]] = {}
-
-
+@by_identity
 def kept_hash(obj) -> int:
     """A frozen dataclass's hash (of its compared fields, as the dataclass's own), computed once per
     object: a model or job is a key of several caches in every estimate, and hashing its thirty
     fields costs more than most of what those caches keep."""
-    hit = _HASHES.get(id(obj))
-    if hit is not None and hit[0] is obj:
-        return hit[1]
-    if len(_HASHES) >= 4 * SIZE:
-        _HASHES.clear()
-    value = hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare))
-    _HASHES[id(obj)] = (obj, value)
-    return value
+    return hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare))
 
 
 def fast_init(cls: type) -> type:

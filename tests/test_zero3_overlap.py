@@ -12,7 +12,7 @@ import pytest
 from planner.core import comm
 from planner.core.layout import Candidates, Job, Layout
 from planner.core.presets import get_preset
-from planner.core.steptime import _data_parallel
+from planner.core.steptime import _dp_collectives, _dp_exposed
 from planner.hardware import get_profile
 from planner.stacks import effective, software
 
@@ -29,8 +29,8 @@ def exposed(fwd: float, bwd: float, rc: float = 0.0, pp: int = 1) -> float:
     c = Candidates.from_layouts([lay])
     params = MODEL.params / pp
     one = np.array([1.0])
-    return float(_data_parallel(hw, JOB, c, sw, comm.Links.of(hw), params * one, params * one, fwd * one,
-                                bwd * one, 80.0 / pp * one, 1.0, 0.0, rc * one)[0])
+    coll = _dp_collectives(hw, JOB, c, sw, comm.Links.of(hw), params * one, params * one, 1.0, 0.0)
+    return float(_dp_exposed(hw, sw, c, coll, fwd * one, bwd * one, 80.0 / pp * one, rc * one)[0])
 
 
 def test_compute_moved_out_of_the_forward_exposes_its_gathers():

@@ -288,16 +288,19 @@ def _vpps(model: ModelSpec, pp: int, uneven: bool, pinned: int | None, extra: in
     """``_mesh``'s interleaving degrees for ``pp`` stages: 1, those dividing the layers per stage
     evenly, and under ``uneven`` the few UNEVEN_VPP (and ``pinned``, ``extra``) that leave each
     virtual stage a layer; with one pinned, it alone when it is one of them."""
-    if pinned is not None:  # the same test as its membership in the list below
-        even = pp > 1 and pinned > 1 and (model.layers // pp) % pinned == 0 and model.layers % (pp * pinned) == 0
-        return [pinned] if pinned == 1 or even or (uneven and pp > 1 and pinned > 1
-                                                    and pp * pinned <= model.layers) else []
-    vpps = [1] + ([v for v in _divisors(model.layers // pp) if v > 1 and model.layers % (pp * v) == 0]
-                  if pp > 1 else [])
-    if uneven and pp > 1:
-        tried = set(UNEVEN_VPP) | {v for v in (pinned, extra) if v}
-        vpps += [v for v in sorted(tried) if v > 1 and pp * v <= model.layers and v not in vpps]
-    return vpps
+    layers = model.layers
+
+    def even(v: int) -> bool:  # each virtual stage as many layers (v divides the layers per stage)
+        return pp > 1 and v > 1 and (layers // pp) % v == 0 and layers % (pp * v) == 0
+
+    def spread(v: int) -> bool:  # a stack that splits unevenly: a layer for each virtual stage
+        return uneven and pp > 1 and v > 1 and pp * v <= layers
+
+    if pinned is not None:  # it alone, when the list below would hold it
+        return [pinned] if pinned == 1 or even(pinned) or spread(pinned) else []
+    vpps = [1] + [v for v in _divisors(layers // pp) if even(v)]
+    tried = set(UNEVEN_VPP) | {v for v in (pinned, extra) if v}
+    return vpps + [v for v in sorted(tried) if spread(v) and v not in vpps]
 
 
 def _dividing(n: int, pinned: int | None) -> tuple[int, ...]:
@@ -720,7 +723,7 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
 
 def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``rank_order``'s sort keys, least significant first (``np.lexsort``'s order)."""
-    require(objective in OBJECTIVES, "sort", objective, f"one of {', '.join(OBJECTIVES)}")
+    require(objective in OBJECTIVES, "sort", objective, _OBJECTIVES_ALLOWED)
     # The objective's column alone (each is a few passes over the table)
     primary = ev.train_seconds if objective == "time" else ev.cost_usd if objective == "cost" else ev.memory.total
     fits = ev.fits

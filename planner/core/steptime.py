@@ -330,21 +330,10 @@ def _host_sharing(hw: HardwareProfile, c: Candidates) -> tuple[np.ndarray | floa
     return slow, maximum(1.0, share)
 
 
-def _data_parallel(hw: HardwareProfile, job: Job, c: Candidates, sw: Software,
-                   links: comm.Links, trained: np.ndarray, shard: np.ndarray, fwd_mb: np.ndarray,
-                   bwd_mb: np.ndarray, layers_pace: np.ndarray, busy, expert_share=0.0,
-                   rc_mb: np.ndarray | float = 0.0) -> np.ndarray:
-    """Exposed data-parallel time per step: the gradient reduction and, by ZeRO stage, the
-    gathers of weights, minus what the stack hides behind compute. ``expert_share`` of the bytes
-    (an MoE's routed experts) go over the dp*cp/ep ranks holding the same experts, tp*ep apart."""
-    return _dp_exposed(hw, sw, c, _dp_collectives(hw, job, c, sw, links, trained, shard, busy, expert_share),
-                       fwd_mb, bwd_mb, layers_pace, rc_mb)
-
-
 @fast_init
 @dataclass(frozen=True, slots=True)
 class _Collectives:
-    """The data-parallel collectives of a step before any overlap (``_data_parallel``), and which
+    """The data-parallel collectives of a step before any overlap (``_dp_collectives``), and which
     ZeRO stages the table holds (a stage's times are computed only where some layout has it)."""
 
     ar: np.ndarray | float  # ZeRO 0: the gradients' all-reduce
@@ -361,8 +350,10 @@ class _Collectives:
 
 def _dp_collectives(hw: HardwareProfile, job: Job, c: Candidates, sw: Software, links: comm.Links,
                     trained: np.ndarray, shard: np.ndarray, busy, expert_share=0.0) -> _Collectives:
-    """``_data_parallel``'s collectives, before what compute hides: they read the layouts' groups
-    and the stage's parameters, not the micro-batches."""
+    """The data-parallel collectives of a step, before what compute hides (``_dp_exposed``): the
+    gradient reduction and, by ZeRO stage, the gathers of weights. ``expert_share`` of the bytes (an
+    MoE's routed experts) go over the dp*cp/ep ranks holding the same experts, tp*ep apart. They
+    read the layouts' groups and the stage's parameters, not the micro-batches."""
     act = ACT_BYTES[job.precision]
     # Gradients reduced in the stack's reduce dtype (fp32 for FSDP2 and Megatron-Core main grads),
     # never wider than the precision keeps them.
@@ -432,7 +423,8 @@ def _dp_collectives(hw: HardwareProfile, job: Job, c: Candidates, sw: Software, 
 
 def _dp_exposed(hw: HardwareProfile, sw: Software, c: Candidates, coll: _Collectives, fwd_mb: np.ndarray,
                 bwd_mb: np.ndarray, layers_pace: np.ndarray, rc_mb: np.ndarray | float = 0.0) -> np.ndarray:
-    """``_data_parallel``: the collectives ``coll`` less what the micro-batches' compute hides."""
+    """Exposed data-parallel time per step: the collectives ``coll`` (``_dp_collectives``) less what
+    the stack hides behind the micro-batches' compute."""
     e, m, zero = hw.efficiency, as_float(c.m), c.zero_stage
     ar, rs, ag3, rs3, ar_last, rs_last = coll.ar, coll.rs, coll.ag3, coll.rs3, coll.ar_last, coll.rs_last
     has0, has12, has3 = coll.has0, coll.has12, coll.has3
