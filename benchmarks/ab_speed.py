@@ -6,8 +6,10 @@ A shared machine's speed wanders (twofold within minutes, CPU time with it, was 
 development machine): figures measured minutes apart do not compare code. This script extracts REV
 (`git archive`) into a temporary folder and times it and this tree in turns, each in a fresh
 process, ``--pairs`` times. Each process prints the minimum over its repeats of: a large search
-(Mixtral 8x22B on 4,096 H100s, 69,471 layouts), a free plan (33B on 128 A100s, what `planner
-estimate --params 33B --gpus 128` computes) and one pinned estimate (that plan's layout pinned). The
+(Mixtral 8x22B on 4,096 H100s, 69,471 layouts), the full evaluation of 33B on 128 A100s and of
+DeepSeek-V3 on 2,048 H100s (``search(...).table``: every layout's memory and step time, ranked), a
+free plan (33B on 128 A100s, what `planner estimate --params 33B --gpus 128` computes) and one
+pinned estimate (that plan's layout pinned, and DeepSeek-V3's). The
 last lines give, per figure, the median of each tree's minima and their ratio (REV / this tree:
 above 1, this tree is faster), and the median of the ratios within each pair (the two run a few
 seconds apart: less moved by the machine's slow minutes, which can fall on either tree's runs).
@@ -56,6 +58,8 @@ lay3 = plan(v3, h100, Job(), 2048).best.layout
 pins3 = Pins(**{n: getattr(lay3, n) for n in Pins.__slots__})
 print(json.dumps({
     "large search, Mixtral 8x22B on 4,096 GPUs (ms)": 1e3 * least(lambda: search(mixtral, h100, job, 4096), 10),
+    "full evaluation, 33B on 128 A100 (ms)": 1e3 * least(lambda: search(m33, a100, Job(), 128).table, 20),
+    "full evaluation, DeepSeek-V3 on 2,048 H100 (ms)": 1e3 * least(lambda: search(v3, h100, Job(), 2048).table, 20),
     "free plan, 33B on 128 A100 (ms)": 1e3 * least(lambda: plan(m33, a100, Job(), 128), 20),
     "pinned estimate, 33B on 128 A100 (ms)": 1e3 * least(lambda: plan(m33, a100, Job(), 128, pins), 100),
     "pinned estimate, DeepSeek-V3 on 2,048 H100 (ms)": 1e3 * least(lambda: plan(v3, h100, Job(), 2048, pins3), 100),

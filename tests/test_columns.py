@@ -69,6 +69,16 @@ def test_select_is_numpys():
             assert type(got) is float, (zero, got)
         assert np.asarray(got).dtype == want.dtype and np.shape(got) == np.shape(want)
         assert np.array_equal(got, want, equal_nan=True), (zero, got, want)
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # columns: overlapping conditions (the first that holds wins), scalars among them
+        n = int(rng.integers(1, 50))
+        conds = [rng.random(n) < 0.5 for _ in range(int(rng.integers(1, 4)))]
+        kinds = [rng.random(n), float(rng.random()), np.arange(n), 7, np.full(n, np.nan)]
+        choices = [kinds[int(rng.integers(len(kinds)))] for _ in conds]
+        default = [rng.random(n), 0.0, 3, np.arange(n)][int(rng.integers(4))]
+        want, got = np.select(conds, choices, default), columns.select(conds, choices, default)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want, equal_nan=True), (conds, choices, default)
 
 
 def test_as_float_as_array_and_ones_like_are_numpys():

@@ -106,19 +106,46 @@ def test_distinct_rows_index_every_row_and_hide_the_other_columns():
     n = 20000
     cols = {d: rng.integers(0, 3, n) for d in DIMS}
     cols["sequence_parallel"] = rng.integers(0, 2, n).astype(bool)
-    for large in (False, True):  # values too large for one int64 key: compared column by column
+    # Values a lookup table indexes; values past it (sorted per column); so many distinct values in
+    # every column that no int64 key holds their combinations (the rows compared column by column).
+    for kind in ("small", "large", "many"):
         for d in ("tp", "cp", "ep", "micro_batch"):
-            cols[d] = rng.choice([1, 2, 7, 2**20 - 1] if large else [1, 2, 4, 64], n)
+            cols[d] = (rng.choice([1, 2, 4, 64], n) if kind == "small" else rng.choice([1, 2, 7, 2**20 - 1], n)
+                       if kind == "large" else rng.integers(0, 2**40, n))
+        cols["recompute"] = rng.integers(0, 2**40, n) if kind == "many" else rng.integers(0, 3, n)
         c = Candidates(**cols)
         part, inverse = c.distinct(LAYER_DIMS)
-        assert len(part) == len({tuple(row) for row in zip(*(getattr(c, d).tolist() for d in LAYER_DIMS))})
+        rows = np.unique(np.stack([getattr(c, d) for d in LAYER_DIMS], axis=1), axis=0)  # ascending, as the key's order
+        assert len(part) == len(rows) == len({tuple(row) for row in zip(*(getattr(c, d).tolist() for d in LAYER_DIMS))})
+        assert np.array_equal(np.stack([getattr(part, d) for d in LAYER_DIMS], axis=1), rows)
         for d in LAYER_DIMS:
             got = getattr(part, d)
             assert got.dtype == getattr(c, d).dtype and np.array_equal(got[inverse], getattr(c, d))
-        with pytest.raises(TypeError):  # a column the dimensions leave out is not there to read
-            per_distinct(c, LAYER_DIMS, lambda p: p.dp + 1)
+        if kind != "many":  # (where nearly every row is distinct, per_distinct computes on the table itself)
+            with pytest.raises(TypeError):  # a column the dimensions leave out is not there to read
+                per_distinct(c, LAYER_DIMS, lambda p: p.dp + 1)
         twice = per_distinct(c, LAYER_DIMS, lambda p: (2 * p.tp + p.micro_batch, 0.5))
         assert np.array_equal(twice[0], 2 * c.tp + c.micro_batch) and twice[1] == 0.5
         some = c.take(np.arange(0, n, 3))  # a selection reads the table's distinct rows
         sub, index = some.distinct(LAYER_DIMS)
         assert sub is part and all(np.array_equal(getattr(sub, d)[index], getattr(some, d)) for d in LAYER_DIMS)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 3000])
+def test_distinct_rows_of_constant_columns_and_short_tables(rows):
+    """Columns of one value (left out of the key), a table of one row and one of none: the
+    distinct rows are np.unique's, of every column's dtype, indexing every row."""
+    from planner.core.layout import DIMS, LAYER_DIMS, Candidates
+
+    rng = np.random.default_rng(rows)
+    cols = {d: np.full(rows, 2, dtype=np.int64) for d in DIMS}
+    cols["sequence_parallel"] = np.ones(rows, dtype=bool)
+    cols["micro_batch"] = rng.choice([1, 8], rows)
+    c = Candidates(**cols)
+    part, inverse = c.distinct(LAYER_DIMS)
+    expect = np.unique(np.stack([getattr(c, d) for d in LAYER_DIMS], axis=1), axis=0)
+    assert len(part) == len(expect) and inverse.shape == (rows,)
+    for j, d in enumerate(LAYER_DIMS):
+        got = getattr(part, d)
+        assert got.dtype == getattr(c, d).dtype
+        assert np.array_equal(got, expect[:, j].astype(got.dtype)) and np.array_equal(got[inverse], getattr(c, d))

@@ -495,41 +495,38 @@ class Candidates(_Kept):
         """The distinct combinations of the columns ``dims`` as a table of their own, and each row's
         index in it (``np.unique``'s inverse, so ``part.tp[inverse]`` is ``self.tp``). Its other
         columns are None: a formula given it that reads one fails instead of reading another row's
-        value. One key per row: the columns' values in mixed radix (max + 1 each). Kept: the
+        value. One key per row: the index of each column's value among that column's values, in mixed
+        radix (a column of one value left out). Kept: the
         memory and the step time of a table ask for the same; a table ``take`` makes of this one
         reads this one's distinct rows (a superset of its own)."""
         known = getattr(self, "_distinct", None)
         if known is not None and dims in known:
             return known[dims]
-        columns = [getattr(self, name) for name in dims]
-        radix = [int(col.max()) + 1 if len(col) else 1 for col in columns]
+        levels = [_levels(getattr(self, name)) for name in dims]  # (each column's values, each row's index in them)
+        varied = [code for _, code in levels if code is not None]
+        radix = [len(values) for values, code in levels if code is not None]
         part = object.__new__(_Part)
         for name in DIMS:
             object.__setattr__(part, name, None)
         if math.prod(radix) >= 1 << 62:  # no key in int64: the rows compared column by column
-            _, first, inverse = np.unique(np.stack(columns, axis=1).astype(np.int64), axis=0,
-                                          return_index=True, return_inverse=True)
-            values = [col[first] for col in columns]
-        else:  # np.unique's steps, with an unstable sort (no first index wanted: the key holds the values)
-            key = columns[0].astype(np.int64)
-            for col, r in zip(columns[1:], radix[1:]):
-                key = key * r + col
-            order = key.argsort()
-            ordered = key[order]
-            new = np.empty(len(key), dtype=bool)
-            new[:1] = True
-            np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-            inverse = np.empty(len(key), dtype=np.int64)
-            inverse[order] = np.cumsum(new) - 1
-            unique = ordered[new]
-            values = []
-            for col, r in zip(columns[::-1], radix[::-1]):
-                values.append((unique % r).astype(col.dtype, copy=False))
+            _, first, inverse = np.unique(np.stack(varied, axis=1), axis=0, return_index=True, return_inverse=True)
+            at = [code[first] for code in varied]
+        else:  # one key per row: the value indices in mixed radix
+            key = varied[0].astype(np.int64, copy=False) if varied else np.zeros(len(self), dtype=np.int64)
+            for code, r in zip(varied[1:], radix[1:]):
+                key = key * r + code
+            unique, inverse = _distinct_keys(key, math.prod(radix))
+            at = []
+            for r in radix[::-1]:
+                at.append(unique % r)
                 unique = unique // r
-            values = values[::-1]
+            at = at[::-1]
+        count = len(at[0]) if at else min(len(self), 1)
+        index = iter(at)
+        values = [values[next(index)] if code is not None else values.repeat(count) for values, code in levels]
         for name, value in zip(dims, values):
             object.__setattr__(part, name, value)
-        object.__setattr__(part, "rows", len(values[0]))
+        object.__setattr__(part, "rows", count)
         if known is not None:
             known[dims] = part, inverse.reshape(-1)
         return part, inverse.reshape(-1)
@@ -620,6 +617,62 @@ class _Part(Candidates):
 
     def __len__(self) -> int:
         return self.rows
+
+
+LEVELS_MAX = 1 << 16  # a column's values indexed through a lookup table up to this value
+RAW_LEVELS = 5  # a column of values below this is its own index (radix max + 1: no lookup table)
+
+
+def _levels(column: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A column's values, and each row's index in them (None: one value, or none): ascending, the
+    index a value's rank among them; a column of small non-negative values (below RAW_LEVELS)
+    its own index, with every value from 0 to its largest (some perhaps in no row); larger ones
+    through a lookup table indexed by value (no sort) up to LEVELS_MAX, else ``np.unique``."""
+    if not len(column):
+        return column[:0], None
+    low, high = column.min(), column.max()
+    if low == high:
+        return column[:1], None
+    if column.dtype == bool:
+        return np.array([False, True]), column.view(np.uint8)
+    if low < 0 or high >= LEVELS_MAX:
+        values, index = np.unique(column, return_inverse=True)
+        return values, index.reshape(-1)
+    if high < RAW_LEVELS:
+        return np.arange(high + 1, dtype=column.dtype), column
+    values = _present(column, int(high) + 1)
+    return values.astype(column.dtype, copy=False), _ranks(values, int(high) + 1)[column]
+
+
+def _present(index: np.ndarray, bound: int) -> np.ndarray:
+    """The values of ``index`` (non-negative integers below ``bound``), ascending, once each."""
+    seen = np.zeros(bound, dtype=bool)
+    seen[index] = True
+    return np.flatnonzero(seen)
+
+
+def _ranks(values: np.ndarray, bound: int) -> np.ndarray:
+    """A table over 0..bound-1 giving each of ``values`` (ascending) its rank (others undefined)."""
+    table = np.empty(bound, dtype=np.int64)
+    table[values] = np.arange(len(values))
+    return table
+
+
+def _distinct_keys(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``key`` (non-negative, below ``bound``) ascending, and each row's
+    index in them (``np.unique``'s inverse): by a table of every possible key when there are few
+    (no sort), else by an unstable sort (the keys hold the values: no first index wanted)."""
+    if bound <= max(8 * len(key), 1024):
+        unique = _present(key, bound)
+        return unique, _ranks(unique, bound)[key]
+    order = key.argsort()
+    ordered = key[order]
+    new = np.empty(len(key), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    inverse = np.empty(len(key), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return ordered[new], inverse
 
 
 def per_distinct(c: Candidates, dims: tuple[str, ...], f: Callable):
