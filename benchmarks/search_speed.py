@@ -20,7 +20,8 @@ Targets (issues 2, 14 and 39), all in process unless said:
 
 Times are medians (and minima) over repeats on whatever else the machine is running: wall clock
 and this process's CPU time (on a shared machine the CPU time is the better estimate of the code's
-own cost). Every figure printed comes from this run.
+own cost). The two full-evaluation rates of the 1 M/s target are medians of at least 30 runs each
+(``--quick`` too). Every figure printed comes from this run.
 """
 
 from __future__ import annotations
@@ -81,10 +82,15 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+RATE_REPEATS = 30  # runs of each rate of ``rates`` (the 1 M layouts/s target), --quick too
+
+
 def rates(label: str, model: ModelSpec, hw, job: Job, gpus: int, repeat: int) -> tuple[float, float]:
     """Print a search's layouts/s both ways (enumerated and checked; fully evaluated and ranked);
     return the rates by median CPU time (M/s) of both: on a shared machine the wall clock counts
-    the other processes too."""
+    the other processes too. At least RATE_REPEATS runs each (a few milliseconds apiece): a
+    median of three moves by a tenth with the machine's load from one run to the next."""
+    repeat = max(repeat, RATE_REPEATS)
     med, low, r = timed(lambda: search(model, hw, job, gpus), repeat)
     cpu = CPU[0]
     n = r.evaluated

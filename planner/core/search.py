@@ -260,8 +260,9 @@ def cp_degrees(model: ModelSpec, n: int, pinned: int | None) -> list[int]:
                                                   and model.seq_len // c >= CP_MIN_TOKENS)]
 
 
+@functools.lru_cache(maxsize=256)  # a tuple of a few hundred rows, the same for every search of a model, count and pins
 def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
-          extra_vpp: int | None = None) -> list[tuple[int, int, int, int, int]]:
+          extra_vpp: int | None = None) -> tuple[tuple[int, int, int, int, int], ...]:
     """Every (dp, tp, pp, vpp, cp) whose product dp*tp*pp*cp is the GPU count, tp dividing the heads,
     vpp dividing the layers per stage, and the pinned ones kept. ``uneven``: the stack splits
     layers unevenly across virtual stages too (torchtitan's split points, Megatron-Core's
@@ -281,7 +282,7 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
                 if pins.dp is not None and dp != pins.dp:
                     continue
                 out += [(dp, tp, pp, vpp, cp) for vpp in vpps]
-    return out
+    return tuple(out)
 
 
 def _vpps(model: ModelSpec, pp: int, uneven: bool, pinned: int | None, extra: int | None) -> list[int]:
@@ -349,7 +350,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
         one, why = _one_layout(model, gpus, job, pins, mesh[0], values, gpus_per_node)
         return (one if as_row or why else one.table()), why
     codes = {d.name: d.encode(values[d.name]) for d in free}
-    mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T))
+    mesh_cols = dict(zip(("dp", "tp", "pp", "vpp", "cp"), np.array(mesh, dtype=np.int64).T.copy()))
     gb, batch_ok = _batch_table(model, gpus, job, mesh_cols["dp"], codes["micro_batch"])
     rules = _rules(model, job, gpus_per_node)
     # The product grows a dimension at a time. A rule applies as soon as the columns it reads exist:
@@ -535,14 +536,16 @@ class _Product:
         return self._read[name]
 
     def _column(self, name: str) -> np.ndarray:
+        # (``take``, and a table's cells by their flat index: numpy's fancy indexing costs more,
+        # twice that with two index arrays.)
         if name in self._mesh:
-            return self._mesh[name][self._index("mesh")]
+            return self._mesh[name].take(self._index("mesh"))
         if name in ("global_batch", "batch_ok"):
             table = self._gb if name == "global_batch" else self._batch_ok
-            return table[self._index("mesh"), self._index("micro_batch")]
+            return table.ravel().take(self._index("mesh") * table.shape[1] + self._index("micro_batch"))
         if len(self._codes[name]) == 1:  # one value: no field in the code, read as a scalar (a rule holds of one
             return self._codes[name].item(0)  # layout's scalars too: ``_one_layout``)
-        return self._codes[name][self._index(name)]
+        return self._codes[name].take(self._index(name))
 
     def __getattr__(self, name: str) -> np.ndarray:
         if name.startswith("_"):
