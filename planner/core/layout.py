@@ -417,9 +417,42 @@ JOB_OPTIONS: tuple[Option, ...] = options_of(Job)
 
 class _Kept:
     """What a table keeps beside its columns: ``Candidates.distinct``'s answers (carried to the
-    tables ``take`` makes of it)."""
+    tables ``take`` makes of it), and the columns its properties computed (``_once``: the
+    formulas read m, gpus, the shard group and the ZeRO group many times a pass)."""
 
-    __slots__ = ("_distinct",)
+    __slots__ = ("_distinct", "_props")
+
+    def _once(self, key, f: Callable, *args) -> np.ndarray:
+        """``f(self, *args)``, computed once per table (a table's columns are never written: the
+        column returned is shared by every reader)."""
+        props = self._props
+        value = props.get(key)
+        if value is None:
+            value = props[key] = f(self, *args)
+        return value
+
+
+def _computed(self, key, f: Callable, *args):
+    """``_once`` of what keeps nothing (one layout's scalars, the distinct rows, the enumeration's
+    product): ``f(self, *args)`` each time."""
+    return f(self, *args)
+
+
+def _micro_batches(c: "Candidates") -> np.ndarray:
+    return c.global_batch // (c.dp * c.micro_batch)
+
+
+def _gpus(c: "Candidates") -> np.ndarray:
+    return c.dp * c.tp * c.pp * c.cp  # GPU_FACTORS' product (asserted below Candidates)
+
+
+def _shard_group(c: "Candidates") -> np.ndarray:
+    return c.dp * c.cp
+
+
+def _zero_group(c: "Candidates", gpus_per_node: int) -> np.ndarray:
+    in_node = minimum(c.shard_group, maximum(1, gpus_per_node // c.tp))
+    return where(c.sharding == SHARDING.index("hybrid"), in_node, c.shard_group)
 
 
 class Candidates(_Kept):
@@ -438,6 +471,7 @@ class Candidates(_Kept):
         for name, column in columns.items():
             object.__setattr__(self, name, column)
         object.__setattr__(self, "_distinct", {})
+        object.__setattr__(self, "_props", {})
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Candidates are immutable")
@@ -454,24 +488,23 @@ class Candidates(_Kept):
     @property
     def m(self) -> np.ndarray:
         """Micro-batches per pipeline per step."""
-        return self.global_batch // (self.dp * self.micro_batch)
+        return self._once("m", _micro_batches)
 
     @property
     def gpus(self) -> np.ndarray:
-        return self.dp * self.tp * self.pp * self.cp  # GPU_FACTORS' product (asserted below the class)
+        return self._once("gpus", _gpus)
 
     @property
     def shard_group(self) -> np.ndarray:
         """Ranks that hold the same weights: the data-parallel replicas and the context-parallel
         ranks (they split sequences, not weights). Gradients are reduced, and ZeRO shards, over
         them (torchtitan's FSDP mesh dp_shard x cp; Megatron-Core's data-parallel-with-CP group)."""
-        return self.dp * self.cp
+        return self._once("shard_group", _shard_group)
 
     def zero_group(self, gpus_per_node: int) -> np.ndarray:
         """Ranks ZeRO shards over: the shard group, or under hybrid sharding its ranks inside one
         node (tp apart: gpus_per_node // tp of them, at most the group)."""
-        in_node = minimum(self.shard_group, maximum(1, gpus_per_node // self.tp))
-        return where(self.sharding == SHARDING.index("hybrid"), in_node, self.shard_group)
+        return self._once(gpus_per_node, _zero_group, gpus_per_node)
 
     def full(self, value: float, dtype: type = float) -> np.ndarray:
         """``value`` in every row: a column of this table's length (float64, or int64 for ``int``)."""
@@ -555,6 +588,7 @@ class _OneRow(Candidates):
     # Its Layout once read (or given: ``one_row_of``), and the properties the formulas read most,
     # computed once (Candidates' own properties, on the scalars).
     __slots__ = ("_layout", *_KEPT_PROPERTIES)
+    _once = _computed
 
     def __len__(self) -> int:
         return 1
@@ -594,7 +628,8 @@ def one_row_of(columns: dict[str, int | bool], layout: Layout | None = None) -> 
     return row
 
 
-_CANDIDATE_PROPERTY = {name: getattr(Candidates, name).fget for name in _KEPT_PROPERTIES}
+_CANDIDATE_PROPERTY = {"m": _micro_batches, "gpus": _gpus, "shard_group": _shard_group}
+assert set(_CANDIDATE_PROPERTY) == set(_KEPT_PROPERTIES)
 _fill_layout = slot_filler(Layout, tuple(DIMS))  # every field (a Layout's are the dimensions)
 _fill_row, _fill_kept = slot_filler(_OneRow, tuple(DIMS)), slot_filler(_OneRow, _KEPT_PROPERTIES)
 _set_layout = _OneRow._layout.__set__
@@ -614,6 +649,7 @@ class _Part(Candidates):
     """Some columns of a table's distinct rows (``Candidates.distinct``); the others None."""
 
     __slots__ = ("rows",)
+    _once = _computed
 
     def __len__(self) -> int:
         return self.rows

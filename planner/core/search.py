@@ -38,6 +38,7 @@ from planner.core.layout import (
     Candidates,
     Job,
     _checked_layout,
+    _computed,
     default_global_batch,
     one_row_of,
 )
@@ -546,6 +547,8 @@ class _Product:
         if len(self._codes[name]) == 1:  # one value: no field in the code, read as a scalar (a rule holds of one
             return self._codes[name].item(0)  # layout's scalars too: ``_one_layout``)
         return self._codes[name].take(self._index(name))
+
+    _once = _computed  # (the properties of ``Candidates`` read by the rules: computed each time)
 
     def __getattr__(self, name: str) -> np.ndarray:
         if name.startswith("_"):
