@@ -438,19 +438,19 @@ def _computed(self, key, f: Callable, *args):
     return f(self, *args)
 
 
-def _micro_batches(c: "Candidates") -> np.ndarray:
+def _micro_batches(c: Candidates) -> np.ndarray:
     return c.global_batch // (c.dp * c.micro_batch)
 
 
-def _gpus(c: "Candidates") -> np.ndarray:
+def _gpus(c: Candidates) -> np.ndarray:
     return c.dp * c.tp * c.pp * c.cp  # GPU_FACTORS' product (asserted below Candidates)
 
 
-def _shard_group(c: "Candidates") -> np.ndarray:
+def _shard_group(c: Candidates) -> np.ndarray:
     return c.dp * c.cp
 
 
-def _zero_group(c: "Candidates", gpus_per_node: int) -> np.ndarray:
+def _zero_group(c: Candidates, gpus_per_node: int) -> np.ndarray:
     in_node = minimum(c.shard_group, maximum(1, gpus_per_node // c.tp))
     return where(c.sharding == SHARDING.index("hybrid"), in_node, c.shard_group)
 
