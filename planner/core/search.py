@@ -702,34 +702,38 @@ def rank_order(ev: Evaluation, objective: str) -> np.ndarray:
     return np.concatenate([head, tail[lexsort((mem_tail, second_tail))]])
 
 
-RANK_SORT_ROWS = 4096  # from this many rows ``lexsort`` sorts by ranks
-
-
 def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """``np.lexsort(keys)``: the rows by the last key, then the one before..., rows equal in every key
-    in table order. One key: numpy's stable sort. Several, from RANK_SORT_ROWS rows up to 65,536
-    (and no NaN): on each key's dense rank
-    (an unstable sort, equal neighbours sharing a rank) as 16-bit integers, which numpy's stable sort
-    orders by radix: the same order in a third of the time of its merge sort of float64 keys on
-    5-10K rows (shorter tables are often near sorted, which the merge sort takes faster)."""
-    n = len(keys[0])
-    if len(keys) == 1:  # one key: numpy's stable sort of it (faster than ranking it first, on 2-20K rows)
+    in table order (NaN last, -0.0 equal to 0.0). The rows are put in order by the last two keys
+    (numpy's stable sort of one, then of the other: fast on keys in runs, as a table's step times
+    are), and only rows equal on both are then ordered by the keys before (few: the ranking's
+    memory breaks ties of objective and step time), where ``np.lexsort`` sorts every row by every
+    key, a sort of float64 keys in random order each."""
+    if len(keys) == 1:
         return np.argsort(keys[0], kind="stable")
-    if not RANK_SORT_ROWS <= n <= 1 << 16:
-        return np.lexsort(keys)
-    ranks = []
-    for key in keys:
-        order = np.argsort(key)
-        ordered = key[order]
-        if ordered.dtype.kind == "f" and np.isnan(ordered[-1]):  # NaNs: their order among themselves is lost
-            return np.lexsort(keys)
-        new = np.empty(n, dtype=bool)
-        new[0] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-        rank = np.empty(n, dtype=np.uint16)
-        rank[order] = np.cumsum(new) - 1
-        ranks.append(rank)
-    return np.lexsort(ranks)
+    *rest, second, first = keys
+    order = np.argsort(second, kind="stable")
+    order = order[np.argsort(first[order], kind="stable")]
+    if rest and len(order) > 1:
+        f, s = first[order], second[order]
+        tie = _equal(f[1:], f[:-1]) & _equal(s[1:], s[:-1])  # position i and i + 1 tie
+        if tie.any():
+            joined = np.concatenate([[False], tie])  # position i ties with i - 1
+            run = np.cumsum(~joined)  # each run of positions tied together: one number
+            held = joined.copy()
+            held[:-1] |= tie
+            rows = np.flatnonzero(held)  # the positions in a run of ties
+            tied = order[rows]
+            order[rows] = tied[np.lexsort((*(k[tied] for k in rest), run[rows]))]
+    return order
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a == b`` as a sort sees it: NaN equal to NaN."""
+    same = a == b
+    if a.dtype.kind == "f":
+        same |= np.isnan(a) & np.isnan(b)
+    return same
 
 
 def _rank_keys(ev: Evaluation, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
