@@ -502,13 +502,16 @@ class _Product:
                 self._read = {}
             self.keep(rules)
             return
-        held = np.empty((len(self._code), k), dtype=bool)
+        bits = _bits(k)
+        held = np.zeros((len(self._code), 1 << bits), dtype=bool)  # each row's values held, a row per code
         for v in range(k):
             self._fixed = (name, v)
             held[:, v] = self._holds(rules)
         self._fixed = None
-        self._bits[name] = _bits(k)
-        self._code, self._read = ((self._code[:, None] << self._bits[name]) | np.arange(k))[held], {}
+        self._bits[name] = bits
+        # The codes kept, in order: a held cell's flat index is its row's position and its value's bits.
+        kept = np.flatnonzero(held)
+        self._code, self._read = (self._code[kept >> bits] << bits) | (kept & ((1 << bits) - 1)), {}
 
     def _holds(self, rules: list) -> np.ndarray:
         keep = np.ones(len(self._code), dtype=bool)
