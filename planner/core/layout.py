@@ -697,18 +697,12 @@ def _ranks(values: np.ndarray, bound: int) -> np.ndarray:
 def _distinct_keys(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of ``key`` (non-negative, below ``bound``) ascending, and each row's
     index in them (``np.unique``'s inverse): by a table of every possible key when there are few
-    (no sort), else by an unstable sort (the keys hold the values: no first index wanted)."""
+    (no sort), else ``np.unique`` (a sort)."""
     if bound <= max(8 * len(key), 1024):
         unique = _present(key, bound)
         return unique, _ranks(unique, bound)[key]
-    order = key.argsort()
-    ordered = key[order]
-    new = np.empty(len(key), dtype=bool)
-    new[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    inverse = np.empty(len(key), dtype=np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    return ordered[new], inverse
+    unique, inverse = np.unique(key, return_inverse=True)
+    return unique, inverse.reshape(-1)
 
 
 def per_distinct(c: Candidates, dims: tuple[str, ...], f: Callable):
