@@ -142,3 +142,35 @@ def test_rank_sort_orders_rows_as_numpy_lexsort(rows):
     key = np.round(rng.random(rows), 2)  # ties
     key[::7] = np.nan
     assert np.array_equal(lexsort((key,)), np.argsort(key, kind="stable"))
+
+
+@pytest.mark.parametrize("rows", [255, 256, 3000])
+def test_rank_sort_by_digits_orders_any_float_or_int_key(rows):
+    """From RADIX_MIN_ROWS rows the sort goes by 16-bit digits of each key's bits: full-width floats
+    of both signs (every bit varies), infinities, NaN of either sign, -0.0 beside 0.0, int64 over
+    their whole range, keys of one value, and a key of another dtype (int32, bool: numpy's own
+    sort) beside them: np.lexsort's order in each."""
+    from planner.core.search import RADIX_MIN_ROWS, _sort_bits, lexsort
+
+    assert RADIX_MIN_ROWS == 256
+    rng = np.random.default_rng(rows)
+    special = np.array([np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 5e-324, -5e-324, 1.7976931348623157e308])
+
+    def key(kind: int) -> np.ndarray:
+        if kind == 0:  # every bit varies
+            return rng.normal(size=rows) * 10.0 ** rng.integers(-300, 300, rows)
+        if kind == 1:
+            return rng.choice(np.concatenate([special, rng.normal(size=5)]), rows)
+        if kind == 2:
+            return rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, rows, dtype=np.int64)
+        if kind == 3:
+            return np.full(rows, 3.5)  # one value: no digit varies
+        if kind == 4:
+            return rng.integers(-2, 2, rows).astype(np.int32)
+        return rng.random(rows) < 0.5
+
+    for _ in range(30):
+        keys = tuple(key(int(k)) for k in rng.integers(0, 6, rng.integers(1, 4)))
+        assert np.array_equal(lexsort(keys), np.lexsort(keys))
+    x = rng.choice(special, rows)
+    assert np.array_equal(np.argsort(_sort_bits(x), kind="stable"), np.argsort(x, kind="stable"))

@@ -535,7 +535,9 @@ class Candidates(_Kept):
         known = getattr(self, "_distinct", None)
         if known is not None and dims in known:
             return known[dims]
-        levels = [_levels(getattr(self, name)) for name in dims]  # (each column's values, each row's index in them)
+        # (each column's values, each row's index in them: once per column, which several sets of
+        # columns read)
+        levels = [self._once(("levels", name), _column_levels, name) for name in dims]
         varied = [code for _, code in levels if code is not None]
         radix = [len(values) for values, code in levels if code is not None]
         part = object.__new__(_Part)
@@ -678,6 +680,10 @@ def _levels(column: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         return np.arange(high + 1, dtype=column.dtype), column
     values = _present(column, int(high) + 1)
     return values.astype(column.dtype, copy=False), _ranks(values, int(high) + 1)[column]
+
+
+def _column_levels(c: Candidates, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    return _levels(getattr(c, name))
 
 
 def _present(index: np.ndarray, bound: int) -> np.ndarray:

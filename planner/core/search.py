@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import time
 import types
 from dataclasses import dataclass, field
@@ -713,10 +714,9 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     memory breaks ties of objective and step time), where ``np.lexsort`` sorts every row by every
     key, a sort of float64 keys in random order each."""
     if len(keys) == 1:
-        return np.argsort(keys[0], kind="stable")
+        return _stable_order(keys)
     *rest, second, first = keys
-    order = np.argsort(second, kind="stable")
-    order = order[np.argsort(first[order], kind="stable")]
+    order = _stable_order((second, first))
     if rest and len(order) > 1:
         f, s = first[order], second[order]
         tie = _equal(f[1:], f[:-1]) & _equal(s[1:], s[:-1])  # position i and i + 1 tie
@@ -729,6 +729,56 @@ def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
             tied = order[rows]
             order[rows] = tied[np.lexsort((*(k[tied] for k in rest), run[rows]))]
     return order
+
+
+RADIX_MIN_ROWS = 256  # ``_stable_order`` sorts by 16-bit digits from this many rows
+
+
+def _stable_order(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The rows in the order of ``keys`` (the last most significant), rows equal in all in table
+    order: ``np.lexsort`` of one or two keys. Of many rows, with every key float64 or int64, a
+    radix sort: each key an unsigned integer in the same order (``_sort_bits``), sorted by the
+    16-bit digits that vary, least significant first, each by numpy's stable sort of 16-bit
+    integers (itself a radix sort). A comparison sort of a table's float keys (step times,
+    memory) mispredicts a branch at about every other comparison: in a search, where each sort
+    sees its keys once, it took twice the radix sort's time (33B on 128 GPUs: 2,030 and 2,284 rows)."""
+    bits = [_sort_bits(k) for k in keys] if len(keys[0]) >= RADIX_MIN_ROWS else [None]
+    if any(b is None for b in bits):
+        order = np.argsort(keys[0], kind="stable")
+        for k in keys[1:]:
+            order = order.take(np.argsort(k.take(order), kind="stable"))
+        return order
+    order = None
+    for b in bits:
+        varied = int(np.bitwise_or.reduce(b ^ b[0]))  # the bits that differ between some rows
+        digits = b.view(np.uint16).reshape(-1, 4)  # each row's four 16-bit digits, in memory order
+        for d in range(4):
+            if not (varied >> (16 * d)) & 0xFFFF:
+                continue
+            digit = digits[:, d if _LITTLE else 3 - d]
+            order = (np.argsort(digit, kind="stable") if order is None
+                     else order.take(np.argsort(digit.take(order), kind="stable")))
+    return np.arange(len(keys[0])) if order is None else order
+
+
+_LITTLE = sys.byteorder == "little"
+_SIGN = np.uint64(1 << 63)
+
+
+def _sort_bits(key: np.ndarray) -> np.ndarray | None:
+    """``key`` as unsigned 64-bit integers in the order a stable sort gives it (a float64 key: NaN
+    last, -0.0 equal to 0.0), or None for another dtype."""
+    if key.dtype == np.float64:
+        x = key + 0.0  # -0.0 as 0.0
+        nan = np.isnan(x)
+        if nan.any():  # every NaN as one, above +inf
+            x[nan] = np.nan
+        u = x.view(np.uint64)
+        # Positive floats: the sign bit set above the negatives; negative ones: every bit flipped.
+        return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | _SIGN)
+    if key.dtype == np.int64:
+        return key.view(np.uint64) ^ _SIGN
+    return None
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
