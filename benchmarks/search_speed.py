@@ -128,9 +128,9 @@ def spread_rates(cases: list, windows: int) -> None:
     RATE_REPEATS runs, the cases in turns, the windows PAUSE_S apart (the process asleep); each
     window's rate is its median CPU time's, the case's rate the median window's. A shared machine
     changes speed for seconds at a time (the same table's median moved by up to twofold from one
-    window to the next on the 2-core development machine, a fixed pure-Python and numpy loop with
-    it): a window falls on whatever phase it meets, the median of windows spread over ten seconds
-    and more on the machine's usual pace. Every window's rate is printed."""
+    window to the next on the 2-core development machine): a window falls on whatever phase it
+    meets, the median of windows spread over ten seconds and more on the machine's usual pace.
+    Every window's rate is printed."""
     per_case: list[list[float]] = [[] for _ in cases]
     for w in range(windows):
         if w:
