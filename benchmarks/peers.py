@@ -1,6 +1,6 @@
 """One pinned training estimate, the planner beside llm-analysis (and Calculon), measured in one interleaved loop.
 
-Run: python benchmarks/peers.py [--rounds 5] [--calls 300]
+Run: python benchmarks/peers.py [--rounds 7] [--calls 300]
 
 The same problem for both: a LLaMA-30B/33B shape (60 layers, hidden 6656, 52 heads, vocab 32000,
 sequence 2048) on 128 A100 80GB, every layout field pinned: tp 2, pp 2, dp 32, micro-batch 1,
@@ -12,7 +12,8 @@ INFO log formats and prints a report on every call, which is not the estimate's 
 
 llm-analysis is installed from PyPI into its own virtual environment (created on first use under
 ``$PLANNER_PEERS_DIR``, default ``~/.cache/planner-peers``); the planner runs from this checkout.
-Each round starts one fresh process per tool, in alternating order, and each process reports:
+Each round starts one fresh process per tool, in alternating order (``--rounds``, default 7), and
+each process reports:
 - cold: the CPU and wall seconds of its import, and of its first call (a fresh process);
 - warm: the median CPU and wall seconds of ``--calls`` further calls;
 - the planner also with its computed-value caches (``functools`` caches of planner.core, every
@@ -21,7 +22,8 @@ Each round starts one fresh process per tool, in alternating order, and each pro
   (profiles, stacks, presets) stay loaded, as llm-analysis's do.
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
-rounds, from this run only.
+rounds, from this run only; each ratio also as the median of the rounds' own ratios (a round's two
+processes run one after the other, so a slow minute of the machine falls on both).
 
 Calculon (github.com/calculon-ai/calculon, not on PyPI) is measured too when a checkout of its
 repository is given (``--calculon PATH`` or ``$PLANNER_CALCULON_REPO``): it is installed from that
@@ -226,7 +228,7 @@ def run_worker(python: Path, tool: str, calls: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="fresh processes per tool")
+    parser.add_argument("--rounds", type=int, default=7, help="fresh processes per tool")
     parser.add_argument("--calls", type=int, default=300, help="warm calls per process")
     parser.add_argument("--calculon", metavar="PATH", help="a checkout of github.com/calculon-ai/calculon: "
                         "measure it too (default: $PLANNER_CALCULON_REPO; none: left out)")
@@ -264,13 +266,15 @@ def main() -> None:
     ours = reports["planner"]
     for peer in [t for t in tools if t != "planner"]:
         theirs = reports[peer]
-        for label, key in (("warm", "warm"), ("first call", "first")):
-            a = statistics.median(x[key][0] for x in ours)
-            b = statistics.median(x[key][0] for x in theirs)
-            print(f"  {label}: planner / {peer} CPU = {a / b:.2f} ({'planner' if a < b else peer} lower)")
-        a = statistics.median(x["import"][0] + x["first"][0] for x in ours)
-        b = statistics.median(x["import"][0] + x["first"][0] for x in theirs)
-        print(f"  import + first call: planner / {peer} CPU = {a / b:.2f} ({'planner' if a < b else peer} lower)")
+        cpu = {"warm": lambda x: x["warm"][0], "first call": lambda x: x["first"][0],
+               "import + first call": lambda x: x["import"][0] + x["first"][0]}
+        for label, of in cpu.items():
+            a, b = statistics.median(map(of, ours)), statistics.median(map(of, theirs))
+            # Each round's two processes ran one after the other: their ratio is less moved by the
+            # machine's slow seconds, which can fall on either tool's processes.
+            pairs = statistics.median(of(x) / of(y) for x, y in zip(ours, theirs))
+            print(f"  {label}: planner / {peer} CPU = {a / b:.2f} ({'planner' if a < b else peer} lower); "
+                  f"median of the rounds' ratios {pairs:.2f}")
 
 
 if __name__ == "__main__":
