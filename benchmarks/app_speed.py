@@ -379,6 +379,8 @@ def change_during_fragment_run(at, page_tree, name: str, value, delay_s: float) 
 def click_rows(tab: str, quick: bool) -> list[Row]:
     """The tab filling in (a model not seen before), one fragment run done, then a change of GPUs
     some milliseconds into the next fragment run; timed from the click to the page drawn."""
+    from planner.app.page import SLICE_S
+
     row = Row(f"{tab} tab: a change while the fragment works (from the click)")
     FragmentRuns.install()
     at = new_session(tab)
@@ -391,7 +393,8 @@ def click_rows(tab: str, quick: bool) -> list[Row]:
             FragmentRuns.run(at, page_tree)  # the views' first slice
             at._tree = page_tree
         if FragmentRuns.ids:
-            seconds = change_during_fragment_run(at, page_tree, "gpus", gpus, CLICK_DELAYS_S[i % len(CLICK_DELAYS_S)])
+            delay = CLICK_DELAYS[i % len(CLICK_DELAYS)] * SLICE_S
+            seconds = change_during_fragment_run(at, page_tree, "gpus", gpus, delay)
             if seconds is not None:
                 row.wall.append(seconds)
             else:  # the fragment's run ended before the click: its tree is the fragment alone
@@ -400,9 +403,9 @@ def click_rows(tab: str, quick: bool) -> list[Row]:
 
 
 # Models not seen before, each with a GPU count changed while the views fill in; the click lands
-# this long into the fragment's run (within its planner.app.page.SLICE_S of work, 30 ms).
+# this far into the fragment's run, as shares of its work (planner.app.page.SLICE_S).
 CLICKS = [(14.0, 100), (31.0, 136), (45.0, 72), (62.0, 88), (23.0, 120), (52.0, 104)]
-CLICK_DELAYS_S = (0.002, 0.012, 0.022)
+CLICK_DELAYS = (0.07, 0.4, 0.73)
 
 
 def is_page(at) -> bool:

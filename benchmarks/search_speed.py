@@ -86,10 +86,9 @@ def ms(seconds: float) -> str:
 RATE_REPEATS = 30  # runs of each rate of ``rates`` and of each window of ``spread_rates``, --quick too
 
 
-def rates(label: str, model: ModelSpec, hw, job: Job, gpus: int, repeat: int) -> tuple[float, float]:
-    """Print a search's layouts/s both ways (enumerated and checked; fully evaluated and ranked);
-    return the rates by median CPU time (M/s) of both: on a shared machine the wall clock counts
-    the other processes too. At least RATE_REPEATS runs each (a few milliseconds apiece): a
+def rates(label: str, model: ModelSpec, hw, job: Job, gpus: int, repeat: int) -> None:
+    """Print a search's layouts/s both ways (enumerated and checked; fully evaluated and ranked),
+    by wall and by CPU time: on a shared machine the wall clock counts the other processes too. At least RATE_REPEATS runs each (a few milliseconds apiece): a
     median of three moves by a tenth with the machine's load from one run to the next."""
     repeat = max(repeat, RATE_REPEATS)
     med, low, r = timed(lambda: search(model, hw, job, gpus), repeat)
@@ -101,7 +100,6 @@ def rates(label: str, model: ModelSpec, hw, job: Job, gpus: int, repeat: int) ->
           f"{n / med / 1e6:.2f} M layouts/s (CPU {n / cpu / 1e6:.2f})\n"
           f"    fully evaluated and ranked (.table): median {ms(full)} (min {ms(full_low)}; CPU {ms(CPU[0])}) = "
           f"{n / full / 1e6:.2f} M layouts/s (CPU {n / CPU[0] / 1e6:.2f})", flush=True)
-    return n / cpu / 1e6, n / CPU[0] / 1e6
 
 
 def full_searches(repeat: int) -> None:

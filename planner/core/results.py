@@ -196,17 +196,13 @@ def _stack_json(job: Job, hw: HardwareProfile, like: tuple[str, ...]) -> dict:
     calibrates and its calibration's figures), for plans with the features ``like``: built once for
     an estimate in a loop (each call gets a copy: ``_copied``), with where its containers are."""
     sw = software(job)
-    return _with_plan({"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
-            "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": job.compile,
-            "async_tp": job.async_tp, "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
-            "overrides": dict(sw.stack.overrides),
-            "calibrated_factors_from_profile": sorted(hw.efficiency_keys),
-            "checked_against": {**for_stack(sw.stack, hw.name, like).to_json(),
-                                "profile_calibration": calibration_json(hw.calibration)}})
-
-
-def _with_plan(value) -> tuple:
-    """(a JSON value, where its dicts and lists are): what ``_copied`` copies it by."""
+    value = {"name": sw.stack.name, "description": sw.stack.description, "source": sw.stack.source,
+             "not_modelled": sw.stack.not_modelled, "file": sw.stack.path, "compile": job.compile,
+             "async_tp": job.async_tp, "elementwise_kernels": sw.elementwise, "attention_kernel": sw.attention,
+             "overrides": dict(sw.stack.overrides),
+             "calibrated_factors_from_profile": sorted(hw.efficiency_keys),
+             "checked_against": {**for_stack(sw.stack, hw.name, like).to_json(),
+                                 "profile_calibration": calibration_json(hw.calibration)}}
     return value, _copy_plan(value)
 
 

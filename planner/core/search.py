@@ -302,7 +302,7 @@ def _vpps(model: ModelSpec, pp: int, uneven: bool, pinned: int | None, extra: in
     if pinned is not None:  # it alone, when the list below would hold it
         return [pinned] if pinned == 1 or even(pinned) or spread(pinned) else []
     vpps = [1] + [v for v in _divisors(layers // pp) if even(v)]
-    tried = set(UNEVEN_VPP) | {v for v in (pinned, extra) if v}
+    tried = set(UNEVEN_VPP) | ({extra} if extra else set())
     return vpps + [v for v in sorted(tried) if spread(v) and v not in vpps]
 
 
