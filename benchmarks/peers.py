@@ -234,6 +234,9 @@ def main() -> None:
                         "measure it too (default: $PLANNER_CALCULON_REPO; none: left out)")
     parser.add_argument("--worker", choices=("planner", "llm-analysis", "calculon"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for flag, value in (("--rounds", args.rounds), ("--calls", args.calls)):
+        if value < 1:
+            parser.error(f"{flag} {value}: must be at least 1")
     if args.worker:
         worker(args.worker, args.calls)
         return
