@@ -28,6 +28,7 @@ window's rate printed. Every figure printed comes from this run.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -58,20 +59,29 @@ def deepseek_v3() -> ModelSpec:
 
 
 CPU: list[float] = []  # the median CPU seconds of the latest ``timed`` (this process's own work)
+FAULTS: list[float] = []  # the median fresh pages (minor page faults) a run of the latest ``timed``
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def timed(f, repeat: int) -> tuple[float, float, object]:
     """Median and minimum wall-clock seconds of ``f()`` over ``repeat`` runs after one warm-up, and
     its result; the median CPU seconds go to ``CPU[0]`` (on a shared machine the wall clock also
-    counts the time other processes held the cores)."""
+    counts the time other processes held the cores), the median page faults a run to ``FAULTS[0]``
+    (memory the kernel maps afresh, zero-filled, on first touch: none once the temporaries' pages stay
+    mapped between runs, planner.core.evaluate._keep_freed_heap)."""
     result = f()  # warm caches (profile and stack files, numpy)
-    times, cpu = [], []
+    times, cpu, faults = [], [], []
     for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, f0 = time.perf_counter(), time.process_time(), _faults()
         result = f()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+        faults.append(_faults() - f0)
     CPU[:] = [statistics.median(cpu)]
+    FAULTS[:] = [statistics.median(faults)]
     return statistics.median(times), min(times), result
 
 
@@ -92,14 +102,15 @@ def rates(label: str, model: ModelSpec, hw, job: Job, gpus: int, repeat: int) ->
     median of three moves by a tenth with the machine's load from one run to the next."""
     repeat = max(repeat, RATE_REPEATS)
     med, low, r = timed(lambda: search(model, hw, job, gpus), repeat)
-    cpu = CPU[0]
+    cpu, faults = CPU[0], FAULTS[0]
     n = r.evaluated
     full, full_low, _ = timed(lambda: search(model, hw, job, gpus).table, repeat)
     print(f"{label}: {n:,} layouts ({r.feasible:,} fit)\n"
           f"    enumerated and checked (search):     median {ms(med)} (min {ms(low)}; CPU {ms(cpu)}) = "
-          f"{n / med / 1e6:.2f} M layouts/s (CPU {n / cpu / 1e6:.2f})\n"
+          f"{n / med / 1e6:.2f} M layouts/s (CPU {n / cpu / 1e6:.2f}); {faults:,.0f} page faults a run\n"
           f"    fully evaluated and ranked (.table): median {ms(full)} (min {ms(full_low)}; CPU {ms(CPU[0])}) = "
-          f"{n / full / 1e6:.2f} M layouts/s (CPU {n / CPU[0] / 1e6:.2f})", flush=True)
+          f"{n / full / 1e6:.2f} M layouts/s (CPU {n / CPU[0] / 1e6:.2f}); {FAULTS[0]:,.0f} page faults a run",
+          flush=True)
 
 
 def full_searches(repeat: int) -> None:
@@ -197,7 +208,7 @@ def throughput(repeat: int) -> None:
         for name, gpus, job in cases:
             m = get_preset(name)
             med, low, r = timed(lambda m=m, gpus=gpus, job=job: search(m, hw, job, gpus), repeat)
-            n, cpu = r.evaluated, CPU[0]
+            n, cpu, faults = r.evaluated, CPU[0], FAULTS[0]
             full, _, _ = timed(lambda m=m, gpus=gpus, job=job: search(m, hw, job, gpus).table, repeat)
             marginal = n / max(med - fixed, 1e-9)
             if label.startswith("large"):
@@ -205,7 +216,8 @@ def throughput(repeat: int) -> None:
             batch = job.global_batch or "default"
             print(f"{label}: {name} on {gpus:,} GPUs (standard attention, global batch {batch}):"
                   f" {n:,} layouts enumerated and checked in {ms(med)} (min {ms(low)}) = {n / med / 1e6:.2f} M/s "
-                  f"(best {n / low / 1e6:.2f}; marginal {marginal / 1e6:.2f} M/s; CPU {n / cpu / 1e6:.2f} M/s); "
+                  f"(best {n / low / 1e6:.2f}; marginal {marginal / 1e6:.2f} M/s; CPU {n / cpu / 1e6:.2f} M/s; "
+                  f"{faults:,.0f} page faults a run); "
                   f"fully evaluated and ranked in {ms(full)} = {n / full / 1e6:.2f} M/s (CPU {n / CPU[0] / 1e6:.2f})",
                   flush=True)
     # What a caller that wants the whole table in rank order (`planner search --all`, an export)

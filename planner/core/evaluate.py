@@ -279,17 +279,29 @@ def _effective(hw: HardwareProfile, job: Job):
 BLOCK_ROWS = 16384
 
 
+# glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): a block freed
+# above it leaves the thresholds as they are.
+_MMAP_THRESHOLD_MAX = 32 << 20
+# The block ``_keep_freed_heap`` makes and frees: the largest whose mapping (its bytes, malloc's
+# 16-byte header, rounded up to whole pages) is within that cap.
+_FREED_BLOCK_BYTES = _MMAP_THRESHOLD_MAX - (1 << 16)
+
+
 @functools.cache
 def _keep_freed_heap() -> None:
-    """Once per process: one 8 MiB array allocated and freed, never touched. glibc's malloc gives
-    the top of its heap back to the kernel whenever more than its trim threshold is free there
-    (128 KiB in a new process), so each pass over a table (megabytes of temporaries, freed at its
-    end) found its memory as fresh pages again, each zero-filled by the kernel on first touch:
-    about half the time of memory and step time on 5-10K layouts (DeepSeek-V3 on 2,048 GPUs:
-    1,000-1,500 page faults a pass). Freeing a block that malloc mapped on its own raises its
-    thresholds to that block's size (mmap) and twice it (trim): glibc's dynamic mmap threshold,
-    what any process that once held a large array gets. Other allocators: an array made and freed."""
-    np.empty(1 << 20)
+    """Once per process: one array of about 32 MiB allocated and freed, never touched. glibc's
+    malloc gives the top of its heap back to the kernel whenever more than its trim threshold is
+    free there (128 KiB in a new process), so each pass over a table (megabytes of temporaries,
+    freed at its end) found its memory as fresh pages again, each zero-filled by the kernel on
+    first touch: about half the time of memory and step time on 5-10K layouts (DeepSeek-V3 on
+    2,048 GPUs: 1,000-1,500 page faults a pass). Freeing a block that malloc mapped on its own
+    raises its thresholds to that block's size (mmap) and twice it (trim): glibc's dynamic mmap
+    threshold, what any process that once held a large array gets. The block is as large as that
+    rule allows, so the trim threshold is about 64 MiB: with an 8 MiB block (16 MiB trim), a
+    search of 69,471 layouts (Mixtral 8x22B on 4,096 GPUs, 40-50 MB of temporaries) still mapped
+    9,000-12,000 fresh pages each time, 40-50% of its time (tests/test_speed_paths.py counts them).
+    A process keeps at most that much freed memory mapped. Other allocators: an array made and freed."""
+    np.empty(_FREED_BLOCK_BYTES // 8)
 
 
 def _in_blocks(f, c: Candidates):
