@@ -4,8 +4,8 @@
 
 A shared machine's speed wanders (twofold within minutes, CPU time with it, was seen on the 2-core
 development machine): figures measured minutes apart do not compare code. This script extracts REV
-(`git archive`) into a temporary folder and times it and this tree in turns, each in a fresh
-process, ``--pairs`` times. Each process prints the minimum over its repeats of: a large search
+(`git archive`) and copies this tree as it is on disk into one temporary folder, as siblings, and
+times them in turns, each in a fresh process, ``--pairs`` times. Each process prints the minimum over its repeats of: a large search
 (Mixtral 8x22B on 4,096 H100s, 69,471 layouts), the full evaluation of 33B on 128 A100s and of
 DeepSeek-V3 on 2,048 H100s (``search(...).table``: every layout's memory and step time, ranked), a
 free plan (33B on 128 A100s, what `planner estimate --params 33B --gpus 128` computes) and one
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,13 +69,29 @@ print(json.dumps({
 
 
 def extract(rev: str, into: Path) -> Path:
-    """The tree of ``rev`` (as git stores it) under ``into``."""
-    archive = into / "tree.tar"
+    """The tree of ``rev`` (as git stores it) in ``into``/rev."""
+    archive = into / "rev.tar"
     with archive.open("wb") as out:
         subprocess.run(["git", "-C", str(ROOT), "archive", rev], stdout=out, check=True)
-    tree = into / "tree"
+    tree = into / "rev"
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
+    return tree
+
+
+def copy_worktree(into: Path) -> Path:
+    """This tree as it is on disk (tracked files, and untracked ones git does not ignore) in
+    ``into``/cur: both trees then run from folders of the same depth and name length. Where a tree
+    lies moved the same code's large search from 45 to 55 ms while its pages were mapped afresh
+    each search (docs/speed.md, "Temporaries on pages already mapped")."""
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    tree = into / "cur"
+    for name in filter(None, names):
+        source = ROOT / name
+        if source.is_file():  # (a tracked file deleted on disk is left out, as it is in this tree)
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, tree / name)
     return tree
 
 
@@ -100,9 +117,9 @@ def main() -> int:
         return 2
     runs: dict[str, list[dict[str, float]]] = {label: [], "this tree": []}
     with tempfile.TemporaryDirectory() as tmp:
-        base = extract(a.rev, Path(tmp))
+        base, current = extract(a.rev, Path(tmp)), copy_worktree(Path(tmp))
         for k in range(a.pairs):
-            for name, tree in ((label, base), ("this tree", ROOT)):
+            for name, tree in ((label, base), ("this tree", current)):
                 r = measure(tree)
                 runs[name].append(r)
                 print(f"pair {k + 1} {name:>10}: " + "; ".join(f"{key} {v:.2f}" for key, v in r.items()), flush=True)
