@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable
 
 SIZE = 64  # entries kept per function: when full, it starts again empty
@@ -101,7 +102,24 @@ def kept_hash(obj) -> int:
     """A frozen dataclass's hash (of its compared fields, as the dataclass's own), computed once per
     object: a model or job is a key of several caches in every estimate, and hashing its thirty
     fields costs more than most of what those caches keep."""
-    return hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare))
+    values = _COMPARED.get(type(obj))
+    if values is None:
+        values = _COMPARED[type(obj)] = _compared_values(type(obj))
+    return hash(values(obj))
+
+
+_COMPARED: dict[type, Callable] = {}  # each class's ``_compared_values``: what its fields are, not values
+
+
+def _compared_values(cls: type) -> Callable:
+    """A function giving an object's compared fields as one tuple (``operator.attrgetter`` of their
+    names: 0.6 us for a model's thirty fields, where reading ``dataclasses.fields`` each time and
+    a getattr per field took 4.5 us; an estimate with its caches empty hashes about thirty models
+    and jobs)."""
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.compare)
+    if len(names) < 2:  # attrgetter of one name gives the value, not a tuple of one
+        return lambda obj: tuple(getattr(obj, name) for name in names)
+    return operator.attrgetter(*names)
 
 
 def fast_init(cls: type) -> type:

@@ -74,6 +74,28 @@ def test_kept_hash_is_the_dataclass_hash_of_its_fields():
         assert Kept(a, b) == Kept(a, b)
     assert {Kept(1, ()): "one"}[Kept(1, ())] == "one"  # equal objects find each other
 
+    @dataclass(frozen=True, slots=True)
+    class One:  # one compared field: a tuple of one, as the dataclass hashes it
+        a: int
+        note: str = dataclasses.field(default="", compare=False)
+
+        def __hash__(self) -> int:
+            return memo.kept_hash(self)
+
+    @dataclass(frozen=True, slots=True)
+    class NoField:
+        def __hash__(self) -> int:
+            return memo.kept_hash(self)
+
+    assert hash(One(7, "x")) == hash((7,)) == hash(One(7, "y")) and hash(NoField()) == hash(())
+    # The planner's own: a model and a job, by every field they compare
+    from planner.core.layout import Job
+    from planner.core.presets import get_preset
+
+    for obj in (get_preset("deepseek-v3"), get_preset("llama3-8b"), Job(), Job(precision="fp8", mode="lora")):
+        fields = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare)
+        assert hash(obj) == hash(fields)
+
 
 def _pair(cls_kwargs: dict, body: dict):
     """The same dataclass twice: as the dataclass module makes it, and with ``fast_init``."""
