@@ -22,8 +22,10 @@ each process reports:
   (profiles, stacks, presets) stay loaded, as llm-analysis's do.
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
-rounds, from this run only; each ratio also as the median of the rounds' own ratios (a round's two
-processes run one after the other, so a slow minute of the machine falls on both).
+rounds, from this run only, and the planner/peer CPU ratios: warm, first call, import + first call,
+and the planner with its caches cleared against the peer warm; each ratio also as the median of
+the rounds' own ratios (a round's two processes run one after the other, so a slow minute of the
+machine falls on both).
 
 Calculon (github.com/calculon-ai/calculon, not on PyPI) is measured too when a checkout of its
 repository is given (``--calculon PATH`` or ``$PLANNER_CALCULON_REPO``): it is installed from that
@@ -269,13 +271,16 @@ def main() -> None:
     ours = reports["planner"]
     for peer in [t for t in tools if t != "planner"]:
         theirs = reports[peer]
-        cpu = {"warm": lambda x: x["warm"][0], "first call": lambda x: x["first"][0],
-               "import + first call": lambda x: x["import"][0] + x["first"][0]}
-        for label, of in cpu.items():
-            a, b = statistics.median(map(of, ours)), statistics.median(map(of, theirs))
+        warm, first = (lambda x: x["warm"][0]), (lambda x: x["first"][0])
+        cpu = {"warm": (warm, warm), "first call": (first, first),
+               "import + first call": ((lambda x: x["import"][0] + x["first"][0]),) * 2,
+               # the planner with every computed value computed again, the peer as it runs warm
+               "caches cleared (the planner's), warm (the peer's)": ((lambda x: x["cleared"][0]), warm)}
+        for label, (of, of_peer) in cpu.items():
+            a, b = statistics.median(map(of, ours)), statistics.median(map(of_peer, theirs))
             # Each round's two processes ran one after the other: their ratio is less moved by the
             # machine's slow seconds, which can fall on either tool's processes.
-            pairs = statistics.median(of(x) / of(y) for x, y in zip(ours, theirs))
+            pairs = statistics.median(of(x) / of_peer(y) for x, y in zip(ours, theirs))
             print(f"  {label}: planner / {peer} CPU = {a / b:.2f} ({'planner' if a < b else peer} lower); "
                   f"median of the rounds' ratios {pairs:.2f}")
 
