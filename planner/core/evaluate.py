@@ -282,8 +282,8 @@ BLOCK_ROWS = 16384
 # glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): a block freed
 # above it leaves the thresholds as they are.
 _MMAP_THRESHOLD_MAX = 32 << 20
-# The block ``_keep_freed_heap`` makes and frees: the largest whose mapping (its bytes, malloc's
-# 16-byte header, rounded up to whole pages) is within that cap.
+# The block ``_keep_freed_heap`` makes and frees: 64 KiB under that cap, so that its mapping (its
+# bytes and malloc's 16-byte header, rounded up to whole pages) stays within it.
 _FREED_BLOCK_BYTES = _MMAP_THRESHOLD_MAX - (1 << 16)
 
 
