@@ -5,12 +5,12 @@
 A shared machine's speed wanders (twofold within minutes, CPU time with it, was seen on the 2-core
 development machine): figures measured minutes apart do not compare code. This script extracts REV
 (`git archive`) and copies this tree as it is on disk into one temporary folder, as siblings, and
-times them in turns, each in a fresh process, ``--pairs`` times. Each process prints the minimum over its repeats of: a large search
-(Mixtral 8x22B on 4,096 H100s, 69,471 layouts), the full evaluation of 33B on 128 A100s and of
-DeepSeek-V3 on 2,048 H100s (``search(...).table``: every layout's memory and step time, ranked), a
-free plan (33B on 128 A100s, what `planner estimate --params 33B --gpus 128` computes) and one
-pinned estimate (that plan's layout pinned, and DeepSeek-V3's). The
-last lines give, per figure, the median of each tree's minima and their ratio (REV / this tree:
+times them in turns, each in a fresh process, ``--pairs`` times. Each process prints the minimum
+over its repeats of: a large search (Mixtral 8x22B on 4,096 H100s, 69,471 layouts), the full
+evaluation of 33B on 128 A100s and of DeepSeek-V3 on 2,048 H100s (``search(...).table``: every
+layout's memory and step time, ranked), a free plan (33B on 128 A100s, what `planner estimate
+--params 33B --gpus 128` computes) and one pinned estimate (that plan's layout pinned, and
+DeepSeek-V3's). The last lines give, per figure, the median of each tree's minima and their ratio (REV / this tree:
 above 1, this tree is faster), and the median of the ratios within each pair (the two run a few
 seconds apart: less moved by the machine's slow minutes, which can fall on either tree's runs).
 """

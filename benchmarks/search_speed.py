@@ -98,7 +98,8 @@ RATE_REPEATS = 30  # runs of each rate of ``rates`` and of each window of ``spre
 
 def rates(label: str, model: ModelSpec, hw, job: Job, gpus: int, repeat: int) -> None:
     """Print a search's layouts/s both ways (enumerated and checked; fully evaluated and ranked),
-    by wall and by CPU time: on a shared machine the wall clock counts the other processes too. At least RATE_REPEATS runs each (a few milliseconds apiece): a
+    by wall and by CPU time (on a shared machine the wall clock counts the other processes too),
+    and their page faults a run. At least RATE_REPEATS runs each (a few milliseconds apiece): a
     median of three moves by a tenth with the machine's load from one run to the next."""
     repeat = max(repeat, RATE_REPEATS)
     med, low, r = timed(lambda: search(model, hw, job, gpus), repeat)

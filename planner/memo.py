@@ -102,15 +102,10 @@ def kept_hash(obj) -> int:
     """A frozen dataclass's hash (of its compared fields, as the dataclass's own), computed once per
     object: a model or job is a key of several caches in every estimate, and hashing its thirty
     fields costs more than most of what those caches keep."""
-    values = _COMPARED.get(type(obj))
-    if values is None:
-        values = _COMPARED[type(obj)] = _compared_values(type(obj))
-    return hash(values(obj))
+    return hash(_compared_values(type(obj))(obj))
 
 
-_COMPARED: dict[type, Callable] = {}  # each class's ``_compared_values``: what its fields are, not values
-
-
+@functools.cache  # one per class: what its fields are, not any object's values
 def _compared_values(cls: type) -> Callable:
     """A function giving an object's compared fields as one tuple (``operator.attrgetter`` of their
     names: 0.6 us for a model's thirty fields, where reading ``dataclasses.fields`` each time and

@@ -14,8 +14,8 @@ tests/test_search_paths.py checks to the bit on rows of a spread of searches.
 with the scalar case taken the short way and giving Python's types (float when either branch is a
 float, int for two ints, bool): on scalars np.where costs 1.5 us, np.maximum 0.5 us, np.select
 11 us. ``as_float``, ``as_int``, ``as_array`` and ``ones_like`` are numpy's too, keeping a scalar a
-Python scalar: a 0-d array would cost an array's 0.5-1 us in every operation after it. ``~`` on a Python bool is
-an integer's complement (-2): formulas that may see one layout write ``not_(x)``.
+Python scalar: a 0-d array would cost an array's 0.5-1 us in every operation after it. ``~`` on a
+Python bool is an integer's complement (-2): formulas that may see one layout write ``not_(x)``.
 """
 
 from __future__ import annotations

@@ -529,9 +529,9 @@ class Candidates(_Kept):
         index in it (``np.unique``'s inverse, so ``part.tp[inverse]`` is ``self.tp``). Its other
         columns are None: a formula given it that reads one fails instead of reading another row's
         value. One key per row: the index of each column's value among that column's values, in mixed
-        radix (a column of one value left out). Kept: the
-        memory and the step time of a table ask for the same; a table ``take`` makes of this one
-        reads this one's distinct rows (a superset of its own)."""
+        radix (a column of one value left out). Kept: the memory and the step time of a table ask
+        for the same; a table ``take`` makes of this one reads this one's distinct rows (a superset
+        of its own)."""
         known = getattr(self, "_distinct", None)
         if known is not None and dims in known:
             return known[dims]
