@@ -64,6 +64,10 @@ def write_record(folder: Path, data: dict | str, name: str = "r") -> Path:
     (("hardware", "device_count"), 0, "'hardware.device_count'=0 out of range"),
     (("model", "layers"), 10**400, "'model.layers' is an integer of 401 digits"),
     (("tokens_per_s",), "fast", "'tokens_per_s' has type str"),
+    # the trainer's own timed exchanges: a huge one made a measured share infinite in `planner validate`
+    (("breakdown_s", "cp_comm"), 1.569589250543193e307, "'breakdown_s.cp_comm'=1.569589250543193e+307 out of range"),
+    (("breakdown_s", "all_to_all"), -1.0, "'breakdown_s.all_to_all'=-1.0 out of range"),
+    (("breakdown_s", "comm_exposed_tp"), "x", "'breakdown_s.comm_exposed_tp' has type str"),
 ])
 def test_a_record_out_of_range_is_named(where, value, needle):
     data = base_record()

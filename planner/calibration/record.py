@@ -64,10 +64,24 @@ SCHEMA: dict[str, object] = {
 
 # Fields a record may lack (added after schema version 1 was first written); checked when present.
 # A dotted name is a field of an object (``breakdown_s.sync_wait``: records before it booked the
-# wait for other ranks in the optimizer window's collectives as optimizer).
+# wait for other ranks in the optimizer window's collectives as optimizer; ``breakdown_s.cp_comm``,
+# ``all_to_all`` and ``comm_exposed_tp``: the trainer's timed exchanges and tensor-parallel waits).
 OPTIONAL: dict[str, str] = {"per_rank": LIST, "breakdown_s.sync_wait": NUM, "memory.alloc_retries": INT + OPT,
-                            "software.driver": STR + OPT}
+                            "software.driver": STR + OPT, "breakdown_s.cp_comm": NUM, "breakdown_s.all_to_all": NUM,
+                            "breakdown_s.comm_exposed_tp": NUM + OPT}
 
+
+def _nested(fields: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The dotted fields of ``fields`` as a schema of objects (``_check_ranges``'): one level."""
+    out: dict[str, dict[str, str]] = {}
+    for name, kind in fields.items():
+        if "." in name:
+            outer, key = name.split(".")
+            out.setdefault(outer, {})[key] = kind
+    return out
+
+
+_OPTIONAL_NESTED = _nested(OPTIONAL)
 _TYPES = {NUM: (int, float), INT: (int,), STR: (str,), BOOL: (bool,), DICT: (dict,), LIST: (list,)}
 
 
@@ -123,6 +137,8 @@ RANGES: dict[str, tuple[float, float]] = {
     # the trainer's booking may leave a part a rounding below zero (compute = window - comm - bubble)
     **{f"breakdown_s.{k}": (-MAX_STEP_S, MAX_STEP_S) for k in ("compute", "comm_total", "comm_exposed", "comm_hidden",
                                                      "data_wait", "bubble", "optimizer", "other", "sync_wait")},
+    # timed spans (the trainer's exchanges) and a share of one: never below zero
+    **{f"breakdown_s.{k}": (0, MAX_STEP_S) for k in ("cp_comm", "all_to_all", "comm_exposed_tp")},
 }
 
 
@@ -185,7 +201,7 @@ def validate_record(data: dict) -> dict:
         if key in holder:
             _check(holder, {key: kind}, ".".join(outer))
     _check_ranges(data, {**SCHEMA, **{k: v for k, v in OPTIONAL.items() if "." not in k}}, "")
-    _check_ranges(data, {"breakdown_s": {"sync_wait": NUM}, "memory": {"alloc_retries": INT + OPT}}, "")
+    _check_ranges(data, _OPTIONAL_NESTED, "")
     if data["schema_version"] != SCHEMA_VERSION:
         raise ValueError(f"run record: field 'schema_version' is {data['schema_version']}, expected {SCHEMA_VERSION}")
     if not data["step_time_s"]["median"] > 0:
