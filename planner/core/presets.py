@@ -58,7 +58,7 @@ def resolve_params(target: float) -> tuple[ModelSpec, str]:
 def scaled_llama(target: float, vocab: int = 32000, seq_len: int = 4096) -> ModelSpec:
     """A LLaMA-style shape with about ``target`` parameters.
 
-    Rule (documented in the README): head_dim 128; hidden a multiple of 1024 from 4096 up (so
+    Rule (documented in docs/estimate.md): head_dim 128; hidden a multiple of 1024 from 4096 up (so
     heads is a multiple of 8 and tensor parallel 8 divides it), of 256 below; SwiGLU ffn
     int(8h/3) rounded up to 256; for each width the depth closest to the target. Among shapes
     within 2% of the target, the one whose aspect ratio hidden/layers is closest to 112 wins
@@ -71,7 +71,8 @@ def scaled_llama(target: float, vocab: int = 32000, seq_len: int = 4096) -> Mode
     for hidden, fixed, per_layer, probe in _widths(vocab, seq_len):
         layers = max(1, round((target - fixed) / per_layer))
         error = abs((fixed + layers * per_layer) / target - 1)  # a dense model's count is affine in its depth
-        key = (error > 0.02, abs(math.log(hidden / layers / 112)), error)
+        near = error <= 0.02  # within 2%: the aspect ratio chooses; else the count alone
+        key = (not near, abs(math.log(hidden / layers / 112)) if near else 0.0, error)
         if best is None or key < best[0]:
             best = (key, probe, layers)
     _, probe, layers = best
