@@ -191,3 +191,29 @@ def test_an_all_to_all_bound_plan_is_told_how_to_hide_it():
     want = ("communication is 30% of the step (> 15%); fix: overlap data-parallel reduction with backward, "
             "raise gradient accumulation, or trade tp for pp")
     assert dense == [want]
+
+
+def test_tensor_parallel_over_nodes_that_the_search_chose_is_not_the_fix():
+    """DeepSeek-V3 on 64 B200s (megatron-core) barely holds its optimizer states: the search's best
+    runs tp 64, over 8 nodes, and most of its step is TP communication. Keeping tp inside a node
+    is no fix there: the table shows every listed layout that does (tp <= 8) slower or holding
+    more memory, so the warning names more GPUs or more memory. With tp pinned over nodes the fix
+    is to keep it inside one."""
+    from planner.core.plan import plan
+    from planner.core.search import Pins
+
+    b200, job = get_profile("b200"), Job(stack="megatron-core")
+    p = plan(V3, b200, job, 64, Pins(), top=0)
+    best = p.best
+    assert best.layout.tp > 8
+    comm_warning = [w for w in best.warnings if w.startswith("communication is")]
+    assert comm_warning and "fix: more GPUs, or GPUs with more memory" in comm_warning[0]
+    assert "keep tensor parallel inside a node" not in comm_warning[0]
+    t = p.result.table  # what the warning claims, read off the table
+    inside = t.fits & (t.candidates.tp <= 8)
+    assert inside.sum() > 10
+    assert np.all((t.step_s[inside] > best.time.step_s) | (t.memory.total[inside] > best.memory.total_bytes))
+    assert np.any(t.step_s[inside] < best.time.step_s)  # faster ones exist, over the memory it holds
+    pinned = plan(V3, b200, job, 64, Pins(tp=best.layout.tp), top=0).best
+    assert any(w.startswith("communication is") and w.endswith("fix: keep tensor parallel inside a node")
+               for w in pinned.warnings)

@@ -29,11 +29,14 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                  pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
                  feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None,
                  ep_fraction: float = 0.0, ep: int = 1, gpu_bytes: float | None = None,
-                 measured_under: tuple[float, str] = (0.0, ""), tight_bytes: float | None = None) -> list[str]:
+                 measured_under: tuple[float, str] = (0.0, ""), tight_bytes: float | None = None,
+                 tp_searched: bool = False) -> list[str]:
     """The report's warnings. ``gpu_bytes``: the GPU's whole memory (``capacity_bytes`` is what a
     plan may fill: less with --memory-headroom); ``measured_under``: how far below the memory they
     used the measured runs like this plan were predicted at worst (a fraction of what they used: a
-    plan that leaves that share of the GPU free covers them), and what they were."""
+    plan that leaves that share of the GPU free covers them), and what they were. ``tp_searched``:
+    the layout is a search's best with tp free, so every layout keeping tensor parallel inside a
+    node ranked behind it: a tp spanning nodes is then no fix of its own to make."""
     out = []
     under_share, like = measured_under
     gpu_bytes = capacity_bytes if gpu_bytes is None else gpu_bytes
@@ -60,8 +63,13 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                    "steps run slower than predicted) or OOM on a spike; fix: a smaller micro-batch, recompute or a "
                    "higher ZeRO stage")
     if comm_fraction > COMM_SHARE_LIMIT:
-        fix = ("keep tensor parallel inside a node" if tp > gpus_per_node else
-               "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp")
+        if tp <= gpus_per_node:
+            fix = "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp"
+        elif tp_searched:  # the search put it across nodes: the layouts keeping it inside were worse
+            fix = (f"more GPUs, or GPUs with more memory: the layouts keeping tensor parallel inside a node "
+                   f"(tp <= {gpus_per_node}) rank behind this one, slower or holding more memory")
+        else:
+            fix = "keep tensor parallel inside a node"
         what = ""
         if ep_fraction >= comm_fraction / 2:  # mostly expert parallel's all-to-all
             what = f"; expert parallel's all-to-all is {ep_fraction:.0%}"

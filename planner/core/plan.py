@@ -113,7 +113,7 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
     # Only these rows: the rest of the table is never put in rank order (one layout: its scalars).
     ev = result.one if result.one is not None else result.ranked(rows)
-    best = estimate_at(ev, 0, model, hw, job, ops)
+    best = estimate_at(ev, 0, model, hw, job, ops, tp_searched=pins.tp is None)
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
     room = _roomier_row(result, pins) if crowded(best) else None
