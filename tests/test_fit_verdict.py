@@ -149,3 +149,34 @@ def test_a_pinned_plan_above_the_line_names_the_roomier_layout():
     if p.best.memory.total_bytes > p.best.memory.safe_line_bytes:
         assert p.roomier is None or p.roomier.memory.total_bytes <= p.best.memory.safe_line_bytes
     assert Pins(dp=16).pinned() == {"dp": 16}
+
+
+def test_when_no_layout_fits_the_plan_says_what_would(capsys):
+    """GPT-3 175B on 8 A100s (DeepSpeed ZeRO): no layout fits, whatever the search tries. The
+    warning's fix names more GPUs or more memory (not the recompute, ZeRO, tp/pp and micro-batch
+    changes the search already made), and the JSON carries the report's "what would make it fit"
+    lines: the first doubling of GPUs where a layout fits is checked here with searches of its
+    own (none at 8 or 16 GPUs, some at 32). With tp pinned the layout fix stays; a plan that fits
+    has no such lines."""
+    import planner
+    from planner.core.layout import Job
+    from planner.core.presets import get_preset
+    from planner.hardware import get_profile
+
+    model, hw, job = get_preset("gpt3-175b"), get_profile("a100-80g"), Job(stack="deepspeed-zero")
+    assert [search(model, hw, job, n).feasible > 0 for n in (8, 16, 32)] == [False, False, True]
+    j = planner.estimate(preset="gpt3-175b", gpus=8, stack="deepspeed-zero")
+    assert j["memory"]["fits"] is False and j["nearest_fit"] is None
+    assert j["what_would_fit"][0] == "more GPUs: 32 (4x; --gpus) is the first doubling where a layout fits"
+    assert j["what_would_fit"][-1] == "a GPU with more memory (--gpu; `planner profiles`), or a smaller model"
+    (warning,) = [w for w in j["warnings"] if w.startswith("does not fit")]
+    assert warning.endswith("; fix: more GPUs or a GPU with more memory: no layout fits on these GPUs, whatever its "
+                            "recompute, ZeRO stage, tp, pp and micro-batch")
+    assert cli_main(["estimate", "--preset", "gpt3-175b", "--gpus", "8", "--stack", "deepspeed-zero"]) == 3
+    text = capsys.readouterr().out.splitlines()
+    at = text.index(next(line for line in text if line.endswith("What would make it fit:")))
+    assert [line.removeprefix("  - ") for line in text[at + 1:]] == j["what_would_fit"]
+    pinned = planner.estimate(preset="gpt3-175b", gpus=8, stack="deepspeed-zero", tp=8)
+    assert any(w.startswith("does not fit") and w.endswith("fix: activation recompute, a higher ZeRO stage, more "
+                                                           "tp/pp, or a smaller micro-batch") for w in pinned["warnings"])
+    assert planner.estimate(params="7B", gpus=8)["what_would_fit"] == []

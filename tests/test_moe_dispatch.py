@@ -217,3 +217,28 @@ def test_tensor_parallel_over_nodes_that_the_search_chose_is_not_the_fix():
     pinned = plan(V3, b200, job, 64, Pins(tp=best.layout.tp), top=0).best
     assert any(w.startswith("communication is") and w.endswith("fix: keep tensor parallel inside a node")
                for w in pinned.warnings)
+
+
+def test_expert_parallel_over_nodes_that_the_search_chose_is_not_the_fix():
+    """Mixtral 8x22B on 64 H100s (NeMo): the search's best spreads expert parallel over nodes and
+    its all-to-all is most of the communication. Every listed layout keeping ep inside a node
+    ranks behind it, slower or holding more memory (read off the table), so the fix names only the
+    stacks that hide the all-to-all; with ep pinned it also names keeping ep inside a node."""
+    from planner.core.plan import plan
+    from planner.core.presets import get_preset
+    from planner.core.search import Pins
+
+    model, h100, job = get_preset("mixtral-8x22b"), get_profile("h100-80g"), Job(stack="nemo")
+    p = plan(model, h100, job, 64, Pins(), top=0)
+    best, inside = p.best, max(1, 8 // p.best.layout.tp)
+    assert best.layout.ep > inside
+    (warning,) = [w for w in best.warnings if w.startswith("communication is")]
+    assert "expert parallel's all-to-all" in warning and "--stack hai-llm" in warning
+    assert "keep expert parallel inside a node" not in warning
+    t = p.result.table
+    kept_in = t.fits & (t.candidates.ep <= 8 // t.candidates.tp)
+    assert kept_in.sum() > 10
+    assert np.all((t.step_s[kept_in] > best.time.step_s) | (t.memory.total[kept_in] > best.memory.total_bytes))
+    pinned = plan(model, h100, job, 64, Pins(ep=best.layout.ep), top=0).best
+    assert any(w.startswith("communication is") and f"keep expert parallel inside a node (ep <= {inside})" in w
+               for w in pinned.warnings)

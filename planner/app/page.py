@@ -300,7 +300,7 @@ def show_scenarios(state: dict, j: dict) -> None:
 
 def show_does_not_fit(view: explore.View, j: dict) -> None:
     """The 'nothing fits' state: no step time or days for a layout that cannot run; what would fit."""
-    from planner.core.report import fit_hints
+    from planner.core.plan import fit_hints
     from planner.units import fmt_days
 
     m = j["memory"]

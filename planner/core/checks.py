@@ -25,18 +25,24 @@ MICRO_BATCHES_PER_STAGE = 4  # "few" micro-batches: fewer than 4 per pipeline st
 GOODPUT_FLOOR = 0.90  # warn when failures and checkpoints cost more than 10% of the run
 
 
+# The layout fields whose change the "does not fit" warning names as its fix.
+_LAYOUT_FIXES = frozenset({"recompute", "zero_stage", "tp", "pp", "micro_batch"})
+
+
 def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: float, capacity_bytes: float,
                  pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
                  feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None,
                  ep_fraction: float = 0.0, ep: int = 1, gpu_bytes: float | None = None,
                  measured_under: tuple[float, str] = (0.0, ""), tight_bytes: float | None = None,
-                 tp_searched: bool = False) -> list[str]:
+                 searched: frozenset[str] = frozenset()) -> list[str]:
     """The report's warnings. ``gpu_bytes``: the GPU's whole memory (``capacity_bytes`` is what a
     plan may fill: less with --memory-headroom); ``measured_under``: how far below the memory they
     used the measured runs like this plan were predicted at worst (a fraction of what they used: a
-    plan that leaves that share of the GPU free covers them), and what they were. ``tp_searched``:
-    the layout is a search's best with tp free, so every layout keeping tensor parallel inside a
-    node ranked behind it: a tp spanning nodes is then no fix of its own to make."""
+    plan that leaves that share of the GPU free covers them), and what they were. ``searched``: the
+    layout fields a search chose for this layout, its best (empty: a layout pinned, or a row of a
+    listing). Every other value of those ranked behind it, so a fix that changes one of them is no
+    fix to make: tensor or expert parallel spanning nodes, or a layout that does not fit whatever
+    its recompute, ZeRO stage, tp, pp and micro-batch."""
     out = []
     under_share, like = measured_under
     gpu_bytes = capacity_bytes if gpu_bytes is None else gpu_bytes
@@ -48,9 +54,11 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                    "micro-batch, recompute or a higher ZeRO stage")
     elif total_bytes > capacity_bytes:
         over = (total_bytes - capacity_bytes) / 2**30
+        fix = ("more GPUs or a GPU with more memory: no layout fits on these GPUs, whatever its recompute, ZeRO "
+               "stage, tp, pp and micro-batch" if _LAYOUT_FIXES <= searched else
+               "activation recompute, a higher ZeRO stage, more tp/pp, or a smaller micro-batch")
         out.append(f"does not fit: {total_bytes / 2**30:.1f} GiB needed, {capacity_bytes / 2**30:.0f} GiB available "
-                   f"({over:.1f} GiB over); fix: activation recompute, a higher ZeRO stage, more tp/pp, "
-                   "or a smaller micro-batch")
+                   f"({over:.1f} GiB over); fix: {fix}")
     elif under_share > MEMORY_HEADROOM and total_bytes > (1 - under_share) * gpu_bytes:
         need = math.ceil(under_share * 100) / 100
         out.append(f"memory at {total_bytes / gpu_bytes:.0%} of the GPU's, and the measured runs like this plan "
@@ -65,7 +73,7 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
     if comm_fraction > COMM_SHARE_LIMIT:
         if tp <= gpus_per_node:
             fix = "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp"
-        elif tp_searched:  # the search put it across nodes: the layouts keeping it inside were worse
+        elif "tp" in searched:  # the search put it across nodes: the layouts keeping it inside ranked behind
             fix = (f"more GPUs, or GPUs with more memory: the layouts keeping tensor parallel inside a node "
                    f"(tp <= {gpus_per_node}) rank behind this one, slower or holding more memory")
         else:
@@ -74,7 +82,8 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
         if ep_fraction >= comm_fraction / 2:  # mostly expert parallel's all-to-all
             what = f"; expert parallel's all-to-all is {ep_fraction:.0%}"
             inside = max(1, gpus_per_node // tp)
-            fix = ((f"keep expert parallel inside a node (ep <= {inside}), or " if ep > inside else "")
+            fix = ((f"keep expert parallel inside a node (ep <= {inside}), or " if ep > inside and "ep" not in searched
+                    else "")
                    + "a stack that sends a token once per node and hides the all-to-all behind compute "
                      "(--stack hai-llm, or [moe] ep_dedup / ep_overlap in a stack file of your own)")
         out.append(f"communication is {comm_fraction:.0%} of the step (> {COMM_SHARE_LIMIT:.0%}){what}; fix: {fix}")

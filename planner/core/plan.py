@@ -18,7 +18,8 @@ from planner.core.results import Estimate, estimate_at
 from planner.core.search import Pins, SearchResult, enumerate_layouts, matches, search, searched_by_default, select
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile
-from planner.memo import fast_init
+from planner.memo import by_identity, fast_init
+from planner.schema import MAX_GPUS
 
 
 @fast_init
@@ -53,9 +54,42 @@ def plan_json(best: Estimate, model_note: str, nearest_fit: Estimate | None,
     return {**best.to_json(), "model_note": model_note,
             "nearest_fit": nearest_fit.to_json() if nearest_fit is not None else None,
             "nearest_fit_alternatives": [a.to_json() for a in alternatives],
+            # Nothing fits, whatever the layout: the changes that would, each checked (the report's last lines).
+            "what_would_fit": list(fit_hints(best)) if not best.fits and nearest_fit is None else [],
             "roomier": roomier.to_json() if roomier is not None else None,
             "faster_above_safe_line": [{**f.to_json(), "faster_by": best.train.seconds / f.train.seconds - 1}
                                        for f in faster]}
+
+
+@by_identity  # an estimate's, once: the report, the explorer and the JSON each show them
+def fit_hints(e: Estimate) -> tuple[str, ...]:
+    """Changes that would let some layout fit, each checked with a search: more GPUs (doubling,
+    up to the planner's largest count), CPU offload, a shorter sequence (halving), else a larger
+    GPU or a smaller model."""
+    hints = []
+    for k in (2, 4, 8, 16, 32, 64):
+        if e.gpus * k > MAX_GPUS:
+            break
+        if search(e.model, e.hardware, e.job, e.gpus * k).feasible:
+            hints.append(f"more GPUs: {e.gpus * k:,} ({k}x; --gpus) is the first doubling where a layout fits")
+            break
+    if e.job.mode == "pretrain" and e.layout.offload == "none":  # fine-tuning already searches offload
+        for where in ("optimizer", "params"):
+            try:
+                fits = search(e.model, e.hardware, e.job, e.gpus, Pins(offload=where)).feasible
+            except PlannerError:  # the stack does not offload this
+                continue
+            if fits:
+                hints.append(f"CPU offload: --offload {where} fits on {e.gpus:,} GPU{'s' if e.gpus > 1 else ''} "
+                             "(slower: states cross PCIe every step)")
+                break
+    seq = e.model.seq_len
+    for k in (2, 4, 8):
+        if seq // k >= 128 and search(e.model.replace(seq_len=seq // k), e.hardware, e.job, e.gpus).feasible:
+            hints.append(f"a shorter sequence: --seq-len {seq // k} fits on {e.gpus:,} GPU{'s' if e.gpus > 1 else ''}")
+            break
+    hints.append("a GPU with more memory (--gpu; `planner profiles`), or a smaller model")
+    return tuple(hints)
 
 
 def plan(model: ModelSpec, hw: HardwareProfile, job: Job, gpus: int, pins: Pins = Pins(),
@@ -113,7 +147,7 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
     # Only these rows: the rest of the table is never put in rank order (one layout: its scalars).
     ev = result.one if result.one is not None else result.ranked(rows)
-    best = estimate_at(ev, 0, model, hw, job, ops, tp_searched=pins.tp is None)
+    best = estimate_at(ev, 0, model, hw, job, ops, searched=_SEARCHED - set(pins.pinned()))
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
     room = _roomier_row(result, pins) if crowded(best) else None
@@ -123,6 +157,9 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
                 alternatives=tuple(near[1:]), pinned=tuple(pins.pinned()),
                 roomier=estimate_at(result.ranked([room]), 0, model, hw, job, ops) if room is not None else None,
                 faster=tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(len(faster))))
+
+
+_SEARCHED = frozenset(Pins.__dataclass_fields__)  # the layout fields a search chooses unless pinned
 
 
 FASTER_SHOWN = 3  # layouts above the memory line that a plan lists as faster

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.core.layout import CHINCHILLA_TOKENS_PER_PARAM, LAYOUT_DIMS
-from planner.core.plan import Plan, crowded
+from planner.core.plan import Plan, crowded, fit_hints
 from planner.core.results import Estimate, flat_fields, least_certain
-from planner.errors import PlannerError
 from planner.evidence import calibration_line
 from planner.stacks import DEFAULT_STACK, overrides_text, software
 from planner.tables import WIDTH, fit_table
@@ -248,37 +247,6 @@ def does_not_fit_lines(p: Plan) -> list[str]:
         lines += ["", f"no layout fits on {e.gpus:,} x {e.hardware.name}, even with ZeRO-3 and full recompute. "
                       "What would make it fit:"] + [f"  - {h}" for h in fit_hints(e)]
     return lines
-
-
-def fit_hints(e: Estimate) -> list[str]:
-    """Changes that would let some layout fit, each checked with a search: more GPUs (doubling),
-    a shorter sequence (halving), else a larger GPU or a smaller model."""
-    from planner.core.search import search
-
-    hints = []
-    for k in (2, 4, 8, 16, 32, 64):
-        if search(e.model, e.hardware, e.job, e.gpus * k).feasible:
-            hints.append(f"more GPUs: {e.gpus * k:,} ({k}x; --gpus) is the first doubling where a layout fits")
-            break
-    from planner.core.search import Pins
-
-    if e.job.mode == "pretrain" and e.layout.offload == "none":  # fine-tuning already searches offload
-        for where in ("optimizer", "params"):
-            try:
-                fits = search(e.model, e.hardware, e.job, e.gpus, Pins(offload=where)).feasible
-            except PlannerError:  # the stack does not offload this
-                continue
-            if fits:
-                hints.append(f"CPU offload: --offload {where} fits on {e.gpus:,} GPU{'s' if e.gpus > 1 else ''} "
-                             "(slower: states cross PCIe every step)")
-                break
-    seq = e.model.seq_len
-    for k in (2, 4, 8):
-        if seq // k >= 128 and search(e.model.replace(seq_len=seq // k), e.hardware, e.job, e.gpus).feasible:
-            hints.append(f"a shorter sequence: --seq-len {seq // k} fits on {e.gpus:,} GPU{'s' if e.gpus > 1 else ''}")
-            break
-    hints.append("a GPU with more memory (--gpu; `planner profiles`), or a smaller model")
-    return hints
 
 
 def operations_lines(e: Estimate) -> list[str]:

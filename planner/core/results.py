@@ -277,9 +277,10 @@ def operations_at(row: Evaluation, model: ModelSpec, job: Job, ops: Operations, 
 
 
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
-                ops: Operations = Operations(), tp_searched: bool = False) -> Estimate:
-    """Row ``i`` of an evaluation as an Estimate. ``tp_searched``: it is a search's best with tp
-    free (its warnings then know every other tp ranked behind it: ``warnings_for``)."""
+                ops: Operations = Operations(), searched: frozenset[str] = frozenset()) -> Estimate:
+    """Row ``i`` of an evaluation as an Estimate. ``searched``: for a search's best, the layout
+    fields the search chose (its warnings then know every other value of those ranked behind it:
+    ``warnings_for``)."""
     layout = ev.candidates.layout(i)
     # The derived figures are computed for the whole table on each read: read from the row alone,
     # its columns scalars, listing a table stays linear and one estimate costs scalars' time.
@@ -325,7 +326,7 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
                             gpus_per_node=hw.network.gpus_per_node, feed=feed, reliability=reliability,
                             ep_fraction=time.ep_comm_s / step if step > 0 else 0.0, ep=layout.ep,
                             gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw),
-                            tight_bytes=memory.tight_below_bytes, tp_searched=tp_searched)
+                            tight_bytes=memory.tight_below_bytes, searched=searched)
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=tokens_per_s,
                     model_tflops_per_gpu=float(ev.model_flops_per_gpu) / 1e12, mfu=float(ev.mfu), hfu=float(ev.hfu),
