@@ -187,9 +187,9 @@ def test_an_all_to_all_bound_plan_is_told_how_to_hide_it():
     hai = plan(V3, h800, Job(precision="fp8", stack="hai-llm", global_batch=15360), 2048, pins, top=0).best
     assert hai.comm_fraction < COMM_SHARE_LIMIT and not any(w.startswith("communication is") for w in hai.warnings)
     dense = warnings_for(comm_fraction=0.3, bubble_fraction=0.0, total_bytes=1.0, capacity_bytes=2.0, pp=1, vpp=1,
-                         grad_accum=1, tp=1, gpus_per_node=8, ep_fraction=0.05, ep=2)
-    want = ("communication is 30% of the step (> 15%); fix: overlap data-parallel reduction with backward, "
-            "raise gradient accumulation, or trade tp for pp")
+                         grad_accum=1, tp=1, gpus_per_node=8, comm_parts={"dp": 0.25, "ep": 0.05}, ep=2)
+    want = ("communication is 30% of the step (> 15%); the data-parallel gradient reduction is 25%; fix: a larger "
+            "global batch (each gradient reduction serves more tokens), or fewer GPUs")
     assert dense == [want]
 
 

@@ -25,6 +25,42 @@ MICRO_BATCHES_PER_STAGE = 4  # "few" micro-batches: fewer than 4 per pipeline st
 GOODPUT_FLOOR = 0.90  # warn when failures and checkpoints cost more than 10% of the run
 
 
+# The exposed communication of a step by part (StepTime's), as the warning names the largest.
+COMM_PARTS = {"tp": "tensor parallel's collectives are", "cp": "context parallel's K/V exchange is",
+              "ep": "expert parallel's all-to-all is", "pp": "the pipeline's sends are",
+              "dp": "the data-parallel gradient reduction is"}
+_FEWER = {"tp": ("tp", "a lower tp (traded for pp or dp)"), "cp": ("cp", "a lower cp"),
+          "pp": ("pp", "fewer pipeline stages")}  # a part's layout fix, and the field it changes
+
+
+def _comm_fix(part: str | None, *, tp: int, ep: int, gpus_per_node: int, searched: frozenset[str],
+              overlap_grad_reduce: bool, async_tp_helps: bool) -> str:
+    """The fix of communication over COMM_SHARE_LIMIT, by its largest part. A layout fix the
+    search already made (its field in ``searched``: every other value ranked behind) is not one."""
+    if part == "ep":
+        inside = max(1, gpus_per_node // tp)
+        return ((f"keep expert parallel inside a node (ep <= {inside}), or " if ep > inside and "ep" not in searched
+                 else "")
+                + "a stack that sends a token once per node and hides the all-to-all behind compute "
+                  "(--stack hai-llm, or [moe] ep_dedup / ep_overlap in a stack file of your own)")
+    if part == "dp":
+        fix = "a larger global batch (each gradient reduction serves more tokens), or fewer GPUs"
+        return fix if overlap_grad_reduce else "overlap the reduction with backward (drop --no-overlap), " + fix
+    if part == "tp" and tp > gpus_per_node:
+        if "tp" in searched:  # the search put it across nodes: the layouts keeping it inside ranked behind
+            return (f"more GPUs, or GPUs with more memory: the layouts keeping tensor parallel inside a node "
+                    f"(tp <= {gpus_per_node}) rank behind this one, slower or holding more memory")
+        return "keep tensor parallel inside a node"
+    if part not in _FEWER:  # no parts given
+        return "a larger global batch, fewer GPUs, or a layout with less communication"
+    field, fewer = _FEWER[part]
+    async_tp = "asynchronous TP (--async-tp), which this stack overlaps further" if part == "tp" and async_tp_helps else ""
+    if field in searched:
+        return (f"the layouts with {fewer.partition(' (')[0]} rank behind this one, slower or holding more memory; "
+                + (async_tp or "faster links, fewer GPUs, or a GPU with more memory"))
+    return fewer + (f", or {async_tp}" if async_tp else "")
+
+
 # The layout fields whose change the "does not fit" warning names as its fix.
 _LAYOUT_FIXES = frozenset({"recompute", "zero_stage", "tp", "pp", "micro_batch"})
 
@@ -32,9 +68,10 @@ _LAYOUT_FIXES = frozenset({"recompute", "zero_stage", "tp", "pp", "micro_batch"}
 def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: float, capacity_bytes: float,
                  pp: int, vpp: int, grad_accum: int, tp: int, gpus_per_node: int,
                  feed: "DataFeedPlan | None" = None, reliability: "ReliabilityPlan | None" = None,
-                 ep_fraction: float = 0.0, ep: int = 1, gpu_bytes: float | None = None,
+                 comm_parts: dict[str, float] | None = None, ep: int = 1, gpu_bytes: float | None = None,
                  measured_under: tuple[float, str] = (0.0, ""), tight_bytes: float | None = None,
-                 searched: frozenset[str] = frozenset()) -> list[str]:
+                 searched: frozenset[str] = frozenset(), overlap_grad_reduce: bool = True,
+                 async_tp_helps: bool = False) -> list[str]:
     """The report's warnings. ``gpu_bytes``: the GPU's whole memory (``capacity_bytes`` is what a
     plan may fill: less with --memory-headroom); ``measured_under``: how far below the memory they
     used the measured runs like this plan were predicted at worst (a fraction of what they used: a
@@ -42,8 +79,13 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
     layout fields a search chose for this layout, its best (empty: a layout pinned, or a row of a
     listing). Every other value of those ranked behind it, so a fix that changes one of them is no
     fix to make: tensor or expert parallel spanning nodes, or a layout that does not fit whatever
-    its recompute, ZeRO stage, tp, pp and micro-batch."""
+    its recompute, ZeRO stage, tp, pp and micro-batch. ``comm_parts``: the exposed communication by
+    part (COMM_PARTS), each a share of the step: the largest is named, and its fix given;
+    ``overlap_grad_reduce``: the job overlaps the gradient reduction with backward;
+    ``async_tp_helps``: asynchronous TP (--async-tp) would hide more of TP's collectives on this
+    stack than the job does."""
     out = []
+    comm_parts = comm_parts or {}
     under_share, like = measured_under
     gpu_bytes = capacity_bytes if gpu_bytes is None else gpu_bytes
     tight_bytes = capacity_bytes if tight_bytes is None else tight_bytes
@@ -71,21 +113,10 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
                    "steps run slower than predicted) or OOM on a spike; fix: a smaller micro-batch, recompute or a "
                    "higher ZeRO stage")
     if comm_fraction > COMM_SHARE_LIMIT:
-        if tp <= gpus_per_node:
-            fix = "overlap data-parallel reduction with backward, raise gradient accumulation, or trade tp for pp"
-        elif "tp" in searched:  # the search put it across nodes: the layouts keeping it inside ranked behind
-            fix = (f"more GPUs, or GPUs with more memory: the layouts keeping tensor parallel inside a node "
-                   f"(tp <= {gpus_per_node}) rank behind this one, slower or holding more memory")
-        else:
-            fix = "keep tensor parallel inside a node"
-        what = ""
-        if ep_fraction >= comm_fraction / 2:  # mostly expert parallel's all-to-all
-            what = f"; expert parallel's all-to-all is {ep_fraction:.0%}"
-            inside = max(1, gpus_per_node // tp)
-            fix = ((f"keep expert parallel inside a node (ep <= {inside}), or " if ep > inside and "ep" not in searched
-                    else "")
-                   + "a stack that sends a token once per node and hides the all-to-all behind compute "
-                     "(--stack hai-llm, or [moe] ep_dedup / ep_overlap in a stack file of your own)")
+        part = max(comm_parts, key=comm_parts.get) if comm_parts else None
+        what = f"; {COMM_PARTS[part]} {comm_parts[part]:.0%}" if part else ""
+        fix = _comm_fix(part, tp=tp, ep=ep, gpus_per_node=gpus_per_node, searched=searched,
+                        overlap_grad_reduce=overlap_grad_reduce, async_tp_helps=async_tp_helps)
         out.append(f"communication is {comm_fraction:.0%} of the step (> {COMM_SHARE_LIMIT:.0%}){what}; fix: {fix}")
     if bubble_fraction > BUBBLE_LIMIT:
         out.append(f"pipeline bubble is {bubble_fraction:.0%} of the step (> {BUBBLE_LIMIT:.0%}); fix: more "

@@ -16,7 +16,7 @@ from planner.core.step_parts import STEPTIME_FIELDS
 from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, calibration_json, for_stack, memory_band, plan_features
 from planner.hardware import HardwareProfile
 from planner.memo import by_identity, dict_of_slots, fast_init
-from planner.stacks import software
+from planner.stacks import effective, software
 
 
 @fast_init
@@ -276,6 +276,23 @@ def operations_at(row: Evaluation, model: ModelSpec, job: Job, ops: Operations, 
                            trainable_params(model, job) if trainable is None else trainable, ops)
 
 
+def _comm_parts(t: TimeParts) -> dict[str, float]:
+    """The exposed communication of a step by part, each a share of it (``warnings_for``)."""
+    if not t.step_s > 0:
+        return {}
+    return {"tp": t.tp_comm_s / t.step_s, "cp": t.cp_comm_s / t.step_s, "ep": t.ep_comm_s / t.step_s,
+            "pp": t.pp_comm_s / t.step_s, "dp": t.dp_comm_s / t.step_s}
+
+
+def _async_tp_helps(hw: HardwareProfile, job: Job) -> bool:
+    """Whether --async-tp would hide more of TP's collectives than this job does (its stack overlaps
+    more with it, and the profile does not set the overlap itself)."""
+    if job.async_tp:
+        return False
+    stack = software(job).stack
+    return effective(hw, stack, True).efficiency.tp_overlap > effective(hw, stack, False).efficiency.tp_overlap
+
+
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
                 ops: Operations = Operations(), searched: frozenset[str] = frozenset()) -> Estimate:
     """Row ``i`` of an evaluation as an Estimate. ``searched``: for a search's best, the layout
@@ -324,9 +341,10 @@ def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, j
     warnings = warnings_for(comm_fraction=comm, bubble_fraction=bubble, total_bytes=total, capacity_bytes=cap,
                             pp=layout.pp, vpp=layout.vpp, grad_accum=layout.grad_accum, tp=layout.tp,
                             gpus_per_node=hw.network.gpus_per_node, feed=feed, reliability=reliability,
-                            ep_fraction=time.ep_comm_s / step if step > 0 else 0.0, ep=layout.ep,
+                            comm_parts=_comm_parts(time), ep=layout.ep,
                             gpu_bytes=hw.gpu.memory_bytes, measured_under=_measured_memory_under(model, layout, job, hw),
-                            tight_bytes=memory.tight_below_bytes, searched=searched)
+                            tight_bytes=memory.tight_below_bytes, searched=searched,
+                            overlap_grad_reduce=job.overlap_grad_reduce, async_tp_helps=_async_tp_helps(hw, job))
     return Estimate(model=model, hardware=hw, gpus=ev.gpus, layout=layout, job=job, memory=memory, time=time,
                     bubble_fraction=bubble, comm_fraction=comm, tokens_per_s=tokens_per_s,
                     model_tflops_per_gpu=float(ev.model_flops_per_gpu) / 1e12, mfu=float(ev.mfu), hfu=float(ev.hfu),

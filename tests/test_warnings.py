@@ -1,0 +1,58 @@
+"""The report's warnings: each names what is over its line and a fix that would help this plan."""
+
+import pytest
+
+import planner
+from planner.core.checks import warnings_for
+
+
+@pytest.mark.parametrize("parts, tp, searched, overlap, async_helps, what, fix", [
+    ({"dp": 0.2, "tp": 0.05}, 2, frozenset(), False, False, "the data-parallel gradient reduction is 20%",
+     ("overlap the reduction with backward (drop --no-overlap), a larger global batch (each gradient reduction "
+      "serves more tokens), or fewer GPUs")),
+    ({"tp": 0.2, "dp": 0.05}, 4, frozenset(), True, True, "tensor parallel's collectives are 20%",
+     "a lower tp (traded for pp or dp), or asynchronous TP (--async-tp), which this stack overlaps further"),
+    ({"tp": 0.2, "dp": 0.05}, 4, frozenset({"tp"}), True, False, "tensor parallel's collectives are 20%",
+     ("the layouts with a lower tp rank behind this one, slower or holding more memory; faster links, fewer GPUs, "
+      "or a GPU with more memory")),
+    ({"tp": 0.2}, 4, frozenset({"tp"}), True, True, "tensor parallel's collectives are 20%",
+     ("the layouts with a lower tp rank behind this one, slower or holding more memory; asynchronous TP "
+      "(--async-tp), which this stack overlaps further")),
+    ({"tp": 0.2}, 16, frozenset(), True, False, "tensor parallel's collectives are 20%",
+     "keep tensor parallel inside a node"),
+    ({"cp": 0.15, "tp": 0.1}, 2, frozenset(), True, False, "context parallel's K/V exchange is 15%", "a lower cp"),
+    ({"pp": 0.15, "dp": 0.1}, 1, frozenset({"pp"}), True, False, "the pipeline's sends are 15%",
+     ("the layouts with fewer pipeline stages rank behind this one, slower or holding more memory; faster links, "
+      "fewer GPUs, or a GPU with more memory")),
+])
+def test_the_communication_warning_names_its_largest_part_and_that_parts_fix(parts, tp, searched, overlap,
+                                                                            async_helps, what, fix):
+    """The warning names the largest exposed part and a fix for it: the data-parallel reduction a
+    larger batch (and the overlap, when it is off), tensor, context and pipeline parallel a lower
+    degree unless the search chose it (then what is outside the layout); --async-tp only where the
+    stack hides more with it."""
+    got = warnings_for(comm_fraction=0.25, bubble_fraction=0.0, total_bytes=1.0, capacity_bytes=2.0, pp=1, vpp=1,
+                       grad_accum=1, tp=tp, gpus_per_node=8, comm_parts=parts, searched=searched,
+                       overlap_grad_reduce=overlap, async_tp_helps=async_helps)
+    assert got == [f"communication is 25% of the step (> 15%); {what}; fix: {fix}"]
+
+
+def _comm_warning(plan: dict) -> str:
+    (warning,) = [w for w in plan["warnings"] if w.startswith("communication is")]
+    return warning
+
+
+def test_async_tp_is_offered_where_the_stack_hides_more_with_it():
+    """A 7B model with tp 4 pinned on L40S nodes (PCIe): tensor parallel's collectives are most of
+    the step. On fsdp2, whose async TP overlaps more of them (tp_overlap_async), the fix offers
+    --async-tp, and taking it lowers their share; with it on, or on a stack without it
+    (deepspeed-zero), it is not offered."""
+    flags = {"params": "7B", "gpus": 64, "gpu": "l40s", "tp": 4}
+    plain, with_async = planner.estimate(**flags), planner.estimate(**flags, async_tp=True)
+    assert "tensor parallel's collectives are" in _comm_warning(plain)
+    assert _comm_warning(plain).endswith("fix: a lower tp (traded for pp or dp), or asynchronous TP (--async-tp), "
+                                         "which this stack overlaps further")
+    share = [p["time"]["tp_comm_s"] / p["time"]["step_s"] for p in (plain, with_async)]
+    assert share[1] < 0.75 * share[0]
+    assert "--async-tp" not in _comm_warning(with_async)
+    assert "--async-tp" not in _comm_warning(planner.estimate(**flags, stack="deepspeed-zero"))
