@@ -56,3 +56,39 @@ def test_async_tp_is_offered_where_the_stack_hides_more_with_it():
     assert share[1] < 0.75 * share[0]
     assert "--async-tp" not in _comm_warning(with_async)
     assert "--async-tp" not in _comm_warning(planner.estimate(**flags, stack="deepspeed-zero"))
+
+
+SPLIT = ("a larger global batch (more micro-batches per step): every other split into stages, interleaving and "
+         "micro-batches ranks behind this one, slower or holding more memory")
+
+
+@pytest.mark.parametrize("searched, bubble_fix, stages_fix", [
+    (frozenset(), ("more micro-batches per step (larger global batch or smaller micro-batch), interleaving (--vpp), "
+                   "or fewer pipeline stages"), "at most 4 stages, or more micro-batches"),
+    (frozenset({"pp", "vpp"}), ("more micro-batches per step (larger global batch or smaller micro-batch), "
+                                "interleaving (--vpp), or fewer pipeline stages"), "at most 4 stages, or more micro-batches"),
+    (frozenset({"pp", "vpp", "micro_batch", "tp"}), SPLIT, SPLIT),
+])
+def test_the_pipeline_warnings_fix_what_the_search_left(searched, bubble_fix, stages_fix):
+    """8 stages, 8 micro-batches, a 20% bubble: the fixes name fewer stages, interleaving and
+    smaller micro-batches unless the search chose all three (the micro-batch pinned keeps them);
+    then only a larger global batch is left."""
+    got = warnings_for(comm_fraction=0.0, bubble_fraction=0.2, total_bytes=1.0, capacity_bytes=2.0, pp=8, vpp=1,
+                       grad_accum=8, tp=1, gpus_per_node=8, searched=searched)
+    assert got == [f"pipeline bubble is 20% of the step (> 15%); fix: {bubble_fix}",
+                   ("8 pipeline stages with only 8 micro-batches per step (< 4 per stage): the bubble grows as "
+                    f"(pp-1)/(vpp*m); fix: {stages_fix}")]
+
+
+def test_a_plan_the_search_pipelined_is_told_to_raise_the_batch():
+    """GPT-3 6.7B on 1,024 L40S (Megatron-LM 2021): the search's best runs 8 stages with few
+    micro-batches; its warning names a larger global batch alone. The same layout pinned keeps
+    the fix of fewer stages."""
+    best = planner.estimate(preset="gpt3-6.7b", gpu="l40s", gpus=1024, stack="megatron-2021")
+    lay = best["layout"]
+    assert lay["pp"] > 4
+    (stages,) = [w for w in best["warnings"] if "pipeline stages with only" in w]
+    assert stages.endswith(f"fix: {SPLIT}")
+    pinned = planner.estimate(preset="gpt3-6.7b", gpu="l40s", gpus=1024, stack="megatron-2021",
+                              **{k: lay[k] for k in ("tp", "pp", "vpp", "micro_batch")})
+    assert any(w.endswith("fix: at most 4 stages, or more micro-batches") for w in pinned["warnings"])

@@ -61,6 +61,11 @@ def _comm_fix(part: str | None, *, tp: int, ep: int, gpus_per_node: int, searche
     return fewer + (f", or {async_tp}" if async_tp else "")
 
 
+_PIPELINE_SPLIT = frozenset({"pp", "vpp", "micro_batch"})
+_LARGER_BATCH = ("a larger global batch (more micro-batches per step): every other split into stages, interleaving "
+                 "and micro-batches ranks behind this one, slower or holding more memory")
+
+
 # The layout fields whose change the "does not fit" warning names as its fix.
 _LAYOUT_FIXES = frozenset({"recompute", "zero_stage", "tp", "pp", "micro_batch"})
 
@@ -118,14 +123,19 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
         fix = _comm_fix(part, tp=tp, ep=ep, gpus_per_node=gpus_per_node, searched=searched,
                         overlap_grad_reduce=overlap_grad_reduce, async_tp_helps=async_tp_helps)
         out.append(f"communication is {comm_fraction:.0%} of the step (> {COMM_SHARE_LIMIT:.0%}){what}; fix: {fix}")
+    # The pipeline's split (stages, interleaving, micro-batch) chosen by the search: every other split
+    # ranked behind, so only a larger global batch (more micro-batches per step) is left to change.
+    split_searched = _PIPELINE_SPLIT <= searched
     if bubble_fraction > BUBBLE_LIMIT:
-        out.append(f"pipeline bubble is {bubble_fraction:.0%} of the step (> {BUBBLE_LIMIT:.0%}); fix: more "
-                   "micro-batches per step (larger global batch or smaller micro-batch), interleaving (--vpp), "
-                   "or fewer pipeline stages")
+        fix = (_LARGER_BATCH if split_searched else
+               "more micro-batches per step (larger global batch or smaller micro-batch), interleaving (--vpp), "
+               "or fewer pipeline stages")
+        out.append(f"pipeline bubble is {bubble_fraction:.0%} of the step (> {BUBBLE_LIMIT:.0%}); fix: {fix}")
     if pp > MAX_STAGES_WITHOUT_WARNING and grad_accum < MICRO_BATCHES_PER_STAGE * pp:
+        fix = _LARGER_BATCH if split_searched else "at most 4 stages, or more micro-batches"
         out.append(f"{pp} pipeline stages with only {grad_accum} micro-batches per step (< {MICRO_BATCHES_PER_STAGE} "
                    f"per stage){' even interleaved' if vpp > 1 else ''}: the bubble grows as (pp-1)/(vpp*m); "
-                   "fix: at most 4 stages, or more micro-batches")
+                   f"fix: {fix}")
     if feed is not None and not feed.keeps_up:
         out.append(f"the data feed needs {feed.bytes_per_s / 1e6:.0f} MB/s of tokens but storage reads "
                    f"{feed.storage_read_bytes_per_s / 1e6:.0f} MB/s; fix: cache the dataset on node-local SSD "
