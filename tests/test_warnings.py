@@ -92,3 +92,16 @@ def test_a_plan_the_search_pipelined_is_told_to_raise_the_batch():
     pinned = planner.estimate(preset="gpt3-6.7b", gpu="l40s", gpus=1024, stack="megatron-2021",
                               **{k: lay[k] for k in ("tp", "pp", "vpp", "micro_batch")})
     assert any(w.endswith("fix: at most 4 stages, or more micro-batches") for w in pinned["warnings"])
+
+
+def test_an_export_writes_the_estimates_warnings(capsys):
+    """`planner export` writes the plan's warnings beside its layout: the same fixes as
+    `planner estimate` gives the same search's best (here: a larger global batch alone)."""
+    from planner.cli.main import main as cli_main
+
+    flags = ["--preset", "gpt3-6.7b", "--gpu", "l40s", "--gpus", "1024", "--stack", "megatron-2021"]
+    warnings = planner.estimate(preset="gpt3-6.7b", gpu="l40s", gpus=1024, stack="megatron-2021")["warnings"]
+    assert any(w.endswith(f"fix: {SPLIT}") for w in warnings)
+    assert cli_main(["export", *flags, "--format", "megatron"]) == 0
+    written = [line.partition("warning: ")[2] for line in capsys.readouterr().out.splitlines() if "warning: " in line]
+    assert written == warnings

@@ -147,7 +147,7 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
     rows = [0, *_runner_rows(result, pins, top)] if result.feasible else [0]
     # Only these rows: the rest of the table is never put in rank order (one layout: its scalars).
     ev = result.one if result.one is not None else result.ranked(rows)
-    best = estimate_at(ev, 0, model, hw, job, ops, searched=_SEARCHED - set(pins.pinned()))
+    best = estimate_at(ev, 0, model, hw, job, ops, searched=searched_fields(pins))
     runners = tuple(estimate_at(ev, k, model, hw, job, ops) for k in range(1, len(rows)))
     near = () if best.fits else nearest_in_table(table, model, hw, job, pins, ops, count=3)
     room = _roomier_row(result, pins) if crowded(best) else None
@@ -160,6 +160,12 @@ def _plan(result: SearchResult, table: SearchResult | None, model: ModelSpec, hw
 
 
 _SEARCHED = frozenset(Pins.__dataclass_fields__)  # the layout fields a search chooses unless pinned
+
+
+def searched_fields(pins: Pins) -> frozenset[str]:
+    """The layout fields a search with these pins chooses: its best's warnings know every other
+    value of them ranked behind it (``estimate_at``'s ``searched``)."""
+    return _SEARCHED - set(pins.pinned())
 
 
 FASTER_SHOWN = 3  # layouts above the memory line that a plan lists as faster

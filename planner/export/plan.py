@@ -38,7 +38,7 @@ def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = Fals
     format cannot express, ExportRefused when nothing fits or memory is above the limit."""
     from planner.core.evaluate import usable_memory
     from planner.core.options import build_inputs
-    from planner.core.plan import nearest_fitting
+    from planner.core.plan import nearest_fitting, searched_fields
     from planner.core.report import layout_line
     from planner.core.search import search
     from planner.export.formats import get_format, problems, render
@@ -59,7 +59,8 @@ def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = Fals
         raise ExportRefused("layout", pinned or "search", f"no layout fits on {x.gpus} x {x.hardware.name} on the "
                                                           f"{stack} stack: {why}")
     try:
-        chosen, best = choose(fmt, result, x.model, x.hardware, x.job, x.ops, 1.0 if force else MEMORY_LIMIT)
+        chosen, best = choose(fmt, result, x.model, x.hardware, x.job, x.ops, 1.0 if force else MEMORY_LIMIT,
+                              searched_fields(x.pins))
     except PlannerError as exc:
         if exc.field == "memory":
             raise ExportRefused(exc.field, exc.value, exc.allowed) from None
@@ -75,11 +76,13 @@ def export_plan(values: Mapping[str, object], fmt: str, opts, force: bool = Fals
     return Export(text=render(fmt, chosen, opts, note), chosen=chosen, stack=stack, note=note)
 
 
-def choose(fmt: str, result, model, hw, job, ops=None, max_memory: float = 1.0) -> tuple[Estimate, Estimate]:
+def choose(fmt: str, result, model, hw, job, ops=None, max_memory: float = 1.0,
+           searched: frozenset[str] = frozenset()) -> tuple[Estimate, Estimate]:
     """(the best fitting layout ``fmt`` can express using at most ``max_memory`` of the GPU's memory,
     the best fitting layout overall). When none can be expressed, raises the problem every fitting
     layout shares (a pinned field, typically), else the best layout's first problem; when some can
-    but only above ``max_memory``, raises a PlannerError on the field ``memory``."""
+    but only above ``max_memory``, raises a PlannerError on the field ``memory``. ``searched``: the
+    layout fields the search chose (the best layout's warnings: ``estimate_at``)."""
     from planner.core.resilience import Operations
     from planner.core.results import estimate_at
     from planner.export.formats import layout_problems
@@ -87,7 +90,7 @@ def choose(fmt: str, result, model, hw, job, ops=None, max_memory: float = 1.0) 
     ops = ops or Operations()
     ev, order = result.partial_table, result.order  # rows looked up by rank, no step time read
     share = ev.memory.total / ev.capacity_bytes
-    best = estimate_at(result.ranked([0]), 0, model, hw, job, ops)
+    best = estimate_at(result.ranked([0]), 0, model, hw, job, ops, searched=searched)
     found: list[list[PlannerError]] = []
     above = None  # the table row of the best expressible layout above max_memory
     for i in range(result.feasible):  # in rank order; layouts only, estimates just for the winner
