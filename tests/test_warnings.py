@@ -105,3 +105,25 @@ def test_an_export_writes_the_estimates_warnings(capsys):
     assert cli_main(["export", *flags, "--format", "megatron"]) == 0
     written = [line.partition("warning: ")[2] for line in capsys.readouterr().out.splitlines() if "warning: " in line]
     assert written == warnings
+
+
+def test_a_tight_plan_the_search_could_not_avoid_names_more_gpus():
+    """Megatron 39B on 8 A100s (hai-llm): the search's best is tight, above the memory available.
+    No layout of the search's table is under it (read off the table), so the fix names more GPUs
+    or more memory; with the recompute pinned it keeps the layout fixes."""
+    from planner.core.layout import Job
+    from planner.core.plan import plan
+    from planner.core.presets import get_preset
+    from planner.core.search import Pins
+    from planner.hardware import get_profile
+
+    model, hw, job = get_preset("megatron-39b"), get_profile("a100-80g"), Job(stack="hai-llm")
+    p = plan(model, hw, job, 8, Pins(), top=0)
+    (tight,) = [w for w in p.best.warnings if w.startswith("tight:")]
+    assert tight.endswith("fix: more GPUs or a GPU with more memory: no layout is under the memory available on "
+                          "these GPUs, whatever its recompute, ZeRO stage, tp, pp and micro-batch")
+    t = p.result.table
+    assert len(t.candidates) > 50 and float(t.memory.total.min()) > t.capacity_bytes
+    pinned = plan(model, hw, job, 8, Pins(recompute=p.best.layout.recompute), top=0).best
+    assert any(w.startswith("tight:") and w.endswith("fix: a smaller micro-batch, recompute or a higher ZeRO stage")
+               for w in pinned.warnings)

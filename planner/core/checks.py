@@ -94,15 +94,19 @@ def warnings_for(*, comm_fraction: float, bubble_fraction: float, total_bytes: f
     under_share, like = measured_under
     gpu_bytes = capacity_bytes if gpu_bytes is None else gpu_bytes
     tight_bytes = capacity_bytes if tight_bytes is None else tight_bytes
+    # Every layout the search tried is over capacity too (the ranking puts any under it first).
+    none_under = _LAYOUT_FIXES <= searched
     if capacity_bytes < total_bytes <= tight_bytes:  # above capacity, within the stack's measured error
+        fix = ("more GPUs or a GPU with more memory: no layout is under the memory available on these GPUs, "
+               "whatever its recompute, ZeRO stage, tp, pp and micro-batch" if none_under else
+               "a smaller micro-batch, recompute or a higher ZeRO stage")
         out.append(f"tight: {total_bytes / 2**30:.1f} GiB predicted, above the {capacity_bytes / 2**30:.0f} GiB "
                    f"available but under {tight_bytes / 2**30:.1f} GiB, within the stack's measured memory error "
-                   "(measured runs used up to that much less than predicted): it may not fit; fix: a smaller "
-                   "micro-batch, recompute or a higher ZeRO stage")
+                   f"(measured runs used up to that much less than predicted): it may not fit; fix: {fix}")
     elif total_bytes > capacity_bytes:
         over = (total_bytes - capacity_bytes) / 2**30
         fix = ("more GPUs or a GPU with more memory: no layout fits on these GPUs, whatever its recompute, ZeRO "
-               "stage, tp, pp and micro-batch" if _LAYOUT_FIXES <= searched else
+               "stage, tp, pp and micro-batch" if none_under else
                "activation recompute, a higher ZeRO stage, more tp/pp, or a smaller micro-batch")
         out.append(f"does not fit: {total_bytes / 2**30:.1f} GiB needed, {capacity_bytes / 2**30:.0f} GiB available "
                    f"({over:.1f} GiB over); fix: {fix}")
