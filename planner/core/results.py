@@ -284,6 +284,7 @@ def _comm_parts(t: TimeParts) -> dict[str, float]:
             "pp": t.pp_comm_s / t.step_s, "dp": t.dp_comm_s / t.step_s}
 
 
+@by_identity  # a profile's and job's, once
 def _async_tp_helps(hw: HardwareProfile, job: Job) -> bool:
     """Whether --async-tp would hide more of TP's collectives than this job does (its stack overlaps
     more with it, and the profile does not set the overlap itself)."""
