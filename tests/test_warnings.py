@@ -127,3 +127,15 @@ def test_a_tight_plan_the_search_could_not_avoid_names_more_gpus():
     pinned = plan(model, hw, job, 8, Pins(recompute=p.best.layout.recompute), top=0).best
     assert any(w.startswith("tight:") and w.endswith("fix: a smaller micro-batch, recompute or a higher ZeRO stage")
                for w in pinned.warnings)
+
+
+def test_a_searchs_first_row_warns_as_the_estimate_does():
+    """`planner search` lists the search's best first: its warnings are `planner estimate`'s (the
+    fields the search chose known); the rows after it are rows of a listing, with the fixes of
+    their own layout."""
+    flags = {"preset": "gpt3-6.7b", "gpu": "l40s", "gpus": 1024, "stack": "megatron-2021"}
+    rows = planner.search(**flags, top=3)["results"]
+    assert rows[0]["warnings"] == planner.estimate(**flags)["warnings"]
+    assert any(w.endswith(f"fix: {SPLIT}") for w in rows[0]["warnings"])
+    later = [w for row in rows[1:] for w in row["warnings"] if "pipeline stages with only" in w]
+    assert later and all(w.endswith("fix: at most 4 stages, or more micro-batches") for w in later)

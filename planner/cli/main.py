@@ -201,6 +201,7 @@ def search_listing(a: argparse.Namespace, x=None):
     import numpy as np
 
     from planner.cli.inputs import inputs_from_args
+    from planner.core.plan import searched_fields
     from planner.core.results import estimate_at
     from planner.core.search import search
 
@@ -211,7 +212,10 @@ def search_listing(a: argparse.Namespace, x=None):
         limit = min(limit, a.top)
     ev = r.ranked(np.arange(limit))  # only the rows listed are put in rank order
     # Each row's estimate is made as it is written: a listing of every layout (--all) holds one at a time.
-    return x, r, (estimate_at(ev, i, x.model, x.hardware, x.job) for i in range(limit))
+    # The first is the search's best: its warnings as `planner estimate` gives them (the fields it chose).
+    searched = searched_fields(x.pins)
+    return x, r, (estimate_at(ev, i, x.model, x.hardware, x.job, searched=searched if i == 0 else frozenset())
+                  for i in range(limit))
 
 
 def search_head(r) -> dict:
