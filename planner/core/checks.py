@@ -29,8 +29,8 @@ GOODPUT_FLOOR = 0.90  # warn when failures and checkpoints cost more than 10% of
 COMM_PARTS = {"tp": "tensor parallel's collectives are", "cp": "context parallel's K/V exchange is",
               "ep": "expert parallel's all-to-all is", "pp": "the pipeline's sends are",
               "dp": "the data-parallel gradient reduction is"}
-_FEWER = {"tp": ("tp", "a lower tp (traded for pp or dp)"), "cp": ("cp", "a lower cp"),
-          "pp": ("pp", "fewer pipeline stages")}  # a part's layout fix, and the field it changes
+# The layout fix of a part whose degree is a layout field of its name, and what a pinned one adds.
+_FEWER = {"tp": ("a lower tp", " (traded for pp or dp)"), "cp": ("a lower cp", ""), "pp": ("fewer pipeline stages", "")}
 
 
 def _comm_fix(part: str | None, *, tp: int, ep: int, gpus_per_node: int, searched: frozenset[str],
@@ -53,12 +53,12 @@ def _comm_fix(part: str | None, *, tp: int, ep: int, gpus_per_node: int, searche
         return "keep tensor parallel inside a node"
     if part not in _FEWER:  # no parts given
         return "a larger global batch, fewer GPUs, or a layout with less communication"
-    field, fewer = _FEWER[part]
+    fewer, how = _FEWER[part]
     async_tp = "asynchronous TP (--async-tp), which this stack overlaps further" if part == "tp" and async_tp_helps else ""
-    if field in searched:
-        return (f"the layouts with {fewer.partition(' (')[0]} rank behind this one, slower or holding more memory; "
+    if part in searched:
+        return (f"the layouts with {fewer} rank behind this one, slower or holding more memory; "
                 + (async_tp or "faster links, fewer GPUs, or a GPU with more memory"))
-    return fewer + (f", or {async_tp}" if async_tp else "")
+    return fewer + how + (f", or {async_tp}" if async_tp else "")
 
 
 _PIPELINE_SPLIT = frozenset({"pp", "vpp", "micro_batch"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from planner.core.checks import warnings_for
+from planner.core.checks import COMM_PARTS, warnings_for
 from planner.core.evaluate import Evaluation, row_of
 from planner.core.finetune import trainable_params
 from planner.core.layout import Job, Layout
@@ -280,8 +280,7 @@ def _comm_parts(t: TimeParts) -> dict[str, float]:
     """The exposed communication of a step by part, each a share of it (``warnings_for``)."""
     if not t.step_s > 0:
         return {}
-    return {"tp": t.tp_comm_s / t.step_s, "cp": t.cp_comm_s / t.step_s, "ep": t.ep_comm_s / t.step_s,
-            "pp": t.pp_comm_s / t.step_s, "dp": t.dp_comm_s / t.step_s}
+    return {part: getattr(t, f"{part}_comm_s") / t.step_s for part in COMM_PARTS}
 
 
 @by_identity  # a profile's and job's, once
