@@ -165,15 +165,19 @@ def settle_grads(modules: list[nn.Module]) -> None:
 
 
 def apply_recompute(module: GPT, recompute: str) -> None:
-    """Activation checkpointing, non-reentrant. full: each layer; selective: the attention core
-    (scores, softmax, dropout), the part Korthikanti et al. 2022 recompute."""
+    """Activation checkpointing, non-reentrant. full: each layer; half: every second layer of this
+    stage's (the second, fourth, ...: torchtitan's selective layer checkpointing with
+    selective_ac_option = "2" counts so); selective: the attention core (scores, softmax, dropout),
+    the part Korthikanti et al. 2022 recompute."""
     if recompute == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-    for name, block in list(module.layers.items()):
-        if recompute == "full":
+    for k, (name, block) in enumerate(list(module.layers.items())):
+        if recompute == "full" or (recompute == "half" and k % 2 == 1):
             module.layers[name] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        elif recompute == "half":
+            continue
         else:
             block.attn.core = checkpoint_wrapper(block.attn.core, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 

@@ -78,7 +78,7 @@ def test_both_spellings_of_a_flag_mean_one_thing():
 
 @pytest.mark.parametrize(("keywords", "field", "says"), [
     ({"params": "33B", "gpus": 128, "tensor_parallel": 2}, "tensor_parallel", "not a keyword of planner.estimate"),
-    ({"params": "33B", "gpus": 128, "recompute": "some"}, "recompute", "one of none, selective, full"),
+    ({"params": "33B", "gpus": 128, "recompute": "some"}, "recompute", "one of none, selective, full, half"),
     ({"params": "33B", "gpus": "many"}, "gpus", "an integer"),
     ({"params": "33B", "gpus": 128.5}, "gpus", "an integer"),
     ({"params": "33B", "gpus": 0}, "gpus", "from 1"),

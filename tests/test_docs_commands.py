@@ -234,13 +234,14 @@ def test_the_sentences_about_the_headline_plan_say_what_it_prints():
     assert m and int(m.group(1)) == round(100 * mem["total_bytes"] / mem["capacity_bytes"]), m
     m = re.search(r"judged against the rest \((\d+) GiB here\)", text)
     assert m and int(m.group(1)) == round(0.85 * mem["capacity_bytes"] / gib), m
-    m = re.search(r"the plan becomes dp (\d+) x tp (\d+) x pp (\d+) \(interleaved\) at ([\d.]+) GiB and ([\d.]+)% MFU",
-                  text)
+    m = re.search(r"the plan becomes dp (\d+) x tp (\d+) x pp (\d+) at ([\d.]+) GiB and ([\d.]+)% MFU", text)
     lay = kept["layout"]
     assert m and (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (lay["dp"], lay["tp"], lay["pp"]), m
-    assert lay["vpp"] > 1
+    assert lay["vpp"] == 1
     assert float(m.group(4)) == round(kept["memory"]["total_bytes"] / gib, 1)
     assert float(m.group(5)) == round(100 * kept["mfu"], 1)
+    m = re.search(r"now filling (\d+)% of the smaller capacity", text)
+    assert m and int(m.group(1)) == round(100 * kept["memory"]["total_bytes"] / kept["memory"]["capacity_bytes"]), m
 
 
 def test_ci_runs_the_readmes_test_command_with_the_lock():

@@ -30,7 +30,7 @@ def setups(draw, llm_sized: bool = False):
     mb = draw(st.sampled_from([1, 2, 4]))
     m = draw(st.integers(4 if llm_sized else 1, 16))
     layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=dp * mb * m * pp,
-                    zero_stage=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                    zero_stage=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "full", "half"])),
                     sequence_parallel=tp > 1 and draw(st.booleans()))
     job = Job(precision=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
               attention=draw(st.sampled_from(["flash", "standard"])))
@@ -58,8 +58,9 @@ def test_memory_grows_with_micro_batch(s):
 def test_recompute_never_increases_activation_memory(s):
     model, layout, job, _ = s
     per = {rc: float(activation_bytes_per_layer(model, Candidates.from_layouts([layout.replace(recompute=rc)]),
-                                                job)[0]) for rc in ("none", "selective", "full")}
+                                                job)[0]) for rc in ("none", "selective", "full", "half")}
     assert per["full"] <= per["selective"] <= per["none"]
+    assert per["full"] <= per["half"] <= per["none"]
 
 
 @settings(max_examples=150, deadline=None)

@@ -122,11 +122,11 @@ def load_table2(path: str | Path) -> tuple[list[PublishedRun], list[PublishedRun
 TORCHTITAN_GPUS = {"a100-80g": "a100-80g", "h100-94g": "h100-96g-hbm2e", "h100-96g-hbm2e": "h100-96g-hbm2e",
                    "h200": "h200"}
 # Activation checkpointing as torchtitan names it -> the layout's recompute. torchtitan's
-# "selective" is op-level selective checkpointing by default ("op"), or every other layer fully
-# checkpointed ("layer"); both recompute about a sixth of a step (published: 2% apart) and are the
-# fsdp2 stack's "selective" (planner/stacks.py).
+# "selective" is op-level selective checkpointing by default ("op": the fsdp2 stack's "selective",
+# planner/stacks.py), or every other layer fully checkpointed ("layer", selective_ac_option "2":
+# the layout's "half").
 TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full", "selective": "selective", "selective op": "selective",
-                        "selective layer": "selective"}
+                        "selective layer": "half"}
 TORCHTITAN_REQUIRED = ("model", "gpu", "num_gpus", "fsdp", "tp", "pp", "cp", "pp_schedule", "local_batch",
                        "global_batch", "seq_len", "activation_checkpointing", "precision", "torch_compile",
                        "async_tp", "tokens_per_s_per_gpu", "memory_gib_reported")

@@ -38,7 +38,7 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     (its shared cores scale compute by a factor that may be under one). ``shared``: kept for one
     ``c`` across profiles."""
     from planner.core import comm
-    from planner.core.layout import DUALPIPEV
+    from planner.core.layout import DUALPIPEV, recomputed_layers
     from planner.core.pipeline import head_layers, stage_layers
     from planner.core.steptime import layer_times
 
@@ -66,7 +66,7 @@ def step_time_floor(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     if "floor stragglers" not in shared:
         shared["floor stragglers"] = np.sqrt(2 * np.log(c.gpus.astype(float)))
     if "floor overheads" not in shared:  # per layer: once forward, twice backward, once more recomputed
-        shared["floor overheads"] = (3 + (c.recompute == 2)).astype(float)
+        shared["floor overheads"] = 3 + recomputed_layers(c.recompute)
     (pace, pace_least), stragglers, overheads = shared[key], shared["floor stragglers"], shared["floor overheads"]
     if rows is not None:
         pace, pace_least, stragglers, overheads = pace[rows], pace_least[rows], stragglers[rows], overheads[rows]

@@ -133,9 +133,12 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
     """Extra forward FLOPs per token that recomputation adds (HFU counts them, MFU does not).
     full: every layer's forward again (not the head); selective "attention": the attention core
     (Korthikanti et al. 2022, Sec. 5); selective "op": the share of weight GEMMs torchtitan's
-    op-level policy recomputes (attention's output is kept)."""
+    op-level policy recomputes (attention's output is kept); half: every second layer's forward
+    (``recomputed_layers``: the share recomputed whole)."""
+    from planner.core.layout import recomputed_layers
+
     full, selective_flops = _recompute_flops(model, selective, causal)
-    return where(recompute == 2, full, where(recompute == 1, selective_flops, 0.0))
+    return recomputed_layers(recompute) * full + where(recompute == 1, selective_flops, 0.0)
 
 
 @by_identity  # the same objects again (an estimate reads it several times): no hashing

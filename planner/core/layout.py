@@ -23,7 +23,24 @@ from planner.memo import dict_of_slots, kept_hash, slot_filler
 from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
 
-RECOMPUTE = ("none", "selective", "full")
+# Activation recompute: none; selective (the stack's policy: the attention core, or torchtitan's
+# op-level one); full (every layer's forward again); half (every second layer's forward again, the
+# others keep everything: torchtitan's selective layer checkpointing, selective_ac_option = "2";
+# Megatron-LM's --recompute-method block on half of each virtual stage's layers).
+RECOMPUTE = ("none", "selective", "full", "half")
+HALF = RECOMPUTE.index("half")  # its code in Candidates.recompute
+# The share of a stage's layers each choice recomputes whole, by code: the memory and the time of a
+# layout of half are those of its layers, half kept as without recompute and half as with full.
+RECOMPUTED_LAYERS = (0.0, 0.0, 1.0, 0.5)
+_RECOMPUTED_LAYERS = np.array(RECOMPUTED_LAYERS)
+
+
+def recomputed_layers(recompute):
+    """The share of layers recomputed whole (``RECOMPUTED_LAYERS``) of a recompute column (codes),
+    or of one layout's code as a Python float."""
+    if type(recompute) is int or type(recompute) is np.int64:
+        return RECOMPUTED_LAYERS[recompute]
+    return _RECOMPUTED_LAYERS.take(recompute)
 MODES = ("pretrain", "full-finetune", "lora")
 # LoRA target modules (Hu et al. 2021), named as in LLaMA/PEFT; for gpt, up_proj/down_proj are the
 # MLP's fc1/fc2 and gate_proj does not exist.
@@ -140,7 +157,7 @@ def _searched_offload(job: "Job", model: ModelSpec) -> tuple:
 def _searched_recompute(job: "Job", model: ModelSpec) -> tuple:
     # Selective recompute recomputes the attention core, which flash attention already does in
     # its backward: the two are the same layout then, so it is searched only with standard attention.
-    return ("none", "full") if job.attention == "flash" else RECOMPUTE
+    return ("none", "full", "half") if job.attention == "flash" else RECOMPUTE
 
 
 EP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # expert-parallel degrees searched for an MoE (pinned: any)
@@ -174,7 +191,10 @@ class Layout:
     zero_stage: int = _dim(0, help="ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights",
                            label="ZeRO stage", low=0, choices=(0, 1, 2, 3), searched=_searched_zero,
                            flag_aliases=("--zero",))
-    recompute: str = _dim("none", help="activation recompute", label="Activation recompute", choices=RECOMPUTE,
+    recompute: str = _dim("none", help="activation recompute: none; selective (the stack's policy: the attention "
+                                           "core, or torchtitan's op-level one); full (every layer); half (every "
+                                           "second layer whole, the others keep all: torchtitan's selective layer "
+                                           "checkpointing, Megatron-LM's --recompute-method block)", label="Activation recompute", choices=RECOMPUTE,
                           searched=_searched_recompute)
     sequence_parallel: bool = _dim(False, help="sequence parallel (with tp > 1)", label="Sequence parallel",
                                    choices=(False, True), searched=lambda job, model: (False, True))
@@ -458,7 +478,7 @@ def _zero_group(c: Candidates, gpus_per_node: int) -> np.ndarray:
 class Candidates(_Kept):
     """Layouts as columns (numpy arrays of equal length, one per Layout dimension, by its name):
     what the vectorised model evaluates. String dimensions are held as their index in the
-    dimension's choices (recompute: 0 none, 1 selective, 2 full; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
+    dimension's choices (recompute: 0 none, 1 selective, 2 full, 3 half; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
     sequence_parallel as bool.
     """
 

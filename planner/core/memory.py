@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.core.columns import any_, as_float, maximum, minimum, not_, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.layout import DUALPIPEV, LAYER_DIMS, Candidates, Job, per_distinct
+from planner.core.layout import DUALPIPEV, HALF, LAYER_DIMS, Candidates, Job, per_distinct, recomputed_layers
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
@@ -116,7 +116,8 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
             width = width[:, None]
         dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
     tokens = c.micro_batch * model.seq_len / c.cp
-    extra = where(rc == 2, 0.0, moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens)
+    # Kept by the layers not recomputed whole (none of them under full, half of them under half).
+    extra = (1 - recomputed_layers(rc)) * moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens
     return ((model.layers - model.moe_layers) * dense + model.moe_layers * (routed + extra)) / model.layers
 
 
@@ -132,9 +133,11 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         output (e*a*s) plus dropout mask and output ((1 + e)*a*s with dropout); flash attention keeps
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
-    Full recompute keeps only the layer input (e*h; split by TP under sequence parallel).
-    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full; rows of
-    such columns give rows of results);
+    Full recompute keeps only the layer input (e*h; split by TP under sequence parallel); half
+    recomputes every second layer so, the others keep what they keep without recompute: per
+    layer, the mean of the two (``recomputed_layers``).
+    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full, 3 half;
+    rows of such columns give rows of results);
     ``ffn`` the MLP width (an MoE layer's routed width per token).
 
     Some of these are kept only for a weight gradient: the inputs of QKV, of the output
@@ -187,7 +190,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
-        scores = where(rc == 0, e * a * s + (1 + e) * a * s * drop, 0.0)  # softmax out; mask + dropout out
+        # softmax out; mask + dropout out (half: in the layers not recomputed)
+        scores = where((rc == 0) | (rc == HALF), e * a * s + (1 + e) * a * s * drop, 0.0)
     else:
         scores = c.full(4.0 * a)
     tp = as_float(c.tp)
@@ -199,7 +203,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         op = where(c.sequence_parallel, 2 * e * h / tp, 2 * e * h) + (e * kept_split + 4.0 * a) / tp
         per_token = where(rc == 1, op, per_token)
     full = where(c.sequence_parallel, e * h / tp, e * h)
-    per_token = where(rc == 2, full, per_token)
+    whole = recomputed_layers(rc)  # the share of layers recomputed whole, keeping their input alone
+    per_token = whole * full + (1 - whole) * per_token
     return per_token * c.micro_batch * s / c.cp  # context parallel: each GPU keeps 1/cp of the tokens
 
 
@@ -445,7 +450,7 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     tensors its backward reads that recompute did not keep (the layer's activations without
     recompute less those kept: computed beside them, recompute as two rows) and its MLP's
     gradients (``backward_working``). Measured in eager torch: benchmarks/activation_memory.py."""
-    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op"))
+    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")) | (c.recompute == HALF)
     if type(recomputed) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
         act_layer = layer_activation_bytes(model, c, job, sw=sw)
         no_rc = layer_activation_bytes(model, c, job, 0, sw=sw) if recomputed else 0.0
@@ -454,7 +459,10 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
                                                   sw=sw)
     else:
         act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
-    return act_layer, where(recomputed, no_rc - act_layer, 0.0) + backward_working(model, c, job, sw)
+    # A layer recomputed whole holds its activations again less its input; under half the kept mean
+    # (act_layer) is halfway between its input and all: twice the difference.
+    again = (no_rc - act_layer) * where(c.recompute == HALF, 2.0, 1.0)
+    return act_layer, where(recomputed, again, 0.0) + backward_working(model, c, job, sw)
 
 
 def backward_working(model: ModelSpec, c: Candidates, job: Job, sw: Software) -> np.ndarray:

@@ -147,10 +147,11 @@ def all_to_all_time(model: ModelSpec, job: Job, c: Candidates, links: comm.Links
 
 
 def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, elem_bytes: float,
-                       recompute_full: np.ndarray, stack: Stack | None = None,
+                       recomputed: np.ndarray | float, stack: Stack | None = None,
                        compute: np.ndarray | float = 0.0) -> np.ndarray:
     """Expert parallel's exposed time per MoE layer per micro-batch: dispatch and combine in the
-    forward and again (their gradients) in the backward, once more forward when it is recomputed;
+    forward and again (their gradients) in the backward, once more forward when it is recomputed
+    (``recomputed``: the share of layers recomputed whole, planner.core.layout.recomputed_layers);
     dropless routing first exchanges each rank's token counts per expert (a latency-bound
     collective of ep x experts integers: Megatron-Core's alltoall dispatcher gathers them, the
     reference trainer all-to-alls them), in every forward.
@@ -168,7 +169,7 @@ def exposed_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Li
     dispatch = all_to_all_time(model, job, c, links, dispatch_b, dedup)
     combine = dispatch if combine_b == dispatch_b else all_to_all_time(model, job, c, links, combine_b, dedup)
     counts = comm.all_to_all(links, 8.0 * model.experts, c.ep, c.tp) if model.capacity_factor == 0 else 0.0
-    forwards = 1 + recompute_full
+    forwards = 1 + recomputed
     total = forwards * (dispatch + combine + counts) + dispatch + combine
     if overlap > 0:
         hidden = minimum(total, overlap * as_float(compute))

@@ -21,7 +21,8 @@ from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
 from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
-from planner.core.layout import DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct
+from planner.core.layout import (DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct,
+                                 recomputed_layers)
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master, stage_params
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
@@ -248,9 +249,12 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         selective = op_sac_recomputed_share(model) * gemms + ew_layer / hbm + 0.4 * cast
     else:  # the attention core again (Korthikanti et al. 2022); flash attention recomputes it anyway
         selective = where(sw.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
-    recompute = where(c.recompute == 2, fwd, where(c.recompute == 1, selective, 0.0))
+    # Recomputed whole: every layer's forward again (full), every second one's (half): per layer, the
+    # share of them (``recomputed_layers``) times a forward.
+    again_share = recomputed_layers(c.recompute)
+    recompute = again_share * fwd + where(c.recompute == 1, selective, 0.0)
     if model.moe:  # what its all-to-alls may hide behind: the layer's own compute per micro-batch
-        ep_comm = share * moe.exposed_all_to_all(model, job, c, links, act, c.recompute == 2, sw.stack,
+        ep_comm = share * moe.exposed_all_to_all(model, job, c, links, act, again_share, sw.stack,
                                                  fwd + bwd + recompute)
     # Megatron TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed
     # (Narayanan et al. 2021, Sec. 3.2); sequence parallel swaps each for RS + AG, same bytes.
@@ -263,8 +267,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         tp_bytes = where(c.sequence_parallel, (1 + act) / 2, act) if fp8 and sw.stack.fp8_tp_all_gather else act
         collective = comm.tp_collective(links, tp_bytes * tokens * model.hidden, c.tp)
         again = 2 - sw.stack.recompute_early_stop * where(c.sequence_parallel, 0.5, 1.0)
-        calls = where(c.tp > 1, (4 + 2 * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0)
-        sent = where(c.tp > 1, (4 + again * (c.recompute == 2)) * (1 - e.tp_overlap), 0.0) * collective
+        calls = where(c.tp > 1, (4 + 2 * again_share) * (1 - e.tp_overlap), 0.0)
+        sent = where(c.tp > 1, (4 + again * again_share) * (1 - e.tp_overlap), 0.0) * collective
     else:  # no layout splits the layers: the same zeros
         calls = sent = c.full(0.0)
     return _LayerTimes(fwd, bwd, recompute, sent, calls,
@@ -308,7 +312,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
         fwd = maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
         bwd = (maximum(0.0, gather - step_b) + (cp - 1) * maximum(0.0, send - step_b) + send
                + (cp - 1) * st.cp_accumulate_bytes * elems / hbm)
-    return where(c.cp > 1, fwd + bwd + where(c.recompute == 2, fwd, 0.0), 0.0)
+    return where(c.cp > 1, fwd + bwd + recomputed_layers(c.recompute) * fwd, 0.0)
 
 
 def time_shared(hw: HardwareProfile, c: Candidates) -> np.ndarray:
@@ -609,7 +613,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
         c, STATE_DIMS, lambda part: _stage_states(model, hw, job, part, sw, links))
     v_shape = c.schedule == DUALPIPEV  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
     # Framework overhead per layer: once forward, twice backward, once more when recomputed.
-    overhead_layer = (3 + (c.recompute == 2)) * e.layer_overhead_s * busy
+    overhead_layer = (3 + recomputed_layers(c.recompute)) * e.layer_overhead_s * busy
     per_layer = (lt.forward + lt.backward + lt.recompute) * slow + overhead_layer
     # The pace of the pipeline is set by its slowest stage (the one with the head: the last, or
     # under DualPipeV the first).
@@ -663,8 +667,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
         fwd_layer = lt.forward * slow + e.layer_overhead_s * busy
         fwd_share = lt.forward / (lt.forward + lt.backward + lt.recompute)
         again = 2 - sw.stack.recompute_early_stop * where(c.sequence_parallel, 0.5, 1.0)
-        tp_fwd = (2 / (4 + again * (c.recompute == 2)) * lt.tp_comm
-                  + 2 / (4 + 2 * (c.recompute == 2)) * lt.tp_calls * e.tp_collective_overhead_s) * busy
+        recomputed = recomputed_layers(c.recompute)
+        tp_fwd = (2 / (4 + again * recomputed) * lt.tp_comm
+                  + 2 / (4 + 2 * recomputed) * lt.tp_calls * e.tp_collective_overhead_s) * busy
         fwd_mb = (maximum(fullest * fwd_layer, headed * fwd_layer + (head + loss / 3) * slow)
                   + layers_pace * (tp_fwd + fwd_share * (lt.cp_comm + lt.ep_comm) * busy)
                   + where(p > 1, v * p2p_one, 0.0))

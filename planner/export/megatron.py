@@ -86,3 +86,12 @@ def megatron_pipeline_layout(layers: int, pp: int, vpp: int = 1) -> str:
     stages = [("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t") + ("L" if k == len(counts) - 1 else "")
               for k, n in enumerate(counts)]
     return "|".join(stages)
+
+
+def half_recomputed_layers(layers: int, pp: int, vpp: int = 1) -> int:
+    """--recompute-num-layers for recompute half under --recompute-method block (Megatron-Core
+    recomputes the first N layers of each virtual stage whole): half the fullest virtual stage's
+    layers, rounded up (planner.core.pipeline.stage_layer_counts)."""
+    from planner.core.pipeline import stage_layer_counts
+
+    return (max(stage_layer_counts(layers, pp * vpp)) + 1) // 2

@@ -138,9 +138,9 @@ def deepspeed_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if lay.pp > 1:
         out.append(PlannerError("pp", lay.pp, "a DeepSpeed config has no pipeline degree (DeepSpeed's "
                                 "PipelineModule takes num_stages in code); pin --pp 1 or use --format megatron"))
-    if lay.recompute == "selective":
-        out.append(PlannerError("recompute", "selective", "DeepSpeed's activation checkpointing is per layer "
-                                "(full); pin --recompute full or none"))
+    if lay.recompute in ("selective", "half"):
+        out.append(PlannerError("recompute", lay.recompute, "a DeepSpeed config checkpoints every layer the model "
+                                "code wraps (full); pin --recompute full or none"))
     if job.precision in ("tf32", "fp8"):
         out.append(PlannerError("precision", job.precision, "a DeepSpeed config enables fp16 or bf16 (else fp32); "
                                 "use fp32, bf16 or fp16"))

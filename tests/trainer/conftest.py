@@ -47,7 +47,7 @@ def single_sweep(tmp_path_factory):
 @pytest.fixture(scope="session")
 def two_sweep(tmp_path_factory):
     """Two processes: data, tensor and pipeline parallel each alone (the equivalence runs, which
-    also cover ZeRO 0/2/3, recompute, standard attention, interleaving, DualPipeV), GPipe with 1 and 8
+    also cover ZeRO 0/2/3, recompute (selective, full, half), standard attention, interleaving, DualPipeV), GPipe with 1 and 8
     micro-batches (bubble; the drain booked as bubble), and the uninterrupted reference of the
     fault tests."""
     folder = tmp_path_factory.mktemp("two")
@@ -57,7 +57,7 @@ def two_sweep(tmp_path_factory):
         write_config(folder, "gpt-dp2-zero2", {**TINY_GPT, "attention": "standard"}, {"dp": 2, "zero_stage": 2}),
         write_config(folder, "llama-dp2-zero3", TINY_LLAMA, {"dp": 2, "zero_stage": 3, "recompute": "full"}),
         write_config(folder, "llama-tp2", TINY_LLAMA, {"tp": 2, "sequence_parallel": True, "recompute": "selective"}),
-        write_config(folder, "llama-tp2-nosp", TINY_LLAMA, {"tp": 2}),
+        write_config(folder, "llama-tp2-nosp", TINY_LLAMA, {"tp": 2, "recompute": "half"}),
         write_config(folder, "gpt-pp2-interleaved", TINY_GPT, {"pp": 2, "vpp": 2}),
         write_config(folder, "gpt-pp2-dualpipev", TINY_GPT, {"pp": 2, "vpp": 2, "schedule": "dualpipev"}),
         # Sequences of 256: the last stage's drain (the first stage's backward of the one micro-batch)

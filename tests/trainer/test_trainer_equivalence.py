@@ -30,7 +30,7 @@ def assert_same_curve(run, reference):
     ("gpt-dp2-zero2", None),  # FSDP2, standard attention (compared with gpt-dp2 below)
     ("llama-dp2-zero3", "llama-1"),  # FSDP2 resharding after forward, full recompute
     ("llama-tp2", "llama-1"),  # tensor + sequence parallel, GQA, selective recompute
-    ("llama-tp2-nosp", "llama-1"),  # tensor parallel alone: gate and up share one input all-reduce
+    ("llama-tp2-nosp", "llama-1"),  # tensor parallel alone (gate and up share one input all-reduce), half recompute
     ("gpt-pp2-interleaved", "gpt-1"),  # interleaved 1F1B, tied embeddings across stages
     ("gpt-pp2-dualpipev", "gpt-1"),  # DualPipeV: rank 0 holds the first and last stage, the tie summed locally
 ])
