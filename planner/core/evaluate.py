@@ -273,10 +273,12 @@ def _effective(hw: HardwareProfile, job: Job):
 # of this many rows, with the same numbers: a block's temporaries (128 KiB a column) stay in the
 # caches and their memory is reused by the next block, where a whole 70K-row table's temporaries
 # are fresh pages from the kernel each time (measured at 8,192 rows: memory 31 -> 12 ms, step time
-# 45 -> 22 ms on 69K layouts). Twice that since the parts a layer or a stage's model states read are
-# computed once per distinct combination (``per_distinct``): a 10-16K-row table is one block, not
-# two and a join (DeepSeek-V3 on 2,048 GPUs: 7.7 -> 7.2 ms, its whole table evaluated and ranked).
-BLOCK_ROWS = 16384
+# 45 -> 22 ms on 69K layouts). Four times that since the parts a layer or a stage's model states read
+# are computed once per distinct combination (``per_distinct``), and a pass's fixed cost (a thousand
+# numpy calls) is paid per block: a table of up to 32K rows is one block, not two and a join
+# (DeepSeek-V3 on 2,048 GPUs, 17,052 layouts with recompute half searched: its whole table
+# evaluated and ranked in 0.66 of the time of two blocks of 16,384, interleaved in one process).
+BLOCK_ROWS = 32768
 
 
 # glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): a block freed
