@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from planner.core.layout import Layout
+from planner.core.layout import RECOMPUTE_EVERY, Layout
 from planner.core.model import ModelSpec
 from planner.core.pipeline import stage_layer_ranges, stage_of
 from reference_trainer.model import GPT, is_dtensor
@@ -165,20 +165,19 @@ def settle_grads(modules: list[nn.Module]) -> None:
 
 
 def apply_recompute(module: GPT, recompute: str) -> None:
-    """Activation checkpointing, non-reentrant. full: each layer; half: every second layer of this
-    stage's (the second, fourth, ...: torchtitan's selective layer checkpointing with
-    selective_ac_option = "2" counts so); selective: the attention core (scores, softmax, dropout),
-    the part Korthikanti et al. 2022 recompute."""
+    """Activation checkpointing, non-reentrant. full: each layer; half, quarter: every second,
+    fourth layer of this stage's (the second, fourth, ...: torchtitan's selective layer
+    checkpointing with selective_ac_option = "2" or "4" counts so); selective: the attention core
+    (scores, softmax, dropout), the part Korthikanti et al. 2022 recompute."""
     if recompute == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
+    every = RECOMPUTE_EVERY.get(recompute)
     for k, (name, block) in enumerate(list(module.layers.items())):
-        if recompute == "full" or (recompute == "half" and k % 2 == 1):
+        if every is not None and k % every == every - 1:
             module.layers[name] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-        elif recompute == "half":
-            continue
-        else:
+        elif every is None:
             block.attn.core = checkpoint_wrapper(block.attn.core, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 

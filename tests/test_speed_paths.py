@@ -39,6 +39,7 @@ def test_blocks_equal_one_pass(monkeypatch, name, gpus, job):
     c, _ = enumerate_layouts(model, gpus, job)
     one = E.evaluate(model, hw, job, c, gpus)
     monkeypatch.setattr(E, "BLOCK_ROWS", 97)  # blocks of an odd size, the last one short
+    monkeypatch.setattr(E, "ONE_BLOCK_ROWS", 96)
     assert len(c) > 3 * 97
     same(columns(one), columns(E.evaluate(model, hw, job, c, gpus)))
 

@@ -112,7 +112,7 @@ def _table_memory_key(model: ModelSpec, hw: HardwareProfile, job: Job) -> tuple:
 def _table_memory_steps(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw, shared: dict):
     """``_table_memory``'s work, yielding after each block (a few milliseconds); the whole is kept
     in ``shared`` once the last block is done."""
-    from planner.core.evaluate import BLOCK_ROWS
+    from planner.core.evaluate import block_rows
     from planner.core.memory import memory
 
     key = _table_memory_key(model, hw, job)
@@ -120,10 +120,11 @@ def _table_memory_steps(model: ModelSpec, hw: HardwareProfile, job: Job, c: Cand
         return
     parts = []
     c.distinct(LAYER_DIMS)  # kept on the table for its blocks (a layer's parts) and step_time_floor
-    for i in range(0, len(c), BLOCK_ROWS):
-        parts.append(memory(model, hw, job, c.take(slice(i, i + BLOCK_ROWS)), sw)[0])
+    block = block_rows(len(c))
+    for i in range(0, len(c), block):
+        parts.append(memory(model, hw, job, c.take(slice(i, i + block)), sw)[0])
         yield
-    shared[key] = _TableMemory(parts, BLOCK_ROWS, len(c))
+    shared[key] = _TableMemory(parts, block, len(c))
 
 
 def least_memory(model: ModelSpec, hw: HardwareProfile, job: Job,

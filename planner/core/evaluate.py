@@ -273,12 +273,21 @@ def _effective(hw: HardwareProfile, job: Job):
 # of this many rows, with the same numbers: a block's temporaries (128 KiB a column) stay in the
 # caches and their memory is reused by the next block, where a whole 70K-row table's temporaries
 # are fresh pages from the kernel each time (measured at 8,192 rows: memory 31 -> 12 ms, step time
-# 45 -> 22 ms on 69K layouts). Four times that since the parts a layer or a stage's model states read
-# are computed once per distinct combination (``per_distinct``), and a pass's fixed cost (a thousand
-# numpy calls) is paid per block: a table of up to 32K rows is one block, not two and a join
-# (DeepSeek-V3 on 2,048 GPUs, 17,052 layouts with recompute half searched: its whole table
-# evaluated and ranked in 0.66 of the time of two blocks of 16,384, interleaved in one process).
-BLOCK_ROWS = 32768
+# 45 -> 22 ms on 69K layouts). Twice that since the parts a layer or a stage's model states read are
+# computed once per distinct combination (``per_distinct``). A pass's fixed cost (a thousand numpy
+# calls) is paid per block, so a table of up to ONE_BLOCK_ROWS is one block, not two and a join
+# (DeepSeek-V3 on 2,048 GPUs, 17,052 layouts with recompute half and quarter searched: its whole
+# table evaluated and ranked in 0.66 of the time of blocks of 16,384, interleaved in one process);
+# larger tables keep blocks of BLOCK_ROWS, whose temporaries stay within the freed memory the
+# process keeps mapped (``_keep_freed_heap``: blocks of 32,768 rows mapped 20,000 fresh pages a
+# search of 92,628 layouts, tests/test_speed_paths.py).
+BLOCK_ROWS = 16384
+ONE_BLOCK_ROWS = 24576
+
+
+def block_rows(n: int) -> int:
+    """The rows per block of a table of ``n`` rows: all of them up to ONE_BLOCK_ROWS, else BLOCK_ROWS."""
+    return max(n, 1) if n <= ONE_BLOCK_ROWS else BLOCK_ROWS
 
 
 # glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): a block freed
@@ -302,8 +311,24 @@ def _keep_freed_heap() -> None:
     rule allows, so the trim threshold is about 64 MiB: with an 8 MiB block (16 MiB trim), a
     search of 69,471 layouts (Mixtral 8x22B on 4,096 GPUs, 40-50 MB of temporaries) still mapped
     9,000-12,000 fresh pages each time, 40-50% of its time (tests/test_speed_paths.py counts them).
-    A process keeps at most that much freed memory mapped. Other allocators: an array made and freed."""
+    64 MiB is not enough either for the largest searches (115,785 layouts, Mixtral 8x22B on 4,096
+    GPUs with recompute half and quarter searched: ~80 MB at the peak, 20,000 fresh pages a search
+    in four of eight, each such search twice as long), so the trim threshold is then set to
+    _KEPT_FREE_BYTES itself (glibc's mallopt; the mmap threshold stays the 32 MiB the block raised
+    it to). Other allocators: an array made and freed, nothing set."""
     np.empty(_FREED_BLOCK_BYTES // 8)
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (macOS, musl): its own policy
+        return
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_TRIM_THRESHOLD, _KEPT_FREE_BYTES)
+
+
+_M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+_KEPT_FREE_BYTES = 128 << 20  # freed heap a process keeps mapped: above the largest search's peak
 
 
 def _in_blocks(f, c: Candidates):
@@ -312,10 +337,10 @@ def _in_blocks(f, c: Candidates):
     if len(c) == 1:
         return _as_rows(f(c.one_row()))
     _keep_freed_heap()
-    if len(c) <= BLOCK_ROWS:
+    block = block_rows(len(c))
+    if len(c) <= block:
         return f(c)
-    return _join([_checked(f(b), len(b)) for b in (c.take(slice(i, i + BLOCK_ROWS))
-                                                   for i in range(0, len(c), BLOCK_ROWS))])
+    return _join([_checked(f(b), len(b)) for b in (c.take(slice(i, i + block)) for i in range(0, len(c), block))])
 
 
 def _as_rows(value):
@@ -452,8 +477,9 @@ def evaluate_fitting(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candida
     out = []
     shared = {} if shared is None else shared
     _keep_freed_heap()
-    for i in range(0, len(c), BLOCK_ROWS):
-        b = c.take(slice(i, i + BLOCK_ROWS))
+    block = block_rows(len(c))
+    for i in range(0, len(c), block):
+        b = c.take(slice(i, i + block))
         key = (model, job, hardware_read(hw), i)
         if key not in shared:
             shared[key] = _checked(memory(model, hw, job, b, sw), len(b))

@@ -133,8 +133,8 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
     """Extra forward FLOPs per token that recomputation adds (HFU counts them, MFU does not).
     full: every layer's forward again (not the head); selective "attention": the attention core
     (Korthikanti et al. 2022, Sec. 5); selective "op": the share of weight GEMMs torchtitan's
-    op-level policy recomputes (attention's output is kept); half: every second layer's forward
-    (``recomputed_layers``: the share recomputed whole)."""
+    op-level policy recomputes (attention's output is kept); half, quarter: every second, fourth
+    layer's forward (``recomputed_layers``: the share recomputed whole)."""
     from planner.core.layout import recomputed_layers
 
     full, selective_flops = _recompute_flops(model, selective, causal)

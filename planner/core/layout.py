@@ -24,14 +24,18 @@ from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
 
 # Activation recompute: none; selective (the stack's policy: the attention core, or torchtitan's
-# op-level one); full (every layer's forward again); half (every second layer's forward again, the
-# others keep everything: torchtitan's selective layer checkpointing, selective_ac_option = "2";
-# Megatron-LM's --recompute-method block on half of each virtual stage's layers).
-RECOMPUTE = ("none", "selective", "full", "half")
-HALF = RECOMPUTE.index("half")  # its code in Candidates.recompute
+# op-level one); full (every layer's forward again); half and quarter (every second or fourth
+# layer's forward again, the others keep everything: torchtitan's selective layer checkpointing,
+# selective_ac_option = "2" or "4"; Megatron-LM's --recompute-method block on that share of each
+# virtual stage's layers).
+RECOMPUTE = ("none", "selective", "full", "half", "quarter")
+PARTIAL = RECOMPUTE.index("half")  # from this code on: a share of the layers recomputed whole
+# Every how many layers one is recomputed whole, for the choices that recompute a share of them.
+RECOMPUTE_EVERY = {"full": 1, "half": 2, "quarter": 4}
 # The share of a stage's layers each choice recomputes whole, by code: the memory and the time of a
-# layout of half are those of its layers, half kept as without recompute and half as with full.
-RECOMPUTED_LAYERS = (0.0, 0.0, 1.0, 0.5)
+# layout of half (quarter) are those of its layers, that share kept as with full recompute and the
+# rest as without.
+RECOMPUTED_LAYERS = (0.0, 0.0, 1.0, 0.5, 0.25)
 _RECOMPUTED_LAYERS = np.array(RECOMPUTED_LAYERS)
 
 
@@ -157,7 +161,7 @@ def _searched_offload(job: "Job", model: ModelSpec) -> tuple:
 def _searched_recompute(job: "Job", model: ModelSpec) -> tuple:
     # Selective recompute recomputes the attention core, which flash attention already does in
     # its backward: the two are the same layout then, so it is searched only with standard attention.
-    return ("none", "full", "half") if job.attention == "flash" else RECOMPUTE
+    return ("none", "full", "half", "quarter") if job.attention == "flash" else RECOMPUTE
 
 
 EP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # expert-parallel degrees searched for an MoE (pinned: any)
@@ -192,9 +196,10 @@ class Layout:
                            label="ZeRO stage", low=0, choices=(0, 1, 2, 3), searched=_searched_zero,
                            flag_aliases=("--zero",))
     recompute: str = _dim("none", help="activation recompute: none; selective (the stack's policy: the attention "
-                                           "core, or torchtitan's op-level one); full (every layer); half (every "
-                                           "second layer whole, the others keep all: torchtitan's selective layer "
-                                           "checkpointing, Megatron-LM's --recompute-method block)", label="Activation recompute", choices=RECOMPUTE,
+                                           "core, or torchtitan's op-level one); full (every layer); half, quarter "
+                                           "(every second, fourth layer whole, the others keep all: torchtitan's "
+                                           "selective layer checkpointing, Megatron-LM's --recompute-method "
+                                           "block)", label="Activation recompute", choices=RECOMPUTE,
                           searched=_searched_recompute)
     sequence_parallel: bool = _dim(False, help="sequence parallel (with tp > 1)", label="Sequence parallel",
                                    choices=(False, True), searched=lambda job, model: (False, True))
@@ -478,7 +483,7 @@ def _zero_group(c: Candidates, gpus_per_node: int) -> np.ndarray:
 class Candidates(_Kept):
     """Layouts as columns (numpy arrays of equal length, one per Layout dimension, by its name):
     what the vectorised model evaluates. String dimensions are held as their index in the
-    dimension's choices (recompute: 0 none, 1 selective, 2 full, 3 half; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
+    dimension's choices (recompute: 0 none, 1 selective, 2 full, 3 half, 4 quarter; schedule: 0 1f1b, 1 gpipe, 2 dualpipev),
     sequence_parallel as bool.
     """
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.core.columns import any_, as_float, maximum, minimum, not_, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.layout import DUALPIPEV, HALF, LAYER_DIMS, Candidates, Job, per_distinct, recomputed_layers
+from planner.core.layout import DUALPIPEV, LAYER_DIMS, PARTIAL, Candidates, Job, per_distinct, recomputed_layers
 from planner.core.model import ModelSpec
 from planner.core.pipeline import in_flight, stage_layers
 from planner.hardware import HardwareProfile
@@ -134,10 +134,10 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
     GPT with f = 4h, MHA and dropout gives 34*h + 5*a*s (Korthikanti et al. 2022, eq. 2).
     Full recompute keeps only the layer input (e*h; split by TP under sequence parallel); half
-    recomputes every second layer so, the others keep what they keep without recompute: per
-    layer, the mean of the two (``recomputed_layers``).
-    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full, 3 half;
-    rows of such columns give rows of results);
+    (quarter) recomputes every second (fourth) layer so, the others keep what they keep without
+    recompute: per layer, the two weighted by that share (``recomputed_layers``).
+    ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full, 3 half,
+    4 quarter; rows of such columns give rows of results);
     ``ffn`` the MLP width (an MoE layer's routed width per token).
 
     Some of these are kept only for a weight gradient: the inputs of QKV, of the output
@@ -190,8 +190,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
-        # softmax out; mask + dropout out (half: in the layers not recomputed)
-        scores = where((rc == 0) | (rc == HALF), e * a * s + (1 + e) * a * s * drop, 0.0)
+        # softmax out; mask + dropout out (half, quarter: in the layers not recomputed)
+        scores = where((rc == 0) | (rc >= PARTIAL), e * a * s + (1 + e) * a * s * drop, 0.0)
     else:
         scores = c.full(4.0 * a)
     tp = as_float(c.tp)
@@ -450,7 +450,7 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     tensors its backward reads that recompute did not keep (the layer's activations without
     recompute less those kept: computed beside them, recompute as two rows) and its MLP's
     gradients (``backward_working``). Measured in eager torch: benchmarks/activation_memory.py."""
-    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")) | (c.recompute == HALF)
+    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")) | (c.recompute >= PARTIAL)
     if type(recomputed) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
         act_layer = layer_activation_bytes(model, c, job, sw=sw)
         no_rc = layer_activation_bytes(model, c, job, 0, sw=sw) if recomputed else 0.0
@@ -459,9 +459,10 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
                                                   sw=sw)
     else:
         act_layer, no_rc = layer_activation_bytes(model, c, job, sw=sw), 0.0
-    # A layer recomputed whole holds its activations again less its input; under half the kept mean
-    # (act_layer) is halfway between its input and all: twice the difference.
-    again = (no_rc - act_layer) * where(c.recompute == HALF, 2.0, 1.0)
+    # A layer recomputed whole holds its activations again less its input; with a share s of the
+    # layers so (half, quarter), the kept mean (act_layer) is s of the way from all to the input:
+    # the difference over s.
+    again = (no_rc - act_layer) / where(c.recompute >= PARTIAL, recomputed_layers(c.recompute), 1.0)
     return act_layer, where(recomputed, again, 0.0) + backward_working(model, c, job, sw)
 
 

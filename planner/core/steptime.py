@@ -249,8 +249,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         selective = op_sac_recomputed_share(model) * gemms + ew_layer / hbm + 0.4 * cast
     else:  # the attention core again (Korthikanti et al. 2022); flash attention recomputes it anyway
         selective = where(sw.attention == "standard", attn_fwd + ew_softmax / hbm, 0.0)
-    # Recomputed whole: every layer's forward again (full), every second one's (half): per layer, the
-    # share of them (``recomputed_layers``) times a forward.
+    # Recomputed whole: every layer's forward again (full), every second or fourth one's (half,
+    # quarter): per layer, the share of them (``recomputed_layers``) times a forward.
     again_share = recomputed_layers(c.recompute)
     recompute = again_share * fwd + where(c.recompute == 1, selective, 0.0)
     if model.moe:  # what its all-to-alls may hide behind: the layer's own compute per micro-batch

@@ -88,10 +88,11 @@ def megatron_pipeline_layout(layers: int, pp: int, vpp: int = 1) -> str:
     return "|".join(stages)
 
 
-def half_recomputed_layers(layers: int, pp: int, vpp: int = 1) -> int:
-    """--recompute-num-layers for recompute half under --recompute-method block (Megatron-Core
-    recomputes the first N layers of each virtual stage whole): half the fullest virtual stage's
-    layers, rounded up (planner.core.pipeline.stage_layer_counts)."""
+def block_recomputed_layers(layers: int, pp: int, vpp: int, every: int) -> int:
+    """--recompute-num-layers for recompute half (every 2) or quarter (every 4) under
+    --recompute-method block (Megatron-Core recomputes the first N layers of each virtual stage
+    whole): that share of the fullest virtual stage's layers, rounded up
+    (planner.core.pipeline.stage_layer_counts)."""
     from planner.core.pipeline import stage_layer_counts
 
-    return (max(stage_layer_counts(layers, pp * vpp)) + 1) // 2
+    return -(-max(stage_layer_counts(layers, pp * vpp)) // every)

@@ -13,11 +13,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from planner.core.layout import LAYOUT_DIMS
+from planner.core.layout import LAYOUT_DIMS, RECOMPUTE_EVERY
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
-from planner.export.megatron import half_recomputed_layers, megatron_model_args, megatron_pipeline_layout
+from planner.export.megatron import block_recomputed_layers, megatron_model_args, megatron_pipeline_layout
 from planner.export.rules import hybrid_group, node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
@@ -226,12 +226,10 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     batch = ["--micro-batch-size", lay.micro_batch, "--global-batch-size", lay.global_batch, "--train-iters", steps]
     memory = {"none": [], "selective": ["--recompute-granularity", "selective"],
               "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                       "--recompute-num-layers", 1],
-              # block: the first N layers of each virtual stage recomputed whole, the rest not; N half
-              # of the fullest stage's layers, rounded up
-              "half": ["--recompute-granularity", "full", "--recompute-method", "block",
-                       "--recompute-num-layers", half_recomputed_layers(m.layers, lay.pp, lay.vpp)],
-              }[lay.recompute]
+                       "--recompute-num-layers", 1]}.get(lay.recompute)
+    if memory is None:  # half, quarter: block, the first N layers of each virtual stage recomputed whole
+        n = block_recomputed_layers(m.layers, lay.pp, lay.vpp, RECOMPUTE_EVERY[lay.recompute])
+        memory = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", n]
     precision = {"fp32": [], "bf16": ["--bf16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
                  "fp16": ["--fp16", "--initial-loss-scale", 2**INITIAL_LOSS_SCALE_POWER, "--min-loss-scale", 1,
                           "--loss-scale-window", LOSS_SCALE_WINDOW, "--hysteresis", 2]}[prec]

@@ -138,7 +138,7 @@ def deepspeed_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if lay.pp > 1:
         out.append(PlannerError("pp", lay.pp, "a DeepSpeed config has no pipeline degree (DeepSpeed's "
                                 "PipelineModule takes num_stages in code); pin --pp 1 or use --format megatron"))
-    if lay.recompute in ("selective", "half"):
+    if lay.recompute in ("selective", "half", "quarter"):
         out.append(PlannerError("recompute", lay.recompute, "a DeepSpeed config checkpoints every layer the model "
                                 "code wraps (full); pin --recompute full or none"))
     if job.precision in ("tf32", "fp8"):

@@ -22,6 +22,7 @@ How the layout maps (torchtitan/distributed/parallel_dims.py, train.py, pipeline
 
 from __future__ import annotations
 
+from planner.core.layout import RECOMPUTE_EVERY
 from planner.core.pipeline import stage_layer_counts
 from planner.core.results import Estimate
 from planner.export.hyper import hyperparameters
@@ -30,8 +31,9 @@ from planner.export.rules import hybrid_group
 # torchtitan's pipeline schedule names (torch.distributed.pipelining.schedules.get_schedule_class).
 SCHEDULE_NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B", ("gpipe", False): "GPipe",
                   ("dualpipev", True): "DualPipeV"}  # DualPipeV: torch places its 2 pp stages in a V itself
-# half: torchtitan's selective layer checkpointing, every second block (selective_ac_option "2")
-AC_MODES = {"none": "none", "selective": "selective", "full": "full", "half": "selective"}
+# half, quarter: torchtitan's selective layer checkpointing, every second or fourth block
+# (selective_ac_option "2", "4")
+AC_MODES = {"none": "none", "selective": "selective", "full": "full", "half": "selective", "quarter": "selective"}
 
 # Flavors registered in torchtitan (torchtitan/models/*/__init__.py at e347b1e5), keyed by the shape
 # fields the planner knows. llama3: (layers, hidden, heads, kv_heads, ffn_hidden). The MoE models:
@@ -149,8 +151,8 @@ def job_config(e: Estimate, steps: int, run_name: str, interval: int, keep_last:
     }
     if lay.recompute == "selective":  # op-level selective AC (the fsdp2 stack's "op" policy)
         config["activation_checkpoint"]["selective_ac_option"] = "op"
-    elif lay.recompute == "half":  # layer-level selective AC: every second block checkpointed whole
-        config["activation_checkpoint"]["selective_ac_option"] = "2"
+    elif lay.recompute in ("half", "quarter"):  # layer-level selective AC: every N-th block checkpointed whole
+        config["activation_checkpoint"]["selective_ac_option"] = str(RECOMPUTE_EVERY[lay.recompute])
     if prec == "fp8":  # torchao float8 with dynamic tensorwise scaling (the fsdp2 stack's fp8 recipe)
         model["converters"] = ["quantize.linear.float8"]
         sharded = lay.zero_stage == 3

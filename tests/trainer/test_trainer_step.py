@@ -186,13 +186,15 @@ def test_recompute_saves_activation_memory():
     # 5*a*s/h = 40, so selective keeps 34/74 = 46% and full 2/74 = 2.7% of the no-recompute
     # activations. This eager model saves more than Megatron's fused kernels do (measured: 67%
     # and 6.6%), so the bounds leave room: selective under 85%, full under 15%.
-    none, full, selective, half = (_saved_activation_bytes(r) for r in ("none", "full", "selective", "half"))
+    none, full, selective, half, quarter = (_saved_activation_bytes(r)
+                                            for r in ("none", "full", "selective", "half", "quarter"))
     assert full < 0.15 * none
     assert selective < 0.85 * none
     assert full < selective
     # half: layers 2 and 4 of the 4 checkpointed (torchtitan's selective layer AC counts so), 1 and
-    # 3 keeping all: the planner's mean of none and full per layer, within 5%.
+    # 3 keeping all; quarter: layer 4 alone. The planner's per-layer share of none and full, within 5%.
     assert half == pytest.approx((none + full) / 2, rel=0.05)
+    assert quarter == pytest.approx(0.75 * none + 0.25 * full, rel=0.05)
 
 
 # --- troubleshooting flags ---------------------------------------------------------------------

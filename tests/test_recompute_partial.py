@@ -1,7 +1,7 @@
-"""Recompute "half": every second layer recomputed whole, the others keeping all they keep without
-recompute (torchtitan's selective layer checkpointing, Megatron-LM's block method). Its memory
-and time by hand from Korthikanti et al. 2022 and from the layers' two kinds; the search, the
-exports and torchtitan's published rows of it."""
+"""Recompute "half" and "quarter": every second or fourth layer recomputed whole, the others
+keeping all they keep without recompute (torchtitan's selective layer checkpointing, Megatron-LM's
+block method). Their memory and time by hand from Korthikanti et al. 2022 and from the layers' two
+kinds; the search, the exports and torchtitan's published rows of it."""
 
 import pytest
 
@@ -23,56 +23,64 @@ def act(layout: Layout, job: Job = STANDARD) -> float:
     return float(activation_bytes_per_layer(GPT, Candidates.from_layouts([layout]), job)[0])
 
 
+SHARES = [("half", 1 / 2), ("quarter", 1 / 4)]  # the share of layers each recomputes whole
+
+
+@pytest.mark.parametrize("rc, share", SHARES)
 @pytest.mark.parametrize("tp, sp", [(1, False), (8, True)])
-def test_a_layer_keeps_the_mean_of_all_and_its_input(tp, sp):
-    """Half the layers keep Korthikanti's 34sbh + 5as^2b (eq. 1; eq. 4 over t with sequence
-    parallel), the other half their input, 2sbh (over t with SP): per layer, the mean."""
+def test_a_layer_keeps_all_or_its_input_by_the_share(tp, sp, rc, share):
+    """The layers not recomputed keep Korthikanti's 34sbh + 5as^2b (eq. 1; eq. 4 over t with
+    sequence parallel), the share recomputed whole their input, 2sbh (over t with SP): per layer,
+    the two weighted."""
     s, h, a, b = GPT.seq_len, GPT.hidden, GPT.heads, 2
     lay = Layout(dp=8 // tp if tp < 8 else 1, tp=tp, micro_batch=b, global_batch=16, sequence_parallel=sp,
-                 recompute="half")
+                 recompute=rc)
     kept_all = s * b * h / tp * (34 + 5 * a * s / h)
     kept_input = 2 * s * b * h / tp
-    assert act(lay) == pytest.approx((kept_all + kept_input) / 2, rel=1e-12)
+    assert act(lay) == pytest.approx((1 - share) * kept_all + share * kept_input, rel=1e-12)
 
 
-def test_a_stage_holds_half_its_layers_whole_and_one_recomputed_layer_at_its_peak():
+@pytest.mark.parametrize("rc, share", SHARES)
+def test_a_stage_holds_its_layers_by_the_share_and_one_recomputed_layer_at_its_peak(rc, share):
     """One stage of 24 layers: without recompute 24 x all; full: 24 x input, plus the layer run
-    backward holding all again less its input; half: 12 of each, and the same peak layer (a
-    recomputed one). So half = (none + full) / 2 + (all - input) / 2, everything else (the loss,
-    the gradients a backward holds) the same in the three."""
+    backward holding all again less its input; half (quarter): 12 (6) layers of input, the rest
+    all, and the same peak layer (a recomputed one). So share s gives (1 - s) none + s full +
+    (1 - s)(all - input), everything else (the loss, the gradients a backward holds) the same."""
     s, h, a, b = GPT.seq_len, GPT.hidden, GPT.heads, 1
     kept_all, kept_input = s * b * h * (34 + 5 * a * s / h), 2 * s * b * h
-    acts = {rc: float(evaluate_one(GPT, Layout(dp=8, micro_batch=b, global_batch=8, recompute=rc),
-                                   STANDARD).memory.activations[0]) for rc in ("none", "full", "half")}
+    acts = {r: float(evaluate_one(GPT, Layout(dp=8, micro_batch=b, global_batch=8, recompute=r),
+                                  STANDARD).memory.activations[0]) for r in ("none", "full", rc)}
     assert acts["full"] - acts["none"] == pytest.approx(24 * (kept_input - kept_all) + kept_all - kept_input,
                                                         rel=1e-9)
-    assert acts["half"] == pytest.approx((acts["none"] + acts["full"]) / 2 + (kept_all - kept_input) / 2, rel=1e-9)
+    assert acts[rc] == pytest.approx((1 - share) * acts["none"] + share * acts["full"]
+                                     + (1 - share) * (kept_all - kept_input), rel=1e-9)
 
 
+@pytest.mark.parametrize("rc, share", SHARES)
 @pytest.mark.parametrize("model, layout, job", [
     (GPT, Layout(dp=8, micro_batch=2, global_batch=16), STANDARD),
     (get_preset("llama-13b"), Layout(dp=2, tp=4, pp=2, micro_batch=1, global_batch=64, sequence_parallel=True), Job()),
     (get_preset("mixtral-8x7b"), Layout(dp=8, ep=8, micro_batch=1, global_batch=64, zero_stage=3),
      Job(stack="megatron-core")),
 ])
-def test_half_recomputes_half_of_what_full_recomputes(model, layout, job):
-    """Each layer is recomputed or not: half a full recompute's forward, TP collectives, EP
-    all-to-alls and per-layer overhead, so every part of the step is the mean of none and full
-    (a sum over layers of one kind or the other), and so are the FLOPs the GPUs compute (HFU)."""
-    ev = {rc: evaluate_one(model, layout.replace(recompute=rc), job) for rc in ("none", "full", "half")}
+def test_a_share_of_layers_recomputes_that_share_of_what_full_recomputes(model, layout, job, rc, share):
+    """Each layer is recomputed or not: the share of a full recompute's forward, TP collectives,
+    EP all-to-alls and per-layer overhead, so every part of the step is none and full weighted by
+    it (a sum over layers of one kind or the other), and so are the FLOPs the GPUs compute (HFU)."""
+    ev = {r: evaluate_one(model, layout.replace(recompute=r), job) for r in ("none", "full", rc)}
     for part in ("compute", "tp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble", "step"):
-        none, full, half = (float(getattr(ev[rc].time, part)[0]) for rc in ("none", "full", "half"))
-        assert half == pytest.approx((none + full) / 2, rel=1e-9, abs=1e-12), part
+        none, full, got = (float(getattr(ev[r].time, part)[0]) for r in ("none", "full", rc))
+        assert got == pytest.approx((1 - share) * none + share * full, rel=1e-9, abs=1e-12), part
     assert full > none  # the test compares something
-    flops = {rc: float(e.hardware_flops_per_step[0]) for rc, e in ev.items()}
-    assert flops["half"] == pytest.approx((flops["none"] + flops["full"]) / 2, rel=1e-12)
+    flops = {r: float(e.hardware_flops_per_step[0]) for r, e in ev.items()}
+    assert flops[rc] == pytest.approx((1 - share) * flops["none"] + share * flops["full"], rel=1e-12)
 
 
 def test_the_search_recomputes_half_where_nothing_else_fits_as_fast():
     """LLaMA 65B on 512 B200s: FSDP over every GPU with four sequences per micro-batch keeps
     ~180 GiB of activations without recompute (no fit), ~6 GiB with full (a third more compute);
-    recomputing half the layers fits at ~105 GiB and is faster than any layout of the table
-    with none or full."""
+    recomputing half the layers fits at ~105 GiB (a quarter of them: above the plan's memory
+    line) and is faster than any layout of the table with none or full."""
     hw, model = get_profile("b200"), get_preset("llama-65b")
     best = plan(model, hw, Job(), 512).best
     assert best.layout.recompute == "half" and best.fits
@@ -105,35 +113,40 @@ def test_torchtitans_selective_layer_rows_are_half_and_predicted_within_5_percen
         assert got == pytest.approx(r.measured_tokens_per_s_per_gpu, rel=0.05), r.label
 
 
-def test_exports_write_the_frameworks_own_switches():
-    from planner.export.megatron import half_recomputed_layers
+def test_block_recomputes_the_share_of_the_fullest_virtual_stage_rounded_up():
+    """Megatron-Core's block method recomputes the first N layers of each virtual stage. 80
+    layers on 4 stages: 20 each, half 10, a quarter 5; on 4 x 3 virtual stages of 6 and 7
+    (Megatron's layout), 4 and 2; 126 layers on 16 stages of 7 and 8, 4 and 2."""
+    from planner.export.megatron import block_recomputed_layers
+
+    assert [block_recomputed_layers(80, 4, 1, k) for k in (2, 4)] == [10, 5]
+    assert [block_recomputed_layers(80, 4, 3, k) for k in (2, 4)] == [4, 2]
+    assert [block_recomputed_layers(126, 16, 1, k) for k in (2, 4)] == [4, 2]
+
+
+@pytest.mark.parametrize("rc, n, every", [("half", "10", "2"), ("quarter", "5", "4")])
+def test_exports_write_the_frameworks_own_switches(rc, n, every):
     from planner.export.render import megatron_args
     from planner.export.rules import deepspeed_checks
     from planner.export.torchtitan import job_config
 
-    # Megatron-Core's block method recomputes the first N layers of each virtual stage: half of
-    # the fullest, rounded up. 80 layers on 4 stages: 20 each, 10; on 4 x 3 virtual stages of 6
-    # and 7 (Megatron's layout), 4; 126 layers on 16 stages of 7 and 8, 4.
-    assert half_recomputed_layers(80, 4) == 10
-    assert half_recomputed_layers(80, 4, 3) == 4
-    assert half_recomputed_layers(126, 16) == 4
     hw = get_profile("h100-80g")
     model = get_preset("llama3-70b")
-    pins = _pins(Layout(dp=8, tp=8, pp=4, micro_batch=1, global_batch=512, sequence_parallel=True,
-                        recompute="half"))
+    pins = _pins(Layout(dp=8, tp=8, pp=4, micro_batch=1, global_batch=512, sequence_parallel=True, recompute=rc))
     e = plan(model, hw, Job(stack="megatron-core"), 256, pins=pins).best
     assert megatron_args(e, 10)["MEMORY_ARGS"] == ["--recompute-granularity", "full", "--recompute-method", "block",
-                                                   "--recompute-num-layers", "10"]
+                                                   "--recompute-num-layers", n]
     config, _ = job_config(e, 10, "run", 5, 2)
-    assert config["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
+    assert config["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": every}
     problems = deepspeed_checks(e.layout, model, e.job)
     assert any(isinstance(p, PlannerError) and p.field == "recompute" for p in problems)
 
 
-def test_the_cli_takes_half_and_names_it_among_the_choices(capsys):
+def test_the_cli_takes_a_share_and_names_them_among_the_choices(capsys):
     from planner.cli.main import main
 
-    assert main(["estimate", "--params", "7B", "--gpus", "8", "--recompute", "half", "--format", "csv"]) == 0
+    for rc in ("half", "quarter"):
+        assert main(["estimate", "--params", "7B", "--gpus", "8", "--recompute", rc, "--format", "csv"]) == 0
     with pytest.raises(SystemExit) as bad:
         main(["estimate", "--params", "7B", "--gpus", "8", "--recompute", "halves"])
-    assert bad.value.code == 2 and "'full', 'half')" in capsys.readouterr().err
+    assert bad.value.code == 2 and "'full', 'half', 'quarter')" in capsys.readouterr().err
