@@ -276,11 +276,9 @@ def _effective(hw: HardwareProfile, job: Job):
 # 45 -> 22 ms on 69K layouts). Twice that since the parts a layer or a stage's model states read are
 # computed once per distinct combination (``per_distinct``). A pass's fixed cost (a thousand numpy
 # calls) is paid per block, so a table of up to ONE_BLOCK_ROWS is one block, not two and a join
-# (DeepSeek-V3 on 2,048 GPUs, 17,052 layouts with recompute half and quarter searched: its whole
-# table evaluated and ranked in 0.66 of the time of blocks of 16,384, interleaved in one process);
-# larger tables keep blocks of BLOCK_ROWS, whose temporaries stay within the freed memory the
-# process keeps mapped (``_keep_freed_heap``: blocks of 32,768 rows mapped 20,000 fresh pages a
-# search of 92,628 layouts, tests/test_speed_paths.py).
+# (DeepSeek-V3 on 2,048 GPUs with recompute half searched, 17,052 layouts: its whole table
+# evaluated and ranked in 0.66 of the time of two blocks, interleaved in one process; 22,736 with
+# quarter too); larger tables keep blocks of BLOCK_ROWS.
 BLOCK_ROWS = 16384
 ONE_BLOCK_ROWS = 24576
 

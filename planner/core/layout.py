@@ -45,6 +45,8 @@ def recomputed_layers(recompute):
     if type(recompute) is int or type(recompute) is np.int64:
         return RECOMPUTED_LAYERS[recompute]
     return _RECOMPUTED_LAYERS.take(recompute)
+
+
 MODES = ("pretrain", "full-finetune", "lora")
 # LoRA target modules (Hu et al. 2021), named as in LLaMA/PEFT; for gpt, up_proj/down_proj are the
 # MLP's fc1/fc2 and gate_proj does not exist.

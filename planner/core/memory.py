@@ -116,7 +116,7 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
             width = width[:, None]
         dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
     tokens = c.micro_batch * model.seq_len / c.cp
-    # Kept by the layers not recomputed whole (none of them under full, half of them under half).
+    # Kept by the layers not recomputed whole (none under full, half under half, 3/4 under quarter).
     extra = (1 - recomputed_layers(rc)) * moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens
     return ((model.layers - model.moe_layers) * dense + model.moe_layers * (routed + extra)) / model.layers
 
