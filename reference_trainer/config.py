@@ -40,6 +40,9 @@ DEBUG_MODEL = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 51
 SEED_MAX = 2**32 - 1
 MAX_WORKERS = 64  # loader processes per rank
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name != "name")
+# The shape keys a model given by its shape must have (ModelSpec's fields without a default).
+SHAPE_REQUIRED = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name != "name"
+                       and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
 class ConfigError(ValueError):
@@ -208,6 +211,10 @@ def resolve_spec(model: dict) -> ModelSpec:
     elif model.get("params") is not None:
         base, _ = resolve_params(parse_count(model["params"], "model.params"))
     elif shape:
+        missing = [k for k in SHAPE_REQUIRED if k not in shape]
+        if missing:
+            raise ConfigError(f"model.{missing[0]}: missing: a shape needs {', '.join(SHAPE_REQUIRED)} (given: "
+                              f"{', '.join(shape)}), or give preset or params")
         base = ModelSpec(**shape)
         shape = {}
     else:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.core.columns import minimum, where
+from planner.core.layout import recomputed_layers
 from planner.core.model import ModelSpec
 from planner.memo import by_identity, fast_init
 
@@ -135,8 +136,6 @@ def recompute_flops_per_token(model: ModelSpec, recompute: np.ndarray, selective
     (Korthikanti et al. 2022, Sec. 5); selective "op": the share of weight GEMMs torchtitan's
     op-level policy recomputes (attention's output is kept); half, quarter: every second, fourth
     layer's forward (``recomputed_layers``: the share recomputed whole)."""
-    from planner.core.layout import recomputed_layers
-
     full, selective_flops = _recompute_flops(model, selective, causal)
     return recomputed_layers(recompute) * full + where(recompute == 1, selective_flops, 0.0)
 

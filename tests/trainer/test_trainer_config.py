@@ -28,6 +28,8 @@ def with_(section: str, **changes) -> dict:
     (with_("training", step=3), "training.step: unknown key"),
     (with_("checkpoint", interval=2, keep=1), "checkpoint.keep: unknown key"),
     (with_("model", hiden=64), "model.hiden: unknown key"),
+    ({**BASE, "model": {"layers": 8}}, "model.hidden: missing: a shape needs layers, hidden, heads (given: layers)"),
+    ({**BASE, "model": {"layers": 8, "hidden": 64}}, "model.heads: missing: a shape needs layers, hidden, heads"),
     (with_("layout", global_batch=6), "layout.global_batch=6: must be divisible by dp*micro_batch=2*2=4"),
     (with_("layout", tp=3), "layout.tp=3: must divide model heads=4"),
     ({**with_("layout", pp=2, vpp=3, global_batch=16), "model": {**TINY_GPT, "layers": 9}},
