@@ -150,3 +150,22 @@ def test_the_cli_takes_a_share_and_names_them_among_the_choices(capsys):
     with pytest.raises(SystemExit) as bad:
         main(["estimate", "--params", "7B", "--gpus", "8", "--recompute", "halves"])
     assert bad.value.code == 2 and "'full', 'half', 'quarter')" in capsys.readouterr().err
+
+
+def test_exports_say_where_the_framework_recomputes_another_share_than_planned():
+    """Megatron's block method takes one N for every virtual stage (rounded up: a smaller stage
+    recomputes a larger share); torchtitan checkpoints floor(n / every) of a rank's n blocks (a
+    count that is no multiple keeps more). Each says so in the file's header, and is silent when the
+    share is the plan's: 80 layers on 4 stages (20 each: 5 of 20, 10 of 20)."""
+    from planner.export.megatron import block_recompute_note
+    from planner.export.torchtitan import layer_ac_notes
+
+    assert block_recompute_note(80, 4, 1, 4) == block_recompute_note(80, 4, 1, 2) == ""
+    assert "recomputes 1 of each virtual stage's 2 layers, not 1/4" in block_recompute_note(80, 40, 1, 4)
+    assert "4 of the smallest virtual stage's 7 layers and 4 of the fullest's 8, not 1/2" in block_recompute_note(
+        126, 16, 1, 2)
+    assert layer_ac_notes(80, 4, 1, "1f1b", 4) == layer_ac_notes(60, 1, 1, "1f1b", 4) == []
+    assert "checkpoints 1 of the 5 blocks of a rank that builds 5, not 1/4" in layer_ac_notes(80, 16, 1, "1f1b", 4)[0]
+    assert "checkpoints 0 of the 2 blocks" in layer_ac_notes(80, 40, 1, "1f1b", 4)[0]
+    # interleaved: a rank's chunks counted together (80 layers, pp 4 x vpp 5: 4 a chunk, 20 a rank)
+    assert layer_ac_notes(80, 4, 5, "1f1b", 4) == []

@@ -96,3 +96,21 @@ def block_recomputed_layers(layers: int, pp: int, vpp: int, every: int) -> int:
     from planner.core.pipeline import stage_layer_counts
 
     return -(-max(stage_layer_counts(layers, pp * vpp)) // every)
+
+
+def block_recompute_note(layers: int, pp: int, vpp: int, every: int) -> str:
+    """What --recompute-method block with ``block_recomputed_layers`` recomputes where a virtual
+    stage has fewer layers than the fullest: the same N, so a larger share than the plan's 1/every
+    (more time, less memory than planned); '' when every stage recomputes 1/every of its layers."""
+    from planner.core.pipeline import stage_layer_counts
+
+    n = block_recomputed_layers(layers, pp, vpp, every)
+    counts = stage_layer_counts(layers, pp * vpp)
+    least = min(counts)
+    most = max(counts)
+    if min(n, least) * every == least and n * every == most:
+        return ""
+    which = (f"{n} of each virtual stage's {most} layers" if least == most
+             else f"{min(n, least)} of the smallest virtual stage's {least} layers and {n} of the fullest's {most}")
+    return (f"--recompute-num-layers {n} recomputes {which}, not 1/{every} as planned: more time and less memory "
+            "than the estimate")

@@ -17,7 +17,8 @@ from planner.core.layout import LAYOUT_DIMS, RECOMPUTE_EVERY
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
-from planner.export.megatron import block_recomputed_layers, megatron_model_args, megatron_pipeline_layout
+from planner.export.megatron import (block_recompute_note, block_recomputed_layers, megatron_model_args,
+                                     megatron_pipeline_layout)
 from planner.export.rules import hybrid_group, node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump
@@ -254,6 +255,10 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
              "set -euo pipefail"]
     if e.model.layers % (e.layout.pp * e.layout.vpp):
         lines.insert(-1, "# Uneven pipeline stages: --pipeline-model-parallel-layout needs a Megatron-LM from June 2025 on.")
+    if e.layout.recompute in RECOMPUTE_EVERY and e.layout.recompute != "full":
+        shares = block_recompute_note(e.model.layers, e.layout.pp, e.layout.vpp, RECOMPUTE_EVERY[e.layout.recompute])
+        if shares:
+            lines[-1:-1] = comment_lines([shares])
     for name, args in megatron_args(e, steps).items():
         pairs, i = [], 0
         while i < len(args):  # one flag (with its value) per line

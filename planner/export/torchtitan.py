@@ -23,7 +23,7 @@ How the layout maps (torchtitan/distributed/parallel_dims.py, train.py, pipeline
 from __future__ import annotations
 
 from planner.core.layout import RECOMPUTE_EVERY
-from planner.core.pipeline import stage_layer_counts
+from planner.core.pipeline import stage_layer_counts, stage_layer_ranges
 from planner.core.results import Estimate
 from planner.export.hyper import hyperparameters
 from planner.export.rules import hybrid_group
@@ -152,7 +152,9 @@ def job_config(e: Estimate, steps: int, run_name: str, interval: int, keep_last:
     if lay.recompute == "selective":  # op-level selective AC (the fsdp2 stack's "op" policy)
         config["activation_checkpoint"]["selective_ac_option"] = "op"
     elif lay.recompute in ("half", "quarter"):  # layer-level selective AC: every N-th block checkpointed whole
-        config["activation_checkpoint"]["selective_ac_option"] = str(RECOMPUTE_EVERY[lay.recompute])
+        every = RECOMPUTE_EVERY[lay.recompute]
+        config["activation_checkpoint"]["selective_ac_option"] = str(every)
+        notes += layer_ac_notes(m.layers, lay.pp, lay.vpp, lay.schedule, every)
     if prec == "fp8":  # torchao float8 with dynamic tensorwise scaling (the fsdp2 stack's fp8 recipe)
         model["converters"] = ["quantize.linear.float8"]
         sharded = lay.zero_stage == 3
@@ -161,3 +163,17 @@ def job_config(e: Estimate, steps: int, run_name: str, interval: int, keep_last:
             "precompute_float8_dynamic_scale_for_fsdp": sharded,
             "filter_fqns": ["output", "router.gate"] if moe(m) else ["output"]}}}
     return config, notes
+
+
+def layer_ac_notes(layers: int, pp: int, vpp: int, schedule: str, every: int) -> list[str]:
+    """Where torchtitan's selective layer checkpointing recomputes less than the plan's 1/every of a
+    rank's layers: it counts the blocks a rank builds (its chunks together) and checkpoints every
+    every-th, floor(n / every) of n, so a rank whose count is no multiple of every keeps more."""
+    ranks = stage_layer_ranges(layers, pp, vpp, schedule) if layers % (pp * vpp) == 0 or vpp == 1 else None
+    counts = [sum(b - a for a, b in r) for r in ranks] if ranks else stage_layer_counts(layers, pp * vpp)
+    short = [n for n in counts if (n // every) * every < n]
+    if not short:
+        return []
+    n = min(short)
+    return [f"selective_ac_option = \"{every}\" checkpoints {n // every} of the {n} blocks of a rank that builds {n}, "
+            f"not 1/{every} of them as planned: more activation memory than the estimate on such ranks"]
