@@ -17,8 +17,12 @@ from planner.core.layout import LAYOUT_DIMS, RECOMPUTE_EVERY
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
-from planner.export.megatron import (block_recompute_note, block_recomputed_layers, megatron_model_args,
-                                     megatron_pipeline_layout)
+from planner.export.megatron import (
+    block_recompute_note,
+    block_recomputed_layers,
+    megatron_model_args,
+    megatron_pipeline_layout,
+)
 from planner.export.rules import hybrid_group, node_split
 from planner.export.yamltext import comment_lines
 from planner.export.yamltext import dump as yaml_dump

@@ -175,5 +175,5 @@ def layer_ac_notes(layers: int, pp: int, vpp: int, schedule: str, every: int) ->
     if not short:
         return []
     n = min(short)
-    return [f"selective_ac_option = \"{every}\" checkpoints {n // every} of the {n} blocks of a rank that builds {n}, "
-            f"not 1/{every} of them as planned: more activation memory than the estimate on such ranks"]
+    return [(f"selective_ac_option = \"{every}\" checkpoints {n // every} of the {n} blocks of a rank that builds {n}, "
+             f"not 1/{every} of them as planned: more activation memory than the estimate on such ranks")]
