@@ -341,8 +341,19 @@ def test_the_docs_screenshots(browser_page, tmp_path):
 
     page.goto(f"{server}/?tab=Hardware&params=7")
     sync_api.expect(page.get_by_text("Fastest fitting layout per point", exact=False)).to_be_visible(timeout=240_000)
+    # Both views done (the comparison table too: its fragment redraws the chart until then), and the
+    # page's one run after that drawn: no element the screenshot takes is replaced under it.
+    sync_api.expect(page.get_by_text("profiles so far", exact=False)).to_have_count(0, timeout=240_000)
+    page.wait_for_timeout(1000)
     chart = page.locator('[data-testid="stVegaLiteChart"]').first
     sync_api.expect(chart).to_contain_text("days to train (log scale)", timeout=30_000)
     sync_api.expect(chart).to_contain_text("GPUs (log scale)")
     sync_api.expect(chart).to_contain_text("a100-80g")  # the plan's GPU, in colour and named
-    _shot(page, chart, "app-hardware.png", tmp_path)
+    for attempt in range(3):  # a chart redrawn while its picture is taken: taken again
+        try:
+            _shot(page, page.locator('[data-testid="stVegaLiteChart"]').first, "app-hardware.png", tmp_path)
+            break
+        except sync_api.Error as err:
+            if "not attached" not in str(err) or attempt == 2:
+                raise
+            page.wait_for_timeout(1000)
