@@ -30,12 +30,13 @@ from planner.stacks import DEFAULT_STACK
 # virtual stage's layers).
 RECOMPUTE = ("none", "selective", "full", "half", "quarter")
 PARTIAL = RECOMPUTE.index("half")  # from this code on: a share of the layers recomputed whole
-# Every how many layers one is recomputed whole, for the choices that recompute a share of them.
+# Every how many layers one is recomputed whole, for the choices that recompute whole layers.
 RECOMPUTE_EVERY = {"full": 1, "half": 2, "quarter": 4}
+PARTIAL_RECOMPUTE = tuple(r for r, every in RECOMPUTE_EVERY.items() if every > 1)  # a share of the layers
 # The share of a stage's layers each choice recomputes whole, by code: the memory and the time of a
 # layout of half (quarter) are those of its layers, that share kept as with full recompute and the
 # rest as without.
-RECOMPUTED_LAYERS = (0.0, 0.0, 1.0, 0.5, 0.25)
+RECOMPUTED_LAYERS = tuple(1 / RECOMPUTE_EVERY[r] if r in RECOMPUTE_EVERY else 0.0 for r in RECOMPUTE)
 _RECOMPUTED_LAYERS = np.array(RECOMPUTED_LAYERS)
 
 

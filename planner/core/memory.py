@@ -450,7 +450,8 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     tensors its backward reads that recompute did not keep (the layer's activations without
     recompute less those kept: computed beside them, recompute as two rows) and its MLP's
     gradients (``backward_working``). Measured in eager torch: benchmarks/activation_memory.py."""
-    recomputed = (c.recompute == 2) | ((c.recompute == 1) & (sw.stack.selective == "op")) | (c.recompute >= PARTIAL)
+    share = recomputed_layers(c.recompute)  # of the layers recomputed whole
+    recomputed = (share > 0) | ((c.recompute == 1) & (sw.stack.selective == "op"))
     if type(recomputed) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
         act_layer = layer_activation_bytes(model, c, job, sw=sw)
         no_rc = layer_activation_bytes(model, c, job, 0, sw=sw) if recomputed else 0.0
@@ -462,7 +463,7 @@ def layer_activations_and_working(model: ModelSpec, c: Candidates, job: Job,
     # A layer recomputed whole holds its activations again less its input; with a share s of the
     # layers so (half, quarter), the kept mean (act_layer) is s of the way from all to the input:
     # the difference over s.
-    again = (no_rc - act_layer) / where(c.recompute >= PARTIAL, recomputed_layers(c.recompute), 1.0)
+    again = (no_rc - act_layer) / where(share > 0, share, 1.0)
     return act_layer, where(recomputed, again, 0.0) + backward_working(model, c, job, sw)
 
 

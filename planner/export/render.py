@@ -13,7 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from planner.core.layout import LAYOUT_DIMS, RECOMPUTE_EVERY
+from planner.core.layout import LAYOUT_DIMS, PARTIAL_RECOMPUTE, RECOMPUTE_EVERY
 from planner.core.report import layout_line
 from planner.core.results import Estimate
 from planner.export.hyper import Hyper, hyperparameters
@@ -259,7 +259,7 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
              "set -euo pipefail"]
     if e.model.layers % (e.layout.pp * e.layout.vpp):
         lines.insert(-1, "# Uneven pipeline stages: --pipeline-model-parallel-layout needs a Megatron-LM from June 2025 on.")
-    if e.layout.recompute in RECOMPUTE_EVERY and e.layout.recompute != "full":
+    if e.layout.recompute in PARTIAL_RECOMPUTE:
         shares = block_recompute_note(e.model.layers, e.layout.pp, e.layout.vpp, RECOMPUTE_EVERY[e.layout.recompute])
         if shares:
             lines[-1:-1] = comment_lines([shares])

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from planner.core.layout import PARTIAL_RECOMPUTE
 from planner.core.pipeline import schedule_name
 from planner.errors import PlannerError
 
@@ -138,7 +139,7 @@ def deepspeed_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if lay.pp > 1:
         out.append(PlannerError("pp", lay.pp, "a DeepSpeed config has no pipeline degree (DeepSpeed's "
                                 "PipelineModule takes num_stages in code); pin --pp 1 or use --format megatron"))
-    if lay.recompute in ("selective", "half", "quarter"):
+    if lay.recompute == "selective" or lay.recompute in PARTIAL_RECOMPUTE:
         out.append(PlannerError("recompute", lay.recompute, "a DeepSpeed config checkpoints every layer the model "
                                 "code wraps (full); pin --recompute full or none"))
     if job.precision in ("tf32", "fp8"):

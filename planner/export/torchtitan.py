@@ -22,8 +22,8 @@ How the layout maps (torchtitan/distributed/parallel_dims.py, train.py, pipeline
 
 from __future__ import annotations
 
-from planner.core.layout import RECOMPUTE_EVERY
-from planner.core.pipeline import stage_layer_counts, stage_layer_ranges
+from planner.core.layout import PARTIAL_RECOMPUTE, RECOMPUTE_EVERY
+from planner.core.pipeline import stage_layer_counts, stage_of
 from planner.core.results import Estimate
 from planner.export.hyper import hyperparameters
 from planner.export.rules import hybrid_group
@@ -33,7 +33,7 @@ SCHEDULE_NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B", ("
                   ("dualpipev", True): "DualPipeV"}  # DualPipeV: torch places its 2 pp stages in a V itself
 # half, quarter: torchtitan's selective layer checkpointing, every second or fourth block
 # (selective_ac_option "2", "4")
-AC_MODES = {"none": "none", "selective": "selective", "full": "full", "half": "selective", "quarter": "selective"}
+AC_MODES = {"none": "none", "selective": "selective", "full": "full", **dict.fromkeys(PARTIAL_RECOMPUTE, "selective")}
 
 # Flavors registered in torchtitan (torchtitan/models/*/__init__.py at e347b1e5), keyed by the shape
 # fields the planner knows. llama3: (layers, hidden, heads, kv_heads, ffn_hidden). The MoE models:
@@ -151,7 +151,7 @@ def job_config(e: Estimate, steps: int, run_name: str, interval: int, keep_last:
     }
     if lay.recompute == "selective":  # op-level selective AC (the fsdp2 stack's "op" policy)
         config["activation_checkpoint"]["selective_ac_option"] = "op"
-    elif lay.recompute in ("half", "quarter"):  # layer-level selective AC: every N-th block checkpointed whole
+    elif lay.recompute in PARTIAL_RECOMPUTE:  # layer-level selective AC: every N-th block checkpointed whole
         every = RECOMPUTE_EVERY[lay.recompute]
         config["activation_checkpoint"]["selective_ac_option"] = str(every)
         notes += layer_ac_notes(m.layers, lay.pp, lay.vpp, lay.schedule, every)
@@ -169,9 +169,10 @@ def layer_ac_notes(layers: int, pp: int, vpp: int, schedule: str, every: int) ->
     """Where torchtitan's selective layer checkpointing recomputes less than the plan's 1/every of a
     rank's layers: it counts the blocks a rank builds (its chunks together) and checkpoints every
     every-th, floor(n / every) of n, so a rank whose count is no multiple of every keeps more."""
-    ranks = stage_layer_ranges(layers, pp, vpp, schedule) if layers % (pp * vpp) == 0 or vpp == 1 else None
-    counts = [sum(b - a for a, b in r) for r in ranks] if ranks else stage_layer_counts(layers, pp * vpp)
-    short = [n for n in counts if (n // every) * every < n]
+    counts = [0] * pp  # the blocks each rank builds: its virtual stages' together
+    for k, n in enumerate(stage_layer_counts(layers, pp * vpp)):
+        counts[stage_of(k, pp, schedule)] += n
+    short = [n for n in counts if n % every]
     if not short:
         return []
     n = min(short)
