@@ -379,7 +379,7 @@ def _check_layout(config: RunConfig) -> None:
 
 # ModelSpec variants of released models this trainer does not build (planner/core/model.py counts
 # them): each must keep its default here.
-UNBUILT_SPEC = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0}
+UNBUILT_SPEC = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False}
 
 
 def _check_moe(config: RunConfig) -> None:

@@ -17,6 +17,7 @@ from planner.core.options import (
     DEFAULT_GPU,
     DEFAULT_GPUS,
     GPU_DEFAULTED,
+    HF_MODEL_TYPES,
     HW_OVERRIDES,
     OPS_OPTIONS,
     SHAPE_KEYS,
@@ -40,7 +41,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (one of --preset, --params, --hf-config, or a shape; shape flags override)")
     g.add_argument("--preset", help="a model preset (`planner presets` lists them)")
     g.add_argument("--params", help="parameter count, e.g. 33B, 1T: the nearest preset or a LLaMA-style shape")
-    g.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (llama, mistral, qwen2, gpt2)")
+    g.add_argument("--hf-config", metavar="PATH", help=f"a Hugging Face config.json (model_type "
+                   f"{', '.join(HF_MODEL_TYPES)}, gemma3's text_config)")
     g.add_argument("--arch", choices=ARCHS, help="gpt (LayerNorm, GELU, learned positions, tied) or llama")
     for key in SHAPE_KEYS[1:]:
         g.add_argument("--" + key.replace("_", "-"), type=int)

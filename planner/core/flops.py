@@ -78,8 +78,10 @@ def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarr
     over the full square (= 2 * 2*b*s*s*h for standard attention; MLA: qk_dim = qk_nope + qk_rope,
     v_dim = v_head_dim), half of it causal. GQA does not change them (each query head still sees its keys).
     Context parallel splits them evenly over ``cp`` GPUs (load-balanced causal chunks: each rank
-    holds chunks i and 2cp-1-i, so every rank does the same share of the triangle)."""
-    return (0.5 if causal else 1.0) * 2.0 * micro_batch * model.seq_len**2 * model.attn_core_width / tp / cp
+    holds chunks i and 2cp-1-i, so every rank does the same share of the triangle). Causal, a sliding
+    window leaves the ``attention_span`` share of the triangle; the full square is the full square."""
+    half = 0.5 * model.attention_span if causal else 1.0
+    return half * 2.0 * micro_batch * model.seq_len**2 * model.attn_core_width / tp / cp
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:
@@ -89,8 +91,9 @@ def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
 
 def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
     """Forward attention-core FLOPs per token, all layers: 2*s*heads*(qk_dim + v_dim) per layer (4*s*h
-    for standard attention), half of it causal."""
-    return (0.5 if causal else 1.0) * 2.0 * model.seq_len * model.attn_core_width * model.layers
+    for standard attention), half of it causal (and of that the ``attention_span`` share: sliding windows)."""
+    half = 0.5 * model.attention_span if causal else 1.0
+    return half * 2.0 * model.seq_len * model.attn_core_width * model.layers
 
 
 def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:
@@ -155,9 +158,10 @@ def hardware_flops_per_token(model: ModelSpec, job: "Job", recompute: np.ndarray
     """What the GPUs compute per token (HFU's numerator): the model FLOPs (MFU's, attention causal),
     recomputation, and, where the attention kernel computes the whole s x s square (standard
     attention; a flash kernel under a dense bias or mask, the stack's ``attention_square = "full"``),
-    the masked half it computes for nothing: once more the causal attention, forward and backward
-    (3x, LoRA too), and in the recomputed forward."""
-    extra = 3.0 * attention_flops_per_token(model, causal=True) if full_square else 0.0
+    the masked part it computes for nothing (the square less the causal work: half of it, more under a
+    sliding window), forward and backward (3x, LoRA too), and in the recomputed forward."""
+    extra = (3.0 * (attention_flops_per_token(model, causal=False) - attention_flops_per_token(model, causal=True))
+             if full_square else 0.0)
     return (model_flops_per_token(model, job) + extra
             + recompute_flops_per_token(model, recompute, selective, causal=not full_square))
 

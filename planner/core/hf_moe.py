@@ -1,10 +1,13 @@
-"""The mixture-of-experts and attention-variant fields of a Hugging Face ``config.json``, as
-ModelSpec fields (planner/core/model.py). planner.core.options reads the common shape keys.
+"""The mixture-of-experts, attention-variant and sliding-window fields of a Hugging Face
+``config.json``, as ModelSpec fields (planner/core/model.py). planner.core.options reads the common
+shape keys.
 
 Key names follow transformers' configuration classes (MixtralConfig, Qwen2MoeConfig,
-Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config); what a model type implies
-without a key follows its modeling file (Qwen2 attention has q/k/v biases; Qwen3 normalises q and
-k per head, OLMoE over their full widths; DeepSeek-V3's router holds e_score_correction_bias).
+Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config, Gemma2Config, Gemma3TextConfig);
+what a model type implies without a key follows its modeling file (Qwen2 attention has q/k/v
+biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
+Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's router holds
+e_score_correction_bias).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields["head_dim"] = _int(cfg, "head_dim", where)
     if kind in ("qwen2", "qwen2_moe"):
         fields["qkv_bias"] = True  # Qwen2Attention: q_proj, k_proj, v_proj with bias
-    fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(kind, "none")
+    fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmoe": "full",
+                         "olmo2": "full"}.get(kind, "none")
+    fields["post_norms"] = kind in ("gemma2", "gemma3_text")  # post_attention and post_feedforward norms too
     key = next((k for k in _EXPERTS if cfg.get(k)), None)
     if key is None:
         return fields
@@ -60,3 +65,45 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
                                f"a multiple of the expert width {fields['expert_ffn']}")
         fields.update(shared_experts=shared // fields["expert_ffn"], shared_expert_gate=kind == "qwen2_moe")
     return fields
+
+
+_WINDOWED = {"full_attention": False, "sliding_attention": True}
+
+
+def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config") -> dict:
+    """``window`` and ``window_layers``: the layers with sliding-window attention, as transformers
+    lays them out: the config's ``layer_types`` where it has them; else by model type: Mistral,
+    Mixtral and Phi-3 window every layer when ``sliding_window`` is set; Qwen2/3 (and their MoE)
+    the layers from ``max_window_layers`` on when ``use_sliding_window``; Gemma 2 every second layer
+    from the first; Gemma 3 all but every ``sliding_window_pattern``-th. {} for full attention."""
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(t not in _WINDOWED for t in types):
+            raise PlannerError(f"{where} layer_types", _brief(types),
+                               f"a list of {layers} (num_hidden_layers) of {' or '.join(_WINDOWED)}")
+        windowed = sum(_WINDOWED[t] for t in types)
+    elif kind in ("mistral", "mixtral", "phi3"):
+        windowed = layers if cfg.get("sliding_window") is not None else 0
+    elif kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        windowed = max(0, layers - _int(cfg, "max_window_layers", where, 0)) if cfg.get("use_sliding_window") else 0
+    elif kind == "gemma2":
+        windowed = (layers + 1) // 2  # layers 0, 2, 4, ... (Gemma2Config's layer_types)
+    elif kind == "gemma3_text":
+        pattern = cfg.get("sliding_window_pattern")
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise PlannerError(f"{where} sliding_window_pattern", pattern, "a positive integer")
+        windowed = layers - layers // pattern  # every pattern-th layer attends to the whole context
+    else:
+        windowed = 0
+    if not windowed:
+        return {}
+    window = cfg.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise PlannerError(f"{where} sliding_window", "missing" if window is None else window,
+                           f"a positive integer: {windowed} layers use a sliding window")
+    return {"window": window, "window_layers": windowed}
+
+
+def _brief(value: object) -> object:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -126,8 +126,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     """Activations one layer keeps for backward, per micro-batch, per GPU.
 
     Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
-      replicated over TP ranks unless sequence parallel: inputs of the two norms, of QKV and of
-        the MLP (4 * e*h) and the two dropout masks (2 * h, GPT only);
+      replicated over TP ranks unless sequence parallel: inputs of the two norms (four with
+        ``post_norms``), of QKV and of the MLP (4 * e*h) and the two dropout masks (2 * h, GPT only);
       split by TP: Q, K, V and the attention output (e*(2h + 2h_kv)), the MLP's internal
         tensors (2 * e*f for GELU, 3 * e*f for SwiGLU), and for standard attention the softmax
         output (e*a*s) plus dropout mask and output ((1 + e)*a*s with dropout); flash attention keeps
@@ -173,7 +173,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     norm = sw.stack.eager_norm if sw.eager and model.arch != "gpt" else "fused"
     norm_in = 4.0 if norm == "upcast" else e
     norm_out = e * (targets is None) if norm != "fused" else 0.0
-    replicated = (2 * (norm_in + norm_out) * h  # the two norms
+    replicated = (model.layer_norms * (norm_in + norm_out) * h  # the two norms (four with post-norms)
                   + (0 if sw.stack.tp_saves_gathered_inputs else gathered)
                   + 2 * h * drop)  # two dropout masks
     # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.

@@ -20,6 +20,12 @@ multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", Sec. 2.1): q 
 optional rank-``q_lora_rank`` bottleneck, K and V from a shared rank-``kv_lora_rank`` latent
 plus one ``qk_rope_dim`` RoPE key for all heads; QK^T per head over qk_nope_dim + qk_rope_dim,
 AV over v_head_dim. The low-rank RMSNorms (q_a_layernorm, kv_a_layernorm) are parameters.
+
+Sliding-window attention (Mistral 7B v0.1, Phi-3, Gemma 2 and 3): ``window_layers`` of the layers
+(all by default) let each token attend to the ``window`` tokens before it only; the attention
+kernel skips the rest (FlashAttention's ``window_size``), so those layers' attention core costs
+s*w - w*w/2 query-key pairs instead of s*s/2 (``attention_span``). Gemma 2 and 3 also normalise
+each block's output before the residual add (``post_norms``: four RMSNorms per layer, not two).
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ class ModelSpec:
     qk_rope_dim: int = 0  # MLA: RoPE part of each q/k head (the key's is one, shared by all heads)
     qk_nope_dim: int = 0  # MLA: non-RoPE part of each q/k head
     v_head_dim: int = 0  # MLA: per-head V width
+    window: int = 0  # sliding-window attention: tokens each query sees in the windowed layers (0: none)
+    window_layers: int | None = None  # layers with the window (None: all of them when window > 0)
+    post_norms: bool = False  # a norm after attention and after the MLP too (Gemma 2/3: 4 norms per layer)
 
     def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
         return kept_hash(self)
@@ -99,6 +108,7 @@ class ModelSpec:
         require(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads,
                 f"must divide heads={self.heads} (grouped-query attention)")
         self._check_moe()
+        self._check_window()
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
@@ -132,6 +142,18 @@ class ModelSpec:
                 f"equal to heads={self.heads} with MLA (every head has its own K and V from the latent)")
         require(self.arch == "llama", "arch", self.arch, "llama with MLA (RMSNorm, SwiGLU, RoPE, no biases)")
         require(not self.qkv_bias, "qkv_bias", self.qkv_bias, "false with MLA (its projections have no biases)")
+
+    def _check_window(self) -> None:
+        require(isinstance(self.post_norms, bool), "post_norms", self.post_norms, "true or false")
+        w = self.window
+        require(isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= FLAGS["seq_len"].hi, "window", w,
+                f"0 (full attention) or a window of 1 to {FLAGS['seq_len'].hi:,} tokens")
+        if self.window_layers is None:
+            object.__setattr__(self, "window_layers", self.layers if w else 0)
+        n = self.window_layers
+        require(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= self.layers, "window_layers", n,
+                f"a whole number from 0 to layers={self.layers}")
+        require(w > 0 or n == 0, "window_layers", n, "0 without a window (window = 0)")
 
     def _check_moe(self) -> None:
         for field in ("experts", "top_k", "shared_experts", "dense_layers"):
@@ -228,6 +250,22 @@ class ModelSpec:
         layer over the full square (4*s*h for standard attention with head_dim = hidden / heads)."""
         return self.q_width + self.attn_out_width
 
+    @kept_property
+    def attention_span(self) -> float:
+        """The causal attention core's work, mean over layers, as a share of full causal attention's
+        s*s/2 query-key pairs: 1 without a window; a windowed layer computes s*w - w*w/2 pairs
+        (each query its w last keys, fewer in the first w), 2w/s - (w/s)^2 of the triangle."""
+        if not self.window_layers or self.window >= self.seq_len:
+            return 1.0
+        r = self.window / self.seq_len
+        return 1.0 - self.window_layers * (1.0 - (2.0 - r) * r) / self.layers
+
+    @property
+    def layer_norms(self) -> int:
+        """Norms in a layer's residual path: before attention and before the MLP, and with
+        ``post_norms`` after each too (Gemma 2/3)."""
+        return 4 if self.post_norms else 2
+
     @property
     def gated_mlp(self) -> bool:
         return self.arch == "llama"
@@ -308,11 +346,11 @@ class ModelSpec:
 
     @kept_property
     def dense_layer_params(self) -> int:
-        return self.attention_params + self.mlp_params + 2 * self.norm_params
+        return self.attention_params + self.mlp_params + self.layer_norms * self.norm_params
 
     @kept_property
     def moe_layer_params(self) -> int:
-        return self.attention_params + self.moe_mlp_params + 2 * self.norm_params if self.moe else 0
+        return self.attention_params + self.moe_mlp_params + self.layer_norms * self.norm_params if self.moe else 0
 
     @kept_property
     def layers_params(self) -> int:
@@ -386,10 +424,16 @@ class ModelSpec:
                 + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden)
 
     def replace(self, **changes: object) -> ModelSpec:
-        """A copy with ``changes``; a head_dim that followed hidden / heads follows the new ones."""
+        """A copy with ``changes``; a head_dim that followed hidden / heads follows the new ones; a
+        window on every layer stays on every layer (a window given to a model without one: on every
+        layer), and without a window no layer has one."""
         derived = not self.mla and self.head_dim * self.heads == self.hidden
         if derived and ("hidden" in changes or "heads" in changes) and "head_dim" not in changes:
             changes = {**changes, "head_dim": None}
+        if "window_layers" not in changes:  # a window on every layer (or none) stays so; no window, no layers
+            every = self.window_layers == self.layers or ("window" in changes and not self.window_layers)
+            if ("window" in changes and (every or not changes["window"])) or ("layers" in changes and every):
+                changes = {**changes, "window_layers": None}
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
@@ -409,9 +453,13 @@ class ModelSpec:
                       if self.groups_per_token < self.expert_groups else "")
             moe = (f", {fmt_params(self.active_params)} active; MoE {self.experts} experts{shared}, top-{self.top_k}"
                    f"{groups}, expert ffn {self.expert_ffn}{dense}")
+        window = ""
+        if self.window_layers:
+            some = "" if self.window_layers == self.layers else f" in {self.window_layers} of {self.layers} layers"
+            window = f", sliding window {self.window}{some}"
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "
                 f"hidden {self.hidden}, {self.heads} heads{kv}, ffn {self.ffn_hidden}, "
-                f"vocab {self.vocab}, seq {self.seq_len})")
+                f"vocab {self.vocab}, seq {self.seq_len}{window})")
 
 
 def default_ffn_hidden(arch: str, hidden: int) -> int:

@@ -133,8 +133,9 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     if len(given) > 1:
         raise PlannerError(given[1], values[given[1]],
                            f"give one of --preset, --params, --hf-config, not {given[0]} too")
+    seq_note = ""  # where a config's context came from, said unless --seq-len replaces it
     if hf:
-        spec, note = model_from_hf_config(hf)
+        spec, note, seq_note = _hf_spec(hf)
     elif preset:
         spec, note = get_preset(str(preset)), f"preset {preset}"
     elif params:
@@ -156,7 +157,7 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
             shape["kv_heads"] = None  # keep multi-head attention when only heads changes
         spec = spec.replace(name=f"{spec.name}+custom", **shape)
         note += " with " + ", ".join(f"{k}={v}" for k, v in shape.items() if v is not None)
-    return spec, note
+    return spec, note + ("" if "seq_len" in shape else seq_note)
 
 
 # Hugging Face config.json keys -> ModelSpec fields (transformers' LlamaConfig, MistralConfig,
@@ -165,15 +166,35 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
             "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads",),
             "ffn_hidden": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",),
             "seq_len": ("max_position_embeddings", "n_positions")}
-_HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3")  # RMSNorm, SwiGLU, RoPE, untied unless the file says so
+# RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU costs the same), RoPE, untied unless the file says so
+_HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")  # llama-style MoE
+HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and gemma3, whose text_config is a gemma3_text one
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+# Gemma's released configs leave keys at their configuration class's defaults (Gemma 3's
+# text_config names only the widths): those defaults, as transformers' GemmaConfig,
+# Gemma2Config and Gemma3TextConfig set them; the report names each one used.
+_HF_DEFAULTS = {
+    "gemma": {"vocab_size": 256000, "head_dim": 256, "max_position_embeddings": 8192, "tie_word_embeddings": True},
+    "gemma2": {"vocab_size": 256000, "head_dim": 256, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+               "sliding_window": 4096},
+    "gemma3_text": {"vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072,
+                    "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 4096,
+                    "sliding_window_pattern": 6},
+}
 
 
 def model_from_hf_config(source: object) -> tuple[ModelSpec, str]:
-    """A ModelSpec from a Hugging Face ``config.json`` (a path, or its bytes); one PlannerError
-    line for a file that is not one (unreadable, not JSON, an unknown ``model_type``, a key missing)."""
+    """A ModelSpec from a Hugging Face ``config.json`` (a path, or its bytes) and a note of what was
+    read; one PlannerError line for a file that is not one (unreadable, not JSON, an unknown
+    ``model_type``, a key missing)."""
+    spec, note, seq_note = _hf_spec(source)
+    return spec, note + seq_note
+
+
+def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
+    """The model, the note, and where its context length came from (a note of its own)."""
     import json
     from pathlib import Path
 
@@ -187,13 +208,25 @@ def model_from_hf_config(source: object) -> tuple[ModelSpec, str]:
         raise PlannerError(where, _short(source), "a Hugging Face config.json (UTF-8 JSON)") from None
     if not isinstance(cfg, dict):
         raise PlannerError(where, _short(source), "a JSON object (a Hugging Face config.json)")
+    notes = []
+    if cfg.get("model_type") == "gemma3":  # image and text: the language model is what trains at scale here
+        text = cfg.get("text_config")
+        if not isinstance(text, dict):
+            raise PlannerError(f"{where} text_config", "missing" if text is None else text,
+                               "a JSON object: the language model of a gemma3 config")
+        cfg, where = {"model_type": "gemma3_text", **text}, f"{where} text_config"
+        notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
-    if kind not in _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES:
-        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(_HF_LLAMA + _HF_GPT + _HF_MOE_TYPES)}")
+    if kind not in HF_MODEL_TYPES:
+        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(HF_MODEL_TYPES)}, gemma3")
     moe = [k for k in _HF_MOE if cfg.get(k)]
     if moe and kind not in _HF_MOE_TYPES:
         raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], f"absent for the dense model_type {kind} "
                            f"(mixture-of-experts configs: model_type {', '.join(_HF_MOE_TYPES)})")
+    defaults = {k: v for k, v in _HF_DEFAULTS.get(kind, {}).items() if cfg.get(k) is None}
+    if defaults:
+        cfg = {**cfg, **defaults}
+        notes.append(", ".join(f"{k} {v}" for k, v in defaults.items()) + " (the configuration class's defaults)")
     shape: dict = {}
     for field, keys in _HF_KEYS.items():
         value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
@@ -203,15 +236,37 @@ def model_from_hf_config(source: object) -> tuple[ModelSpec, str]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlannerError(f"{where} {keys[0]}", value, "a positive integer")
             shape[field] = value
+    pretrained, seq_note = _pretraining_context(cfg, where), ""
+    if pretrained and pretrained < shape.get("seq_len", pretrained + 1):
+        seq_note = (f"; seq {pretrained:,}: the context before RoPE scaling (original_max_position_embeddings; "
+                    f"max_position_embeddings {shape['seq_len']:,}); --seq-len to set")
+        shape["seq_len"] = pretrained
+    elif "seq_len" in shape:
+        seq_note = f"; seq {shape['seq_len']:,}: max_position_embeddings; --seq-len to set"
     arch = "gpt" if kind in _HF_GPT else "llama"
     tied = cfg.get("tie_word_embeddings", arch == "gpt")
     path = Path(str(source)) if not isinstance(source, (bytes, bytearray)) else Path("hf/config.json")
     name = path.parent.name if path.name == "config.json" else path.name.removesuffix(".json").removesuffix(".config")
-    from planner.core.hf_moe import hf_variant_fields
+    from planner.core.hf_moe import hf_variant_fields, hf_window_fields
 
     shape.update(hf_variant_fields(cfg, kind, where))
+    shape.update(hf_window_fields(cfg, kind, shape["layers"], where))
     spec = ModelSpec(name=str(cfg.get("_name_or_path") or name or "hf"), arch=arch, tied_embeddings=bool(tied), **shape)
-    return spec, f"Hugging Face config ({kind})"
+    return spec, f"Hugging Face config ({kind})" + "".join(f"; {n}" for n in notes), seq_note
+
+
+def _pretraining_context(cfg: dict, where: str) -> int:
+    """rope_scaling's (transformers 5: rope_parameters') original_max_position_embeddings: the
+    context a long-context model was pretrained at before its RoPE was stretched (Llama 3.1: 8192
+    of 131072; DeepSeek-V3: 4096 of 163840); 0 if the file does not say."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        if isinstance(rope, dict) and rope.get("original_max_position_embeddings") is not None:
+            value = rope["original_max_position_embeddings"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"{where} {key}.original_max_position_embeddings", value, "a positive integer")
+            return value
+    return 0
 
 
 def _short(source: object) -> str:

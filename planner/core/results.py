@@ -187,7 +187,8 @@ def _model_json(m: ModelSpec) -> dict:
             **({"experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
                 "shared_experts": m.shared_experts, "dense_layers": m.dense_layers,
                 "capacity_factor": m.capacity_factor, "expert_groups": m.expert_groups,
-                "groups_per_token": m.groups_per_token} if m.moe else {})}
+                "groups_per_token": m.groups_per_token} if m.moe else {}),
+            **({"window": m.window, "window_layers": m.window_layers} if m.window_layers else {})}
 
 
 @by_identity  # ``plan_features`` gives one tuple object per combination

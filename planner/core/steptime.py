@@ -145,8 +145,9 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
     f = model.ffn_hidden if ffn is None else ffn
     drop = 1.0 if model.has_dropout else 0.0
     eager = sw.eager and model.gated_mlp
-    # Two norms (read + write h each), two residual adds (read 2h, write h, + 1-byte mask).
-    norms = 2 * (7 if eager else 2) * h
+    # Two norms (read + write h each; four with post-norms), two residual adds (read 2h, write h,
+    # + 1-byte mask).
+    norms = model.layer_norms * (7 if eager else 2) * h
     replicated = norms + 2 * (3 * h + 0.5 * h * drop)
     if model.gated_mlp:  # SwiGLU + RoPE
         split = 5 * f + 9 * (h + hkv) + 2 * h if eager else 3 * f + 2 * (h + hkv)
@@ -474,7 +475,7 @@ def param_tensors(model: ModelSpec) -> tuple[float, float, float]:
     attention = 2 + biases + (2 if model.qk_norm != "none" else 0)
     mlp = (3 if model.gated_mlp else 2) + (2 if model.has_bias else 0)
     router = model.moe_layers / model.layers if model.moe else 0.0
-    per_layer = 2 * norm + attention + mlp + router
+    per_layer = model.layer_norms * norm + attention + mlp + router
     return per_layer, 1.0 + model.learned_positions, norm + (0.0 if model.tied_embeddings else 1.0)
 
 

@@ -41,7 +41,29 @@ def attention_args(m) -> list:
         out.append("--add-qkv-bias")
     if getattr(m, "qk_norm", "none") == "head":
         out.append("--qk-layernorm")
-    return out
+    return out + window_args(m)
+
+
+def window_args(m) -> list:
+    """Sliding-window attention: --window-size "w,0" (w keys back, none ahead), and where some
+    layers attend to the whole context, --window-attn-skip-freq N: every N-th layer full (Gemma 2:
+    2, Gemma 3: 6). Another count of full layers is ``rules.megatron_checks``'."""
+    windowed = getattr(m, "window_layers", 0) or 0
+    if not windowed:
+        return []
+    out = ["--window-size", f"{m.window},0"]
+    every = skip_freq(m.layers, windowed)
+    return out + (["--window-attn-skip-freq", every] if every else [])
+
+
+def skip_freq(layers: int, windowed: int) -> int:
+    """N such that every N-th of ``layers`` layers is full and the rest windowed (Megatron's
+    --window-attn-skip-freq); 0 when all are windowed or no N gives ``windowed``."""
+    full = layers - windowed
+    if not full:
+        return 0
+    n = layers // full
+    return n if n > 1 and layers // n == full else 0
 
 
 def moe_args(m) -> list:

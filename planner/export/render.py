@@ -263,6 +263,10 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
         shares = block_recompute_note(e.model.layers, e.layout.pp, e.layout.vpp, RECOMPUTE_EVERY[e.layout.recompute])
         if shares:
             lines[-1:-1] = comment_lines([shares])
+    if getattr(e.model, "post_norms", False):
+        post = ("The model normalises each block's output too (Gemma 2/3's post-norms): Megatron-LM has no flag "
+                "for it; these flags train the block without them.")
+        lines[-1:-1] = comment_lines([post])
     for name, args in megatron_args(e, steps).items():
         pairs, i = [], 0
         while i < len(args):  # one flag (with its value) per line

@@ -11,6 +11,7 @@ from __future__ import annotations
 from planner.core.layout import PARTIAL_RECOMPUTE
 from planner.core.pipeline import schedule_name
 from planner.errors import PlannerError
+from planner.export.megatron import skip_freq
 
 TRAINER_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # reference_trainer/config.py: no fp8 path
 # The formats themselves (render, checks, language, stack) are one registry: planner/export/formats.py.
@@ -76,7 +77,7 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 
 # Model variants the reference trainer does not build (reference_trainer/config.py UNBUILT_SPEC, kept
 # equal by tests/test_export_dims.py), with their defaults.
-TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0}
+TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
@@ -124,6 +125,10 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if getattr(m, "qk_norm", "none") == "full":
         out.append(PlannerError("qk_norm", "full", "Megatron-Core's --qk-layernorm normalizes each head; a norm over "
                                 "all of q and k (OLMoE) has no flag; use --format torchtitan with a registered model"))
+    windowed = getattr(m, "window_layers", 0) or 0
+    if windowed and windowed < m.layers and not skip_freq(m.layers, windowed):
+        out.append(PlannerError("window_layers", windowed, f"Megatron's --window-attn-skip-freq N makes every N-th "
+                                f"layer full; {m.layers - windowed} full of {m.layers} layers is no such pattern"))
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
         out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
                                 "tensor parallelism together; pin --sequence-parallel"))

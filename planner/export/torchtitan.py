@@ -69,7 +69,9 @@ def model_section(m) -> tuple[dict, list[str]]:
                       f"num_shared_experts={getattr(m, 'shared_experts', 0)}, "
                       f"n_dense_layers={getattr(m, 'dense_layers', 0)}")
         extras = {"head_dim": getattr(m, "head_dim", None), "qk_norm": getattr(m, "qk_norm", "none"),
-                  "qkv_bias": getattr(m, "qkv_bias", False), "kv_lora_rank": getattr(m, "kv_lora_rank", 0)}
+                  "qkv_bias": getattr(m, "qkv_bias", False), "kv_lora_rank": getattr(m, "kv_lora_rank", 0),
+                  "sliding_window": getattr(m, "window", 0), "window_layers": getattr(m, "window_layers", 0),
+                  "post_norms": getattr(m, "post_norms", False)}
         shape += "".join(f", {k}={v}" for k, v in extras.items() if v not in (None, 0, False, "none")
                          and not (k == "head_dim" and v == m.hidden // m.heads))
         notes.append(f"torchtitan has no {name} flavor of this shape: register flavor {m.name!r} in "

@@ -1,0 +1,224 @@
+"""Sliding-window attention, post-norms and the Hugging Face configs that carry them (Mistral 7B
+v0.1, Phi-3, Gemma 2 and 3, OLMo 2, Llama 3.1's RoPE scaling): parameter counts against
+transformers, the attention work against a brute-force count of the mask, hand-derived FLOPs and
+kernel times, the exports, and bad input in one line."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.core.flops import (attention_core_flops, attention_flops_per_token, hardware_flops_per_token,
+                                model_flops_per_token)
+from planner.core.layout import Candidates, Job, Layout
+from planner.core.model import ModelSpec
+from planner.core.options import model_from, model_from_hf_config
+from planner.core.steptime import attention_times
+from planner.errors import PlannerError
+from planner.hardware import get_profile
+from planner.stacks import software
+from tests.helpers import assert_same, columns, evaluate_one
+
+DATA = Path(__file__).parent / "data"
+
+# file: (parameters, windowed layers, window, seq_len). Parameters: Hugging Face transformers
+# 5.25.0's model built from the file on the meta device (sum of p.numel()); windowed layers: the
+# "sliding_attention" entries of that config's layer_types (Gemma 2: every second layer from the
+# first; Gemma 3: all but every sixth), or every layer where the model applies sliding_window to
+# all (Mistral, Phi-3). The counts also equal the released totals: Gemma 2 9B 9,241,705,984, Gemma 3
+# 1B 999,885,952 (Hub safetensors), Phi-3-mini 3.8B, OLMo 2 7B 7.3B, Gemma 3 12B's language model
+# 11.77B of its 12.2B (the rest is the SigLIP vision tower).
+CONFIGS = {
+    "gemma-2-9b": (9_241_705_984, 21, 4096, 8192),
+    "gemma-3-12b-it": (11_766_034_176, 40, 1024, 131072),
+    "gemma-3-1b-pt": (999_885_952, 22, 512, 32768),
+    "Phi-3-mini-4k-instruct": (3_821_079_552, 32, 2047, 4096),
+    "OLMo-2-1124-7B": (7_298_617_344, 0, 0, 4096),
+    "Llama-3.1-8B": (8_030_261_248, 0, 0, 8192),
+    "Mistral-7B-v0.1": (7_241_732_096, 32, 4096, 32768),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_configs_count_as_transformers_builds_them(name):
+    params, windowed, window, seq = CONFIGS[name]
+    spec, _ = model_from_hf_config(DATA / f"{name}.config.json")
+    assert (spec.params, spec.window_layers, spec.window, spec.seq_len) == (params, windowed, window, seq)
+
+
+def test_gemma_2_9b_by_hand():
+    """Gemma 2 9B: 42 layers of q (3584 x 16*256), k and v (3584 x 8*256), o, a 14336-wide GeGLU
+    and four RMSNorms (pre and post, attention and MLP); the tied 256000-token embedding and the
+    final norm."""
+    spec, _ = model_from_hf_config(DATA / "gemma-2-9b.config.json")
+    h = 3584
+    attention = h * 4096 * 2 + h * 2048 * 2
+    layer = attention + 3 * h * 14336 + 4 * h
+    assert spec.params == 42 * layer + 256000 * h + h == 9_241_705_984
+    assert spec.post_norms and spec.tied_embeddings and spec.qk_norm == "none"
+
+
+def test_gemma_3_norms_q_and_k_per_head_and_fills_the_class_defaults():
+    """Gemma 3 1B: per-head RMSNorms of q and k (256 each) besides the four block norms."""
+    spec, note = model_from_hf_config(DATA / "gemma-3-1b-pt.config.json")
+    h = 1152
+    layer = h * 1024 * 2 + h * 256 * 2 + 3 * h * 6912 + 4 * h + 2 * 256
+    assert spec.params == 26 * layer + 262144 * h + h and spec.qk_norm == "head"
+    assert "tie_word_embeddings True (the configuration class's defaults)" in note
+    # gemma-3-12b-it names only the widths: the rest are Gemma3TextConfig's defaults, each said.
+    spec, note = model_from_hf_config(DATA / "gemma-3-12b-it.config.json")
+    assert (spec.vocab, spec.head_dim, spec.tied_embeddings) == (262208, 256, True)
+    assert "its language model (text_config; the vision tower is not planned)" in note
+    assert "vocab_size 262208, head_dim 256, max_position_embeddings 131072" in note
+
+
+def test_olmo_2_norms_q_and_k_over_their_full_widths():
+    spec, _ = model_from_hf_config(DATA / "OLMo-2-1124-7B.config.json")
+    h = 4096
+    layer = 4 * h * h + 3 * h * 11008 + 2 * h + (h + h)  # q_norm over 4096, k_norm over 32 x 128
+    assert spec.params == 32 * layer + 2 * 100352 * h + h and spec.qk_norm == "full" and not spec.post_norms
+
+
+def _pairs(s: int, w: int) -> int:
+    """Query-key pairs a causal mask with a window of w keeps: query i sees keys max(0, i-w+1)..i."""
+    i = np.arange(s)[:, None]
+    j = np.arange(s)[None, :]
+    return int(((j <= i) & (i - j < w)).sum())
+
+
+@pytest.mark.parametrize("s, w", [(4096, 2047), (8192, 4096), (4096, 512), (2048, 4096)])
+def test_the_attention_span_is_the_share_of_the_mask_a_window_keeps(s, w):
+    """Against a brute-force count of the mask: s*w - w*w/2 pairs of the s*s/2 a causal mask
+    keeps (to w/2 pairs of the diagonal's, < 0.05% here); a window as long as the sequence keeps
+    them all."""
+    spec = ModelSpec(arch="llama", layers=4, hidden=256, heads=4, seq_len=s, window=w)
+    assert spec.attention_span == pytest.approx(_pairs(s, w) / _pairs(s, s), rel=5e-4)
+    mixed = spec.replace(window_layers=1)  # one windowed layer of four
+    assert mixed.attention_span == pytest.approx((3 + _pairs(s, w) / _pairs(s, s)) / 4, rel=5e-4)
+
+
+def test_mistral_attention_flops_by_hand():
+    """Mistral 7B v0.1 at 32K with a 4096 window on every layer: w/s = 1/8, so each layer computes
+    2/8 - 1/64 = 15/64 of the causal triangle; forward attention per token 15/64 of half of
+    2*s*(q + out widths) per layer (QK^T and AV over the whole square), and MFU's FLOPs
+    3 x (2 x matmul weights + that)."""
+    spec, _ = model_from_hf_config(DATA / "Mistral-7B-v0.1.config.json")
+    s, L = 32768, 32
+    per_token = 15 / 64 * (2 * s * (4096 + 4096) / 2) * L
+    assert attention_flops_per_token(spec) == pytest.approx(per_token, rel=1e-12)
+    assert model_flops_per_token(spec) == pytest.approx(3 * (2 * spec.matmul_params_per_token + per_token), rel=1e-12)
+    full = spec.replace(window=0)
+    assert attention_flops_per_token(full) == pytest.approx(64 / 15 * per_token, rel=1e-12)
+    b = np.array([2.0])
+    assert float(attention_core_flops(spec, b, np.array([1]))[0]) == pytest.approx(
+        15 / 64 * 0.5 * 2 * 2 * s * s * 8192, rel=1e-12)
+    # The full square (causal=False) is the full square, window or not.
+    assert float(attention_core_flops(spec, b, np.array([1]), causal=False)[0]) == float(
+        attention_core_flops(full, b, np.array([1]), causal=False)[0])
+
+
+def test_a_flash_kernel_skips_what_the_window_masks_and_standard_attention_does_not():
+    spec, _ = model_from_hf_config(DATA / "Mistral-7B-v0.1.config.json")
+    hw, c = get_profile("h100-80g"), Candidates.from_layouts([Layout(dp=1, micro_batch=1, global_batch=1)])
+    for job, ratio in ((Job(), 15 / 64), (Job(attention="standard"), 1.0)):
+        windowed = attention_times(spec, hw, job, c, software(job))
+        full = attention_times(spec.replace(window=0), hw, job, c, software(job))
+        assert float(windowed[0][0]) == pytest.approx(ratio * float(full[0][0]), rel=1e-12)
+        assert float(windowed[1][0]) == pytest.approx(ratio * float(full[1][0]), rel=1e-12)
+    # HFU under standard attention: the square is computed, the model FLOPs count the window, the
+    # difference is what was masked (3x: forward and backward).
+    job = Job(attention="standard")
+    rc = np.array([0])
+    extra = hardware_flops_per_token(spec, job, rc, full_square=True) - model_flops_per_token(spec, job)
+    square = 2 * spec.seq_len * 8192 * 32  # per token, all layers, the whole s x s
+    assert float(extra[0]) == pytest.approx(3 * (square - attention_flops_per_token(spec)), rel=1e-12)
+
+
+def test_a_window_as_long_as_the_sequence_changes_nothing():
+    base = ModelSpec(arch="llama", layers=8, hidden=1024, heads=8, kv_heads=2, seq_len=4096)
+    layout = Layout(dp=2, tp=2, micro_batch=2, global_batch=16, recompute="half")
+    assert_same(columns(evaluate_one(base, layout)), columns(evaluate_one(base.replace(window=4096), layout)))
+    shorter = evaluate_one(base.replace(window=1024), layout)
+    assert float(shorter.time.step[0]) < float(evaluate_one(base, layout).time.step[0])
+
+
+def test_replace_keeps_a_window_on_every_layer_and_a_partial_count_as_given():
+    spec = ModelSpec(arch="llama", layers=8, hidden=512, heads=8, window=256)
+    assert spec.replace(layers=12).window_layers == 12
+    assert spec.replace(window_layers=3).replace(layers=12).window_layers == 3
+    assert spec.replace(window=0).window_layers == 0
+    assert spec.replace(window_layers=3).replace(window=0).window_layers == 0
+    plain = ModelSpec(arch="llama", layers=8, hidden=512, heads=8)
+    assert plain.replace(window=128).window_layers == 8 and plain.replace(layers=4).window_layers == 0
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"window": -1}, "window"), ({"window": 1.5}, "window"), ({"window": 64, "window_layers": 9}, "window_layers"),
+    ({"window_layers": 2}, "window_layers"), ({"post_norms": "yes"}, "post_norms"),
+])
+def test_bad_window_fields_are_one_line(fields, field):
+    with pytest.raises(PlannerError) as err:
+        ModelSpec(arch="llama", layers=8, hidden=512, heads=8, **fields)
+    assert err.value.field == field and len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
+    ({"layer_types": ["chunked_attention"] * 42}, "layer_types"),
+    ({"sliding_window": "4096"}, "sliding_window"),
+    ({"model_type": "gemma4_text"}, "model_type"),
+])
+def test_a_config_the_planner_cannot_read_is_one_line(tmp_path, changes, key):
+    cfg = {**json.loads((DATA / "gemma-2-9b.config.json").read_text()), **changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(path)
+    assert err.value.field == f"hf_config {key}" and len(str(err.value).splitlines()) == 1
+
+
+def test_layer_types_decide_and_a_gemma3_config_needs_its_text_config(tmp_path):
+    cfg = json.loads((DATA / "gemma-2-9b.config.json").read_text())
+    types = ["full_attention"] * 40 + ["sliding_attention"] * 2
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "layer_types": types}))
+    assert model_from_hf_config(path)[0].window_layers == 2
+    path.write_text(json.dumps({"model_type": "gemma3", "vision_config": {}}))
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(path)
+    assert err.value.field == "hf_config text_config"
+
+
+def test_qwen_windows_the_layers_from_max_window_layers_when_asked(tmp_path):
+    cfg = json.loads((DATA / "Qwen2.5-0.5B-Instruct.config.json").read_text())  # use_sliding_window false
+    assert model_from_hf_config(DATA / "Qwen2.5-0.5B-Instruct.config.json")[0].window_layers == 0
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "use_sliding_window": True, "max_window_layers": 20, "sliding_window": 4096}))
+    assert model_from_hf_config(path)[0].window_layers == cfg["num_hidden_layers"] - 20
+
+
+def test_the_context_before_rope_scaling_is_the_default_and_the_note_says_so():
+    spec, note = model_from({"hf_config": str(DATA / "Llama-3.1-8B.config.json")})
+    assert spec.seq_len == 8192 and "seq 8,192: the context before RoPE scaling" in note
+    assert "max_position_embeddings 131,072" in note
+    spec, note = model_from({"hf_config": str(DATA / "Llama-3.1-8B.config.json"), "seq_len": 131072})
+    assert spec.seq_len == 131072 and "seq 8,192" not in note and "seq_len=131072" in note
+
+
+def test_the_exports_say_the_window():
+    from planner.export.megatron import window_args
+    from planner.export.rules import TRAINER_UNBUILT, megatron_checks
+
+    gemma2, _ = model_from_hf_config(DATA / "gemma-2-9b.config.json")
+    gemma3, _ = model_from_hf_config(DATA / "gemma-3-12b-it.config.json")
+    mistral, _ = model_from_hf_config(DATA / "Mistral-7B-v0.1.config.json")
+    # Megatron: layer n (from 1) is full when n % freq == 0: Gemma 2's layers 2, 4, ...; Gemma 3's 6, 12, ...
+    assert window_args(gemma2) == ["--window-size", "4096,0", "--window-attn-skip-freq", 2]
+    assert window_args(gemma3) == ["--window-size", "1024,0", "--window-attn-skip-freq", 6]
+    assert window_args(mistral) == ["--window-size", "4096,0"]
+    # Qwen's windowed tail (4 of 28 layers) is no every-N-th pattern: refused, one line naming it.
+    qwen = ModelSpec(arch="llama", layers=28, hidden=896, heads=14, kv_heads=2, window=4096, window_layers=4)
+    errors = megatron_checks(Layout(dp=1, micro_batch=1, global_batch=1), qwen, Job())
+    assert [e.field for e in errors] == ["window_layers"]
+    assert TRAINER_UNBUILT["window"] == 0 and TRAINER_UNBUILT["post_norms"] is False
