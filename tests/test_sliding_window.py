@@ -222,3 +222,29 @@ def test_the_exports_say_the_window():
     errors = megatron_checks(Layout(dp=1, micro_batch=1, global_batch=1), qwen, Job())
     assert [e.field for e in errors] == ["window_layers"]
     assert TRAINER_UNBUILT["window"] == 0 and TRAINER_UNBUILT["post_norms"] is False
+
+
+def test_the_window_flags_shape_any_model_and_bad_ones_are_one_line(capsys):
+    from planner.cli.main import main
+
+    assert main(["estimate", "--preset", "llama3-8b", "--window", "4096", "--window-layers", "16", "--gpus", "8",
+                 "--format", "json"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert (model["window"], model["window_layers"]) == (4096, 16)
+    for argv in (["--window", "-1"], ["--window-layers", "4"], ["--window", "64", "--window-layers", "33"]):
+        assert main(["estimate", "--preset", "llama3-8b", "--gpus", "8", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("window_layers=" if "--window-layers" in argv else "window=") in err
+
+
+def test_the_explorer_passes_a_shape_window_to_the_cli_flags():
+    from planner.app.state import argv_from_mapping, mapping_from_state
+
+    state = {"model": "shape", "layers": 8, "hidden": 1024, "heads": 8, "window": 512, "window_layers": 4}
+    m = mapping_from_state(state)
+    assert (m["window"], m["window_layers"]) == (512, 4)
+    argv = argv_from_mapping(m)
+    assert argv[argv.index("--window") + 1] == "512" and argv[argv.index("--window-layers") + 1] == "4"
+    spec, _ = model_from(m)
+    assert (spec.window, spec.window_layers) == (512, 4)
+    assert "window" not in mapping_from_state({**state, "window": 0})  # 0: full attention

@@ -144,6 +144,10 @@ def _fields() -> tuple[Field, ...]:
               high=1048576, step=256, group="shape"),
         Field(name="vocab", label="Vocabulary", kind="int", default=32000, low=1, high=1048576, step=256,
               group="shape"),
+        Field(name="window", label="Sliding window (0: full attention)", kind="int", default=0, low=0,
+              high=1048576, step=512, group="shape", help="`--window`: keys each query sees"),
+        Field(name="window_layers", label="Windowed layers (0: all)", kind="int", default=0, low=0, high=1024,
+              group="shape", help="`--window-layers`: layers with the window; the rest see the whole sequence"),
         Field(name="gpu", label="GPU profile", kind="choice", default=DEFAULT_GPU, choices=tuple(profile_names()),
               group="hardware", help="built-in and calibrated profiles (`planner profiles`)"),
         Field(name="gpus", label="GPUs", kind="int", default=128, low=1, high=65536, step=8, group="hardware"),
@@ -279,7 +283,9 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
         out["params"] = float(s["params"]) * 1e9
     else:
         out.update({k: s[k] for k in ("arch", "layers", "hidden", "heads", "vocab")})
-        out.update({k: s[k] for k in ("kv_heads", "ffn_hidden") if s[k]})
+        out.update({k: s[k] for k in ("kv_heads", "ffn_hidden", "window") if s[k]})
+        if s["window"] and s["window_layers"]:
+            out["window_layers"] = s["window_layers"]
     if s["seq_len"]:  # any source: a preset's, a count's or a config's own length replaced (--seq-len)
         out["seq_len"] = int(s["seq_len"])
     for f in fields():
@@ -306,7 +312,8 @@ def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
     elif "params" in m:
         argv += ["--params", _count(float(m["params"]))]
     else:
-        argv += [x for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+        argv += [x for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "window",
+                             "window_layers")
                  if k in m for x in ("--" + k.replace("_", "-"), str(m[k]))]
     if "seq_len" in m:
         argv += ["--seq-len", str(m["seq_len"])]

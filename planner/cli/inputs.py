@@ -20,6 +20,7 @@ from planner.core.options import (
     HF_MODEL_TYPES,
     HW_OVERRIDES,
     OPS_OPTIONS,
+    SHAPE_HELP,
     SHAPE_KEYS,
     Inputs,
     build_inputs,
@@ -45,7 +46,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    f"{', '.join(HF_MODEL_TYPES)}, gemma3's text_config)")
     g.add_argument("--arch", choices=ARCHS, help="gpt (LayerNorm, GELU, learned positions, tied) or llama")
     for key in SHAPE_KEYS[1:]:
-        g.add_argument("--" + key.replace("_", "-"), type=int)
+        g.add_argument("--" + key.replace("_", "-"), type=int, help=SHAPE_HELP.get(key))
 
 
 def add_hardware_args(p: argparse.ArgumentParser, many: bool = False) -> None:

@@ -26,7 +26,11 @@ from planner.units import parse_count
 
 DEFAULT_GPU = "a100-80g"
 DEFAULT_GPUS = 8
-SHAPE_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
+SHAPE_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "window",
+              "window_layers")
+SHAPE_HELP = {"window": "sliding-window attention: keys each query sees, in --window-layers of the layers "
+                        "(0: full attention)",
+              "window_layers": "layers with the sliding window (default: all of them)"}
 _OPS = Operations()  # the operations defaults, converted to the options' units below
 
 
