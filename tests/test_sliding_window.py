@@ -9,8 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.core.flops import (attention_core_flops, attention_flops_per_token, hardware_flops_per_token,
-                                model_flops_per_token)
+from planner.core.flops import (
+    attention_core_flops,
+    attention_flops_per_token,
+    hardware_flops_per_token,
+    model_flops_per_token,
+)
 from planner.core.layout import Candidates, Job, Layout
 from planner.core.model import ModelSpec
 from planner.core.options import model_from, model_from_hf_config
