@@ -12,8 +12,9 @@ budget (default 330 s: 7 minutes of a slot with ~90 s for the machine's start an
              the datasheet profile is the one whose [gpu] model is the device's name (or --base),
              refused when its memory is not the device's (planner.calibration.probe.check_base)
   probe      planner probe --base that profile -> probed.toml (peaks kept, efficiencies measured)
-  runs       10 short runs (benchmarks/trainer_gpu.py: 350M and 760M GPT-3 shapes, bf16, micro-batch
-             2-16, recompute none/selective/full) -> runs/<name>/record.json, each written when it ends
+  runs       12 short runs (benchmarks/trainer_gpu.py: 350M and 760M GPT-3 shapes, bf16, micro-batch
+             2-16, recompute none/selective/full/quarter/half) -> runs/<name>/record.json, each
+             written when it ends
   calibrate  planner calibrate on the even runs (the first of each pair: step time and its parts,
              leave-one-out) -> calibrated.toml, calibrate.txt
   validate   planner validate of the odd (held-out) runs with the probed and the calibrated profile

@@ -37,15 +37,18 @@ from planner.calibration.record import validate_record  # noqa: E402
 # (name, model, micro_batch, recompute); global batch = 2 micro-batches per step. 350M and 760M
 # GPT-3 shapes at 2k tokens: about 5-20 s each for 30 steps on an H100/H200 in bf16. In pairs:
 # benchmarks/gpu_session.py calibrates on the first of each (even index) and holds out the second;
-# each half has both models, no recompute and some recompute, and micro-batches 2 to 16; 5 runs to
-# calibrate on: one more than the 4 factors one GPU's runs exercise, for the leave-one-out figures.
+# each half has both models, no recompute and some recompute, and micro-batches 2 to 16; 6 runs to
+# calibrate on: more than the 4 factors one GPU's runs exercise, for the leave-one-out figures. The
+# last pair recomputes a share of the layers (quarter: every fourth block, half: every second), so
+# the held-out half run checks that mechanism; last, so a slot cut short loses it first.
 MODELS = {"350m": {"preset": "gpt3-350m", "seq_len": 2048, "dropout": 0.0},
           "760m": {"preset": "gpt3-760m", "seq_len": 2048, "dropout": 0.0}}
 SETTINGS = [("350m-mb4", "350m", 4, "none"), ("350m-mb8-selective", "350m", 8, "selective"),
             ("760m-mb4", "760m", 4, "none"), ("760m-mb8", "760m", 8, "none"),
             ("760m-mb8-selective", "760m", 8, "selective"), ("760m-mb16-full", "760m", 16, "full"),
             ("350m-mb16-full", "350m", 16, "full"), ("350m-mb2", "350m", 2, "none"),
-            ("350m-mb8", "350m", 8, "none"), ("760m-mb2", "760m", 2, "none")]
+            ("350m-mb8", "350m", 8, "none"), ("760m-mb2", "760m", 2, "none"),
+            ("350m-mb8-quarter", "350m", 8, "quarter"), ("760m-mb8-half", "760m", 8, "half")]
 TINY = {"arch": "gpt", "layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64, "dropout": 0.0}
 
 

@@ -57,19 +57,20 @@ def test_the_dry_run_calibrates_on_half_and_validates_on_the_other_half(tmp_path
     files = archived(tmp_path)
     records = {Path(n).parent.name: validate_record(json.loads(b)) for n, b in files.items()
                if n.endswith("/record.json")}
-    assert len(records) == 10 and {r["layout"]["recompute"] for r in records.values()} == {"none", "selective", "full"}
+    assert len(records) == 12 and {r["layout"]["recompute"] for r in records.values()} == {
+        "none", "selective", "full", "half", "quarter"}
     assert all(r["software"]["torch"] and "driver" in r["software"] for r in records.values())
     assert not [n for n in files if "checkpoint" in n or n.endswith(".lock")]
     # Fit on the first of each pair (even), validated on the second (odd): no run in both.
     prov = __import__("tomllib").loads(files["gpu-session/calibrated.toml"].decode())["provenance"]
     fitted = {Path(p).parent.name for p in prov["runs"]}
     held = {p["run"] for p in json.loads(files["gpu-session/validate-calibrated.json"])["points"]}
-    assert fitted == {"350m-mb4", "760m-mb4", "760m-mb8-selective", "350m-mb16-full", "350m-mb8"}
-    assert held == {"350m-mb8-selective", "760m-mb8", "760m-mb16-full", "350m-mb2", "760m-mb2"}
+    assert fitted == {"350m-mb4", "760m-mb4", "760m-mb8-selective", "350m-mb16-full", "350m-mb8", "350m-mb8-quarter"}
+    assert held == {"350m-mb8-selective", "760m-mb8", "760m-mb16-full", "350m-mb2", "760m-mb2", "760m-mb8-half"}
     assert prov["fitted"] == "step time and its parts"
     summary = (out / "summary.txt").read_text()
-    assert "result: every stage passed" in summary and "calibrated on 5 (even), held out 5 (odd)" in summary
-    assert "held-out step time |error| (5 runs)" in summary and files["gpu-session/summary.txt"].decode() == summary
+    assert "result: every stage passed" in summary and "calibrated on 6 (even), held out 6 (odd)" in summary
+    assert "held-out step time |error| (6 runs)" in summary and files["gpu-session/summary.txt"].decode() == summary
     device = json.loads(files["gpu-session/device.json"])
     assert device["kind"] == "cpu" and device["torch"] and device["base"] is None
 
