@@ -1,5 +1,5 @@
-"""Sliding-window attention, post-norms and the Hugging Face configs that carry them (Mistral 7B
-v0.1, Phi-3, Gemma 2 and 3, OLMo 2, Llama 3.1's RoPE scaling): parameter counts against
+"""Sliding-window attention, post-norms, gpt-oss's biases and sinks, and the Hugging Face configs
+that carry them (Mistral 7B v0.1, Phi-3, Gemma 2 and 3, OLMo 2, gpt-oss, Llama 3.1's RoPE scaling): parameter counts against
 transformers, the attention work against a brute-force count of the mask, hand-derived FLOPs and
 kernel times, the exports, and bad input in one line."""
 
@@ -41,6 +41,7 @@ CONFIGS = {
     "OLMo-2-1124-7B": (7_298_617_344, 0, 0, 4096),
     "Llama-3.1-8B": (8_030_261_248, 0, 0, 8192),
     "Mistral-7B-v0.1": (7_241_732_096, 32, 4096, 32768),
+    "gpt-oss-20b": (20_914_757_184, 12, 128, 4096),
 }
 
 
@@ -252,3 +253,38 @@ def test_the_explorer_passes_a_shape_window_to_the_cli_flags():
     spec, _ = model_from(m)
     assert (spec.window, spec.window_layers) == (512, 4)
     assert "window" not in mapping_from_state({**state, "window": 0})  # 0: full attention
+
+
+def test_gpt_oss_by_hand_and_against_openai_s_active_counts():
+    """gpt-oss-20b: 24 layers of biased q (2880 x 64*64), k and v (2880 x 8*64), o (4096 x 2880)
+    and 64 sink logits; a router Linear(2880, 32) with its bias; 32 experts of gate/up (2880 x
+    2*2880) and down (2880 x 2880), each with biases; two RMSNorms; untied 201088-token embedding
+    and head. Active: 4 of 32 experts. OpenAI's model card gives 3.6B active (20b) and 5.1B (120b:
+    36 layers, 128 experts), counted without the input embedding."""
+    spec, _ = model_from_hf_config(DATA / "gpt-oss-20b.config.json")
+    h, e, f = 2880, 32, 2880
+    attention = h * 4096 + 4096 + 2 * (h * 512 + 512) + 4096 * h + h + 64
+    expert = 3 * h * f + 2 * f + h
+    layer = attention + (h + 1) * e + e * expert + 2 * h
+    assert spec.params == 24 * layer + 2 * 201088 * h + h
+    assert spec.active_params == spec.params - 24 * (e - 4) * expert == 4_187_440_704
+    assert (spec.qkv_bias, spec.out_bias, spec.attention_sinks, spec.expert_bias, spec.router_bias) == (
+        True, True, True, True, False)
+    assert round((spec.active_params - 201088 * h) / 1e9, 1) == 3.6
+    big = spec.replace(layers=36, experts=128, window_layers=18)
+    assert big.params == 116_829_156_672  # transformers 5.25.0, the 120b shape; the model card's 116.8B
+    assert round((big.active_params - 201088 * h) / 1e9, 1) == 5.1
+    from planner.export.megatron import megatron_model_args
+
+    args = [str(a) for a in megatron_model_args(spec, "flash")]
+    assert "--disable-bias-linear" not in args and args[args.index("--softmax-type") + 1] == "learnable"
+    assert args[args.index("--window-size") + 1] == "128,0"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"expert_bias": True}, "expert_bias"), ({"out_bias": 1}, "out_bias"), ({"attention_sinks": "yes"}, "attention_sinks"),
+])
+def test_bad_bias_fields_are_one_line(fields, field):
+    with pytest.raises(PlannerError) as err:
+        ModelSpec(arch="llama", layers=8, hidden=512, heads=8, **fields)
+    assert err.value.field == field and len(str(err.value).splitlines()) == 1

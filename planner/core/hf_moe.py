@@ -3,11 +3,13 @@
 shape keys.
 
 Key names follow transformers' configuration classes (MixtralConfig, Qwen2MoeConfig,
-Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config, Gemma2Config, Gemma3TextConfig);
+Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig, Gemma2Config,
+Gemma3TextConfig);
 what a model type implies without a key follows its modeling file (Qwen2 attention has q/k/v
 biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
 Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's router holds
-e_score_correction_bias).
+e_score_correction_bias; gpt-oss biases its attention projections, router and experts and keeps a
+sink logit per head).
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields["head_dim"] = _int(cfg, "head_dim", where)
     if kind in ("qwen2", "qwen2_moe"):
         fields["qkv_bias"] = True  # Qwen2Attention: q_proj, k_proj, v_proj with bias
+    if kind == "gpt_oss":  # GptOssAttention: biased q, k, v and o (attention_bias), a sink per head
+        biased = cfg.get("attention_bias", True)
+        if not isinstance(biased, bool):
+            raise PlannerError(f"{where} attention_bias", biased, "true or false")
+        fields.update(qkv_bias=biased, out_bias=biased, attention_sinks=True)
     fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmoe": "full",
                          "olmo2": "full"}.get(kind, "none")
     fields["post_norms"] = kind in ("gemma2", "gemma3_text")  # post_attention and post_feedforward norms too
@@ -55,6 +62,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         # group-limited routing (topk_method group_limited_greedy / noaux_tc): top_k inside topk_group of n_group
         groups = _int(cfg, "n_group", where, 1) or 1
         fields.update(expert_groups=groups, groups_per_token=_int(cfg, "topk_group", where, groups) or groups)
+    if kind == "gpt_oss":  # GptOssMLP: a router Linear with its bias, experts with biased gate_up and down
+        fields["expert_bias"] = True
     if kind in ("qwen2_moe", "qwen3_moe") and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
         raise PlannerError(f"{where} decoder_sparse_step", cfg.get("decoder_sparse_step"),
                                "1 with mlp_only_layers empty (every layer an MoE layer)")
@@ -74,8 +83,8 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     """``window`` and ``window_layers``: the layers with sliding-window attention, as transformers
     lays them out: the config's ``layer_types`` where it has them; else by model type: Mistral,
     Mixtral and Phi-3 window every layer when ``sliding_window`` is set; Qwen2/3 (and their MoE)
-    the layers from ``max_window_layers`` on when ``use_sliding_window``; Gemma 2 every second layer
-    from the first; Gemma 3 all but every ``sliding_window_pattern``-th. {} for full attention."""
+    the layers from ``max_window_layers`` on when ``use_sliding_window``; Gemma 2 and gpt-oss every
+    second layer from the first; Gemma 3 all but every ``sliding_window_pattern``-th. {} for full attention."""
     types = cfg.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or any(t not in _WINDOWED for t in types):
@@ -86,8 +95,8 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
         windowed = layers if cfg.get("sliding_window") is not None else 0
     elif kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         windowed = max(0, layers - _int(cfg, "max_window_layers", where, 0)) if cfg.get("use_sliding_window") else 0
-    elif kind == "gemma2":
-        windowed = (layers + 1) // 2  # layers 0, 2, 4, ... (Gemma2Config's layer_types)
+    elif kind in ("gemma2", "gpt_oss"):
+        windowed = (layers + 1) // 2  # layers 0, 2, 4, ... (Gemma2Config's and GptOssConfig's layer_types)
     elif kind == "gemma3_text":
         pattern = cfg.get("sliding_window_pattern")
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:

@@ -15,7 +15,8 @@ fused as DeepSeek's code builds them).
 
 Attention variants of the released MoE models, each off by default (the dense presets' counts
 do not change): an explicit ``head_dim`` (Qwen3: q width 32 x 128 = 4096 on hidden 2048), q/k/v
-biases (Qwen1.5/2), QK-norm over the full q and k widths (OLMoE) or per head (Qwen3), and
+biases (Qwen1.5/2; gpt-oss also the output projection's, a learned sink logit per head, and
+biases on its experts), QK-norm over the full q and k widths (OLMoE) or per head (Qwen3), and
 multi-head latent attention (MLA; DeepSeek-AI 2024, "DeepSeek-V2", Sec. 2.1): q through an
 optional rank-``q_lora_rank`` bottleneck, K and V from a shared rank-``kv_lora_rank`` latent
 plus one ``qk_rope_dim`` RoPE key for all heads; QK^T per head over qk_nope_dim + qk_rope_dim,
@@ -72,6 +73,9 @@ class ModelSpec:
     # Attention variants (defaults: multi-head / grouped-query attention with head_dim = hidden / heads).
     head_dim: int | None = None  # per-head q/k/v width (None: hidden / heads; MLA: qk_nope_dim + qk_rope_dim)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen1.5/2); gpt has all biases anyway
+    out_bias: bool = False  # a bias on the attention output projection too (gpt-oss)
+    attention_sinks: bool = False  # a learned sink logit per head in each layer's softmax (gpt-oss)
+    expert_bias: bool = False  # biases on the router's logits and every routed expert's matrices (gpt-oss)
     qk_norm: str = "none"  # "full": one norm over all of q and of k (OLMoE); "head": per head (Qwen3)
     q_lora_rank: int = 0  # MLA: q through this rank with an RMSNorm (0: plain q projection)
     kv_lora_rank: int = 0  # MLA: the K/V latent width (0: not MLA)
@@ -113,7 +117,7 @@ class ModelSpec:
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
     def _check_attention(self) -> None:
-        for field in ("qkv_bias", "router_bias", "shared_expert_gate"):
+        for field in ("qkv_bias", "out_bias", "attention_sinks", "expert_bias", "router_bias", "shared_expert_gate"):
             require(isinstance(getattr(self, field), bool), field, getattr(self, field), "true or false")
         require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, f"one of {', '.join(QK_NORMS)}")
         mla = ("q_lora_rank", "kv_lora_rank", "qk_rope_dim", "qk_nope_dim", "v_head_dim")
@@ -169,7 +173,7 @@ class ModelSpec:
                     "a whole number from 1 to 65,536")
         if self.experts == 0:
             for field in ("top_k", "shared_experts", "dense_layers", "capacity_factor", "router_bias",
-                          "shared_expert_gate"):
+                          "shared_expert_gate", "expert_bias"):
                 require(not getattr(self, field), field, getattr(self, field), "0 for a dense model (experts = 0)")
             for field in ("expert_groups", "groups_per_token"):
                 require(getattr(self, field) == 1, field, getattr(self, field), "1 for a dense model (experts = 0)")
@@ -295,9 +299,11 @@ class ModelSpec:
 
     @kept_property
     def attention_params(self) -> int:
-        """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms)."""
+        """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms), and
+        the sink logits (gpt-oss)."""
         qkv = self.q_width + self.k_width + self.v_width
-        bias = qkv + self.hidden if self.has_bias else (qkv if self.qkv_bias else 0)
+        bias = qkv + self.hidden if self.has_bias else (qkv if self.qkv_bias else 0) + self.hidden * self.out_bias
+        bias += self.heads * self.attention_sinks  # one sink logit per head
         norms = {"none": 0, "full": self.q_width + self.k_width, "head": 2 * self.attn_qk_dim}[self.qk_norm]
         if self.mla:
             norms += self.q_lora_rank + self.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
@@ -328,14 +334,18 @@ class ModelSpec:
 
     @kept_property
     def expert_params(self) -> int:
-        """One routed expert's MLP."""
-        return self._mlp(self.expert_ffn) if self.moe else 0
+        """One routed expert's MLP (with ``expert_bias``, a bias on each of its matrices' outputs)."""
+        if not self.moe:
+            return 0
+        bias = ((2 if self.gated_mlp else 1) * self.expert_ffn + self.hidden) * self.expert_bias
+        return self._mlp(self.expert_ffn) + bias
 
     @kept_property
     def router_params(self) -> int:
-        """An MoE layer's router Linear(hidden, experts), its per-expert bias if held as a weight,
-        and the shared MLP's gate Linear(hidden, 1) (Qwen1.5/2-MoE)."""
-        return ((self.hidden + self.router_bias) * self.experts
+        """An MoE layer's router Linear(hidden, experts), its per-expert bias if held as a weight
+        (DeepSeek-V3's routing bias; gpt-oss's Linear bias, with ``expert_bias``), and the shared
+        MLP's gate Linear(hidden, 1) (Qwen1.5/2-MoE)."""
+        return ((self.hidden + self.router_bias + self.expert_bias) * self.experts
                 + self.hidden * self.shared_expert_gate) if self.moe else 0
 
     @kept_property

@@ -472,9 +472,9 @@ def param_tensors(model: ModelSpec) -> tuple[float, float, float]:
     norm and an untied head on the last (a tied head is a copy there when pp > 1, not counted)."""
     norm = model.norm_params // model.hidden  # LayerNorm: weight and bias; RMSNorm: weight
     biases = 2 if model.has_bias else (1 if model.qkv_bias else 0)
-    attention = 2 + biases + (2 if model.qk_norm != "none" else 0)
+    attention = 2 + biases + (2 if model.qk_norm != "none" else 0) + model.out_bias + model.attention_sinks
     mlp = (3 if model.gated_mlp else 2) + (2 if model.has_bias else 0)
-    router = model.moe_layers / model.layers if model.moe else 0.0
+    router = model.moe_layers / model.layers * (1 + 3 * model.expert_bias) if model.moe else 0.0  # + the biases
     per_layer = model.layer_norms * norm + attention + mlp + router
     return per_layer, 1.0 + model.learned_positions, norm + (0.0 if model.tied_embeddings else 1.0)
 

@@ -17,23 +17,25 @@ def megatron_model_args(m, attention: str) -> list:
         out += ["--group-query-attention", "--num-query-groups", m.kv_heads]
     if m.arch == "llama":
         out += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-                "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+                "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+        if not (getattr(m, "out_bias", False) or getattr(m, "expert_bias", False)):
+            out.append("--disable-bias-linear")  # else Megatron's default: every linear layer biased (gpt-oss)
     if not m.tied_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     return out + attention_args(m) + moe_args(m)
 
 
 def attention_args(m) -> list:
-    """Per-head width (kv_channels), q/k/v biases, per-head QK layernorm, multi-head latent attention
-    (DeepSeek-V2 Sec. 2.1: Megatron's qk_head_dim is the non-RoPE part, qk_pos_emb_head_dim the
-    RoPE part; no --q-lora-rank means q is not compressed)."""
+    """Per-head width (kv_channels), q/k/v biases, per-head QK layernorm, sink logits, multi-head
+    latent attention (DeepSeek-V2 Sec. 2.1: Megatron's qk_head_dim is the non-RoPE part,
+    qk_pos_emb_head_dim the RoPE part; no --q-lora-rank means q is not compressed); sliding windows."""
     out: list = []
     if getattr(m, "mla", False):
         out.append("--multi-latent-attention")
         if m.q_lora_rank:
             out += ["--q-lora-rank", m.q_lora_rank]
         return out + ["--kv-lora-rank", m.kv_lora_rank, "--qk-head-dim", m.qk_nope_dim,
-                      "--qk-pos-emb-head-dim", m.qk_rope_dim, "--v-head-dim", m.v_head_dim]
+                      "--qk-pos-emb-head-dim", m.qk_rope_dim, "--v-head-dim", m.v_head_dim] + window_args(m)
     head_dim = getattr(m, "head_dim", None)
     if head_dim and head_dim != m.hidden // m.heads:
         out += ["--kv-channels", head_dim]
@@ -41,6 +43,8 @@ def attention_args(m) -> list:
         out.append("--add-qkv-bias")
     if getattr(m, "qk_norm", "none") == "head":
         out.append("--qk-layernorm")
+    if getattr(m, "attention_sinks", False):
+        out += ["--softmax-type", "learnable"]  # a learned offset per head in the softmax (gpt-oss's sinks)
     return out + window_args(m)
 
 

@@ -77,7 +77,8 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 
 # Model variants the reference trainer does not build (reference_trainer/config.py UNBUILT_SPEC, kept
 # equal by tests/test_export_dims.py), with their defaults.
-TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False}
+TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
+                   "out_bias": False, "attention_sinks": False, "expert_bias": False}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:

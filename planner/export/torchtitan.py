@@ -71,7 +71,9 @@ def model_section(m) -> tuple[dict, list[str]]:
         extras = {"head_dim": getattr(m, "head_dim", None), "qk_norm": getattr(m, "qk_norm", "none"),
                   "qkv_bias": getattr(m, "qkv_bias", False), "kv_lora_rank": getattr(m, "kv_lora_rank", 0),
                   "sliding_window": getattr(m, "window", 0), "window_layers": getattr(m, "window_layers", 0),
-                  "post_norms": getattr(m, "post_norms", False)}
+                  "post_norms": getattr(m, "post_norms", False), "out_bias": getattr(m, "out_bias", False),
+                  "attention_sinks": getattr(m, "attention_sinks", False),
+                  "expert_bias": getattr(m, "expert_bias", False)}
         shape += "".join(f", {k}={v}" for k, v in extras.items() if v not in (None, 0, False, "none")
                          and not (k == "head_dim" and v == m.hidden // m.heads))
         notes.append(f"torchtitan has no {name} flavor of this shape: register flavor {m.name!r} in "
