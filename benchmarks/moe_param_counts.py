@@ -33,6 +33,7 @@ CONFIGS = {
     "qwen3-30b-a3b": "Qwen3-30B-A3B.config.json",
     "qwen1.5-moe-a2.7b": "Qwen1.5-MoE-A2.7B.config.json",
     "olmoe-1b-7b": "OLMoE-1B-7B-0924.config.json",
+    "gpt-oss-20b": "gpt-oss-20b.config.json",
 }
 _EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
 

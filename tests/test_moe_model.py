@@ -26,6 +26,7 @@ TRANSFORMERS_COUNTS = {
     "qwen3-30b-a3b": ("Qwen3-30B-A3B", 30_532_122_624, 3_353_032_704),
     "qwen1.5-moe-a2.7b": ("Qwen1.5-MoE-A2.7B", 14_315_784_192, 2_689_173_504),
     "olmoe-1b-7b": ("OLMoE-1B-7B-0924", 6_919_161_856, 1_282_017_280),
+    "gpt-oss-20b": ("gpt-oss-20b", 20_914_757_184, 4_187_440_704),  # transformers 5.25.0
 }
 
 
@@ -224,13 +225,16 @@ def test_presets_listing_shows_active_parameters(capsys):
 @pytest.mark.parametrize("name", TRANSFORMERS_COUNTS)
 def test_active_less_matmul_weights_is_embedding_norms_and_biases(name):
     # What a token touches but does not multiply, by hand: the input embedding, two norms per
-    # layer and the final one, QK-norm and MLA's low-rank norms, q/k/v biases, the router bias.
+    # layer and the final one, QK-norm and MLA's low-rank norms, q/k/v biases (gpt-oss: o's too,
+    # and a sink logit per head), the router bias, the biases of the top_k experts it uses.
     spec = get_preset(name)
     h, n = spec.hidden, spec.layers
     qk_norm = {"none": 0, "full": spec.q_width + spec.k_width, "head": 2 * spec.head_dim}[spec.qk_norm]
     per_layer = 2 * h + qk_norm + spec.q_lora_rank + spec.kv_lora_rank
     per_layer += (spec.q_width + spec.k_width + spec.v_width) if spec.qkv_bias else 0
-    others = spec.vocab * h + n * per_layer + h + spec.moe_layers * spec.experts * spec.router_bias
+    per_layer += h * spec.out_bias + spec.heads * spec.attention_sinks
+    routed = spec.experts * (spec.router_bias + spec.expert_bias) + spec.top_k * (2 * spec.expert_ffn + h) * spec.expert_bias
+    others = spec.vocab * h + n * per_layer + h + spec.moe_layers * routed
     assert spec.active_params - spec.matmul_params_per_token == others
 
 
