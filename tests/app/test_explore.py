@@ -250,3 +250,17 @@ def test_an_uploaded_hf_config_plans_like_the_cli(tmp_path):
     bad = {**s, "hf_config": b"{not json"}
     problem = explore.compute(explore_state.mapping_from_state(bad))
     assert isinstance(problem, explore.Problem) and problem.field == "hf_config"
+
+
+def test_an_uploaded_gemma3_config_plans_its_language_model_with_its_windows():
+    """Gemma 3's image-and-text config: the explorer plans the text_config's model, windows and all."""
+    from pathlib import Path
+
+    from planner.app import state as explore_state
+
+    data = Path(__file__).parents[1] / "data" / "gemma-3-12b-it.config.json"
+    s = {**explore_state.defaults(), "model": "hf", "hf_config": data.read_bytes(), "gpus": 64, "seq_len": 8192}
+    view = explore.compute(explore_state.mapping_from_state(s))
+    assert isinstance(view, explore.View)
+    m = view.best.model
+    assert (m.params, m.window, m.window_layers, m.seq_len) == (11_766_034_176, 1024, 40, 8192)
