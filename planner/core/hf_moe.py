@@ -4,9 +4,8 @@ shape keys.
 
 Key names follow transformers' configuration classes (MixtralConfig, Qwen2MoeConfig,
 Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig, Gemma2Config,
-Gemma3TextConfig);
-what a model type implies without a key follows its modeling file (Qwen2 attention has q/k/v
-biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
+Gemma3TextConfig); what a model type implies without a key follows its modeling file (Qwen2
+attention has q/k/v biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
 Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's router holds
 e_score_correction_bias; gpt-oss biases its attention projections, router and experts and keeps a
 sink logit per head).
@@ -84,7 +83,8 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     lays them out: the config's ``layer_types`` where it has them; else by model type: Mistral,
     Mixtral and Phi-3 window every layer when ``sliding_window`` is set; Qwen2/3 (and their MoE)
     the layers from ``max_window_layers`` on when ``use_sliding_window``; Gemma 2 and gpt-oss every
-    second layer from the first; Gemma 3 all but every ``sliding_window_pattern``-th. {} for full attention."""
+    second layer from the first; Gemma 3 all but every ``sliding_window_pattern``-th. {} for full
+    attention."""
     types = cfg.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or any(t not in _WINDOWED for t in types):

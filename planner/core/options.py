@@ -228,13 +228,17 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     if moe and kind not in _HF_MOE_TYPES:
         raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], f"absent for the dense model_type {kind} "
                            f"(mixture-of-experts configs: model_type {', '.join(_HF_MOE_TYPES)})")
-    defaults = {k: v for k, v in _HF_DEFAULTS.get(kind, {}).items() if cfg.get(k) is None}
+    defaults = {k: v for k, v in _HF_DEFAULTS.get(kind, {}).items() if cfg.get(k) is None
+                and not (k == "sliding_window_pattern" and cfg.get("layer_types") is not None)}
     if defaults:
         cfg = {**cfg, **defaults}
         notes.append(", ".join(f"{k} {v}" for k, v in defaults.items()) + " (the configuration class's defaults)")
     shape: dict = {}
     for field, keys in _HF_KEYS.items():
-        value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+        given = next((k for k in keys if cfg.get(k) is not None), None)
+        value = None if given is None else cfg[given]
+        if field == "seq_len":
+            seq_key = given
         if value is None and field in ("layers", "hidden", "heads", "vocab"):
             raise PlannerError(f"{where} {keys[0]}", "missing", "required: an integer")
         if value is not None:
@@ -247,7 +251,7 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
                     f"max_position_embeddings {shape['seq_len']:,}); --seq-len to set")
         shape["seq_len"] = pretrained
     elif "seq_len" in shape:
-        seq_note = f"; seq {shape['seq_len']:,}: max_position_embeddings; --seq-len to set"
+        seq_note = f"; seq {shape['seq_len']:,}: {seq_key}; --seq-len to set"
     arch = "gpt" if kind in _HF_GPT else "llama"
     tied = cfg.get("tie_word_embeddings", arch == "gpt")
     path = Path(str(source)) if not isinstance(source, (bytes, bytearray)) else Path("hf/config.json")
