@@ -288,3 +288,14 @@ def test_bad_bias_fields_are_one_line(fields, field):
     with pytest.raises(PlannerError) as err:
         ModelSpec(arch="llama", layers=8, hidden=512, heads=8, **fields)
     assert err.value.field == field and len(str(err.value).splitlines()) == 1
+
+
+def test_a_model_folder_is_read_for_its_config_json(tmp_path):
+    folder = tmp_path / "gemma-2-9b"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((DATA / "gemma-2-9b.config.json").read_bytes())
+    spec, _ = model_from_hf_config(folder)
+    assert (spec.name, spec.params) == ("gemma-2-9b", 9_241_705_984)
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(tmp_path)  # a folder without one
+    assert err.value.field == "hf_config" and "config.json" in str(err.value)

@@ -204,11 +204,13 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     from pathlib import Path
 
     where = "hf_config"
+    if not isinstance(source, (bytes, bytearray)) and Path(str(source)).is_dir():  # a model's folder
+        source = Path(str(source)) / "config.json"
     try:
         raw = source if isinstance(source, (bytes, bytearray)) else Path(str(source)).read_bytes()
         cfg = json.loads(raw)
     except OSError as exc:
-        raise PlannerError(where, source, f"a readable config.json ({exc.strerror or exc})") from None
+        raise PlannerError(where, str(source), f"a readable config.json ({exc.strerror or exc})") from None
     except (ValueError, UnicodeDecodeError):
         raise PlannerError(where, _short(source), "a Hugging Face config.json (UTF-8 JSON)") from None
     if not isinstance(cfg, dict):
