@@ -3,10 +3,10 @@
 shape keys.
 
 Key names follow transformers' configuration classes (MixtralConfig, Qwen2MoeConfig,
-Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config, GptOssConfig, Gemma2Config,
-Gemma3TextConfig); what a model type implies without a key follows its modeling file (Qwen2
+Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config (Kimi K2's kimi_k2 too),
+Glm4MoeConfig, GptOssConfig, Gemma2Config, Gemma3TextConfig); what a model type implies without a key follows its modeling file (Qwen2
 attention has q/k/v biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
-Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's router holds
+Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's and GLM-4.5's routers hold
 e_score_correction_bias; gpt-oss biases its attention projections, router and experts and keeps a
 sink logit per head).
 """
@@ -16,6 +16,9 @@ from __future__ import annotations
 from planner.errors import PlannerError
 
 _EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
+# DeepSeekMoE's layout (n_shared_experts, first_k_dense_replace, n_group/topk_group); all but V2 keep
+# the routing bias e_score_correction_bias. kimi_k2 is DeepseekV3ForCausalLM under its own name.
+_DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
 _MLA = {"kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "qk_rope_dim": "qk_rope_head_dim",
         "qk_nope_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"}
 
@@ -26,6 +29,15 @@ def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise PlannerError(f"{where} {key}", "missing" if value is None else value, "required: a whole number >= 0")
+    return value
+
+
+def _flag(cfg: dict, key: str, where: str, default: bool = False) -> bool:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise PlannerError(f"{where} {key}", value, "true or false")
     return value
 
 
@@ -40,12 +52,14 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     if kind in ("qwen2", "qwen2_moe"):
         fields["qkv_bias"] = True  # Qwen2Attention: q_proj, k_proj, v_proj with bias
     if kind == "gpt_oss":  # GptOssAttention: biased q, k, v and o (attention_bias), a sink per head
-        biased = cfg.get("attention_bias", True)
-        if not isinstance(biased, bool):
-            raise PlannerError(f"{where} attention_bias", biased, "true or false")
+        biased = _flag(cfg, "attention_bias", where, True)
         fields.update(qkv_bias=biased, out_bias=biased, attention_sinks=True)
+    if kind == "glm4_moe":  # Glm4MoeAttention: q, k, v biased with attention_bias; per-head QK-norm with use_qk_norm
+        fields["qkv_bias"] = _flag(cfg, "attention_bias", where)
     fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmoe": "full",
                          "olmo2": "full"}.get(kind, "none")
+    if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
+        fields["qk_norm"] = "head"
     fields["post_norms"] = kind in ("gemma2", "gemma3_text")  # post_attention and post_feedforward norms too
     key = next((k for k in _EXPERTS if cfg.get(k)), None)
     if key is None:
@@ -53,11 +67,11 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     experts, top_k = _int(cfg, key, where), _int(cfg, "num_experts_per_tok", where)
     width = "moe_intermediate_size" if cfg.get("moe_intermediate_size") else "intermediate_size"
     fields.update(experts=experts, top_k=top_k, expert_ffn=_int(cfg, width, where))
-    if kind in ("deepseek_v2", "deepseek_v3"):
+    if kind in _DEEPSEEK_MOE:
         if cfg.get("moe_layer_freq", 1) != 1:
             raise PlannerError(f"{where} moe_layer_freq", cfg["moe_layer_freq"], "1 (every layer after the dense ones)")
         fields.update(shared_experts=_int(cfg, "n_shared_experts", where, 0),
-                      dense_layers=_int(cfg, "first_k_dense_replace", where, 0), router_bias=kind == "deepseek_v3")
+                      dense_layers=_int(cfg, "first_k_dense_replace", where, 0), router_bias=kind != "deepseek_v2")
         # group-limited routing (topk_method group_limited_greedy / noaux_tc): top_k inside topk_group of n_group
         groups = _int(cfg, "n_group", where, 1) or 1
         fields.update(expert_groups=groups, groups_per_token=_int(cfg, "topk_group", where, groups) or groups)

@@ -458,7 +458,8 @@ class ModelSpec:
         moe = ""
         if self.moe:
             shared = f" + {self.shared_experts} shared" if self.shared_experts else ""
-            dense = f", {self.dense_layers} dense layers first" if self.dense_layers else ""
+            dense = (f", {self.dense_layers} dense layer{'s' if self.dense_layers > 1 else ''} first"
+                     if self.dense_layers else "")
             groups = (f" in {self.groups_per_token} of {self.expert_groups} groups"
                       if self.groups_per_token < self.expert_groups else "")
             moe = (f", {fmt_params(self.active_params)} active; MoE {self.experts} experts{shared}, top-{self.top_k}"

@@ -174,7 +174,7 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
 _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
-                 "gpt_oss")
+                 "kimi_k2", "glm4_moe", "gpt_oss")
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and gemma3, whose text_config is a gemma3_text one
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # Gemma's released configs leave keys at their configuration class's defaults (Gemma 3's

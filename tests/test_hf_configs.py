@@ -299,3 +299,27 @@ def test_a_model_folder_is_read_for_its_config_json(tmp_path):
     with pytest.raises(PlannerError) as err:
         model_from_hf_config(tmp_path)  # a folder without one
     assert err.value.field == "hf_config" and "config.json" in str(err.value)
+
+
+@pytest.mark.parametrize("name, total, active", [
+    # transformers 5.25.0's models of the files (the routing bias e_score_correction_bias, a buffer
+    # there, counted as the checkpoint stores it); GLM-4.5-Air is announced as 106B total, Kimi K2
+    # as 1T total and 32B activated (31.7B here without the input embedding).
+    ("GLM-4.5-Air", 106_852_251_264, 13_424_129_664),
+    ("Kimi-K2-Instruct", 1_026_408_232_448, 32_861_500_928),
+])
+def test_glm_and_kimi_configs_count_as_transformers_builds_them(name, total, active):
+    spec, _ = model_from_hf_config(DATA / f"{name}.config.json")
+    assert (spec.params, spec.active_params) == (total, active)
+    assert spec.router_bias and spec.shared_experts == 1 and spec.dense_layers == 1
+
+
+def test_glm_4_5_biases_q_k_v_and_norms_them_per_head_when_asked():
+    """GLM-4.5-Air: q, k, v biased (attention_bias), no QK-norm (use_qk_norm false); GLM-4.5 (92
+    layers, hidden 5120, 160 experts of 1536, 3 dense layers, use_qk_norm true) counts
+    352,797,829,024 in transformers 5.25.0 (announced 355B with its multi-token-prediction layer)."""
+    air, _ = model_from_hf_config(DATA / "GLM-4.5-Air.config.json")
+    assert (air.qkv_bias, air.qk_norm, air.head_dim, air.q_width) == (True, "none", 128, 96 * 128)
+    big = air.replace(hidden=5120, layers=92, ffn_hidden=12288, expert_ffn=1536, experts=160, dense_layers=3,
+                      qk_norm="head")
+    assert (big.params, big.active_params) == (352_797_829_024, 33_632_266_144)
