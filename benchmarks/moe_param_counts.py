@@ -9,7 +9,7 @@ are what tests/test_moe_model.py hard-codes (with this script's transformers ver
 Counted as the checkpoint stores them: every parameter once (tied ones once) plus the persistent
 buffers that are weights (DeepSeek-V3's router ``e_score_correction_bias``, a buffer in
 transformers, a tensor of the released checkpoint). Active = total less the routed experts a token
-does not use: each MoE layer's routed-expert tensors (names under ``.mlp.experts.``) times
+does not use: each MoE layer's routed-expert tensors (names under ``.mlp.experts.``, Llama 4's ``.feed_forward.experts.``) times
 (experts - top_k) / experts.
 
 DeepSeek-V3's checkpoint also holds a multi-token-prediction module (``num_nextn_predict_layers``:
@@ -34,6 +34,7 @@ CONFIGS = {
     "qwen1.5-moe-a2.7b": "Qwen1.5-MoE-A2.7B.config.json",
     "olmoe-1b-7b": "OLMoE-1B-7B-0924.config.json",
     "gpt-oss-20b": "gpt-oss-20b.config.json",
+    "llama4-scout-17b-16e": "Llama-4-Scout-17B-16E.config.json",  # its language model (text_config)
 }
 _EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
 
@@ -46,6 +47,10 @@ def transformers_counts(path: Path) -> tuple[int, int]:
     raw = json.loads(path.read_text())
     raw.pop("auto_map", None)  # the built-in class, not the repository's remote code
     raw.pop("quantization_config", None)
+    if raw.get("model_type") == "llama4":  # image and text: the language model, as the planner reads it
+        raw = {**raw["text_config"], "model_type": "llama4_text"}
+        # the released file's 4 (a temperature-tuning switch) where transformers 5 wants a bool
+        raw["attn_temperature_tuning"] = bool(raw.get("attn_temperature_tuning", True))
     kind = raw.pop("model_type")
     config = AutoConfig.for_model(kind, **raw)
     with torch.device("meta"):
@@ -56,7 +61,7 @@ def transformers_counts(path: Path) -> tuple[int, int]:
             continue
         seen.add(id(p))
         total += p.numel()
-        if ".mlp.experts." in name or name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+        if ".mlp.experts." in name or ".feed_forward.experts." in name:  # Llama 4's MLP is feed_forward
             routed += p.numel()
     state = set(model.state_dict())
     total += sum(b.numel() for name, b in model.named_buffers() if name in state)

@@ -27,6 +27,7 @@ TRANSFORMERS_COUNTS = {
     "qwen1.5-moe-a2.7b": ("Qwen1.5-MoE-A2.7B", 14_315_784_192, 2_689_173_504),
     "olmoe-1b-7b": ("OLMoE-1B-7B-0924", 6_919_161_856, 1_282_017_280),
     "gpt-oss-20b": ("gpt-oss-20b", 20_914_757_184, 4_187_440_704),  # transformers 5.25.0
+    "llama4-scout-17b-16e": ("Llama-4-Scout-17B-16E", 107_769_861_120, 17_172_894_720),  # 5.25.0, the text_config
 }
 
 
@@ -153,6 +154,7 @@ def test_hf_config_loader_reads_the_released_configs(name):
     preset = get_preset(name)
     assert (spec.params, spec.active_params) == (total, active)
     cfg = json.loads((DATA / f"{file}.config.json").read_text())
+    cfg = cfg.get("text_config", cfg)  # Llama 4: the language model of an image-and-text config
     # The context before RoPE scaling where the file names it (DeepSeek-V2-Lite, V3: yarn from 4096),
     # else the longest position: the presets keep the pre-training context.
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}

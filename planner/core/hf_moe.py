@@ -4,11 +4,12 @@ shape keys.
 
 Key names follow transformers' configuration classes (MixtralConfig, Qwen2MoeConfig,
 Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config (Kimi K2's kimi_k2 too),
-Glm4MoeConfig, GptOssConfig, Gemma2Config, Gemma3TextConfig); what a model type implies without a key follows its modeling file (Qwen2
+Glm4MoeConfig, GptOssConfig, Gemma2Config, Gemma3TextConfig, Llama4TextConfig); what a model type implies without a key follows its modeling file (Qwen2
 attention has q/k/v biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
 Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's and GLM-4.5's routers hold
 e_score_correction_bias; gpt-oss biases its attention projections, router and experts and keeps a
-sink logit per head).
+sink logit per head; Llama 4 adds a shared expert to its routed ones, may interleave MoE layers with
+dense ones of another width, and attends in chunks on its RoPE layers).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields.update(expert_groups=groups, groups_per_token=_int(cfg, "topk_group", where, groups) or groups)
     if kind == "gpt_oss":  # GptOssMLP: a router Linear with its bias, experts with biased gate_up and down
         fields["expert_bias"] = True
+    if kind == "llama4_text":  # Llama4TextMoe: the routed experts and one shared expert of their width
+        fields.update(shared_experts=1, ffn_hidden=_int(cfg, "intermediate_size_mlp", where),
+                      moe_every=_llama4_moe_every(cfg, where))
     if kind in ("qwen2_moe", "qwen3_moe") and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
         raise PlannerError(f"{where} decoder_sparse_step", cfg.get("decoder_sparse_step"),
                                "1 with mlp_only_layers empty (every layer an MoE layer)")
@@ -89,6 +93,20 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     return fields
 
 
+def _llama4_moe_every(cfg: dict, where: str) -> int:
+    """Llama 4's MoE layers: every ``interleave_moe_layer_step``-th (layers step-1, 2*step-1, ...;
+    Scout 1, Maverick 2), or the ``moe_layers`` list when it is that pattern."""
+    step = _int(cfg, "interleave_moe_layer_step", where, 1)
+    layers = cfg["num_hidden_layers"]
+    if not 1 <= step <= layers:
+        raise PlannerError(f"{where} interleave_moe_layer_step", step, f"from 1 to num_hidden_layers={layers}")
+    listed = cfg.get("moe_layers")
+    if listed is not None and listed != list(range(step - 1, layers, step)):
+        raise PlannerError(f"{where} moe_layers", brief(listed), f"every {step}-th layer (interleave_moe_layer_step: "
+                           f"layers {step - 1}, {2 * step - 1}, ...); another placement is not modelled")
+    return step
+
+
 _WINDOWED = {"full_attention": False, "sliding_attention": True}
 
 
@@ -99,10 +117,12 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     the layers from ``max_window_layers`` on when ``use_sliding_window``; Gemma 2 and gpt-oss every
     second layer from the first; Gemma 3 all but every ``sliding_window_pattern``-th. {} for full
     attention."""
+    if kind == "llama4_text":
+        return _llama4_chunks(cfg, layers, where)
     types = cfg.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or any(t not in _WINDOWED for t in types):
-            raise PlannerError(f"{where} layer_types", _brief(types),
+            raise PlannerError(f"{where} layer_types", brief(types),
                                f"a list of {layers} (num_hidden_layers) of {' or '.join(_WINDOWED)}")
         windowed = sum(_WINDOWED[t] for t in types)
     elif kind in ("mistral", "mixtral", "phi3"):
@@ -127,6 +147,35 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     return {"window": window, "window_layers": windowed}
 
 
-def _brief(value: object) -> object:
+def _llama4_chunks(cfg: dict, layers: int, where: str) -> dict:
+    """Llama 4's chunked attention: ``attention_chunk_size`` tokens per chunk (the class default
+    8192 when the key is absent; null: none) on the layers ``layer_types`` names
+    ``chunked_attention``, else on the RoPE layers (``no_rope_layers`` 1; by default all but every
+    ``no_rope_layer_interval``-th, 4), as Llama4TextConfig lays them out."""
+    chunk = cfg.get("attention_chunk_size", 8192)
+    if chunk is None:
+        return {}
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise PlannerError(f"{where} attention_chunk_size", chunk, "a positive integer, or null (no chunking)")
+    types, rope = cfg.get("layer_types"), cfg.get("no_rope_layers")
+    if types is not None:
+        kinds = ("full_attention", "chunked_attention")
+        if not isinstance(types, list) or len(types) != layers or any(t not in kinds for t in types):
+            raise PlannerError(f"{where} layer_types", brief(types), f"a list of {layers} (num_hidden_layers) of "
+                               f"{' or '.join(kinds)}")
+        chunked = types.count("chunked_attention")
+    elif rope:  # 1: a RoPE layer, chunked; 0: a NoPE layer, attending to the whole context
+        if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) or isinstance(r, bool) for r in rope):
+            raise PlannerError(f"{where} no_rope_layers", brief(rope), f"a list of {layers} (num_hidden_layers) of 0 or 1")
+        chunked = sum(rope)
+    else:
+        interval = _int(cfg, "no_rope_layer_interval", where, 4)
+        if interval < 1:
+            raise PlannerError(f"{where} no_rope_layer_interval", interval, "a positive integer")
+        chunked = layers - layers // interval
+    return {"window": chunk, "window_layers": chunked, "chunked": True} if chunked else {}
+
+
+def brief(value: object) -> object:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

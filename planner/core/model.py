@@ -27,6 +27,9 @@ Sliding-window attention (Mistral 7B v0.1, Phi-3, Gemma 2 and 3): ``window_layer
 kernel skips the rest (FlashAttention's ``window_size``), so those layers' attention core costs
 s*w - w*w/2 query-key pairs instead of s*s/2 (``attention_span``). Gemma 2 and 3 also normalise
 each block's output before the residual add (``post_norms``: four RMSNorms per layer, not two).
+Chunked attention (Llama 4, ``chunked``): the windowed layers split the sequence into aligned
+chunks of ``window`` tokens and each token attends causally inside its own chunk, c*c/2 pairs per
+chunk. Llama 4 Maverick also interleaves its MoE layers with dense ones (``moe_every``: 2).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class ModelSpec:
     expert_ffn: int | None = None  # one routed expert's MLP width (None: ffn_hidden)
     shared_experts: int = 0  # always-on experts, one fused MLP of width shared_experts * expert_ffn
     dense_layers: int = 0  # leading layers with the dense MLP (width ffn_hidden)
+    moe_every: int = 1  # after those, every moe_every-th layer is an MoE layer, the others dense (Llama 4 Maverick: 2)
     capacity_factor: float = 0.0  # tokens per expert capped at this x the mean (0: dropless)
     router_bias: bool = False  # a per-expert routing bias held as a weight (DeepSeek-V3 e_score_correction_bias)
     shared_expert_gate: bool = False  # sigmoid gate Linear(hidden, 1) on the shared MLP (Qwen1.5/2-MoE)
@@ -84,6 +88,7 @@ class ModelSpec:
     v_head_dim: int = 0  # MLA: per-head V width
     window: int = 0  # sliding-window attention: tokens each query sees in the windowed layers (0: none)
     window_layers: int | None = None  # layers with the window (None: all of them when window > 0)
+    chunked: bool = False  # the window is a chunk: windowed layers attend inside aligned blocks of window tokens (Llama 4)
     post_norms: bool = False  # a norm after attention and after the MLP too (Gemma 2/3: 4 norms per layer)
 
     def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
@@ -158,12 +163,17 @@ class ModelSpec:
         require(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= self.layers, "window_layers", n,
                 f"a whole number from 0 to layers={self.layers}")
         require(w > 0 or n == 0, "window_layers", n, "0 without a window (window = 0)")
+        require(isinstance(self.chunked, bool), "chunked", self.chunked, "true or false")
+        require(w > 0 or not self.chunked, "chunked", self.chunked, "false without a window (window = 0)")
 
     def _check_moe(self) -> None:
         for field in ("experts", "top_k", "shared_experts", "dense_layers"):
             value = getattr(self, field)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, field, value,
                     "a whole number >= 0")
+        every = self.moe_every
+        require(isinstance(every, int) and not isinstance(every, bool) and every >= 1, "moe_every", every,
+                "a whole number >= 1 (1: every layer after the dense ones is an MoE layer)")
         cf = self.capacity_factor
         require(isinstance(cf, (int, float)) and not isinstance(cf, bool) and (cf == 0 or 0 < cf <= 64),
                 "capacity_factor", cf, "0 (dropless) or a factor in (0, 64]")
@@ -175,7 +185,7 @@ class ModelSpec:
             for field in ("top_k", "shared_experts", "dense_layers", "capacity_factor", "router_bias",
                           "shared_expert_gate", "expert_bias"):
                 require(not getattr(self, field), field, getattr(self, field), "0 for a dense model (experts = 0)")
-            for field in ("expert_groups", "groups_per_token"):
+            for field in ("expert_groups", "groups_per_token", "moe_every"):
                 require(getattr(self, field) == 1, field, getattr(self, field), "1 for a dense model (experts = 0)")
             require(self.expert_ffn is None, "expert_ffn", self.expert_ffn, "unset for a dense model (experts = 0)")
             return
@@ -191,6 +201,8 @@ class ModelSpec:
                 f"enough groups for top_k={self.top_k} experts ({self.experts // self.expert_groups} per group)")
         require(self.dense_layers < self.layers, "dense_layers", self.dense_layers,
                 f"fewer than layers={self.layers} (at least one MoE layer)")
+        require(every <= self.layers - self.dense_layers, "moe_every", every,
+                f"at most layers - dense_layers = {self.layers - self.dense_layers} (at least one MoE layer)")
         if self.expert_ffn is None:
             object.__setattr__(self, "expert_ffn", self.ffn_hidden)
         require(isinstance(self.expert_ffn, int) and self.expert_ffn > 0, "expert_ffn", self.expert_ffn,
@@ -258,11 +270,15 @@ class ModelSpec:
     def attention_span(self) -> float:
         """The causal attention core's work, mean over layers, as a share of full causal attention's
         s*s/2 query-key pairs: 1 without a window; a windowed layer computes s*w - w*w/2 pairs
-        (each query its w last keys, fewer in the first w), 2w/s - (w/s)^2 of the triangle."""
+        (each query its w last keys, fewer in the first w), 2w/s - (w/s)^2 of the triangle; a
+        chunked one (s // w whole chunks of w tokens and one of s % w) the chunks' own triangles,
+        ((s // w) * w*w + (s % w)^2) / s^2 of it."""
         if not self.window_layers or self.window >= self.seq_len:
             return 1.0
-        r = self.window / self.seq_len
-        return 1.0 - self.window_layers * (1.0 - (2.0 - r) * r) / self.layers
+        s, w = self.seq_len, self.window
+        r = w / s
+        share = ((s // w) * w * w + (s % w) ** 2) / (s * s) if self.chunked else (2.0 - r) * r
+        return 1.0 - self.window_layers * (1.0 - share) / self.layers
 
     @property
     def layer_norms(self) -> int:
@@ -330,7 +346,9 @@ class ModelSpec:
 
     @kept_property
     def moe_layers(self) -> int:
-        return self.layers - self.dense_layers if self.moe else 0
+        """Layers with the MoE MLP: after the leading dense ones, every ``moe_every``-th (the last of
+        each run of ``moe_every``, as Llama 4 places them: layers 1, 3, 5, ... for 2)."""
+        return (self.layers - self.dense_layers) // self.moe_every if self.moe else 0
 
     @kept_property
     def expert_params(self) -> int:
@@ -444,6 +462,8 @@ class ModelSpec:
             every = self.window_layers == self.layers or ("window" in changes and not self.window_layers)
             if ("window" in changes and (every or not changes["window"])) or ("layers" in changes and every):
                 changes = {**changes, "window_layers": None}
+        if "window" in changes and not changes["window"] and "chunked" not in changes:
+            changes = {**changes, "chunked": False}  # no window, no chunks
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
@@ -460,6 +480,8 @@ class ModelSpec:
             shared = f" + {self.shared_experts} shared" if self.shared_experts else ""
             dense = (f", {self.dense_layers} dense layer{'s' if self.dense_layers > 1 else ''} first"
                      if self.dense_layers else "")
+            if self.moe_every > 1:
+                dense += f", MoE in {self.moe_layers} of {self.layers - self.dense_layers} layers (every {self.moe_every})"
             groups = (f" in {self.groups_per_token} of {self.expert_groups} groups"
                       if self.groups_per_token < self.expert_groups else "")
             moe = (f", {fmt_params(self.active_params)} active; MoE {self.experts} experts{shared}, top-{self.top_k}"
@@ -467,7 +489,7 @@ class ModelSpec:
         window = ""
         if self.window_layers:
             some = "" if self.window_layers == self.layers else f" in {self.window_layers} of {self.layers} layers"
-            window = f", sliding window {self.window}{some}"
+            window = f", {'chunked attention' if self.chunked else 'sliding window'} {self.window}{some}"
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "
                 f"hidden {self.hidden}, {self.heads} heads{kv}, ffn {self.ffn_hidden}, "
                 f"vocab {self.vocab}, seq {self.seq_len}{window})")

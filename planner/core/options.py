@@ -29,7 +29,7 @@ DEFAULT_GPUS = 8
 SHAPE_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "window",
               "window_layers")
 SHAPE_HELP = {"window": "sliding-window attention: keys each query sees, in --window-layers of the layers "
-                        "(0: full attention)",
+                        "(0: full attention; Llama 4's chunked attention: the chunk length)",
               "window_layers": "layers with the sliding window (default: all of them)"}
 _OPS = Operations()  # the operations defaults, converted to the options' units below
 
@@ -174,8 +174,10 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
 _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
-                 "kimi_k2", "glm4_moe", "gpt_oss")
-HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and gemma3, whose text_config is a gemma3_text one
+                 "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text")
+HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of _HF_TEXT_CONFIG
+# Image-and-text configs whose language model (text_config) is what trains at scale here.
+_HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # Gemma's released configs leave keys at their configuration class's defaults (Gemma 3's
 # text_config names only the widths): those defaults, as transformers' GemmaConfig,
@@ -187,6 +189,8 @@ _HF_DEFAULTS = {
     "gemma3_text": {"vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072,
                     "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 4096,
                     "sliding_window_pattern": 6},
+    "llama4_text": {"vocab_size": 202048, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+                    "num_local_experts": 16, "num_experts_per_tok": 1},
 }
 
 
@@ -216,16 +220,19 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     if not isinstance(cfg, dict):
         raise PlannerError(where, _short(source), "a JSON object (a Hugging Face config.json)")
     notes = []
-    if cfg.get("model_type") == "gemma3":  # image and text: the language model is what trains at scale here
+    wrapper = cfg.get("model_type")
+    if wrapper in _HF_TEXT_CONFIG:  # image and text: the language model is what trains at scale here
         text = cfg.get("text_config")
         if not isinstance(text, dict):
-            raise PlannerError(f"{where} text_config", "missing" if text is None else text,
-                               "a JSON object: the language model of a gemma3 config")
-        cfg, where = {"model_type": "gemma3_text", **text}, f"{where} text_config"
+            from planner.core.hf_moe import brief
+
+            raise PlannerError(f"{where} text_config", "missing" if text is None else brief(text),
+                               f"a JSON object: the language model of a {wrapper} config")
+        cfg, where = {**text, "model_type": _HF_TEXT_CONFIG[wrapper]}, f"{where} text_config"
         notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
     if kind not in HF_MODEL_TYPES:
-        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(HF_MODEL_TYPES)}, gemma3")
+        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(HF_MODEL_TYPES + tuple(_HF_TEXT_CONFIG))}")
     moe = [k for k in _HF_MOE if cfg.get(k)]
     if moe and kind not in _HF_MOE_TYPES:
         raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], f"absent for the dense model_type {kind} "

@@ -188,7 +188,9 @@ def _model_json(m: ModelSpec) -> dict:
                 "shared_experts": m.shared_experts, "dense_layers": m.dense_layers,
                 "capacity_factor": m.capacity_factor, "expert_groups": m.expert_groups,
                 "groups_per_token": m.groups_per_token} if m.moe else {}),
-            **({"window": m.window, "window_layers": m.window_layers} if m.window_layers else {})}
+            **({"moe_every": m.moe_every} if m.moe_every > 1 else {}),
+            **({"window": m.window, "window_layers": m.window_layers} if m.window_layers else {}),
+            **({"chunked": True} if m.chunked else {})}
 
 
 @by_identity  # ``plan_features`` gives one tuple object per combination

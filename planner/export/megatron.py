@@ -84,8 +84,12 @@ def moe_args(m) -> list:
         out += ["--moe-shared-expert-intermediate-size", m.shared_experts * m.expert_ffn]
         if getattr(m, "shared_expert_gate", False):
             out.append("--moe-shared-expert-gate")
-    dense = getattr(m, "dense_layers", 0)
-    if dense:  # 0 = dense layer, 1 = MoE layer (a Python list expression Megatron evaluates)
+    dense, every = getattr(m, "dense_layers", 0), getattr(m, "moe_every", 1)
+    if every > 1:  # 0 = dense layer, 1 = MoE layer (a Python list expression Megatron evaluates): after the
+        # leading dense layers, the last of each run of `every` (Llama 4 Maverick: 0, 1, 0, 1, ...)
+        runs, rest = divmod(m.layers - dense, every)
+        out += ["--moe-layer-freq", f"([0]*{dense}+([0]*{every - 1}+[1])*{runs}+[0]*{rest})"]
+    elif dense:
         out += ["--moe-layer-freq", f"([0]*{dense}+[1]*{m.layers - dense})"]
     if getattr(m, "router_bias", False):  # DeepSeek-V3 (Sec. 2.1.2): bias updated at 1e-3 (Megatron's default
         # --moe-router-bias-update-rate), plus a sequence-wise balance loss of weight 1e-4 (Sec. 4.2)

@@ -78,7 +78,7 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 # Model variants the reference trainer does not build (reference_trainer/config.py UNBUILT_SPEC, kept
 # equal by tests/test_export_dims.py), with their defaults.
 TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
-                   "out_bias": False, "attention_sinks": False, "expert_bias": False}
+                   "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
@@ -127,7 +127,10 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
         out.append(PlannerError("qk_norm", "full", "Megatron-Core's --qk-layernorm normalizes each head; a norm over "
                                 "all of q and k (OLMoE) has no flag; use --format torchtitan with a registered model"))
     windowed = getattr(m, "window_layers", 0) or 0
-    if windowed and windowed < m.layers and not skip_freq(m.layers, windowed):
+    if getattr(m, "chunked", False):
+        out.append(PlannerError("chunked", True, "the Megatron export writes sliding windows (--window-size) only, not "
+                                "Llama 4's chunked attention; use --format torchtitan"))
+    elif windowed and windowed < m.layers and not skip_freq(m.layers, windowed):
         out.append(PlannerError("window_layers", windowed, f"Megatron's --window-attn-skip-freq N makes every N-th "
                                 f"layer full; {m.layers - windowed} full of {m.layers} layers is no such pattern"))
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:

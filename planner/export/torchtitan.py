@@ -44,6 +44,8 @@ FLAVORS = {
     "deepseek_v3": {(27, 2048, 64, 6, 1408, 1): "16B", (60, 5120, 160, 6, 1536, 1): "236B",
                     (61, 7168, 256, 8, 2048, 3): "671B"},
     "qwen3": {(48, 2048, 128, 8, 768, 0): "30B-A3B", (94, 4096, 128, 8, 1536, 0): "235B-A22B"},
+    # torchtitan/models/llama4/__init__.py (at 00f555e1): Scout and Maverick, chunked attention on the RoPE layers
+    "llama4": {(48, 5120, 16, 1, 8192, 0): "17bx16e", (48, 5120, 128, 1, 8192, 0): "17bx128e"},
 }
 
 
@@ -55,7 +57,8 @@ def model_section(m) -> tuple[dict, list[str]]:
     """[model] (name and flavor) and the comment lines for a shape torchtitan has no flavor for."""
     if moe(m):
         key = (m.layers, m.hidden, m.experts, m.top_k, m.expert_ffn, getattr(m, "dense_layers", 0))
-        name = "deepseek_v3" if getattr(m, "kv_lora_rank", 0) else "qwen3"  # latent attention or GQA
+        name = ("deepseek_v3" if getattr(m, "kv_lora_rank", 0) else  # latent attention, chunked attention or GQA
+                "llama4" if getattr(m, "chunked", False) else "qwen3")
     else:
         key, name = (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden), "llama3"
     flavor = FLAVORS[name].get(key)
@@ -73,9 +76,10 @@ def model_section(m) -> tuple[dict, list[str]]:
                   "sliding_window": getattr(m, "window", 0), "window_layers": getattr(m, "window_layers", 0),
                   "post_norms": getattr(m, "post_norms", False), "out_bias": getattr(m, "out_bias", False),
                   "attention_sinks": getattr(m, "attention_sinks", False),
-                  "expert_bias": getattr(m, "expert_bias", False)}
+                  "expert_bias": getattr(m, "expert_bias", False), "chunked": getattr(m, "chunked", False),
+                  "moe_every": getattr(m, "moe_every", 1)}
         shape += "".join(f", {k}={v}" for k, v in extras.items() if v not in (None, 0, False, "none")
-                         and not (k == "head_dim" and v == m.hidden // m.heads))
+                         and not (k == "head_dim" and v == m.hidden // m.heads) and not (k == "moe_every" and v == 1))
         notes.append(f"torchtitan has no {name} flavor of this shape: register flavor {m.name!r} in "
                      f"torchtitan/models/{name}/__init__.py with {shape}")
     section = {"name": name, "flavor": flavor, "hf_assets_path": f"./assets/hf/{m.name}"}
