@@ -641,13 +641,15 @@ class InProgress:
         self.done = False
         self.total = total  # profiles, for the page's "k of n so far"
         self.error: Exception | None = None  # what stopped it before its end
+        self._longest = 0.0  # the longest step so far, seconds: what a step about to begin may take
 
     def advance(self, deadline: float, between_steps=None) -> None:
         """Compute until ``time.perf_counter()`` reaches ``deadline`` or it is done; nothing when the
         deadline has passed or another session is advancing it. A step begun runs to its end, so
-        one is begun only where a step as long as the last one would end by the deadline (the
+        one is begun only where a step as long as the longest so far would end by the deadline (the
         first always: each call that works makes progress); the steps (a profile's searches) take
-        0-25 ms, and a run that began one at its deadline's edge ran that much over it.
+        0-25 ms in no order, and where a step as long as the last one was the rule, a long one
+        begun after a short one ran over the deadline by most of its length.
         ``between_steps`` is called after each step before the next begins (the page passes a
         point where Streamlit may stop the run for a newer one: what is done is kept, the next
         call goes on from there)."""
@@ -667,7 +669,8 @@ class InProgress:
                     if not isinstance(exc, PlannerError):
                         raise
                 now = time.perf_counter()
-                if now + (now - start) > deadline:
+                self._longest = max(self._longest, now - start)
+                if now + self._longest > deadline:
                     break
                 if between_steps is not None and not self.done:
                     between_steps()

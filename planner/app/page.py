@@ -41,14 +41,15 @@ def cached_compute(values: dict) -> explore.View | explore.Problem:
 # rerun alone (a fragment) every POLL_S, each run working SLICE_S on them.
 # A page run costs about 45 ms of CPU of its own (Streamlit drawing ~30 widgets, the charts; measured
 # by benchmarks/app_speed.py): 25 ms of work on the views keeps it near 70 ms; a fragment run draws
-# only the views, so its slice can be a little longer, but with room for the step in hand (a step
-# begun runs to its end) and for a shared host's slow seconds: at 40 ms of work the fragment's worst
-# run reached the 100 ms target on the 2-core development machine. A browser's timer asks for a
+# only the views, so its slice can be longer: a step is begun only where one as long as the longest
+# so far still ends inside the slice (explore.InProgress.advance), so 40 ms of work keeps the
+# fragment's worst run at 60-80 ms on the 2-core development machine (benchmarks/app_speed.py; with
+# the last step as the guess, 30 ms slices reached 98-110 ms). A browser's timer asks for a
 # fragment run every POLL_S whether or not one is under way (Streamlit queues one request, drops
 # the rest): shorter than a fragment run, the first follows the page run at once and the others
 # follow each other, and a click stops the run in hand after its step (advance_alone).
 PAGE_BUDGET_S = 0.025
-SLICE_S = 0.03
+SLICE_S = 0.04
 POLL_S = 0.02
 
 

@@ -270,6 +270,24 @@ def test_a_step_is_begun_only_where_one_as_long_as_the_last_ends_by_the_deadline
         assert len(work.items) == ran, (budget, work.items)
 
 
+def test_a_step_is_begun_only_where_one_as_long_as_the_longest_so_far_ends_by_the_deadline(monkeypatch):
+    """Steps of 20, 5 and 20 ms with a 40 ms budget: after the 5 ms step (at 25 ms) a 20 ms one
+    would end at 45 ms, past the deadline, so it is left for the next call, which begins it."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def steps():
+        for i, ms in enumerate((20, 5, 20, 5)):
+            clock[0] += ms / 1000
+            yield (i,)
+
+    work = explore.InProgress(steps(), 1)
+    work.advance(clock[0] + 0.040)
+    assert work.items == (0, 1) and clock[0] == pytest.approx(0.025)
+    work.advance(clock[0] + 0.040)  # 20 ms (the longest yet) then 5: ends at 50 ms, inside 65
+    assert work.items == (0, 1, 2, 3) and clock[0] == pytest.approx(0.050)
+
+
 def test_a_newer_request_between_steps_stops_the_work_and_keeps_what_is_done():
     """``between_steps`` runs after each step but the last: when it raises (Streamlit stopping the
     run for a newer request), the steps done are kept, the lock is free, and the next call goes on
