@@ -128,6 +128,7 @@ def test_a_text_only_llama4_config_and_maverick_s_interleaving(tmp_path):
     ({"interleave_moe_layer_step": 0}, "interleave_moe_layer_step"),
     ({"no_rope_layers": [1, 0]}, "no_rope_layers"),
     ({"layer_types": ["sliding_attention"] * 48}, "layer_types"),
+    ({"layer_types": [{"kind": "chunked"}] * 48}, "layer_types"),  # entries not even names
     ({"intermediate_size_mlp": -1}, "intermediate_size_mlp"),
 ])
 def test_a_llama4_config_the_planner_cannot_read_is_one_line(tmp_path, text, key):

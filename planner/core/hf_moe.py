@@ -107,7 +107,18 @@ def _llama4_moe_every(cfg: dict, where: str) -> int:
     return step
 
 
+# layer_types' entries: whether the layer attends to a window (a chunk) rather than the whole context.
 _WINDOWED = {"full_attention": False, "sliding_attention": True}
+_CHUNKED = {"full_attention": False, "chunked_attention": True}  # Llama 4
+
+
+def _windowed_layer_types(types: object, kinds: dict[str, bool], layers: int, where: str) -> int:
+    """How many of ``layer_types`` are windowed (``kinds``); one PlannerError for a list that is
+    not one of ``kinds`` per layer."""
+    if not isinstance(types, list) or len(types) != layers or any(not isinstance(t, str) or t not in kinds for t in types):
+        raise PlannerError(f"{where} layer_types", brief(types),
+                           f"a list of {layers} (num_hidden_layers) of {' or '.join(kinds)}")
+    return sum(kinds[t] for t in types)
 
 
 def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config") -> dict:
@@ -119,12 +130,8 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     attention."""
     if kind == "llama4_text":
         return _llama4_chunks(cfg, layers, where)
-    types = cfg.get("layer_types")
-    if types is not None:
-        if not isinstance(types, list) or len(types) != layers or any(t not in _WINDOWED for t in types):
-            raise PlannerError(f"{where} layer_types", brief(types),
-                               f"a list of {layers} (num_hidden_layers) of {' or '.join(_WINDOWED)}")
-        windowed = sum(_WINDOWED[t] for t in types)
+    if cfg.get("layer_types") is not None:
+        windowed = _windowed_layer_types(cfg["layer_types"], _WINDOWED, layers, where)
     elif kind in ("mistral", "mixtral", "phi3"):
         windowed = layers if cfg.get("sliding_window") is not None else 0
     elif kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
@@ -157,13 +164,9 @@ def _llama4_chunks(cfg: dict, layers: int, where: str) -> dict:
         return {}
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise PlannerError(f"{where} attention_chunk_size", chunk, "a positive integer, or null (no chunking)")
-    types, rope = cfg.get("layer_types"), cfg.get("no_rope_layers")
-    if types is not None:
-        kinds = ("full_attention", "chunked_attention")
-        if not isinstance(types, list) or len(types) != layers or any(t not in kinds for t in types):
-            raise PlannerError(f"{where} layer_types", brief(types), f"a list of {layers} (num_hidden_layers) of "
-                               f"{' or '.join(kinds)}")
-        chunked = types.count("chunked_attention")
+    rope = cfg.get("no_rope_layers")
+    if cfg.get("layer_types") is not None:
+        chunked = _windowed_layer_types(cfg["layer_types"], _CHUNKED, layers, where)
     elif rope:  # 1: a RoPE layer, chunked; 0: a NoPE layer, attending to the whole context
         if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) or isinstance(r, bool) for r in rope):
             raise PlannerError(f"{where} no_rope_layers", brief(rope), f"a list of {layers} (num_hidden_layers) of 0 or 1")
