@@ -62,6 +62,20 @@ def test_llama_layer_by_hand():
     assert spec.params == 3 * layer + 1000 * 256 * 2 + 256
 
 
+def test_gpt3_175b_part_by_part_by_hand():
+    # Brown et al. 2020's 175B shape (h 12288, 96 layers, ffn 4h, vocab 50257, context 2048, tied):
+    # each part written out, as the parts a pipeline stage and the memory model read.
+    m, h, f = get_preset("gpt3-175b"), 12288, 49152
+    assert m.attention_matmul_params == 4 * h * h == 603_979_776  # q, k, v, output
+    assert m.attention_params == 603_979_776 + 3 * h + h == 604_028_928  # + q/k/v and output biases
+    assert m.mlp_params == 2 * h * f + f + h == 1_208_020_992  # fc1, fc2 and their biases
+    assert m.dense_layer_params == 604_028_928 + 1_208_020_992 + 2 * 2 * h == 1_812_099_072  # two LayerNorms
+    assert m.layers_params == 96 * 1_812_099_072 == 173_961_510_912
+    assert m.embedding_params == 50257 * h + 2048 * h == 642_723_840  # tokens and learned positions
+    assert (m.head_params, m.moe_layers, m.expert_params, m.moe_layer_params) == (0, 0, 0, 0)
+    assert m.params == 173_961_510_912 + 642_723_840 + 2 * h == 174_604_259_328  # + the final LayerNorm
+
+
 def test_untied_gpt_adds_a_head():
     tied = ModelSpec(arch="gpt", layers=2, hidden=64, heads=4, vocab=100, seq_len=16)
     assert tied.replace(tied_embeddings=False).params - tied.params == 100 * 64

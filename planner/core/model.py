@@ -35,7 +35,6 @@ chunk. Llama 4 Maverick also interleaves its MoE layers with dense ones (``moe_e
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 from planner.errors import PlannerError, require
@@ -313,77 +312,59 @@ class ModelSpec:
         """A norm over ``width``: LayerNorm weight and bias (gpt), RMSNorm weight (llama)."""
         return (2 if self.arch == "gpt" else 1) * width
 
-    @kept_property
+    @property
     def attention_params(self) -> int:
         """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms), and
         the sink logits (gpt-oss)."""
-        qkv = self.q_width + self.k_width + self.v_width
-        bias = qkv + self.hidden if self.has_bias else (qkv if self.qkv_bias else 0) + self.hidden * self.out_bias
-        bias += self.heads * self.attention_sinks  # one sink logit per head
-        norms = {"none": 0, "full": self.q_width + self.k_width, "head": 2 * self.attn_qk_dim}[self.qk_norm]
-        if self.mla:
-            norms += self.q_lora_rank + self.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
-        return self.attention_matmul_params + bias + self._norm_weights(norms)
-
-    def _mlp(self, width: int) -> int:
-        """One MLP of ``width``: SwiGLU's gate, up and down (no biases); GELU's fc1, fc2 (+ biases)."""
-        h = self.hidden
-        if self.gated_mlp:
-            return 3 * h * width
-        return 2 * h * width + ((width + h) if self.has_bias else 0)
+        return _counts(self)[1]
 
     def _mlp_matmul(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width
 
-    @kept_property
+    @property
     def mlp_params(self) -> int:
         """The dense MLP (every layer of a dense model; the leading dense layers of an MoE)."""
-        return self._mlp(self.ffn_hidden)
+        return _counts(self)[2]
 
     @property
     def moe(self) -> bool:
         return self.experts > 0
 
-    @kept_property
+    @property
     def moe_layers(self) -> int:
         """Layers with the MoE MLP: after the leading dense ones, every ``moe_every``-th (the last of
         each run of ``moe_every``, as Llama 4 places them: layers 1, 3, 5, ... for 2)."""
-        return (self.layers - self.dense_layers) // self.moe_every if self.moe else 0
+        return _counts(self)[3]
 
-    @kept_property
+    @property
     def expert_params(self) -> int:
         """One routed expert's MLP (with ``expert_bias``, a bias on each of its matrices' outputs)."""
-        if not self.moe:
-            return 0
-        bias = ((2 if self.gated_mlp else 1) * self.expert_ffn + self.hidden) * self.expert_bias
-        return self._mlp(self.expert_ffn) + bias
+        return _counts(self)[4]
 
-    @kept_property
+    @property
     def router_params(self) -> int:
         """An MoE layer's router Linear(hidden, experts), its per-expert bias if held as a weight
         (DeepSeek-V3's routing bias; gpt-oss's Linear bias, with ``expert_bias``), and the shared
         MLP's gate Linear(hidden, 1) (Qwen1.5/2-MoE)."""
-        return ((self.hidden + self.router_bias + self.expert_bias) * self.experts
-                + self.hidden * self.shared_expert_gate) if self.moe else 0
+        return _counts(self)[5]
 
-    @kept_property
+    @property
     def moe_mlp_params(self) -> int:
         """An MoE layer's MLP block: router, shared MLP and every routed expert."""
-        shared = self._mlp(self.shared_experts * self.expert_ffn) if self.shared_experts else 0
-        return self.router_params + shared + self.experts * self.expert_params
+        return _counts(self)[6]
 
-    @kept_property
+    @property
     def dense_layer_params(self) -> int:
-        return self.attention_params + self.mlp_params + self.layer_norms * self.norm_params
+        return _counts(self)[7]
 
-    @kept_property
+    @property
     def moe_layer_params(self) -> int:
-        return self.attention_params + self.moe_mlp_params + self.layer_norms * self.norm_params if self.moe else 0
+        return _counts(self)[8]
 
-    @kept_property
+    @property
     def layers_params(self) -> int:
         """All transformer layers together."""
-        return (self.layers - self.moe_layers) * self.dense_layer_params + self.moe_layers * self.moe_layer_params
+        return _counts(self)[9]
 
     @kept_property
     def layer_params(self) -> float:
@@ -398,10 +379,10 @@ class ModelSpec:
         """Routed-expert weights per layer (mean over layers): what expert parallel shards."""
         return self.moe_layers * self.experts * self.expert_params / self.layers
 
-    @kept_property
+    @property
     def embedding_params(self) -> int:
         """Token embedding plus the learned position table (gpt)."""
-        return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_positions else 0)
+        return _counts(self)[10]
 
     @property
     def head_params(self) -> int:
@@ -410,7 +391,7 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        return _params(self)
+        return _counts(self)[11]
 
     @kept_property
     def active_params(self) -> int:
@@ -418,18 +399,11 @@ class ModelSpec:
         it does not go to (top_k of experts per MoE layer)."""
         return self.params - self.moe_layers * (self.experts - self.top_k) * self.expert_params
 
-    @kept_property
+    @property
     def attention_matmul_params(self) -> int:
         """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
         projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output."""
-        h = self.hidden
-        out = self.attn_out_width * h
-        if not self.mla:
-            return h * (self.q_width + self.k_width + self.v_width) + out
-        q = (h + self.q_width) * self.q_lora_rank if self.q_lora_rank else h * self.q_width
-        kv_a = h * (self.kv_lora_rank + self.qk_rope_dim)
-        kv_b = self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.attn_v_dim)
-        return q + kv_a + kv_b + out
+        return _counts(self)[0]
 
     @kept_property
     def dense_layer_matmul_params(self) -> int:
@@ -511,9 +485,54 @@ def spec_from_dict(name: str, data: dict) -> ModelSpec:
     return ModelSpec(name=name, **{k: v for k, v in data.items() if k in allowed})
 
 
-@by_identity  # the same objects again (an estimate reads it several times): no hashing
-@functools.lru_cache(maxsize=256)
-def _params(model: ModelSpec) -> int:
-    """Every parameter of ``model``, counted once per model (a ModelSpec is frozen; the count
-    reads every part's properties: ~10 us for an MoE, read several times per estimate)."""
-    return model.layers_params + model.embedding_params + model.norm_params + model.head_params
+def _mlp(gated: bool, hidden: int, width: int) -> int:
+    """One MLP of ``width``: SwiGLU's gate, up and down (no biases); GELU's fc1, fc2 (+ biases)."""
+    return 3 * hidden * width if gated else 2 * hidden * width + width + hidden
+
+
+@by_identity  # once per model: every count below reads it (a ModelSpec is frozen)
+def _counts(m: ModelSpec) -> tuple[int, ...]:
+    """A model's parameter counts, part by part, in one pass (each read once; ~2 us where a
+    property per part, each kept, took ~9 us: '--params 33B' counts every dense preset):
+    (attention matmuls, attention, dense MLP, MoE layers, one routed expert, router, MoE MLP
+    block, dense layer, MoE layer, all layers, embedding, total)."""
+    h, heads, kv_heads, qk, layers = m.hidden, m.heads, m.kv_heads, m.head_dim, m.layers
+    gpt = m.arch == "gpt"
+    mla = m.kv_lora_rank > 0
+    v = m.v_head_dim if mla else qk
+    q_width, k_width, v_width, out_width = heads * qk, kv_heads * qk, kv_heads * v, heads * v
+    # Attention: q, k, v and output matrices (MLA: q_a, q_b or q, kv_a with the shared RoPE key, kv_b, output)
+    if mla:
+        q = (h + q_width) * m.q_lora_rank if m.q_lora_rank else h * q_width
+        matmul = (q + h * (m.kv_lora_rank + m.qk_rope_dim) + m.kv_lora_rank * heads * (m.qk_nope_dim + v)
+                  + out_width * h)
+    else:
+        matmul = h * (q_width + k_width + v_width) + out_width * h
+    qkv = q_width + k_width + v_width
+    bias = qkv + h if gpt else (qkv if m.qkv_bias else 0) + h * m.out_bias
+    bias += heads * m.attention_sinks  # one sink logit per head
+    qk_norm = m.qk_norm
+    norms = 0 if qk_norm == "none" else q_width + k_width if qk_norm == "full" else 2 * qk
+    if mla:
+        norms += m.q_lora_rank + m.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
+    norm = 2 * h if gpt else h  # LayerNorm: weight and bias; RMSNorm: weight
+    attention = matmul + bias + (2 * norms if gpt else norms)
+    layer_norms = (4 if m.post_norms else 2) * norm
+    mlp = _mlp(not gpt, h, m.ffn_hidden)
+    dense_layer = attention + mlp + layer_norms
+    experts = m.experts
+    if experts:
+        moe_layers = (layers - m.dense_layers) // m.moe_every
+        e_ffn, e_bias = m.expert_ffn, m.expert_bias
+        expert = _mlp(not gpt, h, e_ffn) + ((1 if gpt else 2) * e_ffn + h) * e_bias
+        router = (h + m.router_bias + e_bias) * experts + h * m.shared_expert_gate
+        shared = _mlp(not gpt, h, m.shared_experts * e_ffn) if m.shared_experts else 0
+        moe_mlp = router + shared + experts * expert
+        moe_layer = attention + moe_mlp + layer_norms
+    else:
+        moe_layers = expert = router = moe_mlp = moe_layer = 0
+    all_layers = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
+    embedding = m.vocab * h + (m.seq_len * h if gpt else 0)  # token embedding, learned positions (gpt)
+    head = 0 if m.tied_embeddings else m.vocab * h
+    return (matmul, attention, mlp, moe_layers, expert, router, moe_mlp, dense_layer, moe_layer, all_layers,
+            embedding, all_layers + embedding + norm + head)
