@@ -21,7 +21,7 @@ from planner.app import explore
 from planner.app import state as explore_state
 from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
-from planner.core.options import HF_MODEL_TYPES
+from planner.core.options import HF_MODEL_TYPES, HF_TEXT_CONFIG
 from planner.core.report import roomier_note
 from planner.evidence import calibration_line
 
@@ -187,7 +187,7 @@ def sidebar() -> dict:
     widget(fields["preset"], sb, disabled=source != "preset")
     upload = sb.file_uploader("Hugging Face config.json", type=["json"], key="hf_upload",
                               disabled=source != "hf", help="`--hf-config`: model_type " + ", ".join(HF_MODEL_TYPES)
-                              + ", or gemma3's text_config")
+                              + "; the text_config of " + ", ".join(HF_TEXT_CONFIG))
     if source == "shape":
         with sb.expander("Shape", expanded=True):
             for f in explore_state.fields():

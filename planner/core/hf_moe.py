@@ -4,12 +4,15 @@ shape keys.
 
 Key names follow transformers' configuration classes (MixtralConfig, Qwen2MoeConfig,
 Qwen3MoeConfig, OlmoeConfig, DeepseekV2Config, DeepseekV3Config (Kimi K2's kimi_k2 too),
-Glm4MoeConfig, GptOssConfig, Gemma2Config, Gemma3TextConfig, Llama4TextConfig); what a model type implies without a key follows its modeling file (Qwen2
-attention has q/k/v biases; Qwen3 and Gemma 3 normalise q and k per head, OLMoE and OLMo 2 over their full widths;
-Gemma 2 and 3 normalise each block's output too; DeepSeek-V3's and GLM-4.5's routers hold
-e_score_correction_bias; gpt-oss biases its attention projections, router and experts and keeps a
-sink logit per head; Llama 4 adds a shared expert to its routed ones, may interleave MoE layers with
-dense ones of another width, and attends in chunks on its RoPE layers).
+Glm4MoeConfig, GptOssConfig, Gemma2Config, Gemma3TextConfig, Llama4TextConfig, Olmo3Config,
+SmolLM3Config, Glm4Config, SeedOssConfig); what a model type implies without a key follows its
+modeling file (Qwen2 attention has q/k/v biases; ``attention_bias`` biases q, k, v and o in
+Llama's attention and those like it, q, k and v in GLM's and Seed-OSS's; Qwen3 and Gemma 3
+normalise q and k per head, OLMoE and OLMo 2/3 over their full widths; Gemma 2 and 3 and GLM-4
+normalise each block's output too; DeepSeek-V3's and GLM-4.5's routers hold e_score_correction_bias;
+gpt-oss biases its attention projections, router and experts and keeps a sink logit per head;
+Llama 4 adds a shared expert to its routed ones, may interleave MoE layers with dense ones of
+another width, and attends in chunks on its RoPE layers).
 """
 
 from __future__ import annotations
@@ -52,16 +55,14 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields["head_dim"] = _int(cfg, "head_dim", where)
     if kind in ("qwen2", "qwen2_moe"):
         fields["qkv_bias"] = True  # Qwen2Attention: q_proj, k_proj, v_proj with bias
-    if kind == "gpt_oss":  # GptOssAttention: biased q, k, v and o (attention_bias), a sink per head
-        biased = _flag(cfg, "attention_bias", where, True)
-        fields.update(qkv_bias=biased, out_bias=biased, attention_sinks=True)
-    if kind == "glm4_moe":  # Glm4MoeAttention: q, k, v biased with attention_bias; per-head QK-norm with use_qk_norm
-        fields["qkv_bias"] = _flag(cfg, "attention_bias", where)
-    fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmoe": "full",
-                         "olmo2": "full"}.get(kind, "none")
+    fields.update(_biases(cfg, kind, where))
+    if kind == "gpt_oss":  # GptOssAttention: a sink logit per head
+        fields["attention_sinks"] = True
+    fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "gemma3_text": "head",
+                         "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
-    fields["post_norms"] = kind in ("gemma2", "gemma3_text")  # post_attention and post_feedforward norms too
+    fields["post_norms"] = kind in ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
     key = next((k for k in _EXPERTS if cfg.get(k)), None)
     if key is None:
         return fields
@@ -91,6 +92,31 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
                                f"a multiple of the expert width {fields['expert_ffn']}")
         fields.update(shared_experts=shared // fields["expert_ffn"], shared_expert_gate=kind == "qwen2_moe")
     return fields
+
+
+# attention_bias: the projections a model type's attention biases with it (its modeling file);
+# Seed-OSS biases its output projection with attention_out_bias instead.
+_QKVO_BIAS = ("llama", "granite", "smollm3", "qwen3", "qwen3_vl_text", "olmo2", "olmo3", "gemma", "gemma2",
+              "gemma3_text", "qwen3_moe", "olmoe", "llama4_text", "gpt_oss")
+_QKV_BIAS = ("glm4", "glm4_moe", "seed_oss")
+# mlp_bias: a bias on every matrix of the dense SwiGLU MLP, not modelled (refused when true)
+_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "deepseek_v2")
+
+
+def _biases(cfg: dict, kind: str, where: str) -> dict:
+    """``qkv_bias`` and ``out_bias`` from ``attention_bias`` (and Seed-OSS's ``attention_out_bias``)
+    for the model types whose attention takes it; one PlannerError for a bias not modelled."""
+    if kind in _MLP_BIAS and _flag(cfg, "mlp_bias", where):
+        raise PlannerError(f"{where} mlp_bias", True, "false (biases on the MLP's matrices are not modelled)")
+    if kind in ("deepseek_v2", "deepseek_v3", "kimi_k2") and _flag(cfg, "attention_bias", where):
+        raise PlannerError(f"{where} attention_bias", True, "false (biased MLA projections are not modelled)")
+    if kind in _QKVO_BIAS:
+        biased = _flag(cfg, "attention_bias", where, kind == "gpt_oss")  # GptOssConfig's default: true
+        return {"qkv_bias": biased, "out_bias": biased}
+    if kind in _QKV_BIAS:
+        out = _flag(cfg, "attention_out_bias", where) if kind == "seed_oss" else False
+        return {"qkv_bias": _flag(cfg, "attention_bias", where), "out_bias": out}
+    return {}
 
 
 def _llama4_moe_every(cfg: dict, where: str) -> int:
@@ -134,6 +160,11 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
         windowed = _windowed_layer_types(cfg["layer_types"], _WINDOWED, layers, where)
     elif kind in ("mistral", "mixtral", "phi3"):
         windowed = layers if cfg.get("sliding_window") is not None else 0
+    elif kind == "olmo3":
+        windowed = layers - layers // 4  # all but every 4th layer (Olmo3Config's layer_types)
+    elif kind == "smollm3":  # with use_sliding_window, its NoPE layers (SmolLM3Config's layer_types)
+        windowed = (layers - _rope_layers(cfg, layers, where)
+                    if cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None else 0)
     elif kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         windowed = max(0, layers - _int(cfg, "max_window_layers", where, 0)) if cfg.get("use_sliding_window") else 0
     elif kind in ("gemma2", "gpt_oss"):
@@ -154,6 +185,20 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     return {"window": window, "window_layers": windowed}
 
 
+def _rope_layers(cfg: dict, layers: int, where: str) -> int:
+    """Layers with RoPE, as Llama 4 and SmolLM3 lay them out: ``no_rope_layers`` (1: RoPE, 0: NoPE),
+    by default all but every ``no_rope_layer_interval``-th (4)."""
+    rope = cfg.get("no_rope_layers")
+    if rope is not None:
+        if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) or isinstance(r, bool) for r in rope):
+            raise PlannerError(f"{where} no_rope_layers", brief(rope), f"a list of {layers} (num_hidden_layers) of 0 or 1")
+        return sum(rope)
+    interval = _int(cfg, "no_rope_layer_interval", where, 4)
+    if interval < 1:
+        raise PlannerError(f"{where} no_rope_layer_interval", interval, "a positive integer")
+    return layers - layers // interval
+
+
 def _llama4_chunks(cfg: dict, layers: int, where: str) -> dict:
     """Llama 4's chunked attention: ``attention_chunk_size`` tokens per chunk (the class default
     8192 when the key is absent; null: none) on the layers ``layer_types`` names
@@ -164,18 +209,10 @@ def _llama4_chunks(cfg: dict, layers: int, where: str) -> dict:
         return {}
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise PlannerError(f"{where} attention_chunk_size", chunk, "a positive integer, or null (no chunking)")
-    rope = cfg.get("no_rope_layers")
     if cfg.get("layer_types") is not None:
         chunked = _windowed_layer_types(cfg["layer_types"], _CHUNKED, layers, where)
-    elif rope:  # 1: a RoPE layer, chunked; 0: a NoPE layer, attending to the whole context
-        if not isinstance(rope, list) or len(rope) != layers or any(r not in (0, 1) or isinstance(r, bool) for r in rope):
-            raise PlannerError(f"{where} no_rope_layers", brief(rope), f"a list of {layers} (num_hidden_layers) of 0 or 1")
-        chunked = sum(rope)
-    else:
-        interval = _int(cfg, "no_rope_layer_interval", where, 4)
-        if interval < 1:
-            raise PlannerError(f"{where} no_rope_layer_interval", interval, "a positive integer")
-        chunked = layers - layers // interval
+    else:  # the RoPE layers are chunked; the NoPE ones attend to the whole context
+        chunked = _rope_layers(cfg, layers, where)
     return {"window": chunk, "window_layers": chunked, "chunked": True} if chunked else {}
 
 

@@ -171,13 +171,14 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
             "ffn_hidden": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",),
             "seq_len": ("max_position_embeddings", "n_positions")}
 # RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU costs the same), RoPE, untied unless the file says so
-_HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text")
+_HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text",
+             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text")
-HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of _HF_TEXT_CONFIG
+HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
-_HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text"}
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # Gemma's released configs leave keys at their configuration class's defaults (Gemma 3's
 # text_config names only the widths): those defaults, as transformers' GemmaConfig,
@@ -189,6 +190,11 @@ _HF_DEFAULTS = {
     "gemma3_text": {"vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072,
                     "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 4096,
                     "sliding_window_pattern": 6},
+    "smollm3": {"tie_word_embeddings": True},
+    "olmo3": {"sliding_window": 4096},
+    "glm4": {"head_dim": 128, "attention_bias": True},
+    "seed_oss": {"head_dim": 128, "attention_bias": True},
+    "qwen3_vl_text": {"head_dim": 128},
     "llama4_text": {"vocab_size": 202048, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
                     "num_local_experts": 16, "num_experts_per_tok": 1},
 }
@@ -221,18 +227,22 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
         raise PlannerError(where, _short(source), "a JSON object (a Hugging Face config.json)")
     notes = []
     wrapper = cfg.get("model_type")
-    if wrapper in _HF_TEXT_CONFIG:  # image and text: the language model is what trains at scale here
+    if wrapper in HF_TEXT_CONFIG:  # image and text: the language model is what trains at scale here
         text = cfg.get("text_config")
         if not isinstance(text, dict):
             from planner.core.hf_moe import brief
 
             raise PlannerError(f"{where} text_config", "missing" if text is None else brief(text),
                                f"a JSON object: the language model of a {wrapper} config")
-        cfg, where = {**text, "model_type": _HF_TEXT_CONFIG[wrapper]}, f"{where} text_config"
+        # Tying: the language model's own key, else the wrapper's; without either, the language model's
+        # class default (the head its checkpoint holds: transformers 5's Mistral3Config defaults the
+        # wrapper to tied, which a Mistral Small checkpoint's own lm_head contradicts; vLLM #51063)
+        tie = {"tie_word_embeddings": cfg["tie_word_embeddings"]} if cfg.get("tie_word_embeddings") is not None else {}
+        cfg, where = {**tie, **text, "model_type": HF_TEXT_CONFIG[wrapper]}, f"{where} text_config"
         notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
     if kind not in HF_MODEL_TYPES:
-        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(HF_MODEL_TYPES + tuple(_HF_TEXT_CONFIG))}")
+        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(HF_MODEL_TYPES + tuple(HF_TEXT_CONFIG))}")
     moe = [k for k in _HF_MOE if cfg.get(k)]
     if moe and kind not in _HF_MOE_TYPES:
         raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], f"absent for the dense model_type {kind} "

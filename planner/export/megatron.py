@@ -18,8 +18,8 @@ def megatron_model_args(m, attention: str) -> list:
     if m.arch == "llama":
         out += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
                 "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
-        if not (getattr(m, "out_bias", False) or getattr(m, "expert_bias", False)):
-            out.append("--disable-bias-linear")  # else Megatron's default: every linear layer biased (gpt-oss)
+        if not getattr(m, "expert_bias", False):  # else Megatron's default: every linear layer biased (gpt-oss)
+            out.append("--disable-bias-linear")  # an output projection's bias alone has no flag (render's comment)
     if not m.tied_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     return out + attention_args(m) + moe_args(m)

@@ -264,9 +264,14 @@ def megatron_script(e: Estimate, opts: ExportOptions, note: str = "") -> str:
         if shares:
             lines[-1:-1] = comment_lines([shares])
     if getattr(e.model, "post_norms", False):
-        post = ("The model normalises each block's output too (Gemma 2/3's post-norms): Megatron-LM has no flag "
-                "for it; these flags train the block without them.")
+        post = ("The model normalises each block's output too (Gemma 2/3's and GLM-4's post-norms): Megatron-LM has "
+                "no flag for it; these flags train the block without them.")
         lines[-1:-1] = comment_lines([post])
+    if getattr(e.model, "out_bias", False) and not getattr(e.model, "expert_bias", False):
+        bias = ("The model biases its attention output projection too (attention_bias): Megatron-LM biases either "
+                "every linear layer (--add-bias-linear) or q, k and v only (--add-qkv-bias); these flags train it "
+                "without that bias.")
+        lines[-1:-1] = comment_lines([bias])
     for name, args in megatron_args(e, steps).items():
         pairs, i = [], 0
         while i < len(args):  # one flag (with its value) per line

@@ -1,0 +1,175 @@
+"""The dense model types read since Mistral Small 3.1 (mistral3), Qwen3-VL (qwen3_vl), SmolLM3,
+Granite, OLMo 3, GLM-4 (glm4) and Seed-OSS: parameter counts against transformers and by hand, the
+attention biases that ``attention_bias`` sets, the tying rule of an image-and-text wrapper,
+SmolLM3's and OLMo 3's default windows, the Megatron export, and bad input in one line."""
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+from planner.core.options import model_from_hf_config
+from planner.errors import PlannerError
+from tests.test_hf_configs import DATA
+
+# file: (parameters, tied, qkv_bias, out_bias, qk_norm, post_norms, windowed layers, seq_len).
+# Parameters: Hugging Face transformers 5.25.0's model built from the file on the meta device
+# (sum of p.numel(), the language model's for the image-and-text configs), except Mistral Small
+# 3.1 (see test_mistral_small_keeps_its_own_head). Against the model cards: SmolLM3 3B, Granite 3.1
+# 8B (8.17B), OLMo 3.1 32B, Seed-OSS 36B, Qwen3-VL 4B (4.02B of 4.44B with the vision tower).
+CONFIGS = {
+    "Mistral-Small-3.1-24B-Instruct-2503": (23_572_403_200, False, False, False, "none", False, 0, 131072),
+    "Qwen3-VL-4B-Instruct": (4_022_468_096, True, False, False, "head", False, 0, 262144),
+    "SmolLM3-3B": (3_075_098_624, True, False, False, "none", False, 0, 65536),
+    "granite-3.1-8b-instruct": (8_170_848_256, True, False, False, "none", False, 0, 131072),
+    "Olmo-3.1-32B-Instruct": (32_233_522_176, False, False, False, "full", False, 48, 8192),
+    "Seed-OSS-36B-Instruct": (36_151_104_512, False, True, False, "none", False, 0, 524288),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_configs_count_as_transformers_builds_them(name):
+    spec, _ = model_from_hf_config(DATA / f"{name}.config.json")
+    assert (spec.params, spec.tied_embeddings, spec.qkv_bias, spec.out_bias, spec.qk_norm, spec.post_norms,
+            spec.window_layers, spec.seq_len) == CONFIGS[name]
+
+
+def test_seed_oss_biases_q_k_and_v_but_not_the_output_by_hand():
+    """Seed-OSS 36B: 64 layers of q (5120 x 80*128) and o, k and v (5120 x 8*128) with biases on q,
+    k and v (attention_bias; attention_out_bias false), a 27648-wide SwiGLU and two RMSNorms; an
+    untied 155136-token embedding and head, and the final norm."""
+    spec, _ = model_from_hf_config(DATA / "Seed-OSS-36B-Instruct.config.json")
+    h, q, kv = 5120, 80 * 128, 8 * 128
+    layer = h * q * 2 + h * kv * 2 + (q + 2 * kv) + 3 * h * 27648 + 2 * h
+    assert spec.params == 64 * layer + 2 * 155136 * h + h == 36_151_104_512
+
+
+def test_olmo_3_windows_three_layers_in_four_and_trains_at_its_original_context():
+    """OLMo 3.1 32B: layer_types window all but every fourth layer at 4096 tokens; q and k
+    normalised over their full widths; YaRN's original_max_position_embeddings (8192) is the context."""
+    spec, note = model_from_hf_config(DATA / "Olmo-3.1-32B-Instruct.config.json")
+    h, kv = 5120, 8 * 128
+    layer = h * h * 2 + h * kv * 2 + (h + kv) + 3 * h * 27648 + 2 * h  # q_norm over 5120, k_norm over 1024
+    assert spec.params == 64 * layer + 2 * 100278 * h + h
+    assert (spec.window, spec.window_layers, spec.seq_len) == (4096, 48, 8192)
+    assert "the context before RoPE scaling" in note
+
+
+def test_olmo_3_without_layer_types_windows_all_but_every_fourth_layer(tmp_path):
+    cfg = json.loads((DATA / "Olmo-3.1-32B-Instruct.config.json").read_text())
+    del cfg["layer_types"], cfg["sliding_window"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec, note = model_from_hf_config(path)  # Olmo3Config's defaults: window 4096, every 4th layer full
+    assert (spec.window, spec.window_layers) == (4096, 64 - 16)
+    assert "sliding_window 4096 (the configuration class's defaults)" in note
+
+
+def test_glm_4_normalises_each_block_output_and_biases_q_k_v_by_hand(tmp_path):
+    """GLM-4-9B-0414's shape (4096 hidden, 40 layers, 32 heads, 2 KV heads of 128, a 13696-wide
+    SwiGLU, vocab 151552, untied): q, k and v biased (attention_bias), the output not (Glm4Attention),
+    and four RMSNorms a layer (before and after attention and the MLP). transformers 5.25.0 builds
+    9,400,279,040 parameters from it; GLM's model card says 9.4B. Without attention_bias or
+    head_dim the configuration class's defaults (true, 128) apply, and the report says so."""
+    cfg = {"model_type": "glm4", "hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32,
+           "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 13696, "vocab_size": 151552,
+           "max_position_embeddings": 32768, "attention_bias": True, "partial_rotary_factor": 0.5,
+           "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec, _ = model_from_hf_config(path)
+    h = 4096
+    layer = h * h * 2 + h * 256 * 2 + (h + 2 * 256) + 3 * h * 13696 + 4 * h
+    assert spec.params == 40 * layer + 2 * 151552 * h + h == 9_400_279_040
+    assert (spec.qkv_bias, spec.out_bias, spec.post_norms) == (True, False, True)
+    del cfg["attention_bias"], cfg["head_dim"]
+    path.write_text(json.dumps(cfg))
+    again, note = model_from_hf_config(path)
+    assert again.params == spec.params and "head_dim 128, attention_bias True" in note
+
+
+def test_mistral_small_keeps_its_own_head():
+    """Mistral Small 3.1's config sets tie_word_embeddings nowhere. Its language model, a
+    MistralConfig, defaults to an untied head, which the checkpoint holds (23.57B of its 24B with
+    the vision tower); transformers 5's Mistral3Config defaults the wrapper to tied and builds
+    22,901,314,560 (the vLLM issue #51063: the nested config is authoritative). Here: the
+    language model's own key, else the wrapper's, else the language model's default."""
+    spec, note = model_from_hf_config(DATA / "Mistral-Small-3.1-24B-Instruct-2503.config.json")
+    h = 5120
+    layer = h * 4096 * 2 + h * 1024 * 2 + 3 * h * 32768 + 2 * h
+    assert spec.params == 40 * layer + 2 * 131072 * h + h == 23_572_403_200
+    assert spec.params - 131072 * h == 22_901_314_560  # transformers 5.25.0's tied count
+    assert "its language model (text_config; the vision tower is not planned)" in note
+
+
+def test_a_wrapper_s_tying_key_applies_where_the_language_model_has_none(tmp_path):
+    cfg = json.loads((DATA / "Mistral-Small-3.1-24B-Instruct-2503.config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    assert model_from_hf_config(path)[0].tied_embeddings
+    text = {**cfg["text_config"], "tie_word_embeddings": False}
+    path.write_text(json.dumps({**cfg, "tie_word_embeddings": True, "text_config": text}))
+    assert not model_from_hf_config(path)[0].tied_embeddings  # the language model's own key wins
+    qwen = json.loads((DATA / "Qwen3-VL-4B-Instruct.config.json").read_text())
+    assert qwen["text_config"]["tie_word_embeddings"] is True  # read from text_config
+
+
+def test_attention_bias_biases_q_k_v_and_o_where_the_model_type_takes_it(tmp_path):
+    """LlamaAttention (and Granite's, SmolLM3's, Qwen3's, OLMo's, Gemma's) biases q, k, v and o
+    with attention_bias: 4096 + 2 * 1024 + 4096 more parameters a layer for Llama 3 8B."""
+    cfg = json.loads((DATA / "Meta-Llama-3-8B.config.json").read_text())
+    plain, _ = model_from_hf_config(DATA / "Meta-Llama-3-8B.config.json")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "attention_bias": True}))
+    biased, _ = model_from_hf_config(path)
+    assert (biased.qkv_bias, biased.out_bias) == (True, True)
+    assert biased.params - plain.params == 32 * (4096 + 2 * 1024 + 4096)
+
+
+def test_smollm3_windows_its_nope_layers_only_when_asked(tmp_path):
+    """SmolLM3Config: with use_sliding_window and a sliding_window, the layers without RoPE
+    (no_rope_layers 0, every fourth) use the window; the released config asks for none."""
+    cfg = json.loads((DATA / "SmolLM3-3B.config.json").read_text())
+    del cfg["layer_types"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 4096}))
+    spec, _ = model_from_hf_config(path)
+    assert (spec.window, spec.window_layers) == (4096, 9)
+    del cfg["no_rope_layers"]  # the class default: every no_rope_layer_interval-th layer without RoPE
+    path.write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 4096,
+                                "no_rope_layer_interval": 3}))
+    assert model_from_hf_config(path)[0].window_layers == 12
+
+
+@pytest.mark.parametrize("name, changes, key", [
+    ("Meta-Llama-3-8B", {"mlp_bias": True}, "mlp_bias"),
+    ("SmolLM3-3B", {"attention_bias": "yes"}, "attention_bias"),
+    ("Seed-OSS-36B-Instruct", {"attention_out_bias": 1}, "attention_out_bias"),
+    ("DeepSeek-V2-Lite", {"attention_bias": True}, "attention_bias"),
+    ("SmolLM3-3B", {"layer_types": None, "use_sliding_window": True, "sliding_window": 4096,
+                    "no_rope_layers": [1, 0]}, "no_rope_layers"),
+])
+def test_a_bias_or_layer_key_the_planner_does_not_model_is_one_line(tmp_path, name, changes, key):
+    cfg = json.loads((DATA / f"{name}.config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, **changes}))
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(path)
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_megatron_export_biases_q_k_v_and_says_what_it_leaves_out(tmp_path, capsys):
+    """Seed-OSS: --add-qkv-bias with every other linear unbiased. A Llama with attention_bias also
+    biases o, which Megatron cannot express alone: the script says it trains without that bias."""
+    code = main(["export", "--hf-config", str(DATA / "Seed-OSS-36B-Instruct.config.json"), "--seq-len", "4096",
+                 "--gpus", "64", "--gpu", "h100", "--format", "megatron"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "--add-qkv-bias" in text and "--disable-bias-linear" in text and "attention output" not in text
+    cfg = json.loads((DATA / "Meta-Llama-3-8B.config.json").read_text())
+    biased = tmp_path / "config.json"
+    biased.write_text(json.dumps({**cfg, "attention_bias": True}))
+    assert main(["export", "--hf-config", str(biased), "--gpus", "8", "--gpu", "h100", "--format", "megatron"]) == 0
+    text = capsys.readouterr().out
+    assert "--add-qkv-bias" in text and "--disable-bias-linear" in text
+    assert "biases its attention output projection too" in text
