@@ -173,3 +173,43 @@ def test_the_megatron_export_biases_q_k_v_and_says_what_it_leaves_out(tmp_path, 
     text = capsys.readouterr().out
     assert "--add-qkv-bias" in text and "--disable-bias-linear" in text
     assert "biases its attention output projection too" in text
+
+
+def test_qwen3_vl_moe_s_language_model_is_qwen3_30b_a3b():
+    """Qwen3-VL-30B-A3B's text_config (qwen3_vl_moe_text) is Qwen3-30B-A3B's shape: the same
+    30,532,122,624 parameters and 3,353,032,704 active as that preset and transformers 5.25.0's
+    model (31,070,754,032 with the vision tower, the checkpoint's total); untied by the wrapper's
+    tie_word_embeddings false, which its text_config does not override."""
+    spec, note = model_from_hf_config(DATA / "Qwen3-VL-30B-A3B-Instruct.config.json")
+    text = model_from_hf_config(DATA / "Qwen3-30B-A3B.config.json")[0]
+    assert (spec.params, spec.active_params) == (text.params, text.active_params) == (30_532_122_624, 3_353_032_704)
+    assert (spec.experts, spec.top_k, spec.expert_ffn, spec.qk_norm, spec.tied_embeddings) == (128, 8, 768, "head", False)
+    assert "Hugging Face config (qwen3_vl_moe_text); its language model" in note
+
+
+def test_mistral_small_4_is_deepseek_v3_s_layout_with_a_plain_softmax_router(tmp_path):
+    """Mistral Small 4 (119B): a mistral3 wrapper whose text_config is mistral4: MLA (kv_lora_rank
+    256, q_lora_rank 1024, 64 + 64 q/k head, v 128), 128 routed experts of 2048 and one shared,
+    top-4, no dense layers, a router without DeepSeek-V3's bias. The shape is SGLang's test fixture
+    of the released text_config; with an untied head (as written here) transformers 5.25.0's
+    Mistral4ForCausalLM counts 118,972,826,624, 6,632,588,288 active; Mistral's card says 119B."""
+    text = {"model_type": "mistral4", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "num_hidden_layers": 36, "vocab_size": 131072, "head_dim": 128, "kv_lora_rank": 256,
+            "q_lora_rank": 1024, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0,
+            "moe_intermediate_size": 2048, "n_group": 1, "topk_group": 1, "max_position_embeddings": 1048576,
+            "rope_parameters": {"rope_type": "yarn", "factor": 128.0, "original_max_position_embeddings": 8192},
+            "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "mistral3", "text_config": text}))
+    spec, note = model_from_hf_config(path)
+    h = 4096
+    attention = (h * 1024 + 1024 + 1024 * 32 * 128  # q_a, its norm, q_b
+                 + h * (256 + 64) + 256 + 256 * 32 * (64 + 128)  # kv_a with the shared RoPE key, its norm, kv_b
+                 + 32 * 128 * h)  # output
+    expert = 3 * h * 2048
+    layer = attention + 128 * h + 129 * expert + 2 * h  # router, 128 routed + 1 shared expert, two norms
+    assert spec.params == 36 * layer + 2 * 131072 * h + h == 118_972_826_624
+    assert spec.active_params == spec.params - 36 * 124 * expert == 6_632_588_288
+    assert (spec.router_bias, spec.dense_layers, spec.seq_len) == (False, 0, 8192)
+    assert "Hugging Face config (mistral4)" in note

@@ -22,7 +22,7 @@ from planner.errors import PlannerError
 _EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
 # DeepSeekMoE's layout (n_shared_experts, first_k_dense_replace, n_group/topk_group); all but V2 keep
 # the routing bias e_score_correction_bias. kimi_k2 is DeepseekV3ForCausalLM under its own name.
-_DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
+_DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", "mistral4")
 _MLA = {"kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "qk_rope_dim": "qk_rope_head_dim",
         "qk_nope_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"}
 
@@ -58,8 +58,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     fields.update(_biases(cfg, kind, where))
     if kind == "gpt_oss":  # GptOssAttention: a sink logit per head
         fields["attention_sinks"] = True
-    fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "gemma3_text": "head",
-                         "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
+    fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "qwen3_vl_moe_text": "head",
+                         "gemma3_text": "head", "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
     fields["post_norms"] = kind in ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
@@ -73,7 +73,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         if cfg.get("moe_layer_freq", 1) != 1:
             raise PlannerError(f"{where} moe_layer_freq", cfg["moe_layer_freq"], "1 (every layer after the dense ones)")
         fields.update(shared_experts=_int(cfg, "n_shared_experts", where, 0),
-                      dense_layers=_int(cfg, "first_k_dense_replace", where, 0), router_bias=kind != "deepseek_v2")
+                      dense_layers=_int(cfg, "first_k_dense_replace", where, 0),
+                      router_bias=kind not in ("deepseek_v2", "mistral4"))  # their routers: softmax, no bias
         # group-limited routing (topk_method group_limited_greedy / noaux_tc): top_k inside topk_group of n_group
         groups = _int(cfg, "n_group", where, 1) or 1
         fields.update(expert_groups=groups, groups_per_token=_int(cfg, "topk_group", where, groups) or groups)
@@ -82,7 +83,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     if kind == "llama4_text":  # Llama4TextMoe: the routed experts and one shared expert of their width
         fields.update(shared_experts=1, ffn_hidden=_int(cfg, "intermediate_size_mlp", where),
                       moe_every=_llama4_moe_every(cfg, where))
-    if kind in ("qwen2_moe", "qwen3_moe") and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+    if kind in ("qwen2_moe", "qwen3_moe", "qwen3_vl_moe_text") and (cfg.get("mlp_only_layers")
+                                                                  or cfg.get("decoder_sparse_step", 1) != 1):
         raise PlannerError(f"{where} decoder_sparse_step", cfg.get("decoder_sparse_step"),
                                "1 with mlp_only_layers empty (every layer an MoE layer)")
     shared = cfg.get("shared_expert_intermediate_size") or 0
@@ -97,7 +99,7 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
 # attention_bias: the projections a model type's attention biases with it (its modeling file);
 # Seed-OSS biases its output projection with attention_out_bias instead.
 _QKVO_BIAS = ("llama", "granite", "smollm3", "qwen3", "qwen3_vl_text", "olmo2", "olmo3", "gemma", "gemma2",
-              "gemma3_text", "qwen3_moe", "olmoe", "llama4_text", "gpt_oss")
+              "gemma3_text", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss")
 _QKV_BIAS = ("glm4", "glm4_moe", "seed_oss")
 # mlp_bias: a bias on every matrix of the dense SwiGLU MLP, not modelled (refused when true)
 _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "deepseek_v2")
@@ -108,7 +110,7 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
     for the model types whose attention takes it; one PlannerError for a bias not modelled."""
     if kind in _MLP_BIAS and _flag(cfg, "mlp_bias", where):
         raise PlannerError(f"{where} mlp_bias", True, "false (biases on the MLP's matrices are not modelled)")
-    if kind in ("deepseek_v2", "deepseek_v3", "kimi_k2") and _flag(cfg, "attention_bias", where):
+    if kind in ("deepseek_v2", "deepseek_v3", "kimi_k2", "mistral4") and _flag(cfg, "attention_bias", where):
         raise PlannerError(f"{where} attention_bias", True, "false (biased MLA projections are not modelled)")
     if kind in _QKVO_BIAS:
         biased = _flag(cfg, "attention_bias", where, kind == "gpt_oss")  # GptOssConfig's default: true

@@ -175,10 +175,12 @@ _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "ge
              "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
-                 "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text")
+                 "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text")
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
-HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text"}
+# The language model's model_type when its text_config names none.
+HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
+                  "qwen3_vl_moe": "qwen3_vl_moe_text"}
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # Gemma's released configs leave keys at their configuration class's defaults (Gemma 3's
 # text_config names only the widths): those defaults, as transformers' GemmaConfig,
@@ -238,7 +240,8 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
         # class default (the head its checkpoint holds: transformers 5's Mistral3Config defaults the
         # wrapper to tied, which a Mistral Small checkpoint's own lm_head contradicts; vLLM #51063)
         tie = {"tie_word_embeddings": cfg["tie_word_embeddings"]} if cfg.get("tie_word_embeddings") is not None else {}
-        cfg, where = {**tie, **text, "model_type": HF_TEXT_CONFIG[wrapper]}, f"{where} text_config"
+        kind = text.get("model_type") or HF_TEXT_CONFIG[wrapper]  # Mistral Small 4: mistral4 inside mistral3
+        cfg, where = {**tie, **text, "model_type": kind}, f"{where} text_config"
         notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
     if kind not in HF_MODEL_TYPES:
