@@ -213,3 +213,14 @@ def test_mistral_small_4_is_deepseek_v3_s_layout_with_a_plain_softmax_router(tmp
     assert spec.active_params == spec.params - 36 * 124 * expert == 6_632_588_288
     assert (spec.router_bias, spec.dense_layers, spec.seq_len) == (False, 0, 8192)
     assert "Hugging Face config (mistral4)" in note
+
+
+@pytest.mark.parametrize("kind, what", [
+    ("qwen3_5", "linear-attention layers"), ("qwen3_next", "Gated DeltaNet"), ("nemotron_h", "state-space (Mamba)"),
+    ("gemma4", "per-layer input embeddings"), ("deepseek_v32", "sparse attention"),
+])
+def test_a_model_type_with_an_unmodelled_mechanism_says_which_in_one_line(kind, what):
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(json.dumps({"model_type": kind, "hidden_size": 1024}).encode())
+    text = str(err.value)
+    assert f"model_type={kind!r}" in text and what in text and "are not modelled" in text and "\n" not in text

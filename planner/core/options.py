@@ -178,6 +178,17 @@ _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "d
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text")
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
+# Model types people bring that the planner refuses, and what in them it does not model (the refusal says).
+_HF_UNMODELLED = (
+    (("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear", "olmo_hybrid"),
+     "linear-attention layers (Gated DeltaNet, Kimi Delta Attention) beside the softmax ones"),
+    (("falcon_h1", "nemotron_h", "granitemoehybrid", "jamba", "bamba", "zamba", "zamba2", "lfm2", "lfm2_moe",
+      "falcon_mamba", "mamba", "mamba2"), "state-space (Mamba) or convolution layers"),
+    (("gemma3n", "gemma3n_text"), "per-layer input embeddings, K/V shared across layers, AltUp and LAuReL"),
+    (("gemma4", "gemma4_text"), "per-layer input embeddings, K/V shared across layers and per-layer attention shapes"),
+    (("deepseek_v32", "glm_moe_dsa"), "DeepSeek sparse attention's indexer and top-k attention"),
+    (("deepseek_v4",), "compressed attention, hyper-connections and a low-rank output projection"),
+)
 # The language model's model_type when its text_config names none.
 HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
                   "qwen3_vl_moe": "qwen3_vl_moe_text"}
@@ -245,7 +256,9 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
         notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
     if kind not in HF_MODEL_TYPES:
-        raise PlannerError(f"{where} model_type", kind, f"one of {', '.join(HF_MODEL_TYPES + tuple(HF_TEXT_CONFIG))}")
+        why = next((f"; {kind}: {reason} are not modelled" for kinds, reason in _HF_UNMODELLED if kind in kinds), "")
+        raise PlannerError(f"{where} model_type", kind,
+                           f"one of {', '.join(HF_MODEL_TYPES + tuple(HF_TEXT_CONFIG))}{why}")
     moe = [k for k in _HF_MOE if cfg.get(k)]
     if moe and kind not in _HF_MOE_TYPES:
         raise PlannerError(f"{where} {moe[0]}", cfg[moe[0]], f"absent for the dense model_type {kind} "
