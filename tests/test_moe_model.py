@@ -264,3 +264,11 @@ def test_a_bad_moe_config_is_one_line_at_the_cli(tmp_path, capsys):
     assert main(["estimate", "--hf-config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "moe_layer_freq" in err[0] and err[0].startswith("planner estimate: hf_config")
+
+
+def test_the_model_line_gives_a_dense_mlp_width_only_where_a_layer_has_one():
+    """Qwen3-30B-A3B's intermediate_size (6144) is no layer's width: every layer is an MoE layer of
+    768-wide experts. DeepSeek-V3's first three layers are dense, 18432 wide."""
+    qwen, v3 = get_preset("qwen3-30b-a3b").describe(), get_preset("deepseek-v3").describe()
+    assert "expert ffn 768" in qwen and ", ffn " not in qwen
+    assert "expert ffn 2048, 3 dense layers first" in v3 and ", ffn 18432," in v3

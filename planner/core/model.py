@@ -464,8 +464,10 @@ class ModelSpec:
         if self.window_layers:
             some = "" if self.window_layers == self.layers else f" in {self.window_layers} of {self.layers} layers"
             window = f", {'chunked attention' if self.chunked else 'sliding window'} {self.window}{some}"
+        # the dense MLP's width where some layer has one (every layer an MoE layer: the expert ffn says it)
+        ffn = f", ffn {self.ffn_hidden}" if self.moe_layers < self.layers else ""
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "
-                f"hidden {self.hidden}, {self.heads} heads{kv}, ffn {self.ffn_hidden}, "
+                f"hidden {self.hidden}, {self.heads} heads{kv}{ffn}, "
                 f"vocab {self.vocab}, seq {self.seq_len}{window})")
 
 
