@@ -224,3 +224,41 @@ def test_a_model_type_with_an_unmodelled_mechanism_says_which_in_one_line(kind, 
         model_from_hf_config(json.dumps({"model_type": kind, "hidden_size": 1024}).encode())
     text = str(err.value)
     assert f"model_type={kind!r}" in text and what in text and "are not modelled" in text and "\n" not in text
+
+
+def _cache(root, model_id, snapshots, main=None):
+    repo = root / ("models--" + model_id.replace("/", "--"))
+    for commit, source in snapshots:
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_bytes((DATA / f"{source}.config.json").read_bytes())
+    if main:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(main + "\n")
+
+
+def test_a_hub_id_reads_the_config_from_the_local_hugging_face_cache(tmp_path, monkeypatch, capsys):
+    """huggingface_hub's layout: models--org--name/snapshots/<commit>/config.json, refs/main naming
+    the commit; without refs/main the newest snapshot. The model is named as on the Hub."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    _cache(tmp_path, "Qwen/Qwen3-8B", [("0123456789abcdef", "Qwen3-8B"), ("fedcba9876543210", "Qwen3-30B-A3B")],
+           main="0123456789abcdef")
+    spec, note = model_from_hf_config("Qwen/Qwen3-8B")
+    assert (spec.name, spec.params) == ("Qwen3-8B", 8_190_735_360)
+    assert "Qwen/Qwen3-8B from the local Hugging Face cache (0123456789ab)" in note
+    _cache(tmp_path, "allenai/OLMo-2-1124-7B", [("aaaa", "OLMo-2-1124-7B")])  # no refs/main: the newest snapshot
+    assert model_from_hf_config("allenai/OLMo-2-1124-7B")[0].params == 7_298_617_344
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))  # $HF_HOME/hub
+    _cache(tmp_path / "home" / "hub", "google/gemma-2-9b", [("bbbb", "gemma-2-9b")], main="bbbb")
+    assert model_from_hf_config("google/gemma-2-9b")[0].params == 9_241_705_984
+
+
+def test_a_hub_id_not_in_the_cache_is_one_line_and_a_missing_file_still_says_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    code = main(["estimate", "--hf-config", "Qwen/Qwen3-9B", "--gpus", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "hf_config='Qwen/Qwen3-9B'" in err and "models--Qwen--Qwen3-9B" in err and "hf download" in err
+    with pytest.raises(PlannerError) as error:  # a path that is not there is a path, not a Hub id
+        model_from_hf_config("configs/config.json")
+    assert "a readable config.json" in str(error.value)

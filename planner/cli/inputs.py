@@ -43,8 +43,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (one of --preset, --params, --hf-config, or a shape; shape flags override)")
     g.add_argument("--preset", help="a model preset (`planner presets` lists them)")
     g.add_argument("--params", help="parameter count, e.g. 33B, 1T: the nearest preset or a LLaMA-style shape")
-    g.add_argument("--hf-config", metavar="PATH", help=f"a Hugging Face config.json, or the model's folder holding it (model_type "
-                   f"{', '.join(HF_MODEL_TYPES)}; the text_config of {', '.join(HF_TEXT_CONFIG)})")
+    g.add_argument("--hf-config", metavar="PATH",
+                   help=f"a Hugging Face config.json, the model's folder holding it, or a Hub id (org/name) in the "
+                   f"local Hugging Face cache (model_type {', '.join(HF_MODEL_TYPES)}; the text_config of "
+                   f"{', '.join(HF_TEXT_CONFIG)})")
     g.add_argument("--arch", choices=ARCHS, help="gpt (LayerNorm, GELU, learned positions, tied) or llama")
     for key in SHAPE_KEYS[1:]:
         g.add_argument("--" + key.replace("_", "-"), type=int, help=SHAPE_HELP.get(key))

@@ -11,6 +11,7 @@ parsed the way the CLI reads it (``tokens="1T"``, ``lora_targets="q_proj,v_proj"
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -226,7 +227,10 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     import json
     from pathlib import Path
 
-    where = "hf_config"
+    where, hub = "hf_config", ""
+    if (not isinstance(source, (bytes, bytearray)) and _HUB_ID.match(str(source)) and not str(source).endswith(".json")
+            and not Path(str(source)).exists()):
+        hub, source = str(source), _hub_cached(str(source))  # a Hub id: its config.json in the local cache
     if not isinstance(source, (bytes, bytearray)) and Path(str(source)).is_dir():  # a model's folder
         source = Path(str(source)) / "config.json"
     try:
@@ -291,12 +295,43 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     tied = cfg.get("tie_word_embeddings", arch == "gpt")
     path = Path(str(source)) if not isinstance(source, (bytes, bytearray)) else Path("hf/config.json")
     name = path.parent.name if path.name == "config.json" else path.name.removesuffix(".json").removesuffix(".config")
+    if hub:  # named as on the Hub, not by the snapshot's commit folder
+        name, notes = hub.split("/")[1], [f"{hub} from the local Hugging Face cache ({path.parent.name[:12]})", *notes]
     from planner.core.hf_moe import hf_variant_fields, hf_window_fields
 
     shape.update(hf_variant_fields(cfg, kind, where))
     shape.update(hf_window_fields(cfg, kind, shape["layers"], where))
     spec = ModelSpec(name=str(cfg.get("_name_or_path") or name or "hf"), arch=arch, tied_embeddings=bool(tied), **shape)
     return spec, f"Hugging Face config ({kind})" + "".join(f"; {n}" for n in notes), seq_note
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # organisation/name, as the Hub spells a model
+
+
+def _hub_cached(model_id: str):
+    """The config.json of the Hub model ``model_id`` in the local Hugging Face cache (the snapshot
+    ``refs/main`` names, else the newest), as huggingface_hub lays it out under ``$HF_HUB_CACHE``,
+    else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``. Nothing is downloaded: one
+    PlannerError naming where it looked when the cache has no copy."""
+    import os
+    from pathlib import Path
+
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    cache = Path(os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"))
+    repo = cache / ("models--" + model_id.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    try:
+        snapshot = repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None
+        if snapshot is None or not (snapshot / "config.json").is_file():
+            found = [p for p in (repo / "snapshots").glob("*/config.json")] if repo.is_dir() else []
+            snapshot = max(found, key=lambda p: p.stat().st_mtime).parent if found else None
+    except OSError:
+        snapshot = None
+    if snapshot is None:
+        raise PlannerError("hf_config", model_id, f"a config.json, a model's folder, or a Hub model id in the local "
+                           f"Hugging Face cache (none in {repo}; the planner downloads nothing: "
+                           f"`hf download {model_id} config.json` fetches it)")
+    return snapshot / "config.json"
 
 
 def _pretraining_context(cfg: dict, where: str) -> int:
