@@ -380,7 +380,8 @@ def _check_layout(config: RunConfig) -> None:
 # ModelSpec variants of released models this trainer does not build (planner/core/model.py counts
 # them): each must keep its default here.
 UNBUILT_SPEC = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
-                "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1}
+                "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1,
+                "linear_layers": 0, "output_gate": False}
 
 
 def _check_moe(config: RunConfig) -> None:

@@ -15,7 +15,9 @@ def target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     h, f = model.hidden, model.ffn_hidden
     # the attention projections at the heads' widths (h, h_kv, h_kv, h for standard attention;
     # Qwen3's 32 heads x 128 on a 2048 residual stream make q_proj 2048 x 4096)
-    shapes = {"q_proj": (h, model.q_width), "k_proj": (h, model.k_width), "v_proj": (h, model.v_width),
+    # (a gated attention output doubles q_proj: the query and the gate, Qwen3-Next's and Qwen3.5's)
+    q = model.q_width * (2 if model.output_gate else 1)
+    shapes = {"q_proj": (h, q), "k_proj": (h, model.k_width), "v_proj": (h, model.v_width),
               "o_proj": (model.attn_out_width, h),
               "up_proj": (h, f), "down_proj": (f, h)}
     if model.gated_mlp:
@@ -23,23 +25,37 @@ def target_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def lora_params_per_layer(model: ModelSpec, job: Job) -> int:
+def lora_params_per_layer(model: ModelSpec, job: Job) -> float:
+    """Adapter parameters per layer: a linear-attention layer (Gated DeltaNet) has no q, k, v or o
+    projection to adapt, only its MLP's; the mean over layers where some are linear."""
+    attention, mlp = _lora_params(model, job)
+    if not model.linear_layers:
+        return attention + mlp
+    return attention * model.softmax_share + mlp
+
+
+def _lora_params(model: ModelSpec, job: Job) -> tuple[int, int]:
+    """(attention's, the MLP's) adapter parameters in a softmax-attention layer."""
     shapes = target_shapes(model)
-    total = 0
+    attention = mlp = 0
     for name in job.lora_targets:
         require(name in shapes, "lora_targets", name, f"{model.arch} layers have {', '.join(shapes)}")
         d_in, d_out = shapes[name]
         require(job.lora_r <= min(d_in, d_out), "lora_r", job.lora_r,
                 f"at most the smaller side of {name} ({min(d_in, d_out)}); a rank above it adds nothing")
-        total += job.lora_r * (d_in + d_out)
-    return total
+        if name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            attention += job.lora_r * (d_in + d_out)
+        else:
+            mlp += job.lora_r * (d_in + d_out)
+    return attention, mlp
 
 
 def trainable_params(model: ModelSpec, job: Job) -> int:
     """Parameters that receive gradients and optimizer states."""
     if job.mode != "lora":
         return model.params
-    return model.layers * lora_params_per_layer(model, job)
+    attention, mlp = _lora_params(model, job)
+    return (model.layers - model.linear_layers) * attention + model.layers * mlp
 
 
 def lora_forward_flops_per_token(model: ModelSpec, job: Job) -> float:

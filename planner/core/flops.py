@@ -64,6 +64,17 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
     # pairs and an explicit head_dim included: its FLOPs are those of attention_matmul_params).
     out = model.attn_out_width
     qkv = (model.attention_matmul_params - out * h) / h
+    if model.linear_layers:  # the mean layer: softmax attention's projections in some, Gated DeltaNet's in the rest
+        lin, soft = model.linear_layers / model.layers, model.softmax_share
+        value = model.linear_value_heads * model.linear_value_dim
+        return [
+            Gemm(tokens, qkv / tp, h, soft),  # q (and its gate), k, v
+            Gemm(tokens, h, out / tp, soft),  # attention output projection
+            Gemm(tokens, (model.linear_attention_matmul_params - value * h) / h / tp, h, lin),  # q, k, v, z, b, a
+            Gemm(tokens, h, value / tp, lin),  # the linear layer's output projection
+            Gemm(tokens, mlp_in / tp, h),
+            Gemm(tokens, h, f / tp),
+        ]
     return [
         Gemm(tokens, qkv / tp, h),  # fused QKV (h + 2 h_kv for standard attention)
         Gemm(tokens, h, out / tp),  # attention output projection
@@ -79,9 +90,16 @@ def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarr
     v_dim = v_head_dim), half of it causal. GQA does not change them (each query head still sees its keys).
     Context parallel splits them evenly over ``cp`` GPUs (load-balanced causal chunks: each rank
     holds chunks i and 2cp-1-i, so every rank does the same share of the triangle). Causal, a sliding
-    window leaves the ``attention_span`` share of the triangle; the full square is the full square."""
-    half = 0.5 * model.attention_span if causal else 1.0
+    window leaves the ``attention_span`` share of the triangle; the full square is the full square
+    (of the softmax layers: linear-attention layers have none)."""
+    half = 0.5 * model.attention_span if causal else model.softmax_share
     return half * 2.0 * micro_batch * model.seq_len**2 * model.attn_core_width / tp / cp
+
+
+def linear_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """The gated delta rule's forward FLOPs per layer (the mean over layers) per micro-batch per GPU:
+    ``linear_core_flops`` per token of each linear layer, value heads split by tensor parallel."""
+    return micro_batch * model.seq_len * model.linear_core_flops * (model.linear_layers / model.layers) / tp
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:
@@ -91,9 +109,11 @@ def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
 
 def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
     """Forward attention-core FLOPs per token, all layers: 2*s*heads*(qk_dim + v_dim) per layer (4*s*h
-    for standard attention), half of it causal (and of that the ``attention_span`` share: sliding windows)."""
-    half = 0.5 * model.attention_span if causal else 1.0
-    return half * 2.0 * model.seq_len * model.attn_core_width * model.layers
+    for standard attention), half of it causal (and of that the ``attention_span`` share: sliding windows,
+    linear layers); a linear layer's gated delta rule, ``linear_core_flops`` a token."""
+    half = 0.5 * model.attention_span if causal else model.softmax_share
+    core = half * 2.0 * model.seq_len * model.attn_core_width * model.layers
+    return core + model.linear_layers * model.linear_core_flops if model.linear_layers else core
 
 
 def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:

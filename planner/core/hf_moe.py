@@ -59,7 +59,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     if kind == "gpt_oss":  # GptOssAttention: a sink logit per head
         fields["attention_sinks"] = True
     fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "qwen3_vl_moe_text": "head",
-                         "gemma3_text": "head", "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
+                         "gemma3_text": "head", "qwen3_next": "head", "qwen3_5_text": "head", "qwen3_5_moe_text": "head",
+                         "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
     fields["post_norms"] = kind in ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
@@ -83,8 +84,7 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     if kind == "llama4_text":  # Llama4TextMoe: the routed experts and one shared expert of their width
         fields.update(shared_experts=1, ffn_hidden=_int(cfg, "intermediate_size_mlp", where),
                       moe_every=_llama4_moe_every(cfg, where))
-    if kind in ("qwen2_moe", "qwen3_moe", "qwen3_vl_moe_text") and (cfg.get("mlp_only_layers")
-                                                                  or cfg.get("decoder_sparse_step", 1) != 1):
+    if kind in _QWEN_MOE and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
         raise PlannerError(f"{where} decoder_sparse_step", cfg.get("decoder_sparse_step"),
                                "1 with mlp_only_layers empty (every layer an MoE layer)")
     shared = cfg.get("shared_expert_intermediate_size") or 0
@@ -92,14 +92,16 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         if shared % fields["expert_ffn"]:
             raise PlannerError(f"{where} shared_expert_intermediate_size", shared,
                                f"a multiple of the expert width {fields['expert_ffn']}")
-        fields.update(shared_experts=shared // fields["expert_ffn"], shared_expert_gate=kind == "qwen2_moe")
+        fields.update(shared_experts=shared // fields["expert_ffn"],
+                      shared_expert_gate=kind in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text"))
     return fields
 
 
 # attention_bias: the projections a model type's attention biases with it (its modeling file);
 # Seed-OSS biases its output projection with attention_out_bias instead.
 _QKVO_BIAS = ("llama", "granite", "smollm3", "qwen3", "qwen3_vl_text", "olmo2", "olmo3", "gemma", "gemma2",
-              "gemma3_text", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss")
+              "gemma3_text", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss", "qwen3_next",
+              "qwen3_5_text", "qwen3_5_moe_text")
 _QKV_BIAS = ("glm4", "glm4_moe", "seed_oss")
 # mlp_bias: a bias on every matrix of the dense SwiGLU MLP, not modelled (refused when true)
 _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "deepseek_v2")
@@ -119,6 +121,32 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
         out = _flag(cfg, "attention_out_bias", where) if kind == "seed_oss" else False
         return {"qkv_bias": _flag(cfg, "attention_bias", where), "out_bias": out}
     return {}
+
+
+_QWEN_MOE = ("qwen2_moe", "qwen3_moe", "qwen3_vl_moe_text", "qwen3_next", "qwen3_5_moe_text")
+# Gated DeltaNet beside gated softmax attention (Qwen3-Next, Qwen3.5 dense and MoE)
+_GATED_DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+_LINEAR = {"full_attention": False, "linear_attention": True}
+_LINEAR_KEYS = {"linear_key_heads": "linear_num_key_heads", "linear_value_heads": "linear_num_value_heads",
+                "linear_key_dim": "linear_key_head_dim", "linear_value_dim": "linear_value_head_dim",
+                "linear_conv": "linear_conv_kernel_dim"}
+
+
+def hf_linear_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config") -> dict:
+    """Qwen3-Next's and Qwen3.5's layers: Gated DeltaNet ("linear_attention" in ``layer_types``; else
+    all but every ``full_attention_interval``-th, 4) beside softmax attention whose output is gated
+    (their attention's q projection is twice q's width: the query and the gate)."""
+    if kind not in _GATED_DELTANET:
+        return {}
+    if cfg.get("layer_types") is not None:
+        linear = _windowed_layer_types(cfg["layer_types"], _LINEAR, layers, where)
+    else:
+        interval = _int(cfg, "full_attention_interval", where, 4)
+        if not 1 <= interval <= layers:
+            raise PlannerError(f"{where} full_attention_interval", interval, f"from 1 to num_hidden_layers={layers}")
+        linear = layers - layers // interval
+    fields = {field: _int(cfg, key, where) for field, key in _LINEAR_KEYS.items()}
+    return {"linear_layers": linear, **fields, "output_gate": True} if linear else {"output_gate": True}
 
 
 def _llama4_moe_every(cfg: dict, where: str) -> int:
@@ -158,6 +186,8 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     attention."""
     if kind == "llama4_text":
         return _llama4_chunks(cfg, layers, where)
+    if kind in _GATED_DELTANET:  # layer_types name linear and full attention there: hf_linear_fields
+        return {}
     if cfg.get("layer_types") is not None:
         windowed = _windowed_layer_types(cfg["layer_types"], _WINDOWED, layers, where)
     elif kind in ("mistral", "mixtral", "phi3"):

@@ -89,6 +89,16 @@ class ModelSpec:
     window_layers: int | None = None  # layers with the window (None: all of them when window > 0)
     chunked: bool = False  # the window is a chunk: windowed layers attend inside aligned blocks of window tokens (Llama 4)
     post_norms: bool = False  # a norm after attention and after the MLP too (Gemma 2/3: 4 norms per layer)
+    # Linear attention (Gated DeltaNet: Qwen3-Next, Qwen3.5): linear_layers of the layers replace softmax
+    # attention by a gated delta rule over linear_key_heads keys and linear_value_heads values of
+    # linear_key_dim / linear_value_dim each, after a depthwise causal convolution of linear_conv taps.
+    linear_layers: int = 0
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    linear_conv: int = 0
+    output_gate: bool = False  # softmax attention's output times a sigmoid gate from a second q-wide projection
 
     def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
         return kept_hash(self)
@@ -117,6 +127,7 @@ class ModelSpec:
                 f"must divide heads={self.heads} (grouped-query attention)")
         self._check_moe()
         self._check_window()
+        self._check_linear()
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
@@ -164,6 +175,29 @@ class ModelSpec:
         require(w > 0 or n == 0, "window_layers", n, "0 without a window (window = 0)")
         require(isinstance(self.chunked, bool), "chunked", self.chunked, "true or false")
         require(w > 0 or not self.chunked, "chunked", self.chunked, "false without a window (window = 0)")
+
+    def _check_linear(self) -> None:
+        require(isinstance(self.output_gate, bool), "output_gate", self.output_gate, "true or false")
+        fields = ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv")
+        n = self.linear_layers
+        require(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < self.layers, "linear_layers", n,
+                f"a whole number from 0 to layers - 1 = {self.layers - 1} (at least one softmax-attention layer)")
+        if not n:
+            for field in fields:
+                require(getattr(self, field) == 0, field, getattr(self, field), "0 without linear layers (linear_layers = 0)")
+            return
+        for field in fields:
+            value = getattr(self, field)
+            top = 64 if field == "linear_conv" else 65536
+            require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= top, field, value,
+                    f"a whole number from 1 to {top:,} with linear layers")
+        require(self.linear_value_heads % self.linear_key_heads == 0, "linear_value_heads", self.linear_value_heads,
+                f"a multiple of linear_key_heads={self.linear_key_heads} (each key head serves a group of value heads)")
+        require(self.arch == "llama", "linear_layers", n, "0 for arch gpt")
+        require(not self.window_layers, "window", self.window, "0 with linear layers (a window and linear attention "
+                "together are not modelled)")
+        require(not self.mla, "kv_lora_rank", self.kv_lora_rank, "0 with linear layers (MLA and linear attention "
+                "together are not modelled)")
 
     def _check_moe(self) -> None:
         for field in ("experts", "top_k", "shared_experts", "dense_layers"):
@@ -272,12 +306,27 @@ class ModelSpec:
         (each query its w last keys, fewer in the first w), 2w/s - (w/s)^2 of the triangle; a
         chunked one (s // w whole chunks of w tokens and one of s % w) the chunks' own triangles,
         ((s // w) * w*w + (s % w)^2) / s^2 of it."""
+        if self.linear_layers:  # the softmax layers' full triangle; a linear layer has none (no window with them)
+            return self.softmax_share
         if not self.window_layers or self.window >= self.seq_len:
             return 1.0
         s, w = self.seq_len, self.window
         r = w / s
         share = ((s // w) * w * w + (s % w) ** 2) / (s * s) if self.chunked else (2.0 - r) * r
         return 1.0 - self.window_layers * (1.0 - share) / self.layers
+
+    @property
+    def softmax_share(self) -> float:
+        """The share of layers with softmax attention (the others linear attention)."""
+        return (self.layers - self.linear_layers) / self.layers if self.linear_layers else 1.0
+
+    @kept_property
+    def linear_core_flops(self) -> int:
+        """Forward FLOPs per token of one linear layer's gated delta rule: per value head, the state's
+        update and read-out, four products of the key x value state (decay and delta, the outer
+        products, the output): 8 * value_heads * key_dim * value_dim (Megatron-LM's count, 6x its
+        4*value_heads*dv^2 for forward and backward; independent of the sequence and the chunking)."""
+        return 8 * self.linear_value_heads * self.linear_key_dim * self.linear_value_dim
 
     @property
     def layer_norms(self) -> int:
@@ -370,7 +419,7 @@ class ModelSpec:
     def layer_params(self) -> float:
         """Parameters of one layer: exact for a dense model, the mean over layers for an MoE
         (its leading dense layers are smaller); a pipeline stage of n layers holds n times this."""
-        if not self.moe:
+        if not self.moe and not self.linear_layers:
             return self.dense_layer_params
         return self.layers_params / self.layers
 
@@ -400,6 +449,18 @@ class ModelSpec:
         return self.params - self.moe_layers * (self.experts - self.top_k) * self.expert_params
 
     @property
+    def linear_attention_params(self) -> int:
+        """A linear layer's attention block (Gated DeltaNet): its projections, the depthwise convolution,
+        dt_bias, A_log and the gated norm (0 without linear layers)."""
+        return _counts(self)[12]
+
+    @property
+    def linear_attention_matmul_params(self) -> int:
+        """A linear layer's projections' weights: q, k and v (one in_proj), the output gate z, beta, the
+        decay a, and the output projection."""
+        return _counts(self)[13]
+
+    @property
     def attention_matmul_params(self) -> int:
         """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
         projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output."""
@@ -422,8 +483,13 @@ class ModelSpec:
         """Weights that every token multiplies: all layer matmuls plus the output head
         (the head multiplies even when tied); for an MoE, its active experts only.
         Forward FLOPs per token = 2x this plus attention."""
+        linear = 0  # a linear layer multiplies its projections and its depthwise convolution's taps in place of attention's
+        if self.linear_layers:
+            conv = (2 * self.linear_key_heads * self.linear_key_dim
+                    + self.linear_value_heads * self.linear_value_dim) * self.linear_conv
+            linear = self.linear_layers * (self.attention_matmul_params - self.linear_attention_matmul_params - conv)
         return ((self.layers - self.moe_layers) * self.dense_layer_matmul_params
-                + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden)
+                + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden - linear)
 
     def replace(self, **changes: object) -> ModelSpec:
         """A copy with ``changes``; a head_dim that followed hidden / heads follows the new ones; a
@@ -464,6 +530,12 @@ class ModelSpec:
         if self.window_layers:
             some = "" if self.window_layers == self.layers else f" in {self.window_layers} of {self.layers} layers"
             window = f", {'chunked attention' if self.chunked else 'sliding window'} {self.window}{some}"
+        if self.linear_layers:
+            window = (f", linear attention (Gated DeltaNet, {self.linear_key_heads} key / {self.linear_value_heads} "
+                      f"value heads of {self.linear_key_dim} / {self.linear_value_dim}) in {self.linear_layers} of "
+                      f"{self.layers} layers")
+        if self.output_gate:
+            window += ", gated attention output"
         # the dense MLP's width where some layer has one (every layer an MoE layer: the expert ffn says it)
         ffn = f", ffn {self.ffn_hidden}" if self.moe_layers < self.layers else ""
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "
@@ -497,20 +569,23 @@ def _counts(m: ModelSpec) -> tuple[int, ...]:
     """A model's parameter counts, part by part, in one pass (each read once; ~2 us where a
     property per part, each kept, took ~9 us: '--params 33B' counts every dense preset):
     (attention matmuls, attention, dense MLP, MoE layers, one routed expert, router, MoE MLP
-    block, dense layer, MoE layer, all layers, embedding, total)."""
+    block, dense layer, MoE layer, all layers, embedding, total, a linear-attention block, its
+    projections' weights). The dense and MoE layers are softmax-attention layers; a linear layer
+    has the linear block in place of softmax attention's."""
     h, heads, kv_heads, qk, layers = m.hidden, m.heads, m.kv_heads, m.head_dim, m.layers
     gpt = m.arch == "gpt"
     mla = m.kv_lora_rank > 0
     v = m.v_head_dim if mla else qk
     q_width, k_width, v_width, out_width = heads * qk, kv_heads * qk, kv_heads * v, heads * v
+    gate = q_width if m.output_gate else 0  # the output gate's projection: q's projection twice as wide
     # Attention: q, k, v and output matrices (MLA: q_a, q_b or q, kv_a with the shared RoPE key, kv_b, output)
     if mla:
         q = (h + q_width) * m.q_lora_rank if m.q_lora_rank else h * q_width
         matmul = (q + h * (m.kv_lora_rank + m.qk_rope_dim) + m.kv_lora_rank * heads * (m.qk_nope_dim + v)
                   + out_width * h)
     else:
-        matmul = h * (q_width + k_width + v_width) + out_width * h
-    qkv = q_width + k_width + v_width
+        matmul = h * (q_width + gate + k_width + v_width) + out_width * h
+    qkv = q_width + gate + k_width + v_width
     bias = qkv + h if gpt else (qkv if m.qkv_bias else 0) + h * m.out_bias
     bias += heads * m.attention_sinks  # one sink logit per head
     qk_norm = m.qk_norm
@@ -533,8 +608,18 @@ def _counts(m: ModelSpec) -> tuple[int, ...]:
         moe_layer = attention + moe_mlp + layer_norms
     else:
         moe_layers = expert = router = moe_mlp = moe_layer = 0
-    all_layers = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
+    linear_layers = m.linear_layers
+    if linear_layers:  # Gated DeltaNet: projections of q, k, v, the output gate z, beta and the decay a; out
+        key, value, value_heads = m.linear_key_heads * m.linear_key_dim, m.linear_value_heads * m.linear_value_dim, \
+            m.linear_value_heads
+        linear_matmul = h * (2 * key + value + value + 2 * value_heads) + value * h
+        # the depthwise convolution over q, k and v, dt_bias and A_log per value head, the gated norm's weight
+        linear = linear_matmul + (2 * key + value) * m.linear_conv + 2 * value_heads + m.linear_value_dim
+    else:
+        linear_matmul = linear = 0
+    # a linear layer's attention block in place of softmax attention's (the MLP and norms the same)
+    all_layers = (layers - moe_layers) * dense_layer + moe_layers * moe_layer - linear_layers * (attention - linear)
     embedding = m.vocab * h + (m.seq_len * h if gpt else 0)  # token embedding, learned positions (gpt)
     head = 0 if m.tied_embeddings else m.vocab * h
     return (matmul, attention, mlp, moe_layers, expert, router, moe_mlp, dense_layer, moe_layer, all_layers,
-            embedding, all_layers + embedding + norm + head)
+            embedding, all_layers + embedding + norm + head, linear, linear_matmul)

@@ -173,16 +173,16 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
             "seq_len": ("max_position_embeddings", "n_positions")}
 # RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU costs the same), RoPE, untied unless the file says so
 _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text",
-             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text")
+             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text", "qwen3_5_text")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
-                 "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text")
+                 "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text", "qwen3_next",
+                 "qwen3_5_moe_text")
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
 # Model types people bring that the planner refuses, and what in them it does not model (the refusal says).
 _HF_UNMODELLED = (
-    (("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear", "olmo_hybrid"),
-     "linear-attention layers (Gated DeltaNet, Kimi Delta Attention) beside the softmax ones"),
+    (("kimi_linear", "olmo_hybrid"), "their linear-attention layers (Kimi Delta Attention; OLMo's hybrid)"),
     (("falcon_h1", "nemotron_h", "granitemoehybrid", "jamba", "bamba", "zamba", "zamba2", "lfm2", "lfm2_moe",
       "falcon_mamba", "mamba", "mamba2"), "state-space (Mamba) or convolution layers"),
     (("gemma3n", "gemma3n_text"), "per-layer input embeddings, K/V shared across layers, AltUp and LAuReL"),
@@ -192,8 +192,11 @@ _HF_UNMODELLED = (
 )
 # The language model's model_type when its text_config names none.
 HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
-                  "qwen3_vl_moe": "qwen3_vl_moe_text"}
+                  "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+# Qwen3-Next's and Qwen3.5's configuration classes: the gated attention's head width and the Gated DeltaNet's shape
+_GDN_DEFAULTS = {"head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                 "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
 # Gemma's released configs leave keys at their configuration class's defaults (Gemma 3's
 # text_config names only the widths): those defaults, as transformers' GemmaConfig,
 # Gemma2Config and Gemma3TextConfig set them; the report names each one used.
@@ -205,6 +208,7 @@ _HF_DEFAULTS = {
                     "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 4096,
                     "sliding_window_pattern": 6},
     "smollm3": {"tie_word_embeddings": True},
+    **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _GDN_DEFAULTS),
     "olmo3": {"sliding_window": 4096},
     "glm4": {"head_dim": 128, "attention_bias": True},
     "seed_oss": {"head_dim": 128, "attention_bias": True},
@@ -297,10 +301,11 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     name = path.parent.name if path.name == "config.json" else path.name.removesuffix(".json").removesuffix(".config")
     if hub:  # named as on the Hub, not by the snapshot's commit folder
         name, notes = hub.split("/")[1], [f"{hub} from the local Hugging Face cache ({path.parent.name[:12]})", *notes]
-    from planner.core.hf_moe import hf_variant_fields, hf_window_fields
+    from planner.core.hf_moe import hf_linear_fields, hf_variant_fields, hf_window_fields
 
     shape.update(hf_variant_fields(cfg, kind, where))
     shape.update(hf_window_fields(cfg, kind, shape["layers"], where))
+    shape.update(hf_linear_fields(cfg, kind, shape["layers"], where))
     spec = ModelSpec(name=str(cfg.get("_name_or_path") or name or "hf"), arch=arch, tied_embeddings=bool(tied), **shape)
     return spec, f"Hugging Face config ({kind})" + "".join(f"; {n}" for n in notes), seq_note
 

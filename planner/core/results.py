@@ -190,7 +190,11 @@ def _model_json(m: ModelSpec) -> dict:
                 "groups_per_token": m.groups_per_token} if m.moe else {}),
             **({"moe_every": m.moe_every} if m.moe_every > 1 else {}),
             **({"window": m.window, "window_layers": m.window_layers} if m.window_layers else {}),
-            **({"chunked": True} if m.chunked else {})}
+            **({"chunked": True} if m.chunked else {}),
+            **({"linear_layers": m.linear_layers, "linear_key_heads": m.linear_key_heads,
+                "linear_value_heads": m.linear_value_heads, "linear_key_dim": m.linear_key_dim,
+                "linear_value_dim": m.linear_value_dim, "linear_conv": m.linear_conv} if m.linear_layers else {}),
+            **({"output_gate": True} if m.output_gate else {})}
 
 
 @by_identity  # ``plan_features`` gives one tuple object per combination

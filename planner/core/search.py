@@ -188,10 +188,12 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     require(isinstance(gpus, (int, np.integer)) and 1 <= gpus <= MAX_GPUS, "gpus", gpus,
             lambda: f"an integer from 1 to {MAX_GPUS:,}")
     if pins.tp is not None:
-        valid_tp = (t for t in _divisors(gpus) if model.heads % t == 0 and model.kv_heads % t == 0)
-        require(model.heads % pins.tp == 0 and model.kv_heads % pins.tp == 0, "tp", pins.tp,
-                lambda: f"must divide heads={model.heads} and kv_heads={model.kv_heads}; valid on {gpus} GPUs: "
-                        f"{', '.join(map(str, valid_tp))}")
+        valid_tp = (t for t in _divisors(gpus) if tp_splits(model, t))
+        linear = (f", linear_key_heads={model.linear_key_heads} and linear_value_heads={model.linear_value_heads}"
+                  if model.linear_layers else "")
+        require(tp_splits(model, pins.tp), "tp", pins.tp,
+                lambda: f"must divide heads={model.heads} and kv_heads={model.kv_heads}{linear}; valid on {gpus} "
+                        f"GPUs: {', '.join(map(str, valid_tp))}")
     for name in GPU_FACTORS:
         value = getattr(pins, name)
         if value is not None:
@@ -199,6 +201,8 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     if pins.pp is not None:
         require(pins.pp <= model.layers, "pp", pins.pp, lambda: f"at most layers={model.layers}")
     if pins.cp is not None and pins.cp > 1:
+        require(not model.linear_layers, "cp", pins.cp, "1 for a model with linear-attention layers (context "
+                "parallel over Gated DeltaNet is not modelled; torchtitan refuses it)")
         require(model.seq_len % (2 * pins.cp) == 0, "cp", pins.cp,
                 lambda: f"seq_len={model.seq_len} must divide into 2*cp={2 * pins.cp} load-balanced chunks")
     degrees = {name: getattr(pins, name) for name in GPU_FACTORS}
@@ -252,10 +256,19 @@ CP_MAX = 32  # context-parallel degrees searched up to this (pinned: any)
 CP_MIN_TOKENS = 4096  # searched only while each rank keeps at least this many tokens of a sequence
 
 
+def tp_splits(model: ModelSpec, tp: int) -> bool:
+    """Tensor parallel splits whole heads: query, K/V and, with linear attention, its key and value heads."""
+    return (model.heads % tp == 0 and model.kv_heads % tp == 0
+            and (not model.linear_layers or (model.linear_key_heads % tp == 0 and model.linear_value_heads % tp == 0)))
+
+
 def cp_degrees(model: ModelSpec, n: int, pinned: int | None) -> list[int]:
     """Context-parallel degrees dividing ``n`` GPUs: a sequence splits into 2*cp load-balanced
     causal chunks (torchtitan, Megatron-Core), so seq_len must divide by 2*cp; searched only for
-    long sequences (each rank keeping at least CP_MIN_TOKENS), any pinned degree tried."""
+    long sequences (each rank keeping at least CP_MIN_TOKENS), any pinned degree tried. None but 1
+    with linear-attention layers (not modelled under context parallel)."""
+    if model.linear_layers:
+        return [1] if pinned in (None, 1) else []
     if pinned is not None:
         return [pinned] if n % pinned == 0 and (pinned == 1 or model.seq_len % (2 * pinned) == 0) else []
     return [c for c in _divisors(n) if c == 1 or (c <= CP_MAX and model.seq_len % (2 * c) == 0
@@ -273,7 +286,7 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
     (the widened table of ``enumerate_layouts``)."""
     out = []
     for tp in _dividing(gpus, pins.tp):
-        if model.heads % tp or model.kv_heads % tp:
+        if not tp_splits(model, tp):
             continue
         for pp in _dividing(gpus // tp, pins.pp):
             if pp > model.layers:

@@ -20,7 +20,8 @@ import numpy as np
 from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.flops import Gemm, attention_core_flops, layer_gemms, logits_gemm, op_sac_recomputed_share
+from planner.core.flops import (Gemm, attention_core_flops, layer_gemms, linear_core_flops, logits_gemm,
+                                op_sac_recomputed_share)
 from planner.core.layout import (DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct,
                                  recomputed_layers)
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master, stage_params
@@ -193,18 +194,27 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     dense bias or mask, every block computed) and run at their measured fraction of the 16-bit peak,
     the backward taking 2.5x the forward (Dao 2023, FlashAttention-2, Sec. 3 and 4.1). Standard
     attention runs two batched GEMMs of head_dim width over the full square (the mask is applied
-    after), backward twice forward."""
+    after), backward twice forward.
+
+    Linear-attention layers (Gated DeltaNet) run their chunked delta-rule kernel (flash-linear-
+    attention's, Triton) instead: its FLOPs (``linear_core_flops``) at the flash kernel's fraction of
+    the peak, backward 2.5x forward as flash's (it too recomputes, its chunk states); not calibrated."""
     e = hw.efficiency
     half_peak = reference_peak(hw, job.precision)
+    linear = 0.0
+    if model.linear_layers:
+        linear = linear_core_flops(model, c.micro_batch, c.tp) / (half_peak * e.flash_attention)
     if sw.attention == "standard":
         flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
         fwd = flops / (half_peak * gemm_efficiency(hw, float(model.head_dim)))
-        return fwd, 2 * fwd
+        return (fwd, 2 * fwd) if not model.linear_layers else (fwd + linear, 2 * fwd + FLASH_BACKWARD_RATIO * linear)
     kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
     # A kernel given a dense bias or mask without block skipping (the stack's attention_square =
     # "full") computes the whole square at the same rate: twice the causal work.
     causal = sw.stack.attention_square != "full"
     fwd = attention_core_flops(model, c.micro_batch, c.tp, causal=causal, cp=c.cp) / (half_peak * kernel)
+    if model.linear_layers:
+        fwd = fwd + linear
     return fwd, FLASH_BACKWARD_RATIO * fwd
 
 
@@ -220,7 +230,7 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         return gemms_time(gs, len(c), hw, peak, 1 if fp8 else act, fp8, one)
 
     gs = layer_gemms(model, c.micro_batch, c.tp, c.cp)
-    attention_gemms, dense_mlp = gs[:2], gs[2:]  # QKV and projection; MLP in and out
+    attention_gemms, dense_mlp = gs[:-2], gs[-2:]  # QKV and projection (and the linear layers'); MLP in and out
     tokens = c.micro_batch * model.seq_len / c.cp  # this GPU's tokens per micro-batch
     attn_fwd, attn_bwd = attention_times(model, hw, job, c, sw)
     hbm = hw.gpu.hbm_bytes_per_s * e.memory

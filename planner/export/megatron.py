@@ -45,7 +45,23 @@ def attention_args(m) -> list:
         out.append("--qk-layernorm")
     if getattr(m, "attention_sinks", False):
         out += ["--softmax-type", "learnable"]  # a learned offset per head in the softmax (gpt-oss's sinks)
-    return out + window_args(m)
+    if getattr(m, "output_gate", False):
+        out.append("--attention-output-gate")  # q's projection twice as wide: the query and a sigmoid gate
+    return out + window_args(m) + linear_args(m)
+
+
+def linear_args(m) -> list:
+    """Gated DeltaNet layers (Megatron-Core's experimental attention variant, Qwen3-Next): every N-th
+    layer softmax attention, the N - 1 before it linear (--linear-attention-freq N), and the linear
+    layers' heads, widths and convolution. Another count of softmax layers is ``rules.megatron_checks``'."""
+    linear = getattr(m, "linear_layers", 0) or 0
+    if not linear or m.layers % (m.layers - linear):
+        return []
+    return ["--experimental-attention-variant", "gated_delta_net",
+            "--linear-attention-freq", m.layers // (m.layers - linear),
+            "--linear-conv-kernel-dim", m.linear_conv, "--linear-key-head-dim", m.linear_key_dim,
+            "--linear-value-head-dim", m.linear_value_dim, "--linear-num-key-heads", m.linear_key_heads,
+            "--linear-num-value-heads", m.linear_value_heads]
 
 
 def window_args(m) -> list:

@@ -78,15 +78,16 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 # Model variants the reference trainer does not build (reference_trainer/config.py UNBUILT_SPEC, kept
 # equal by tests/test_export_dims.py), with their defaults.
 TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
-                   "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1}
+                   "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1,
+                   "linear_layers": 0, "output_gate": False}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
     """The reference trainer's model rules: no latent attention or routing bias; QK-norm and MoE
     (reference_trainer/moe.py) with tp = 1."""
-    out = [PlannerError(name, getattr(m, name), "the reference trainer does not build this variant; use "
-                        "--format megatron or torchtitan") for name, default in TRAINER_UNBUILT.items()
-           if getattr(m, name, default) != default]
+    other = "--format megatron" if getattr(m, "linear_layers", 0) else "--format megatron or torchtitan"
+    out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use {other}")
+           for name, default in TRAINER_UNBUILT.items() if getattr(m, name, default) != default]
     if getattr(m, "qk_norm", "none") != "none" and lay.tp > 1:
         out.append(PlannerError("tp", lay.tp, f"the reference trainer runs qk_norm={m.qk_norm!r} with tp = 1; "
                                 "pin --tp 1"))
@@ -133,6 +134,10 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
     elif windowed and windowed < m.layers and not skip_freq(m.layers, windowed):
         out.append(PlannerError("window_layers", windowed, f"Megatron's --window-attn-skip-freq N makes every N-th "
                                 f"layer full; {m.layers - windowed} full of {m.layers} layers is no such pattern"))
+    linear = getattr(m, "linear_layers", 0)
+    if linear and m.layers % (m.layers - linear):
+        out.append(PlannerError("linear_layers", linear, f"Megatron's --linear-attention-freq N makes every N-th layer "
+                                f"softmax attention; {m.layers - linear} of {m.layers} layers is no such pattern"))
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
         out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
                                 "tensor parallelism together; pin --sequence-parallel"))
@@ -177,6 +182,10 @@ def torchtitan_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if m.arch != "llama":
         out.append(PlannerError("arch", m.arch, "torchtitan's models (llama3, deepseek_v3) are RMSNorm/SwiGLU/RoPE "
                                 "decoders; use --arch llama, or --format megatron or torchrun for gpt"))
+    if getattr(m, "linear_layers", 0):
+        out.append(PlannerError("linear_layers", m.linear_layers, "0 for this export: torchtitan's Gated DeltaNet "
+                                "model (torchtitan/models/qwen3_5, June 2026) is configured in its Python config "
+                                "registry, not the TOML job config written here (e347b1e5); use --format megatron"))
     if lay.zero_stage in (1, 2):
         out.append(PlannerError("zero_stage", lay.zero_stage, "torchtitan runs DDP (ZeRO-0) or FSDP2 fully_shard "
                                 "(ZeRO-3), no ZeRO-1/2 without FSDP; pin --zero 0 or 3, or use --format deepspeed"))

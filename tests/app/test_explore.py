@@ -264,3 +264,19 @@ def test_an_uploaded_gemma3_config_plans_its_language_model_with_its_windows():
     assert isinstance(view, explore.View)
     m = view.best.model
     assert (m.params, m.window, m.window_layers, m.seq_len) == (11_766_034_176, 1024, 40, 8192)
+
+
+def test_an_uploaded_qwen3_5_config_plans_its_linear_layers():
+    """Qwen3.5's image-and-text config: the explorer plans its language model, Gated DeltaNet layers
+    and all (context parallel left out)."""
+    from pathlib import Path
+
+    from planner.app import state as explore_state
+
+    data = Path(__file__).parents[1] / "data" / "Qwen3.5-27B.config.json"
+    s = {**explore_state.defaults(), "model": "hf", "hf_config": data.read_bytes(), "gpus": 64, "seq_len": 8192}
+    view = explore.compute(explore_state.mapping_from_state(s))
+    assert isinstance(view, explore.View)
+    m = view.best.model
+    assert (m.params, m.linear_layers, m.output_gate, m.seq_len) == (26_895_998_464, 48, True, 8192)
+    assert view.best.layout.cp == 1
