@@ -139,7 +139,7 @@ def hf_linear_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     if kind not in _GATED_DELTANET:
         return {}
     if cfg.get("layer_types") is not None:
-        linear = _windowed_layer_types(cfg["layer_types"], _LINEAR, layers, where)
+        linear = _count_layer_types(cfg["layer_types"], _LINEAR, layers, where)
     else:
         interval = _int(cfg, "full_attention_interval", where, 4)
         if not 1 <= interval <= layers:
@@ -168,9 +168,9 @@ _WINDOWED = {"full_attention": False, "sliding_attention": True}
 _CHUNKED = {"full_attention": False, "chunked_attention": True}  # Llama 4
 
 
-def _windowed_layer_types(types: object, kinds: dict[str, bool], layers: int, where: str) -> int:
-    """How many of ``layer_types`` are windowed (``kinds``); one PlannerError for a list that is
-    not one of ``kinds`` per layer."""
+def _count_layer_types(types: object, kinds: dict[str, bool], layers: int, where: str) -> int:
+    """How many of ``layer_types`` are of the kind ``kinds`` marks True (windowed, chunked, linear);
+    one PlannerError for a list that is not one of ``kinds`` per layer."""
     if not isinstance(types, list) or len(types) != layers or any(not isinstance(t, str) or t not in kinds for t in types):
         raise PlannerError(f"{where} layer_types", brief(types),
                            f"a list of {layers} (num_hidden_layers) of {' or '.join(kinds)}")
@@ -189,7 +189,7 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     if kind in _GATED_DELTANET:  # layer_types name linear and full attention there: hf_linear_fields
         return {}
     if cfg.get("layer_types") is not None:
-        windowed = _windowed_layer_types(cfg["layer_types"], _WINDOWED, layers, where)
+        windowed = _count_layer_types(cfg["layer_types"], _WINDOWED, layers, where)
     elif kind in ("mistral", "mixtral", "phi3"):
         windowed = layers if cfg.get("sliding_window") is not None else 0
     elif kind == "olmo3":
@@ -242,7 +242,7 @@ def _llama4_chunks(cfg: dict, layers: int, where: str) -> dict:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise PlannerError(f"{where} attention_chunk_size", chunk, "a positive integer, or null (no chunking)")
     if cfg.get("layer_types") is not None:
-        chunked = _windowed_layer_types(cfg["layer_types"], _CHUNKED, layers, where)
+        chunked = _count_layer_types(cfg["layer_types"], _CHUNKED, layers, where)
     else:  # the RoPE layers are chunked; the NoPE ones attend to the whole context
         chunked = _rope_layers(cfg, layers, where)
     return {"window": chunk, "window_layers": chunked, "chunked": True} if chunked else {}

@@ -186,7 +186,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # A fused QKV projection split into views: with RoPE copying Q and K, attention keeps V's view
     # and with it the whole output, Q and K parts included (the stack's qkv_buffer_kept).
     qkv_buffer = sw.stack.qkv_buffer_kept and not model.learned_positions and not model.kv_lora_rank
-    split = (e * (h + 2 * kv) + e * (model.q_width + model.k_width) * qkv_buffer + e * h * trains("o_proj")
+    attention = e * (h + 2 * kv) + e * (model.q_width + model.k_width) * qkv_buffer + e * h * trains("o_proj")
+    split = (attention
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
     if job.attention == "standard":
@@ -195,7 +196,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     else:
         scores = c.full(4.0 * a)
     if model.linear_layers:  # the mean layer: a softmax layer's attention tensors, or a Gated DeltaNet's
-        split, scores = _linear_layer_split(model, e, split, kv, qkv_buffer, trains), model.softmax_share * scores
+        split = split - attention + _linear_layer_attention(model, e, attention, trains)
+        scores = model.softmax_share * scores
     tp = as_float(c.tp)
     per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
     if sw.stack.tp_saves_gathered_inputs:
@@ -210,23 +212,21 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     return per_token * c.micro_batch * s / c.cp  # context parallel: each GPU keeps 1/cp of the tokens
 
 
-def _linear_layer_split(model: ModelSpec, e: float, split: float, kv: float, qkv_buffer: bool, trains) -> float:
-    """``activation_bytes_per_layer``'s tensors split by tensor parallel, per token, the mean over a
-    model's softmax and linear-attention layers (the MLP's the same in both). A softmax layer with its
-    output gated (Qwen3-Next, Qwen3.5) keeps the gate and the output before it too. A Gated DeltaNet
-    layer keeps, for backward, the convolution's input and the delta-rule kernel's q, k, v (both
-    2*key + value wide), the output gate z, the kernel's output and the gated norm's (the output
-    projection's input), and per value head beta (before and after its sigmoid), the fp32 decay and
-    the chunk's solved triangle (64 values, flash-linear-attention's chunk size); the chunk states
-    are recomputed in backward (fla.ops.gated_delta_rule)."""
-    h = model.hidden
-    attention = e * (h + 2 * kv) + e * (model.q_width + model.k_width) * qkv_buffer + e * h * trains("o_proj")
+def _linear_layer_attention(model: ModelSpec, e: float, attention: float, trains) -> float:
+    """``activation_bytes_per_layer``'s attention tensors split by tensor parallel, per token, the mean
+    over a model's softmax and linear-attention layers, from a softmax layer's (``attention``). A
+    softmax layer with its output gated (Qwen3-Next, Qwen3.5) keeps the gate and the output before it
+    too. A Gated DeltaNet layer keeps, for backward, the convolution's input and the delta-rule
+    kernel's q, k, v (both 2*key + value wide), the output gate z, the kernel's output and the gated
+    norm's (the output projection's input), and per value head beta (before and after its sigmoid),
+    the fp32 decay and the chunk's solved triangle (64 values, flash-linear-attention's chunk size);
+    the chunk states are recomputed in backward (fla.ops.gated_delta_rule)."""
     gated = attention + 2 * e * model.q_width * model.output_gate
     key, value = model.linear_key_heads * model.linear_key_dim, model.linear_value_heads * model.linear_value_dim
     heads = model.linear_value_heads
     linear = e * (2 * (2 * key + value) + 2 * value) + e * value * trains("out_proj") + heads * (2 * e + 4 + 64 * e)
     share = model.linear_layers / model.layers
-    return split - attention + (1 - share) * gated + share * linear
+    return (1 - share) * gated + share * linear
 
 
 def hardware_read(hw: HardwareProfile) -> tuple:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.errors import PlannerError, require
 from planner.memo import by_identity, kept_hash, kept_property
@@ -320,7 +321,7 @@ class ModelSpec:
         """The share of layers with softmax attention (the others linear attention)."""
         return (self.layers - self.linear_layers) / self.layers if self.linear_layers else 1.0
 
-    @kept_property
+    @property
     def linear_core_flops(self) -> int:
         """Forward FLOPs per token of one linear layer's gated delta rule: per value head, the state's
         update and read-out, four products of the key x value state (decay and delta, the outer
@@ -365,7 +366,7 @@ class ModelSpec:
     def attention_params(self) -> int:
         """Weights, biases and the norms inside attention (QK-norm; MLA's low-rank RMSNorms), and
         the sink logits (gpt-oss)."""
-        return _counts(self)[1]
+        return _counts(self).attention
 
     def _mlp_matmul(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * width
@@ -373,7 +374,7 @@ class ModelSpec:
     @property
     def mlp_params(self) -> int:
         """The dense MLP (every layer of a dense model; the leading dense layers of an MoE)."""
-        return _counts(self)[2]
+        return _counts(self).mlp
 
     @property
     def moe(self) -> bool:
@@ -383,37 +384,37 @@ class ModelSpec:
     def moe_layers(self) -> int:
         """Layers with the MoE MLP: after the leading dense ones, every ``moe_every``-th (the last of
         each run of ``moe_every``, as Llama 4 places them: layers 1, 3, 5, ... for 2)."""
-        return _counts(self)[3]
+        return _counts(self).moe_layers
 
     @property
     def expert_params(self) -> int:
         """One routed expert's MLP (with ``expert_bias``, a bias on each of its matrices' outputs)."""
-        return _counts(self)[4]
+        return _counts(self).expert
 
     @property
     def router_params(self) -> int:
         """An MoE layer's router Linear(hidden, experts), its per-expert bias if held as a weight
         (DeepSeek-V3's routing bias; gpt-oss's Linear bias, with ``expert_bias``), and the shared
         MLP's gate Linear(hidden, 1) (Qwen1.5/2-MoE)."""
-        return _counts(self)[5]
+        return _counts(self).router
 
     @property
     def moe_mlp_params(self) -> int:
         """An MoE layer's MLP block: router, shared MLP and every routed expert."""
-        return _counts(self)[6]
+        return _counts(self).moe_mlp
 
     @property
     def dense_layer_params(self) -> int:
-        return _counts(self)[7]
+        return _counts(self).dense_layer
 
     @property
     def moe_layer_params(self) -> int:
-        return _counts(self)[8]
+        return _counts(self).moe_layer
 
     @property
     def layers_params(self) -> int:
         """All transformer layers together."""
-        return _counts(self)[9]
+        return _counts(self).layers
 
     @kept_property
     def layer_params(self) -> float:
@@ -431,7 +432,7 @@ class ModelSpec:
     @property
     def embedding_params(self) -> int:
         """Token embedding plus the learned position table (gpt)."""
-        return _counts(self)[10]
+        return _counts(self).embedding
 
     @property
     def head_params(self) -> int:
@@ -440,7 +441,7 @@ class ModelSpec:
 
     @property
     def params(self) -> int:
-        return _counts(self)[11]
+        return _counts(self).total
 
     @kept_property
     def active_params(self) -> int:
@@ -452,19 +453,19 @@ class ModelSpec:
     def linear_attention_params(self) -> int:
         """A linear layer's attention block (Gated DeltaNet): its projections, the depthwise convolution,
         dt_bias, A_log and the gated norm (0 without linear layers)."""
-        return _counts(self)[12]
+        return _counts(self).linear
 
     @property
     def linear_attention_matmul_params(self) -> int:
         """A linear layer's projections' weights: q, k and v (one in_proj), the output gate z, beta, the
         decay a, and the output projection."""
-        return _counts(self)[13]
+        return _counts(self).linear_matmul
 
     @property
     def attention_matmul_params(self) -> int:
         """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
         projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output."""
-        return _counts(self)[0]
+        return _counts(self).attention_matmul
 
     @kept_property
     def dense_layer_matmul_params(self) -> int:
@@ -485,9 +486,8 @@ class ModelSpec:
         Forward FLOPs per token = 2x this plus attention."""
         linear = 0  # a linear layer multiplies its projections and its depthwise convolution's taps in place of attention's
         if self.linear_layers:
-            conv = (2 * self.linear_key_heads * self.linear_key_dim
-                    + self.linear_value_heads * self.linear_value_dim) * self.linear_conv
-            linear = self.linear_layers * (self.attention_matmul_params - self.linear_attention_matmul_params - conv)
+            n = _counts(self)
+            linear = self.linear_layers * (n.attention_matmul - n.linear_matmul - n.linear_conv)
         return ((self.layers - self.moe_layers) * self.dense_layer_matmul_params
                 + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden - linear)
 
@@ -564,14 +564,31 @@ def _mlp(gated: bool, hidden: int, width: int) -> int:
     return 3 * hidden * width if gated else 2 * hidden * width + width + hidden
 
 
+class _Counts(NamedTuple):
+    """A model's parameter counts by part (``_counts``). The dense and MoE layers are softmax-attention
+    layers; a linear layer has the linear block in place of softmax attention's."""
+
+    attention_matmul: int  # q, k, v and output matrices (MLA's low-rank pairs)
+    attention: int  # with biases, QK-norms, sinks
+    mlp: int  # the dense MLP
+    moe_layers: int
+    expert: int  # one routed expert
+    router: int
+    moe_mlp: int  # router, shared and routed experts
+    dense_layer: int
+    moe_layer: int
+    layers: int  # all layers together
+    embedding: int
+    total: int
+    linear: int  # a linear-attention (Gated DeltaNet) block
+    linear_matmul: int  # its projections' weights
+    linear_conv: int  # its depthwise convolution's taps
+
+
 @by_identity  # once per model: every count below reads it (a ModelSpec is frozen)
-def _counts(m: ModelSpec) -> tuple[int, ...]:
+def _counts(m: ModelSpec) -> _Counts:
     """A model's parameter counts, part by part, in one pass (each read once; ~2 us where a
-    property per part, each kept, took ~9 us: '--params 33B' counts every dense preset):
-    (attention matmuls, attention, dense MLP, MoE layers, one routed expert, router, MoE MLP
-    block, dense layer, MoE layer, all layers, embedding, total, a linear-attention block, its
-    projections' weights). The dense and MoE layers are softmax-attention layers; a linear layer
-    has the linear block in place of softmax attention's."""
+    property per part, each kept, took ~9 us: '--params 33B' counts every dense preset)."""
     h, heads, kv_heads, qk, layers = m.hidden, m.heads, m.kv_heads, m.head_dim, m.layers
     gpt = m.arch == "gpt"
     mla = m.kv_lora_rank > 0
@@ -613,13 +630,14 @@ def _counts(m: ModelSpec) -> tuple[int, ...]:
         key, value, value_heads = m.linear_key_heads * m.linear_key_dim, m.linear_value_heads * m.linear_value_dim, \
             m.linear_value_heads
         linear_matmul = h * (2 * key + value + value + 2 * value_heads) + value * h
-        # the depthwise convolution over q, k and v, dt_bias and A_log per value head, the gated norm's weight
-        linear = linear_matmul + (2 * key + value) * m.linear_conv + 2 * value_heads + m.linear_value_dim
+        conv = (2 * key + value) * m.linear_conv  # the depthwise convolution over q, k and v
+        # dt_bias and A_log per value head, the gated norm's weight
+        linear = linear_matmul + conv + 2 * value_heads + m.linear_value_dim
     else:
-        linear_matmul = linear = 0
+        linear_matmul = linear = conv = 0
     # a linear layer's attention block in place of softmax attention's (the MLP and norms the same)
     all_layers = (layers - moe_layers) * dense_layer + moe_layers * moe_layer - linear_layers * (attention - linear)
     embedding = m.vocab * h + (m.seq_len * h if gpt else 0)  # token embedding, learned positions (gpt)
     head = 0 if m.tied_embeddings else m.vocab * h
-    return (matmul, attention, mlp, moe_layers, expert, router, moe_mlp, dense_layer, moe_layer, all_layers,
-            embedding, all_layers + embedding + norm + head, linear, linear_matmul)
+    return _Counts(matmul, attention, mlp, moe_layers, expert, router, moe_mlp, dense_layer, moe_layer, all_layers,
+                   embedding, all_layers + embedding + norm + head, linear, linear_matmul, conv)

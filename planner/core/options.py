@@ -328,7 +328,7 @@ def _hub_cached(model_id: str):
     try:
         snapshot = repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None
         if snapshot is None or not (snapshot / "config.json").is_file():
-            found = [p for p in (repo / "snapshots").glob("*/config.json")] if repo.is_dir() else []
+            found = list((repo / "snapshots").glob("*/config.json")) if repo.is_dir() else []
             snapshot = max(found, key=lambda p: p.stat().st_mtime).parent if found else None
     except OSError:
         snapshot = None

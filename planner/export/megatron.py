@@ -54,14 +54,19 @@ def linear_args(m) -> list:
     """Gated DeltaNet layers (Megatron-Core's experimental attention variant, Qwen3-Next): every N-th
     layer softmax attention, the N - 1 before it linear (--linear-attention-freq N), and the linear
     layers' heads, widths and convolution. Another count of softmax layers is ``rules.megatron_checks``'."""
-    linear = getattr(m, "linear_layers", 0) or 0
-    if not linear or m.layers % (m.layers - linear):
+    every = linear_freq(m.layers, getattr(m, "linear_layers", 0) or 0)
+    if not every:
         return []
-    return ["--experimental-attention-variant", "gated_delta_net",
-            "--linear-attention-freq", m.layers // (m.layers - linear),
+    return ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", every,
             "--linear-conv-kernel-dim", m.linear_conv, "--linear-key-head-dim", m.linear_key_dim,
             "--linear-value-head-dim", m.linear_value_dim, "--linear-num-key-heads", m.linear_key_heads,
             "--linear-num-value-heads", m.linear_value_heads]
+
+
+def linear_freq(layers: int, linear: int) -> int:
+    """Megatron's --linear-attention-freq N for ``linear`` linear layers of ``layers``: every N-th
+    layer softmax attention; 0 when there are none or their count is no such pattern."""
+    return layers // (layers - linear) if linear and not layers % (layers - linear) else 0
 
 
 def window_args(m) -> list:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from planner.core.layout import PARTIAL_RECOMPUTE
 from planner.core.pipeline import schedule_name
 from planner.errors import PlannerError
-from planner.export.megatron import skip_freq
+from planner.export.megatron import linear_freq, skip_freq
 
 TRAINER_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # reference_trainer/config.py: no fp8 path
 # The formats themselves (render, checks, language, stack) are one registry: planner/export/formats.py.
@@ -135,7 +135,7 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
         out.append(PlannerError("window_layers", windowed, f"Megatron's --window-attn-skip-freq N makes every N-th "
                                 f"layer full; {m.layers - windowed} full of {m.layers} layers is no such pattern"))
     linear = getattr(m, "linear_layers", 0)
-    if linear and m.layers % (m.layers - linear):
+    if linear and not linear_freq(m.layers, linear):
         out.append(PlannerError("linear_layers", linear, f"Megatron's --linear-attention-freq N makes every N-th layer "
                                 f"softmax attention; {m.layers - linear} of {m.layers} layers is no such pattern"))
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
