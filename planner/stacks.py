@@ -25,6 +25,10 @@ ATTENTION_KERNELS = ("flash2", "fused", "standard")  # fused: FlashAttention-3 /
 SELECTIVE = ("attention", "op")
 FP8_RECIPES = ("none", "tensorwise", "delayed")
 CP_EXCHANGES = ("gather", "torch")  # planner.core.steptime.context_parallel_exchange
+# Context parallel over linear-attention (Gated DeltaNet) layers: not run ("none": torchtitan's
+# Qwen3.5 refuses it), or by two all-to-alls a layer that trade the sequence split for a head
+# split around the kernel ("all_to_all": Megatron-Core's gated_delta_net, a2a_cp_to_hp/a2a_hp_to_cp).
+LINEAR_CPS = ("none", "all_to_all")
 ATTENTION_KV_HEADS = ("kv", "query")
 # How much of the s x s score square a flash-style attention kernel computes (planner.core.steptime
 # attention_times): "causal" skips the blocks above the diagonal (FlashAttention-2/3/4, cuDNN, TE,
@@ -87,6 +91,7 @@ class Stack:
     cp_grad_bytes: float  # bytes per dK/dV element passed back between context-parallel ranks
     cp_merge_bytes: float  # HBM bytes per local attention-output element per CP step, forward (partial merge)
     cp_accumulate_bytes: float  # the same in the backward (dQ/dK/dV accumulation and copies)
+    linear_attention_cp: str = "none"  # context parallel over linear-attention layers (LINEAR_CPS)
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
@@ -173,6 +178,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "cp_grad_bytes": ("cp_grad_bytes", "float", (1.0, 4.0)),
     "cp_merge_bytes": ("cp_merge_bytes", "float", (0.0, 256.0)),
     "cp_accumulate_bytes": ("cp_accumulate_bytes", "float", (0.0, 256.0)),
+    "linear_attention_cp": ("linear_attention_cp", "str", LINEAR_CPS),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "model_parallel": ("model_parallel", "bool", None),
@@ -213,7 +219,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
 OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype", "reduce_scatter_bytes", "grad_bucket_buffer",
-                 "attention_square", "model_parallel", "gather_cap_params")
+                 "attention_square", "model_parallel", "gather_cap_params", "linear_attention_cp")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

@@ -1,8 +1,8 @@
 """Linear attention (Gated DeltaNet) beside gated softmax attention: Qwen3-Next and Qwen3.5 (dense
 and MoE). Parameter counts against transformers and written out, FLOPs against Megatron-LM's count
 of a Gated DeltaNet layer, the attention kernel's time and the activations by hand, the layout rules
-(tensor parallel splits the linear heads, no context parallel), LoRA's adapters, the exports, and
-bad input in one line."""
+(tensor parallel splits the linear heads; context parallel by Megatron-Core's all-to-all on the
+stacks that run it, refused on the others), LoRA's adapters, the exports, and bad input in one line."""
 
 import json
 import math
@@ -13,7 +13,7 @@ from planner.cli.main import main
 from planner.core.finetune import trainable_params
 from planner.core.flops import attention_core_flops, attention_flops_per_token, model_flops_per_token
 from planner.core.layout import Candidates, Job, Layout
-from planner.core.memory import activation_bytes_per_layer
+from planner.core.memory import activation_bytes_per_layer, context_parallel_working
 from planner.core.model import ModelSpec
 from planner.core.options import model_from_hf_config
 from planner.core.search import Pins, search
@@ -21,6 +21,7 @@ from planner.core.steptime import attention_times, reference_peak
 from planner.errors import PlannerError
 from planner.hardware import get_profile
 from planner.stacks import software
+from tests.helpers import evaluate_one
 from tests.test_hf_configs import DATA
 
 # file: (parameters, active, linear layers of layers). Parameters: Hugging Face transformers 5.25.0's
@@ -136,7 +137,7 @@ def test_a_linear_layer_keeps_its_tensors_for_backward_by_hand():
     assert hybrid - plain == pytest.approx(per_token * 4096, rel=1e-12)
 
 
-def test_tensor_parallel_splits_the_linear_heads_and_context_parallel_is_refused(capsys):
+def test_tensor_parallel_splits_the_linear_heads_and_torchtitan_refuses_context_parallel(capsys):
     spec = ModelSpec(arch="llama", layers=8, hidden=1024, heads=16, kv_heads=16, linear_layers=6,
                      linear_key_heads=2, linear_value_heads=6, linear_key_dim=64, linear_value_dim=64, linear_conv=4,
                      seq_len=65536, output_gate=True)
@@ -149,9 +150,94 @@ def test_tensor_parallel_splits_the_linear_heads_and_context_parallel_is_refused
     with pytest.raises(PlannerError) as err:
         search(spec, hw, job, 16, Pins(cp=2))
     assert err.value.field == "cp" and "linear-attention layers" in str(err.value)
+    assert "megatron-core" in str(err.value)  # names the stacks that run it
     code = main(["estimate", "--hf-config", str(DATA / "Qwen3.5-27B.config.json"), "--seq-len", "32768",
                  "--gpus", "64", "--gpu", "h100", "--cp", "2"])
     assert code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+MEGATRON = Job(precision="bf16", global_batch=1, stack="megatron-core")
+
+
+def test_megatron_core_splits_linear_layers_over_context_parallel_by_whole_heads(capsys):
+    """Megatron-Core's Gated DeltaNet trades the sequence split for a head split (its in_proj
+    split sections must divide by cp after TP): every searched layout gives each rank whole linear
+    key and value heads, tp*cp dividing 2 and 6 here."""
+    spec = ModelSpec(arch="llama", layers=8, hidden=1024, heads=16, kv_heads=16, linear_layers=6,
+                     linear_key_heads=2, linear_value_heads=6, linear_key_dim=64, linear_value_dim=64, linear_conv=4,
+                     seq_len=65536, output_gate=True)
+    hw = get_profile("h100-80g")
+    rows = search(spec, hw, MEGATRON.replace(global_batch=64), 16, Pins()).table.candidates
+    pairs = set(zip(rows.tp.tolist(), rows.cp.tolist()))
+    assert {(1, 2), (2, 1)} <= pairs and pairs <= {(1, 1), (1, 2), (2, 1)}
+    with pytest.raises(PlannerError) as err:
+        search(spec, hw, MEGATRON.replace(global_batch=64), 16, Pins(tp=2, cp=2))
+    assert err.value.field == "cp" and "tp*cp=4 must divide linear_key_heads=2" in str(err.value)
+    code = main(["estimate", "--hf-config", str(DATA / "Qwen3.5-27B.config.json"), "--gpus", "64", "--gpu", "h100",
+                 "--stack", "megatron-core", "--tp", "2", "--cp", "32"])
+    assert code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_context_parallel_splits_the_delta_rule_over_heads():
+    """Each of cp ranks runs the whole sequence of 1/cp of the linear heads, and 1/cp of the
+    softmax layers' load-balanced triangle: the attention kernels take 1/cp of the time (the softmax
+    layers' at Megatron-Core's fused kernel's rate, the delta rule's at the flash kernel's)."""
+    spec, hw = small(seq_len=65536), get_profile("h100-80g")
+    one, four = (Candidates.from_layouts([Layout(dp=1, cp=cp, micro_batch=1, global_batch=1)]) for cp in (1, 4))
+    peak, e = reference_peak(hw, "bf16"), hw.efficiency
+    s, q = 65536, 8 * 256
+    for c, cp in ((one, 1), (four, 4)):
+        fwd = float(attention_times(spec, hw, MEGATRON, c, software(MEGATRON))[0][0])
+        softmax = 6 / 24 * 0.5 * 2 * s * s * 2 * q / cp  # one sequence: the triangle's QK^T and AV
+        linear = 18 / 24 * s * 8 * 16 * 128 * 128 / cp
+        assert fwd == pytest.approx(softmax / (peak * e.fused_attention) + linear / (peak * e.flash_attention),
+                                    rel=1e-9)
+
+
+def test_the_linear_layers_all_to_alls_by_hand():
+    """Qwen3.5-0.8B at 65,536 tokens, cp 4 inside one node, no recompute: each of the 18 linear
+    layers sends its input projection's output (q, k: 16 x 128; v, z: 16 x 128; beta, a: 16 each,
+    8224 wide, 16-bit) from the rank's 16,384 tokens to the heads' layout, and its 2048-wide output
+    back, each an all-to-all keeping 1/4 and sending 3/4 over NVLink; the backward sends both
+    gradients. The 6 softmax layers' ring is hidden behind their attention (megatron-core's
+    cp_overlap 1). One micro-batch, one stage: the step's CP time is the 24 layers' sum."""
+    spec, hw = small(seq_len=65536), get_profile("h100-80g")
+    ev = evaluate_one(spec, Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=1), MEGATRON,
+                      gpu="h100-80g")
+    bw = hw.network.intra_bytes_per_s * hw.efficiency.intra_node_bw
+    lat = hw.network.intra_latency_s
+    tokens = 65536 / 4
+    into = 3 / 4 * 2 * tokens * (2 * 2048 + 2 * 2048 + 2 * 16) / bw + lat
+    back = 3 / 4 * 2 * tokens * 2048 / bw + lat
+    assert float(ev.time.cp_comm[0]) == pytest.approx(18 * 2 * (into + back), rel=1e-9)
+    full = evaluate_one(spec, Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=1, recompute="full"),
+                        MEGATRON, gpu="h100-80g")
+    assert float(full.time.cp_comm[0]) == pytest.approx(18 * 3 * (into + back), rel=1e-9)  # forward again
+
+
+def test_the_all_to_all_working_memory_by_hand():
+    """While a linear layer runs under cp 4, its projection's output is held twice beside what the
+    layer keeps (the copy permuted for the exchange, the exchange's output before the load
+    balancing is undone): 2 x 2 bytes x 16,384 tokens x 8224. The softmax layers' gathered K/V and
+    its gradient (2 x 2 bytes x 65,536 x 512, twice) are smaller; the larger is the working set."""
+    spec = small(seq_len=65536)
+    c = Candidates.from_layouts([Layout(dp=1, cp=4, micro_batch=1, global_batch=1, zero_stage=1)])
+    linear = 2 * 2 * 16384 * 8224
+    softmax = 2 * (2 * 2 * 65536 * 512)
+    assert softmax < linear
+    assert float(context_parallel_working(spec, c, MEGATRON, software(MEGATRON))[0]) == pytest.approx(linear,
+                                                                                                        rel=1e-12)
+
+
+def test_qwen3_5_27b_at_its_file_context_fits_only_where_context_parallel_runs():
+    """At 262,144 tokens on 64 H100: torchtitan (no context parallel for Qwen3.5) has no layout that
+    fits; Megatron-Core's all-to-all splits the linear layers too, and a layout fits."""
+    spec, _ = model_from_hf_config(DATA / "Qwen3.5-27B.config.json")
+    hw, job = get_profile("h100-80g"), Job(precision="bf16", global_batch=16)
+    assert not search(spec, hw, job, 64, Pins()).fits.any()
+    megatron = search(spec, hw, job.replace(stack="megatron-core"), 64, Pins())
+    best = megatron.ranked([0]).candidates
+    assert megatron.fits.any() and int(best.cp[0]) > 1 and 16 % int(best.tp[0] * best.cp[0]) == 0
 
 
 def test_lora_adapts_q_k_v_o_in_the_softmax_layers_only():

@@ -142,14 +142,17 @@ def test_exposed_all_to_all_with_fp8_dispatch_and_overlap_by_hand():
 def test_hai_llm_stack_is_megatron_core_but_its_all_to_all():
     """hai-llm inherits every megatron-core value but the [moe] table, which it sets from the
     DeepSeek-V3 report (fp8 dispatch, bf16 combine, per-node dedup, full overlap, 20 of 132 SMs),
-    and its schedules (DualPipe, planned as DualPipeV)."""
+    its schedules (DualPipe, planned as DualPipeV), and context parallel over linear attention
+    (the report describes none)."""
     hai, mc = get_stack("hai-llm"), get_stack("megatron-core")
     moe_keys = {"ep_dispatch_bytes", "ep_combine_bytes", "ep_dedup", "ep_overlap", "ep_sm_share"}
     for f in type(mc).__dataclass_fields__:
-        if f not in moe_keys | {"name", "description", "source", "path", "not_modelled", "schedules", "base"}:
+        if f not in moe_keys | {"name", "description", "source", "path", "not_modelled", "schedules", "base",
+                                "linear_attention_cp"}:
             assert getattr(hai, f) == getattr(mc, f), f
     assert hai.schedules == ("1f1b", "dualpipev") and mc.schedules == ("1f1b",)  # DualPipe, as DualPipeV
     assert hai.base == "megatron-core"
+    assert (hai.linear_attention_cp, mc.linear_attention_cp) == ("none", "all_to_all")
     assert (hai.ep_dispatch_bytes, hai.ep_combine_bytes, hai.ep_dedup, hai.ep_overlap) == (1.0, 2.0, True, 1.0)
     assert hai.ep_sm_share == pytest.approx(20 / 132, abs=5e-4)
     assert get_stack("deepseek").name == "hai-llm"

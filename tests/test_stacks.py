@@ -63,6 +63,8 @@ def _write(tmp_path, old: str, new: str) -> Path:
     ("reduce_scatter_bytes = 6", 'reduce_scatter_bytes = 6\ngrad_dtype = "bf16"', "grad_dtype", "one of fp32, model"),
     ("reduce_scatter_bytes = 6", "reduce_scatter_bytes = 6\ngrad_bucket_buffer = 1", "grad_bucket_buffer",
      "true or false"),
+    ("reduce_scatter_bytes = 6", 'reduce_scatter_bytes = 6\nlinear_attention_cp = "ulysses"', "linear_attention_cp",
+     "one of none, all_to_all"),
 ])
 def test_a_bad_stack_file_is_one_error_naming_key_value_and_what_is_allowed(tmp_path, old, new, field, allowed):
     with pytest.raises(PlannerError) as err:
@@ -336,3 +338,13 @@ def test_effective_profile_is_remembered_per_profile_and_stack():
     assert effective(hw, mcore, True).efficiency.tp_overlap == mcore.tp_overlap_async
     slower = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, matmul=0.5))
     assert effective(slower, fsdp2).efficiency.matmul == 0.5 and first.efficiency.matmul == hw.efficiency.matmul
+
+
+def test_context_parallel_over_linear_attention_is_megatron_core_s_and_what_builds_on_it():
+    """Megatron-Core's Gated DeltaNet all-to-alls (megatron/core/ssm/gated_delta_net); the stacks
+    run on Megatron-Core (its FSDP, NeMo's recipes) inherit them; torchtitan's Qwen3.5 refuses
+    context parallel, Llama 3's and DeepSeek-V3's in-house stacks describe no linear attention,
+    and a file without the key (published before it) runs none."""
+    runs = {n for n in stack_names() if get_stack(n).linear_attention_cp == "all_to_all"}
+    assert runs == {"megatron-core", "megatron-fsdp", "nemo"}
+    assert get_stack("fsdp2").linear_attention_cp == "none"

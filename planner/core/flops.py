@@ -70,7 +70,7 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
         return [
             Gemm(tokens, qkv / tp, h, soft),  # q (and its gate), k, v
             Gemm(tokens, h, out / tp, soft),  # attention output projection
-            Gemm(tokens, (model.linear_attention_matmul_params - value * h) / h / tp, h, lin),  # q, k, v, z, b, a
+            Gemm(tokens, model.linear_projection_width / tp, h, lin),  # q, k, v, z, b, a
             Gemm(tokens, h, value / tp, lin),  # the linear layer's output projection
             Gemm(tokens, mlp_in / tp, h),
             Gemm(tokens, h, f / tp),
@@ -96,10 +96,12 @@ def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarr
     return half * 2.0 * micro_batch * model.seq_len**2 * model.attn_core_width / tp / cp
 
 
-def linear_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray) -> np.ndarray:
+def linear_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
+                      cp: np.ndarray | int = 1) -> np.ndarray:
     """The gated delta rule's forward FLOPs per layer (the mean over layers) per micro-batch per GPU:
-    ``linear_core_flops`` per token of each linear layer, value heads split by tensor parallel."""
-    return micro_batch * model.seq_len * model.linear_core_flops * (model.linear_layers / model.layers) / tp
+    ``linear_core_flops`` per token of each linear layer, value heads split by tensor parallel and
+    by context parallel (its all-to-all gives each rank the whole sequence of 1/cp of the heads)."""
+    return micro_batch * model.seq_len * model.linear_core_flops * (model.linear_layers / model.layers) / tp / cp
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:

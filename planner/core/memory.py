@@ -532,7 +532,14 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     # dQ (query width), dK and dV (exchanged width), fp32, and their copies for the send and receive
     grads = model.q_width + 2 * width + 4 * width
     extra = where(st.cp_exchange == "torch", st.cp_grad_bytes * local * grads, gathered)
-    return where(c.cp > 1, gathered + extra, 0.0)
+    working = gathered + extra
+    if model.linear_layers:
+        # A linear-attention layer under Megatron-Core's all-to-all: its input projection's output
+        # (2 key + 2 value widths + 2 per value head) twice beside what the layer keeps, the copy
+        # permuted for the exchange and the exchange's output before its load balancing is undone.
+        projected = 2 * e * local * model.linear_projection_width
+        working = maximum(working if model.softmax_share else 0.0, projected)
+    return where(c.cp > 1, working, 0.0)
 
 
 def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first, is_last) -> np.ndarray:

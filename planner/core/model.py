@@ -322,6 +322,13 @@ class ModelSpec:
         return (self.layers - self.linear_layers) / self.layers if self.linear_layers else 1.0
 
     @property
+    def linear_projection_width(self) -> int:
+        """A linear layer's input projection, output width: q and k (key heads x key_dim each), v and
+        the gate z (value heads x value_dim each), beta and the decay's input a (one per value head)."""
+        value = self.linear_value_heads * self.linear_value_dim
+        return 2 * self.linear_key_heads * self.linear_key_dim + 2 * value + 2 * self.linear_value_heads
+
+    @property
     def linear_core_flops(self) -> int:
         """Forward FLOPs per token of one linear layer's gated delta rule: per value head, the state's
         update and read-out, four products of the key x value state (decay and delta, the outer
@@ -629,7 +636,7 @@ def _counts(m: ModelSpec) -> _Counts:
     if linear_layers:  # Gated DeltaNet: projections of q, k, v, the output gate z, beta and the decay a; out
         key, value, value_heads = m.linear_key_heads * m.linear_key_dim, m.linear_value_heads * m.linear_value_dim, \
             m.linear_value_heads
-        linear_matmul = h * (2 * key + value + value + 2 * value_heads) + value * h
+        linear_matmul = h * m.linear_projection_width + value * h
         conv = (2 * key + value) * m.linear_conv  # the depthwise convolution over q, k and v
         # dt_bias and A_log per value head, the gated norm's weight
         linear = linear_matmul + conv + 2 * value_heads + m.linear_value_dim

@@ -182,9 +182,10 @@ def _divisors(n: int) -> tuple[int, ...]:
 _FACTORS_NAME = "*".join(GPU_FACTORS)  # the field named when the pinned degrees do not multiply to the GPUs
 
 
-def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None, uneven: bool = False) -> None:
+def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None, stack: Stack) -> None:
     """Pinned values that can never be valid get one clear error each (each value's own rule was
     checked when the Pins were made)."""
+    uneven, linear_cp = stack.uneven_interleave, linear_cp_runs(stack)
     require(isinstance(gpus, (int, np.integer)) and 1 <= gpus <= MAX_GPUS, "gpus", gpus,
             lambda: f"an integer from 1 to {MAX_GPUS:,}")
     if pins.tp is not None:
@@ -201,8 +202,15 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     if pins.pp is not None:
         require(pins.pp <= model.layers, "pp", pins.pp, lambda: f"at most layers={model.layers}")
     if pins.cp is not None and pins.cp > 1:
-        require(not model.linear_layers, "cp", pins.cp, "1 for a model with linear-attention layers (context "
-                "parallel over Gated DeltaNet is not modelled; torchtitan refuses it)")
+        if model.linear_layers:
+            require(linear_cp, "cp", pins.cp, lambda: f"1 for a model with linear-attention layers on the {stack.name} "
+                    "stack (torchtitan's Qwen3.5 refuses context parallel); stacks that run it over Gated DeltaNet "
+                    f"by all-to-all: {', '.join(n for n in stack_names() if linear_cp_runs(get_stack(n)))}")
+            split = pins.cp * (pins.tp or 1)
+            require(linear_heads_split(model, split), "cp", pins.cp,
+                    lambda: f"{'tp*cp' if pins.tp else 'cp'}={split} must divide linear_key_heads="
+                            f"{model.linear_key_heads} and linear_value_heads={model.linear_value_heads} (the "
+                            "all-to-all gives each rank whole heads of the whole sequence)")
         require(model.seq_len % (2 * pins.cp) == 0, "cp", pins.cp,
                 lambda: f"seq_len={model.seq_len} must divide into 2*cp={2 * pins.cp} load-balanced chunks")
     degrees = {name: getattr(pins, name) for name in GPU_FACTORS}
@@ -214,7 +222,7 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     if degrees["cp"] is None and None not in others.values():  # context parallel would take the rest
         product = math.prod(others.values())
         rest = gpus // product if gpus % product == 0 else 0
-        require(rest in cp_degrees(model, rest, None) if rest else False, "*".join(others), product,
+        require(rest in cp_degrees(model, rest, None, linear_cp) if rest else False, "*".join(others), product,
                 lambda: f"must equal gpus={gpus} (" + " ".join(f"{k}={v}" for k, v in others.items())
                 + (f"; context parallel {rest} does not split seq_len={model.seq_len} into chunks of at least "
                    f"{CP_MIN_TOKENS} tokens" if rest > 1 else "") + ")")
@@ -256,18 +264,28 @@ CP_MAX = 32  # context-parallel degrees searched up to this (pinned: any)
 CP_MIN_TOKENS = 4096  # searched only while each rank keeps at least this many tokens of a sequence
 
 
+def linear_heads_split(model: ModelSpec, ranks: int) -> bool:
+    """Each of ``ranks`` ranks gets whole linear-attention key and value heads (always, without them)."""
+    return not model.linear_layers or (model.linear_key_heads % ranks == 0 and model.linear_value_heads % ranks == 0)
+
+
 def tp_splits(model: ModelSpec, tp: int) -> bool:
     """Tensor parallel splits whole heads: query, K/V and, with linear attention, its key and value heads."""
-    return (model.heads % tp == 0 and model.kv_heads % tp == 0
-            and (not model.linear_layers or (model.linear_key_heads % tp == 0 and model.linear_value_heads % tp == 0)))
+    return model.heads % tp == 0 and model.kv_heads % tp == 0 and linear_heads_split(model, tp)
 
 
-def cp_degrees(model: ModelSpec, n: int, pinned: int | None) -> list[int]:
+def linear_cp_runs(stack: Stack) -> bool:
+    """The stack runs context parallel over linear-attention layers (Megatron-Core's all-to-all)."""
+    return stack.linear_attention_cp == "all_to_all"
+
+
+def cp_degrees(model: ModelSpec, n: int, pinned: int | None, linear_cp: bool = False) -> list[int]:
     """Context-parallel degrees dividing ``n`` GPUs: a sequence splits into 2*cp load-balanced
     causal chunks (torchtitan, Megatron-Core), so seq_len must divide by 2*cp; searched only for
-    long sequences (each rank keeping at least CP_MIN_TOKENS), any pinned degree tried. None but 1
-    with linear-attention layers (not modelled under context parallel)."""
-    if model.linear_layers:
+    long sequences (each rank keeping at least CP_MIN_TOKENS), any pinned degree tried. With
+    linear-attention layers, none but 1 unless the stack runs them split (``linear_cp``: then the
+    degree must also leave whole linear heads per rank, which ``_mesh`` checks with tp)."""
+    if model.linear_layers and not linear_cp:
         return [1] if pinned in (None, 1) else []
     if pinned is not None:
         return [pinned] if n % pinned == 0 and (pinned == 1 or model.seq_len % (2 * pinned) == 0) else []
@@ -277,13 +295,14 @@ def cp_degrees(model: ModelSpec, n: int, pinned: int | None) -> list[int]:
 
 @functools.lru_cache(maxsize=256)  # a tuple of a few hundred rows, the same for every search of a model, count and pins
 def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
-          extra_vpp: int | None = None) -> tuple[tuple[int, int, int, int, int], ...]:
+          extra_vpp: int | None = None, linear_cp: bool = False) -> tuple[tuple[int, int, int, int, int], ...]:
     """Every (dp, tp, pp, vpp, cp) whose product dp*tp*pp*cp is the GPU count, tp dividing the heads,
     vpp dividing the layers per stage, and the pinned ones kept. ``uneven``: the stack splits
     layers unevenly across virtual stages too (torchtitan's split points, Megatron-Core's
     first/last-stage layer counts), so a few interleaving degrees are tried when layers do not
     divide pp*vpp (Llama 3 405B: 126 layers). ``extra_vpp``: a pinned degree tried as well, unpinned
-    (the widened table of ``enumerate_layouts``)."""
+    (the widened table of ``enumerate_layouts``). ``linear_cp``: the stack splits linear-attention
+    layers over context parallel too (tp*cp dividing their heads)."""
     out = []
     for tp in _dividing(gpus, pins.tp):
         if not tp_splits(model, tp):
@@ -292,9 +311,9 @@ def _mesh(model: ModelSpec, gpus: int, pins: Pins, uneven: bool = False,
             if pp > model.layers:
                 continue
             vpps = _vpps(model, pp, uneven, pins.vpp, extra_vpp)
-            for cp in cp_degrees(model, gpus // (tp * pp), pins.cp):
+            for cp in cp_degrees(model, gpus // (tp * pp), pins.cp, linear_cp):
                 dp = gpus // (tp * pp * cp)
-                if pins.dp is not None and dp != pins.dp:
+                if (pins.dp is not None and dp != pins.dp) or (cp > 1 and not linear_heads_split(model, tp * cp)):
                     continue
                 out += [(dp, tp, pp, vpp, cp) for vpp in vpps]
     return tuple(out)
@@ -347,13 +366,15 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     ``as_row``: when the fields allow one layout alone (every one pinned), that layout as
     ``Candidates.one_row`` gives it (its columns Python scalars), built without arrays."""
     if not widen:
-        _check_pins(model, gpus, pins, job.global_batch, job_stack(job).uneven_interleave)
+        _check_pins(model, gpus, pins, job.global_batch, job_stack(job))
         check_stack_pins(job_stack(job), pins)
         if pins.schedule == "dualpipev" and job.compile:
             raise PlannerError("schedule", "dualpipev", "torch's ScheduleDualPipeV does not run compiled stages "
                                                         "(its split backward); drop --compile or pin --schedule 1f1b")
-    uneven = job_stack(job).uneven_interleave
-    mesh = _mesh(model, gpus, Pins(), uneven, pins.vpp) if widen else _mesh(model, gpus, pins, uneven)
+    stack = job_stack(job)
+    uneven, linear_cp = stack.uneven_interleave, bool(model.linear_layers) and linear_cp_runs(stack)
+    mesh = (_mesh(model, gpus, Pins(), uneven, pins.vpp, linear_cp) if widen
+            else _mesh(model, gpus, pins, uneven, None, linear_cp))
     if not mesh:
         return Candidates.empty(), (f"no (dp, tp, pp, vpp, cp) multiplies to gpus={gpus} with tp dividing "
                                     f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
@@ -682,7 +703,8 @@ def batch_units(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> s
     dp*micro_batch, times pp when interleaved (m divisible by pp)."""
     mbs = _values(DIMS["micro_batch"], job, model, pins.micro_batch, widen=False)
     gpipe = pins.schedule == "gpipe"  # GPipe is not interleaved here
-    return {dp * mb * (pp if vpp > 1 else 1) for dp, _, pp, vpp, _ in _mesh(model, gpus, pins) for mb in mbs
+    mesh = _mesh(model, gpus, pins, False, None, bool(model.linear_layers) and linear_cp_runs(job_stack(job)))
+    return {dp * mb * (pp if vpp > 1 else 1) for dp, _, pp, vpp, _ in mesh for mb in mbs
             if not (gpipe and vpp > 1)}
 
 

@@ -201,9 +201,7 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     the peak, backward 2.5x forward as flash's (it too recomputes, its chunk states); not calibrated."""
     e = hw.efficiency
     half_peak = reference_peak(hw, job.precision)
-    linear = 0.0
-    if model.linear_layers:
-        linear = linear_core_flops(model, c.micro_batch, c.tp) / (half_peak * e.flash_attention)
+    linear = linear_kernel_time(model, hw, job, c) if model.linear_layers else 0.0
     if sw.attention == "standard":
         flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
         fwd = flops / (half_peak * gemm_efficiency(hw, float(model.head_dim)))
@@ -216,6 +214,14 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     if model.linear_layers:
         fwd = fwd + linear
     return fwd, FLASH_BACKWARD_RATIO * fwd
+
+
+def linear_kernel_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> np.ndarray:
+    """The forward time of the gated delta rule per layer (the mean over layers) per micro-batch: its
+    FLOPs (context parallel's all-to-all leaves each rank 1/cp of the heads) at the flash kernel's
+    fraction of the 16-bit peak. Its backward is FLASH_BACKWARD_RATIO of it."""
+    return (linear_core_flops(model, c.micro_batch, c.tp, c.cp)
+            / (reference_peak(hw, job.precision) * hw.efficiency.flash_attention))
 
 
 def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, links: comm.Links,
@@ -282,6 +288,9 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         sent = where(c.tp > 1, (4 + again * again_share) * (1 - e.tp_overlap), 0.0) * collective
     else:  # no layout splits the layers: the same zeros
         calls = sent = c.full(0.0)
+    if model.linear_layers and any_(c.cp > 1):  # the ring passes the softmax layers' K/V alone
+        linear = linear_kernel_time(model, hw, job, c)
+        attn_fwd, attn_bwd = attn_fwd - linear, attn_bwd - FLASH_BACKWARD_RATIO * linear
     return _LayerTimes(fwd, bwd, recompute, sent, calls,
                        context_parallel_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), ep_comm,
                        weight_grads * gemms + adapter)
@@ -303,9 +312,24 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     after it; the backward all-gathers K/V again and passes each step's dK/dV (cp_grad_bytes per
     value) to the next rank, waited after the next step's attention: cp sends, the last exposed.
     Each of the cp - 1 remote steps merges the partial output in fp32 (forward) and accumulates
-    dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element."""
+    dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element.
+
+    With linear-attention layers the mean layer: the softmax layers' exchange (``attn_fwd`` and
+    ``attn_bwd`` are their attention times alone, the mean over all layers), and the linear
+    layers' all-to-alls (``linear_all_to_all``)."""
     if not any_(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
         return c.full(0.0)
+    if model.linear_layers:
+        soft = model.softmax_share
+        ring = _ring_exchange(model, job, c, links, sw, attn_fwd / soft, attn_bwd / soft, hbm) if soft else 0.0
+        return where(c.cp > 1, soft * ring + (1 - soft) * linear_all_to_all(model, job, c, links), 0.0)
+    return where(c.cp > 1, _ring_exchange(model, job, c, links, sw, attn_fwd, attn_bwd, hbm), 0.0)
+
+
+def _ring_exchange(model: ModelSpec, job: Job, c: Candidates, links: comm.Links, sw: Software,
+                   attn_fwd: np.ndarray, attn_bwd: np.ndarray, hbm: float) -> np.ndarray:
+    """``context_parallel_exchange`` of one softmax-attention layer, ``attn_fwd`` and ``attn_bwd``
+    its attention core's times (the layouts with cp = 1 included: the caller zeroes them)."""
     st, act, cp = sw.stack, ACT_BYTES[job.precision], as_float(c.cp)
     grad_bytes = max(st.cp_grad_bytes, act)  # gradients travel at least at the activations' width
     width = attention_kv_width(model, sw)
@@ -323,7 +347,23 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
         fwd = maximum(0.0, gather - step_f) + (cp - 1) * st.cp_merge_bytes * elems / hbm
         bwd = (maximum(0.0, gather - step_b) + (cp - 1) * maximum(0.0, send - step_b) + send
                + (cp - 1) * st.cp_accumulate_bytes * elems / hbm)
-    return where(c.cp > 1, fwd + bwd + recomputed_layers(c.recompute) * fwd, 0.0)
+    return fwd + bwd + recomputed_layers(c.recompute) * fwd
+
+
+def linear_all_to_all(model: ModelSpec, job: Job, c: Candidates, links: comm.Links) -> np.ndarray:
+    """Context parallel's exchange in one linear-attention layer per micro-batch (Megatron-Core's
+    gated_delta_net, a2a_cp_to_hp and a2a_hp_to_cp): the input projection's output (q, k, v, the
+    gate z, beta and the decay's input: 2 key + 2 value widths + 2 per value head, split by TP)
+    goes from this rank's 1/cp of the sequence to 1/cp of the heads over the whole sequence, one
+    all-to-all over the cp ranks (tp apart); after the gated norm its output (the value width)
+    comes back the same way. The backward sends both gradients back, a full recompute both
+    forward ones again. Synchronous: nothing hides them (the kernel waits for its inputs)."""
+    act = ACT_BYTES[job.precision]
+    tokens = c.micro_batch * model.seq_len / c.cp
+    into = comm.all_to_all(links, act * tokens * model.linear_projection_width / c.tp, c.cp, c.tp)
+    back = comm.all_to_all(links, act * tokens * model.linear_value_heads * model.linear_value_dim / c.tp,
+                           c.cp, c.tp)
+    return (2 + recomputed_layers(c.recompute)) * (into + back)
 
 
 def time_shared(hw: HardwareProfile, c: Candidates) -> np.ndarray:
