@@ -169,7 +169,7 @@ def test_megatron_core_splits_linear_layers_over_context_parallel_by_whole_heads
     hw = get_profile("h100-80g")
     rows = search(spec, hw, MEGATRON.replace(global_batch=64), 16, Pins()).table.candidates
     pairs = set(zip(rows.tp.tolist(), rows.cp.tolist()))
-    assert {(1, 2), (2, 1)} <= pairs and pairs <= {(1, 1), (1, 2), (2, 1)}
+    assert {(1, 2), (2, 1)} <= pairs <= {(1, 1), (1, 2), (2, 1)}
     with pytest.raises(PlannerError) as err:
         search(spec, hw, MEGATRON.replace(global_batch=64), 16, Pins(tp=2, cp=2))
     assert err.value.field == "cp" and "tp*cp=4 must divide linear_key_heads=2" in str(err.value)
