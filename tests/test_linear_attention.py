@@ -117,7 +117,8 @@ def test_at_a_long_context_linear_layers_make_the_step_shorter():
 
 def test_a_linear_layer_keeps_its_tensors_for_backward_by_hand():
     """Per token, e = 2 bytes, one GPU, flash attention, no recompute: a gated softmax layer keeps
-    q, k, v and the projection input (e (h + 2 kv) + e h) plus the gate and the output before it
+    q, k, v and the projection input (e (q + 2 kv) + e q: 8 heads of 256, twice the hidden width)
+    plus the gate and the output before it
     (2 e q); a Gated DeltaNet layer the convolution's input and the kernel's q, k, v (2 e (2 qk + v)),
     z, the kernel's and the norm's outputs (3 e v), beta (twice), the fp32 decay and the 64-wide
     chunk triangle per value head (Hv (2 e + 4 + 64 e)); the layer is the mean, 6 of 24 softmax."""
@@ -129,7 +130,8 @@ def test_a_linear_layer_keeps_its_tensors_for_backward_by_hand():
     plain = float(activation_bytes_per_layer(spec.replace(linear_layers=0, linear_key_heads=0, linear_value_heads=0,
                                                     linear_key_dim=0, linear_value_dim=0, linear_conv=0,
                                                     output_gate=False), c, job)[0])
-    attention = e * (h + 2 * kv) + e * h
+    attention = e * (q + 2 * kv) + e * q
+    assert q == 2 * h
     gated = attention + 2 * e * q
     linear = 2 * e * (2 * qk + v) + 3 * e * v + 16 * (2 * e + 4 + 64 * e)
     lse = 4 * 8  # flash attention's log-sum-exp per head, softmax layers only

@@ -57,10 +57,16 @@ def test_lora_uses_less_memory_and_time_than_full_finetuning():
     assert states_full == pytest.approx(model.params * (2 + 4 + 12), rel=1e-6)
     assert states_lora == pytest.approx(model.params * 2 + 4_194_304 * (2 + 4 + 12), rel=1e-6)
     # Activations are still kept for the backward pass through the frozen layers, except the inputs
-    # kept only for frozen weights' gradients: o_proj's (h), the MLP's (h) and down_proj's (f), 2 bytes
-    # each, per token (2048 per micro-batch) and layer (32).
+    # kept only for frozen weights' gradients: the MLP's (h) and down_proj's (f), 2 bytes each, per
+    # token (2048 per micro-batch) and layer (32). o_proj's input is the attention output, which
+    # the flash kernel's backward reads (FlashAttention-2 saves q, k, v, out and the log-sum-exp):
+    # kept though o_proj is frozen.
     saved = float(full.memory.activations[0]) - float(lora.memory.activations[0])
-    assert saved == pytest.approx(2 * (4096 + 4096 + 11008) * 2048 * 32, rel=1e-9)
+    assert saved == pytest.approx(2 * (4096 + 11008) * 2048 * 32, rel=1e-9)
+    standard = Job(mode="lora", stack="megatron-core", attention="standard")
+    dropped = (float(evaluate_one(model, lay, standard.replace(mode="full-finetune")).memory.activations[0])
+               - float(evaluate_one(model, lay, standard).memory.activations[0]))
+    assert dropped == pytest.approx(2 * (4096 + 4096 + 11008) * 2048 * 32, rel=1e-9)  # unfused: o_proj's input too
     # No weight gradients for frozen matmuls: the step is about 2/3 of full fine-tuning.
     ratio = float(lora.step_s[0] / full.step_s[0])
     assert 0.6 < ratio < 0.8

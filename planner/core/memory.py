@@ -128,7 +128,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
       replicated over TP ranks unless sequence parallel: inputs of the two norms (four with
         ``post_norms``), of QKV and of the MLP (4 * e*h) and the two dropout masks (2 * h, GPT only);
-      split by TP: Q, K, V and the attention output (e*(2h + 2h_kv)), the MLP's internal
+      split by TP: Q, K, V and the attention output (e*(2h + 2h_kv); Q and the output at their own
+        widths, heads x head widths, where those are not h), the MLP's internal
         tensors (2 * e*f for GELU, 3 * e*f for SwiGLU), and for standard attention the softmax
         output (e*a*s) plus dropout mask and output ((1 + e)*a*s with dropout); flash attention keeps
         only the fp32 log-sum-exp (4a). Selective recompute drops the s x s terms.
@@ -186,7 +187,14 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # A fused QKV projection split into views: with RoPE copying Q and K, attention keeps V's view
     # and with it the whole output, Q and K parts included (the stack's qkv_buffer_kept).
     qkv_buffer = sw.stack.qkv_buffer_kept and not model.learned_positions and not model.kv_lora_rank
-    attention = e * (h + 2 * kv) + e * (model.q_width + model.k_width) * qkv_buffer + e * h * trains("o_proj")
+    # Q, K and V as the attention kernel reads them (Q heads x qk width: wider than h where head_dim
+    # x heads is, Qwen3-30B-A3B, Gemma 3, MLA), and its output (heads x v width), the output
+    # projection's input: kept for that projection's weight gradient and for a flash kernel's
+    # backward, which reads it whether or not the projection trains (standard attention's reads
+    # the softmax output and V instead).
+    q, out = model.q_width, model.attn_out_width
+    out_kept = trains("o_proj") or job.attention != "standard"
+    attention = e * (q + 2 * kv) + e * (q + model.k_width) * qkv_buffer + e * out * out_kept
     split = (attention
              + (e * 2 * f + e * f * eager if model.gated_mlp else e * f)  # gate, up (+ SiLU out) | GELU in
              + e * f * trains("down_proj"))  # MLP-out input
@@ -203,7 +211,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     if sw.stack.tp_saves_gathered_inputs:
         per_token = per_token + gathered
     if sw.stack.selective == "op":  # input and the second matmul's output (replicated), the rest split
-        kept_split = (h + hkv + f if model.gated_mlp else h + 2 * hkv + f) + h  # + attention output
+        kept_split = (q + hkv + f if model.gated_mlp else q + 2 * hkv + f) + out  # + attention output
         op = where(c.sequence_parallel, 2 * e * h / tp, 2 * e * h) + (e * kept_split + 4.0 * a) / tp
         per_token = where(rc == 1, op, per_token)
     full = where(c.sequence_parallel, e * h / tp, e * h)
