@@ -172,7 +172,7 @@ def test_bad_window_fields_are_one_line(fields, field):
     ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
     ({"layer_types": ["chunked_attention"] * 42}, "layer_types"),
     ({"sliding_window": "4096"}, "sliding_window"),
-    ({"model_type": "gemma4_text"}, "model_type"),
+    ({"model_type": "gemma3n_text"}, "model_type"),
 ])
 def test_a_config_the_planner_cannot_read_is_one_line(tmp_path, changes, key):
     cfg = {**json.loads((DATA / "gemma-2-9b.config.json").read_text()), **changes}

@@ -92,6 +92,8 @@ def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarr
     holds chunks i and 2cp-1-i, so every rank does the same share of the triangle). Causal, a sliding
     window leaves the ``attention_span`` share of the triangle; the full square is the full square
     (of the softmax layers: linear-attention layers have none)."""
+    if causal and model.global_layers:  # each kind of layer its own share of the triangle at its own width
+        return 0.5 * 2.0 * micro_batch * model.seq_len**2 * model.attention_pair_width / tp / cp
     half = 0.5 * model.attention_span if causal else model.softmax_share
     return half * 2.0 * micro_batch * model.seq_len**2 * model.attn_core_width / tp / cp
 
@@ -113,6 +115,8 @@ def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
     """Forward attention-core FLOPs per token, all layers: 2*s*heads*(qk_dim + v_dim) per layer (4*s*h
     for standard attention), half of it causal (and of that the ``attention_span`` share: sliding windows,
     linear layers); a linear layer's gated delta rule, ``linear_core_flops`` a token."""
+    if causal and model.global_layers:
+        return 0.5 * 2.0 * model.seq_len * model.attention_pair_width * model.layers
     half = 0.5 * model.attention_span if causal else model.softmax_share
     core = half * 2.0 * model.seq_len * model.attn_core_width * model.layers
     return core + model.linear_layers * model.linear_core_flops if model.linear_layers else core

@@ -59,11 +59,13 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     if kind == "gpt_oss":  # GptOssAttention: a sink logit per head
         fields["attention_sinks"] = True
     fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "qwen3_vl_moe_text": "head",
-                         "gemma3_text": "head", "qwen3_next": "head", "qwen3_5_text": "head", "qwen3_5_moe_text": "head",
+                         "gemma3_text": "head", "gemma4_text": "head", "qwen3_next": "head", "qwen3_5_text": "head", "qwen3_5_moe_text": "head",
                          "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
-    fields["post_norms"] = kind in ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
+    fields["post_norms"] = kind in ("gemma2", "gemma3_text", "gemma4_text", "glm4")  # a norm after attention and after the MLP too
+    if kind == "gemma4_text":  # its own keys (hf_gemma4_fields): top_k_experts, enable_moe_block
+        return {**fields, **hf_gemma4_fields(cfg, where)}
     key = next((k for k in _EXPERTS if cfg.get(k)), None)
     if key is None:
         return fields
@@ -100,7 +102,7 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
 # attention_bias: the projections a model type's attention biases with it (its modeling file);
 # Seed-OSS biases its output projection with attention_out_bias instead.
 _QKVO_BIAS = ("llama", "granite", "smollm3", "qwen3", "qwen3_vl_text", "olmo2", "olmo3", "gemma", "gemma2",
-              "gemma3_text", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss", "qwen3_next",
+              "gemma3_text", "gemma4_text", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss", "qwen3_next",
               "qwen3_5_text", "qwen3_5_moe_text")
 _QKV_BIAS = ("glm4", "glm4_moe", "seed_oss")
 # mlp_bias: a bias on every matrix of the dense SwiGLU MLP, not modelled (refused when true)
@@ -121,6 +123,43 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
         out = _flag(cfg, "attention_out_bias", where) if kind == "seed_oss" else False
         return {"qkv_bias": _flag(cfg, "attention_bias", where), "out_bias": out}
     return {}
+
+
+def hf_gemma4_fields(cfg: dict, where: str = "hf_config") -> dict:
+    """Gemma 4's language model (Gemma4TextConfig, transformers 5.5): the full-attention layers'
+    head width (``global_head_dim``) and, with ``attention_k_eq_v``, their own K/V heads
+    (``num_global_key_value_heads``) and K used as V; with ``enable_moe_block`` the experts
+    (``num_experts``, ``top_k_experts``, ``moe_intermediate_size``) beside the dense MLP of
+    ``intermediate_size`` (planned as shared experts of the experts' width), the router's two scales
+    and the block's three norms. One PlannerError for what is not modelled: per-layer input
+    embeddings and K/V shared across layers (E2B, E4B), bidirectional text attention, a
+    ``per_layer_config``."""
+    ple = _int(cfg, "hidden_size_per_layer_input", where, 0)
+    if ple:
+        raise PlannerError(f"{where} hidden_size_per_layer_input", ple, "0: per-layer input embeddings (Gemma 4 "
+                           "E2B's and E4B's) are not modelled")
+    shared = _int(cfg, "num_kv_shared_layers", where, 0)
+    if shared:
+        raise PlannerError(f"{where} num_kv_shared_layers", shared, "0: K/V shared across layers (Gemma 4 E2B's and "
+                           "E4B's) are not modelled")
+    if cfg.get("use_bidirectional_attention") not in (None, "vision"):
+        raise PlannerError(f"{where} use_bidirectional_attention", brief(cfg["use_bidirectional_attention"]),
+                           'null or "vision" (causal text attention; a bidirectional text model is not modelled)')
+    if cfg.get("per_layer_config") is not None:
+        raise PlannerError(f"{where} per_layer_config", brief(cfg["per_layer_config"]), "absent: per-layer attention "
+                           "shapes beyond global_head_dim and num_global_key_value_heads are not read")
+    k_eq_v = _flag(cfg, "attention_k_eq_v", where)
+    fields: dict = {"global_head_dim": _int(cfg, "global_head_dim", where, 512), "global_k_eq_v": k_eq_v}
+    if k_eq_v and cfg.get("num_global_key_value_heads") is not None:  # the class reads it only with K as V
+        fields["global_kv_heads"] = _int(cfg, "num_global_key_value_heads", where)
+    if not _flag(cfg, "enable_moe_block", where):
+        return fields
+    width, dense = _int(cfg, "moe_intermediate_size", where), _int(cfg, "intermediate_size", where)
+    if dense % width:
+        raise PlannerError(f"{where} intermediate_size", dense, f"a multiple of moe_intermediate_size={width} (the "
+                           "dense MLP beside the experts is planned as shared experts of their width)")
+    return {**fields, "experts": _int(cfg, "num_experts", where), "top_k": _int(cfg, "top_k_experts", where),
+            "expert_ffn": width, "shared_experts": dense // width, "router_scale": True, "moe_norms": 3}
 
 
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe", "qwen3_vl_moe_text", "qwen3_next", "qwen3_5_moe_text")
@@ -188,7 +227,13 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
         return _llama4_chunks(cfg, layers, where)
     if kind in _GATED_DELTANET:  # layer_types name linear and full attention there: hf_linear_fields
         return {}
-    if cfg.get("layer_types") is not None:
+    if kind == "gemma4_text":  # Gemma4TextConfig forces its last layer to full attention
+        types = cfg.get("layer_types")
+        if types is not None:
+            windowed = _count_layer_types(types, _WINDOWED, layers, where) - (types[-1] == "sliding_attention")
+        else:  # 5 sliding to 1 full, the last full
+            windowed = sum(1 for i in range(layers - 1) if (i + 1) % 6)
+    elif cfg.get("layer_types") is not None:
         windowed = _count_layer_types(cfg["layer_types"], _WINDOWED, layers, where)
     elif kind in ("mistral", "mixtral", "phi3"):
         windowed = layers if cfg.get("sliding_window") is not None else 0

@@ -468,7 +468,8 @@ def zero3_live_params(model: ModelSpec, c: Candidates, sw: Software, block: np.n
     if not sw.stack.gather_cap_params:
         return live
     h = model.hidden
-    largest = max(h * model.q_width, h * model.attn_out_width, h * model.ffn_hidden) / c.tp
+    q, _, _, out = model.attention_widths(True)  # the full-attention layers' where theirs differ (Gemma 4: wider)
+    largest = max(h * q, h * out, h * model.q_width, h * model.attn_out_width, h * model.ffn_hidden) / c.tp
     return minimum(live, maximum(sw.stack.gather_cap_params, largest))
 
 

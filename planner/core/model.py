@@ -100,6 +100,17 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv: int = 0
     output_gate: bool = False  # softmax attention's output times a sigmoid gate from a second q-wide projection
+    # The full-attention layers of a model with a sliding window on the others, with an attention shape
+    # of their own (Gemma 4): per-head q/k/v width and K/V heads (0: the windowed layers'), and K used
+    # as V (no v projection).
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    global_k_eq_v: bool = False
+    # Gemma 4's MoE layer: the router's input scaled per channel and each routed weight per expert
+    # (hidden + experts parameters), and norms of its own beside the layer's (the experts' input and
+    # each of the two MLP outputs: 3).
+    router_scale: bool = False
+    moe_norms: int = 0
 
     def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
         return kept_hash(self)
@@ -128,6 +139,7 @@ class ModelSpec:
                 f"must divide heads={self.heads} (grouped-query attention)")
         self._check_moe()
         self._check_window()
+        self._check_global()
         self._check_linear()
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
@@ -177,6 +189,24 @@ class ModelSpec:
         require(isinstance(self.chunked, bool), "chunked", self.chunked, "true or false")
         require(w > 0 or not self.chunked, "chunked", self.chunked, "false without a window (window = 0)")
 
+    def _check_global(self) -> None:
+        for field in ("global_head_dim", "global_kv_heads"):
+            value = getattr(self, field)
+            require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**14, field, value,
+                    "a whole number from 0 to 16,384 (0: the windowed layers' own)")
+        require(isinstance(self.global_k_eq_v, bool), "global_k_eq_v", self.global_k_eq_v, "true or false")
+        given = next((f for f in ("global_head_dim", "global_kv_heads", "global_k_eq_v") if getattr(self, f)), None)
+        if given is None:
+            return
+        require(0 < self.window_layers < self.layers and not self.chunked, given, getattr(self, given),
+                f"unset unless a sliding window covers some layers but not all (window_layers {self.window_layers} of "
+                f"{self.layers}{', chunked' if self.chunked else ''}): it shapes the full-attention layers")
+        require(self.arch == "llama" and not self.mla, given, getattr(self, given),
+                "unset for arch gpt and with MLA (per-layer attention shapes of those are not modelled)")
+        if self.global_kv_heads:
+            require(self.heads % self.global_kv_heads == 0, "global_kv_heads", self.global_kv_heads,
+                    f"must divide heads={self.heads} (grouped-query attention)")
+
     def _check_linear(self) -> None:
         require(isinstance(self.output_gate, bool), "output_gate", self.output_gate, "true or false")
         fields = ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv")
@@ -205,6 +235,10 @@ class ModelSpec:
             value = getattr(self, field)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, field, value,
                     "a whole number >= 0")
+        require(isinstance(self.router_scale, bool), "router_scale", self.router_scale, "true or false")
+        norms = self.moe_norms
+        require(isinstance(norms, int) and not isinstance(norms, bool) and 0 <= norms <= 8, "moe_norms", norms,
+                "a whole number from 0 to 8")
         every = self.moe_every
         require(isinstance(every, int) and not isinstance(every, bool) and every >= 1, "moe_every", every,
                 "a whole number >= 1 (1: every layer after the dense ones is an MoE layer)")
@@ -217,7 +251,7 @@ class ModelSpec:
                     "a whole number from 1 to 65,536")
         if self.experts == 0:
             for field in ("top_k", "shared_experts", "dense_layers", "capacity_factor", "router_bias",
-                          "shared_expert_gate", "expert_bias"):
+                          "shared_expert_gate", "expert_bias", "router_scale", "moe_norms"):
                 require(not getattr(self, field), field, getattr(self, field), "0 for a dense model (experts = 0)")
             for field in ("expert_groups", "groups_per_token", "moe_every"):
                 require(getattr(self, field) == 1, field, getattr(self, field), "1 for a dense model (experts = 0)")
@@ -260,33 +294,63 @@ class ModelSpec:
         """Per-head width of v, the inner dimension of AV (MLA: v_head_dim)."""
         return self.v_head_dim if self.mla else self.head_dim
 
+    # The attention widths below are one layer's; where the full-attention layers have a shape of
+    # their own (``global_layers``), the mean over layers (a float), as every formula reading them
+    # (activations, element-wise traffic, context parallel's exchange, the projections' GEMMs) is
+    # linear in them.
     @kept_property
-    def q_width(self) -> int:
+    def q_width(self) -> int | float:
         """Width of Q: heads * attn_qk_dim (= hidden for standard attention)."""
-        return self.heads * self.attn_qk_dim
+        return self.heads * self.attn_qk_dim if not self.global_layers else self._mean_width(0)
 
     @kept_property
-    def attn_out_width(self) -> int:
+    def attn_out_width(self) -> int | float:
         """Width of the attention output, the input of the output projection: heads * attn_v_dim."""
-        return self.heads * self.attn_v_dim
+        return self.heads * self.attn_v_dim if not self.global_layers else self._mean_width(3)
 
     @kept_property
-    def k_width(self) -> int:
+    def k_width(self) -> int | float:
         """Width of K as attention consumes it: kv_heads * attn_qk_dim (MLA: every head's, up-projected
         from the latent, as training and context parallel use it)."""
-        return self.kv_heads * self.attn_qk_dim
+        return self.kv_heads * self.attn_qk_dim if not self.global_layers else self._mean_width(1)
 
     @kept_property
-    def v_width(self) -> int:
+    def v_width(self) -> int | float:
         """Width of V as attention consumes it: kv_heads * attn_v_dim."""
-        return self.kv_heads * self.attn_v_dim
+        return self.kv_heads * self.attn_v_dim if not self.global_layers else self._mean_width(2)
 
     @kept_property
-    def kv_hidden(self) -> int:
+    def kv_hidden(self) -> int | float:
         """Width of K (and of V): kv_heads * head_dim. With MLA, K and V differ; this is their mean,
         so that 2 * kv_hidden is the K+V width (k_width + v_width) that activations and context
         parallel's K/V exchange carry."""
+        if self.global_layers:
+            return (self.k_width + self.v_width) / 2
         return (self.k_width + self.v_width) // 2
+
+    @property
+    def global_layers(self) -> int:
+        """Full-attention layers with an attention shape of their own (a ``global_*`` field set: Gemma
+        4's), the layers without the window; 0 otherwise (every layer one shape)."""
+        if not (self.global_head_dim or self.global_kv_heads or self.global_k_eq_v):
+            return 0
+        return self.layers - self.window_layers
+
+    def attention_widths(self, full: bool = False) -> tuple[int, int, int, int]:
+        """(q, k, v, output) widths of one layer's attention as its kernel reads them: the windowed
+        (or every) layer's, or with ``full`` a full-attention layer's under ``global_*`` (its head
+        width, its K/V heads; K used as V still gives the kernel a V of K's width)."""
+        qk, v, kv = self.attn_qk_dim, self.attn_v_dim, self.kv_heads
+        if full and self.global_layers:
+            qk = v = self.global_head_dim or self.head_dim
+            kv = self.global_kv_heads or self.kv_heads
+        return self.heads * qk, kv * qk, kv * v, self.heads * v
+
+    def _mean_width(self, part: int) -> float:
+        """The mean over layers of ``attention_widths``' ``part``: the windowed and the full layers'."""
+        full = self.global_layers
+        return ((self.layers - full) * self.attention_widths()[part]
+                + full * self.attention_widths(True)[part]) / self.layers
 
     @kept_property
     def kv_cache_width(self) -> int:
@@ -311,10 +375,29 @@ class ModelSpec:
             return self.softmax_share
         if not self.window_layers or self.window >= self.seq_len:
             return 1.0
+        return 1.0 - self.window_layers * (1.0 - self._window_share()) / self.layers
+
+    def _window_share(self) -> float:
+        """A windowed layer's share of the causal triangle (``attention_span``); 1 with the window at
+        least the sequence."""
         s, w = self.seq_len, self.window
+        if w >= s:
+            return 1.0
         r = w / s
-        share = ((s // w) * w * w + (s % w) ** 2) / (s * s) if self.chunked else (2.0 - r) * r
-        return 1.0 - self.window_layers * (1.0 - share) / self.layers
+        return ((s // w) * w * w + (s % w) ** 2) / (s * s) if self.chunked else (2.0 - r) * r
+
+    @kept_property
+    def attention_pair_width(self) -> float:
+        """The causal attention core's work per layer, the mean over layers of each layer's share of the
+        s*s/2 query-key pairs times its core width (heads x (qk + v widths)): attention_span x
+        attn_core_width where every layer has one width; under ``global_*`` the windowed layers
+        their window's share at their width, the full ones the whole triangle at theirs."""
+        if not self.global_layers:
+            return self.attention_span * self.attn_core_width
+        q, _, _, out = self.attention_widths()
+        full_q, _, _, full_out = self.attention_widths(True)
+        return (self.window_layers * self._window_share() * (q + out)
+                + self.global_layers * (full_q + full_out)) / self.layers
 
     @property
     def softmax_share(self) -> float:
@@ -427,7 +510,7 @@ class ModelSpec:
     def layer_params(self) -> float:
         """Parameters of one layer: exact for a dense model, the mean over layers for an MoE
         (its leading dense layers are smaller); a pipeline stage of n layers holds n times this."""
-        if not self.moe and not self.linear_layers:
+        if not self.moe and not self.linear_layers and not self.global_layers:
             return self.dense_layer_params
         return self.layers_params / self.layers
 
@@ -471,8 +554,13 @@ class ModelSpec:
     @property
     def attention_matmul_params(self) -> int:
         """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
-        projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output."""
-        return _counts(self).attention_matmul
+        projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output. Under
+        ``global_*`` the mean over layers (the full-attention layers' their own)."""
+        n = _counts(self)
+        if not self.global_layers:
+            return n.attention_matmul
+        full = self.global_layers
+        return ((self.layers - full) * n.attention_matmul + full * n.global_attention_matmul) / self.layers
 
     @kept_property
     def dense_layer_matmul_params(self) -> int:
@@ -541,6 +629,11 @@ class ModelSpec:
             window = (f", linear attention (Gated DeltaNet, {self.linear_key_heads} key / {self.linear_value_heads} "
                       f"value heads of {self.linear_key_dim} / {self.linear_value_dim}) in {self.linear_layers} of "
                       f"{self.layers} layers")
+        if self.global_layers:
+            same = "K as V" if self.global_k_eq_v else ""
+            shape = ", ".join(x for x in (f"head_dim {self.global_head_dim}" * bool(self.global_head_dim),
+                                          f"kv_heads {self.global_kv_heads}" * bool(self.global_kv_heads), same) if x)
+            window += f"; the {self.global_layers} full-attention layers {shape}"
         if self.output_gate:
             window += ", gated attention output"
         # the dense MLP's width where some layer has one (every layer an MoE layer: the expert ffn says it)
@@ -590,6 +683,8 @@ class _Counts(NamedTuple):
     linear: int  # a linear-attention (Gated DeltaNet) block
     linear_matmul: int  # its projections' weights
     linear_conv: int  # its depthwise convolution's taps
+    global_attention: int  # a full-attention layer's attention block under ``global_*`` (0 without)
+    global_attention_matmul: int  # its projections' weights
 
 
 @by_identity  # once per model: every count below reads it (a ModelSpec is frozen)
@@ -618,6 +713,18 @@ def _counts(m: ModelSpec) -> _Counts:
         norms += m.q_lora_rank + m.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
     norm = 2 * h if gpt else h  # LayerNorm: weight and bias; RMSNorm: weight
     attention = matmul + bias + (2 * norms if gpt else norms)
+    full_layers = m.global_layers
+    if full_layers:  # the full-attention layers' own shape (Gemma 4; llama-style, no MLA)
+        fq, fk, fv, fo = m.attention_widths(True)
+        fv_proj = 0 if m.global_k_eq_v else fv  # K used as V: no v projection
+        fgate = fq if m.output_gate else 0
+        fqkv = fq + fgate + fk + fv_proj
+        full_matmul = h * fqkv + fo * h
+        full_norms = 0 if qk_norm == "none" else fq + fk if qk_norm == "full" else 2 * (m.global_head_dim or qk)
+        full_attention = (full_matmul + (fqkv if m.qkv_bias else 0) + h * m.out_bias + heads * m.attention_sinks
+                          + full_norms)
+    else:
+        full_matmul = full_attention = 0
     layer_norms = (4 if m.post_norms else 2) * norm
     mlp = _mlp(not gpt, h, m.ffn_hidden)
     dense_layer = attention + mlp + layer_norms
@@ -626,10 +733,10 @@ def _counts(m: ModelSpec) -> _Counts:
         moe_layers = (layers - m.dense_layers) // m.moe_every
         e_ffn, e_bias = m.expert_ffn, m.expert_bias
         expert = _mlp(not gpt, h, e_ffn) + ((1 if gpt else 2) * e_ffn + h) * e_bias
-        router = (h + m.router_bias + e_bias) * experts + h * m.shared_expert_gate
+        router = (h + m.router_bias + e_bias) * experts + h * m.shared_expert_gate + (h + experts) * m.router_scale
         shared = _mlp(not gpt, h, m.shared_experts * e_ffn) if m.shared_experts else 0
         moe_mlp = router + shared + experts * expert
-        moe_layer = attention + moe_mlp + layer_norms
+        moe_layer = attention + moe_mlp + layer_norms + m.moe_norms * norm
     else:
         moe_layers = expert = router = moe_mlp = moe_layer = 0
     linear_layers = m.linear_layers
@@ -643,8 +750,10 @@ def _counts(m: ModelSpec) -> _Counts:
     else:
         linear_matmul = linear = conv = 0
     # a linear layer's attention block in place of softmax attention's (the MLP and norms the same)
-    all_layers = (layers - moe_layers) * dense_layer + moe_layers * moe_layer - linear_layers * (attention - linear)
+    all_layers = ((layers - moe_layers) * dense_layer + moe_layers * moe_layer - linear_layers * (attention - linear)
+                  + full_layers * (full_attention - attention))
     embedding = m.vocab * h + (m.seq_len * h if gpt else 0)  # token embedding, learned positions (gpt)
     head = 0 if m.tied_embeddings else m.vocab * h
     return _Counts(matmul, attention, mlp, moe_layers, expert, router, moe_mlp, dense_layer, moe_layer, all_layers,
-                   embedding, all_layers + embedding + norm + head, linear, linear_matmul, conv)
+                   embedding, all_layers + embedding + norm + head, linear, linear_matmul, conv, full_attention,
+                   full_matmul)

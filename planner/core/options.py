@@ -177,7 +177,7 @@ _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "ge
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text", "qwen3_next",
-                 "qwen3_5_moe_text")
+                 "qwen3_5_moe_text", "gemma4_text")  # Gemma 4: dense (31B) or MoE (26B-A4B)
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
 # Model types people bring that the planner refuses, and what in them it does not model (the refusal says).
@@ -186,12 +186,11 @@ _HF_UNMODELLED = (
     (("falcon_h1", "nemotron_h", "granitemoehybrid", "jamba", "bamba", "zamba", "zamba2", "lfm2", "lfm2_moe",
       "falcon_mamba", "mamba", "mamba2"), "state-space (Mamba) or convolution layers"),
     (("gemma3n", "gemma3n_text"), "per-layer input embeddings, K/V shared across layers, AltUp and LAuReL"),
-    (("gemma4", "gemma4_text"), "per-layer input embeddings, K/V shared across layers and per-layer attention shapes"),
     (("deepseek_v32", "glm_moe_dsa"), "DeepSeek sparse attention's indexer and top-k attention"),
     (("deepseek_v4",), "compressed attention, hyper-connections and a low-rank output projection"),
 )
 # The language model's model_type when its text_config names none.
-HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
+HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
                   "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # Qwen3-Next's and Qwen3.5's configuration classes: the gated attention's head width and the Gated DeltaNet's shape
@@ -207,6 +206,9 @@ _HF_DEFAULTS = {
     "gemma3_text": {"vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072,
                     "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 4096,
                     "sliding_window_pattern": 6},
+    "gemma4_text": {"vocab_size": 262144, "head_dim": 256, "max_position_embeddings": 131072,
+                    "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 512,
+                    "global_head_dim": 512, "hidden_size_per_layer_input": 256},
     "smollm3": {"tie_word_embeddings": True},
     **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _GDN_DEFAULTS),
     "olmo3": {"sliding_window": 4096},

@@ -194,7 +194,11 @@ def _model_json(m: ModelSpec) -> dict:
             **({"linear_layers": m.linear_layers, "linear_key_heads": m.linear_key_heads,
                 "linear_value_heads": m.linear_value_heads, "linear_key_dim": m.linear_key_dim,
                 "linear_value_dim": m.linear_value_dim, "linear_conv": m.linear_conv} if m.linear_layers else {}),
-            **({"output_gate": True} if m.output_gate else {})}
+            **({"output_gate": True} if m.output_gate else {}),
+            **({"global_head_dim": m.global_head_dim or m.head_dim, "global_kv_heads": m.global_kv_heads or m.kv_heads,
+                "global_k_eq_v": m.global_k_eq_v} if m.global_layers else {}),
+            **({"router_scale": True} if m.router_scale else {}),
+            **({"moe_norms": m.moe_norms} if m.moe_norms else {})}
 
 
 @by_identity  # ``plan_features`` gives one tuple object per combination

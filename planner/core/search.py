@@ -191,7 +191,8 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     if pins.tp is not None:
         valid_tp = (t for t in _divisors(gpus) if tp_splits(model, t))
         linear = (f", linear_key_heads={model.linear_key_heads} and linear_value_heads={model.linear_value_heads}"
-                  if model.linear_layers else "")
+                  if model.linear_layers else f", global_kv_heads={model.global_kv_heads}" if model.global_kv_heads
+                  else "")
         require(tp_splits(model, pins.tp), "tp", pins.tp,
                 lambda: f"must divide heads={model.heads} and kv_heads={model.kv_heads}{linear}; valid on {gpus} "
                         f"GPUs: {', '.join(map(str, valid_tp))}")
@@ -270,8 +271,10 @@ def linear_heads_split(model: ModelSpec, ranks: int) -> bool:
 
 
 def tp_splits(model: ModelSpec, tp: int) -> bool:
-    """Tensor parallel splits whole heads: query, K/V and, with linear attention, its key and value heads."""
-    return model.heads % tp == 0 and model.kv_heads % tp == 0 and linear_heads_split(model, tp)
+    """Tensor parallel splits whole heads: query, K/V (the full-attention layers' own too, Gemma 4's)
+    and, with linear attention, its key and value heads."""
+    return (model.heads % tp == 0 and model.kv_heads % tp == 0 and model.global_kv_heads % tp == 0
+            and linear_heads_split(model, tp))
 
 
 def linear_cp_runs(stack: Stack) -> bool:

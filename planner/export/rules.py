@@ -79,13 +79,16 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 # equal by tests/test_export_dims.py), with their defaults.
 TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
                    "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1,
-                   "linear_layers": 0, "output_gate": False}
+                   "linear_layers": 0, "output_gate": False, "global_head_dim": 0, "global_kv_heads": 0,
+                   "global_k_eq_v": False, "router_scale": False, "moe_norms": 0}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
     """The reference trainer's model rules: no latent attention or routing bias; QK-norm and MoE
     (reference_trainer/moe.py) with tp = 1."""
     other = "--format megatron" if getattr(m, "linear_layers", 0) else "--format megatron or torchtitan"
+    if _own_shapes(m):
+        other = "--format deepspeed (no other export writes Gemma 4's layers)"
     out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use {other}")
            for name, default in TRAINER_UNBUILT.items() if getattr(m, name, default) != default]
     if getattr(m, "qk_norm", "none") != "none" and lay.tp > 1:
@@ -95,6 +98,24 @@ def _trainer_model_checks(lay, m) -> list[PlannerError]:
         out.append(PlannerError("tp", lay.tp, "the reference trainer runs MoE models with tp = 1 (no expert-tensor "
                                 "parallel); pin --tp 1"))
     return out
+
+
+# Gemma 4's variants (planner.core.model: the full-attention layers' own shape, its MoE layer's
+# router scales and norms): neither Megatron-LM nor torchtitan builds them.
+_GEMMA4_FIELDS = ("global_head_dim", "global_kv_heads", "global_k_eq_v", "router_scale", "moe_norms")
+
+
+def _own_shapes(m) -> str | None:
+    """The first Gemma 4 variant field set on ``m`` (None: none)."""
+    return next((f for f in _GEMMA4_FIELDS if getattr(m, f, 0)), None)
+
+
+def _gemma4_refusal(m, who: str) -> list[PlannerError]:
+    field = _own_shapes(m)
+    if field is None:
+        return []
+    return [PlannerError(field, getattr(m, field), f"unset for this export: {who}; --format deepspeed writes a "
+                         "model-independent config")]
 
 
 def _experts(m) -> int:
@@ -141,6 +162,8 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
         out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
                                 "tensor parallelism together; pin --sequence-parallel"))
+    out += _gemma4_refusal(m, "Megatron-LM gives every layer one attention shape (--kv-channels, "
+                              "--num-query-groups) and has no flag for Gemma 4's full-attention layers or MoE block")
     return out
 
 
@@ -186,6 +209,7 @@ def torchtitan_checks(lay, m, job, hw=None) -> list[PlannerError]:
         out.append(PlannerError("linear_layers", m.linear_layers, "0 for this export: torchtitan's Gated DeltaNet "
                                 "model (torchtitan/models/qwen3_5, June 2026) is configured in its Python config "
                                 "registry, not the TOML job config written here (e347b1e5); use --format megatron"))
+    out += _gemma4_refusal(m, "torchtitan has no Gemma model")
     if lay.zero_stage in (1, 2):
         out.append(PlannerError("zero_stage", lay.zero_stage, "torchtitan runs DDP (ZeRO-0) or FSDP2 fully_shard "
                                 "(ZeRO-3), no ZeRO-1/2 without FSDP; pin --zero 0 or 3, or use --format deepspeed"))
