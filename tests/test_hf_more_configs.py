@@ -218,7 +218,7 @@ def test_mistral_small_4_is_deepseek_v3_s_layout_with_a_plain_softmax_router(tmp
 @pytest.mark.parametrize("kind, what", [
     ("kimi_linear", "Kimi Delta Attention"), ("olmo_hybrid", "linear-attention layers"),
     ("nemotron_h", "state-space (Mamba)"),
-    ("gemma3n", "per-layer input embeddings"), ("deepseek_v32", "sparse attention"),
+    ("gemma3n", "per-layer input embeddings"), ("deepseek_v4", "compressed attention"),
 ])
 def test_a_model_type_with_an_unmodelled_mechanism_says_which_in_one_line(kind, what):
     with pytest.raises(PlannerError) as err:

@@ -75,12 +75,16 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
             Gemm(tokens, mlp_in / tp, h),
             Gemm(tokens, h, f / tp),
         ]
-    return [
+    gemms = [
         Gemm(tokens, qkv / tp, h),  # fused QKV (h + 2 h_kv for standard attention)
         Gemm(tokens, h, out / tp),  # attention output projection
         Gemm(tokens, mlp_in / tp, h),  # MLP in (gate and up when gated)
         Gemm(tokens, h, f / tp),  # MLP out
     ]
+    if model.dsa:  # the indexer's projections, whole on every TP rank (Megatron-Core: duplicated linears)
+        gemms[2:2] = [Gemm(tokens, model.index_heads * model.index_head_dim, model.q_lora_rank or h),  # wq_b
+                      Gemm(tokens, model.index_head_dim + model.index_heads, h)]  # wk, weights_proj
+    return gemms
 
 
 def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
@@ -104,6 +108,31 @@ def linear_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
     ``linear_core_flops`` per token of each linear layer, value heads split by tensor parallel and
     by context parallel (its all-to-all gives each rank the whole sequence of 1/cp of the heads)."""
     return micro_batch * model.seq_len * model.linear_core_flops * (model.linear_layers / model.layers) / tp / cp
+
+
+def indexer_flops(model: ModelSpec, micro_batch: np.ndarray, cp: np.ndarray | int = 1) -> np.ndarray:
+    """DSA's lightning indexer, its scores' forward FLOPs per layer per micro-batch per GPU: 2 x
+    index_heads x index_head_dim per causal (query, key) pair (q_h . k, ReLU, weighted sum over
+    heads), this GPU's 1/cp of the queries against every earlier key; not split by TP (Megatron-
+    Core gathers the sequence and runs the whole indexer on every TP rank)."""
+    return 0.5 * 2.0 * micro_batch * model.seq_len**2 * model.index_heads * model.index_head_dim / cp
+
+
+def indexer_training_flops_per_token(model: ModelSpec) -> float:
+    """What DSA adds to a token's training FLOPs, all layers (0 without DSA): the indexer's scores
+    forward (2 H_I d_I a causal pair: s/2 pairs a token on average); its KL loss's backward over
+    the selected keys (Megatron-Core's sparse loss: the logits again, dQ and dK, 3 x 2 H_I d_I a
+    pair; the indexer's inputs are detached, nothing flows further); and the loss's target, the
+    main attention's scores over the selected keys again (QK^T against the latent key, 2 x
+    (kv_lora_rank + qk_rope_dim) a head and pair; cuDNN's backend, from the forward's log-sum-exp).
+    min(i, index_topk) keys for query i: ``attention_span`` x s/2 a token on average."""
+    if not model.dsa:
+        return 0.0
+    s = model.seq_len
+    selected = 0.5 * model.attention_span * s
+    index = 2.0 * model.index_heads * model.index_head_dim
+    target = 2.0 * model.heads * (model.kv_lora_rank + model.qk_rope_dim)
+    return model.layers * (index * 0.5 * s + (3 * index + target) * selected)
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:
@@ -140,9 +169,10 @@ def _model_flops(model: ModelSpec, job: Job | None, causal: bool) -> float:
 
     weights = 2.0 * model.matmul_params_per_token
     attention = attention_flops_per_token(model, causal)
+    indexer = indexer_training_flops_per_token(model)  # DSA's indexer and its loss (0 without)
     if job is not None and job.lora:
-        return 2 * weights + 3 * attention + 3 * lora_forward_flops_per_token(model, job)
-    return 3.0 * (weights + attention)
+        return 2 * weights + 3 * attention + 3 * lora_forward_flops_per_token(model, job) + indexer
+    return 3.0 * (weights + attention) + indexer
 
 
 def op_sac_recomputed_share(model: ModelSpec) -> float:
@@ -175,6 +205,8 @@ def _recompute_flops(model: ModelSpec, selective: str, causal: bool) -> tuple[fl
     """(full, selective) recomputation's extra forward FLOPs per token, read once per model."""
     layer_gemms = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
     attention = attention_flops_per_token(model, causal)
+    if model.dsa:  # a whole layer's forward again scores every causal pair with the indexer again
+        layer_gemms += model.layers * model.index_heads * model.index_head_dim * model.seq_len
     return (layer_gemms + attention,
             attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms)
 

@@ -22,7 +22,10 @@ from planner.errors import PlannerError
 _EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
 # DeepSeekMoE's layout (n_shared_experts, first_k_dense_replace, n_group/topk_group); all but V2 keep
 # the routing bias e_score_correction_bias. kimi_k2 is DeepseekV3ForCausalLM under its own name.
-_DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", "mistral4")
+_DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", "mistral4", "deepseek_v32", "glm_moe_dsa")
+# DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5): ModelSpec field -> config key
+_DSA = ("deepseek_v32", "glm_moe_dsa")
+_DSA_KEYS = {"index_heads": "index_n_heads", "index_head_dim": "index_head_dim", "index_topk": "index_topk"}
 _MLA = {"kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "qk_rope_dim": "qk_rope_head_dim",
         "qk_nope_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"}
 
@@ -66,6 +69,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     fields["post_norms"] = kind in ("gemma2", "gemma3_text", "gemma4_text", "glm4")  # a norm after attention and after the MLP too
     if kind == "gemma4_text":  # its own keys (hf_gemma4_fields): top_k_experts, enable_moe_block
         return {**fields, **hf_gemma4_fields(cfg, where)}
+    if kind in _DSA:
+        fields.update(_dsa_fields(cfg, where))
     key = next((k for k in _EXPERTS if cfg.get(k)), None)
     if key is None:
         return fields
@@ -114,7 +119,7 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
     for the model types whose attention takes it; one PlannerError for a bias not modelled."""
     if kind in _MLP_BIAS and _flag(cfg, "mlp_bias", where):
         raise PlannerError(f"{where} mlp_bias", True, "false (biases on the MLP's matrices are not modelled)")
-    if kind in ("deepseek_v2", "deepseek_v3", "kimi_k2", "mistral4") and _flag(cfg, "attention_bias", where):
+    if kind in ("deepseek_v2", "deepseek_v3", "kimi_k2", "mistral4", *_DSA) and _flag(cfg, "attention_bias", where):
         raise PlannerError(f"{where} attention_bias", True, "false (biased MLA projections are not modelled)")
     if kind in _QKVO_BIAS:
         biased = _flag(cfg, "attention_bias", where, kind == "gpt_oss")  # GptOssConfig's default: true
@@ -123,6 +128,18 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
         out = _flag(cfg, "attention_out_bias", where) if kind == "seed_oss" else False
         return {"qkv_bias": _flag(cfg, "attention_bias", where), "out_bias": out}
     return {}
+
+
+def _dsa_fields(cfg: dict, where: str) -> dict:
+    """DeepSeek sparse attention's indexer on every layer (DeepseekV32Config, GlmMoeDsaConfig); one
+    PlannerError for GLM-5's IndexShare (layers reusing an earlier layer's top-k: not modelled)."""
+    shared = cfg.get("index_topk_freq", 1) not in (None, 1) or any(
+        t in ("S", "shared") for t in (cfg.get("index_topk_pattern") or cfg.get("indexer_types") or ()))
+    if shared:
+        key = next(k for k in ("index_topk_freq", "index_topk_pattern", "indexer_types") if cfg.get(k) is not None)
+        raise PlannerError(f"{where} {key}", brief(cfg[key]), "every layer its own indexer (layers reusing an earlier "
+                           "layer's top-k, GLM-5's IndexShare, are not modelled)")
+    return {field: _int(cfg, key, where) for field, key in _DSA_KEYS.items()}
 
 
 def hf_gemma4_fields(cfg: dict, where: str = "hf_config") -> dict:
@@ -226,6 +243,10 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
     if kind == "llama4_text":
         return _llama4_chunks(cfg, layers, where)
     if kind in _GATED_DELTANET:  # layer_types name linear and full attention there: hf_linear_fields
+        return {}
+    if kind in _DSA:  # every layer DSA (layer_types "indexed_attention" where a config writes them)
+        if cfg.get("layer_types") is not None:
+            _count_layer_types(cfg["layer_types"], {"indexed_attention": False}, layers, where)
         return {}
     if kind == "gemma4_text":  # Gemma4TextConfig forces its last layer to full attention
         types = cfg.get("layer_types")

@@ -206,8 +206,11 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     if model.linear_layers:  # the mean layer: a softmax layer's attention tensors, or a Gated DeltaNet's
         split = split - attention + _linear_layer_attention(model, e, attention, trains)
         scores = model.softmax_share * scores
+    whole_sequence = 0.0
+    if model.dsa:
+        split, whole_sequence = split - attention + _sparse_attention(model, e, out * out_kept), _indexer_kept(model, e)
     tp = as_float(c.tp)
-    per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp
+    per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp + whole_sequence
     if sw.stack.tp_saves_gathered_inputs:
         per_token = per_token + gathered
     if sw.stack.selective == "op":  # input and the second matmul's output (replicated), the rest split
@@ -218,6 +221,34 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     whole = recomputed_layers(rc)  # the share of layers recomputed whole, keeping their input alone
     per_token = whole * full + (1 - whole) * per_token
     return per_token * c.micro_batch * s / c.cp  # context parallel: each GPU keeps 1/cp of the tokens
+
+
+def _sparse_attention(model: ModelSpec, e: float, out: float) -> float:
+    """DSA's attention tensors split by TP, per token: what Megatron-Core's cuDNN DSA backend keeps
+    for backward, MLA absorbed (FlashMLA's sparse kernel): every head's query against the latent
+    key (kv_lora_rank + qk_rope_dim) and the kernel's latent-wide output (kv_lora_rank), and
+    ``out``, the output projection's input (the value heads' up-projection) where kept."""
+    return e * model.heads * (2 * model.kv_lora_rank + model.qk_rope_dim) + e * out
+
+
+def _indexer_kept(model: ModelSpec, e: float) -> float:
+    """DSA's tensors per token that every TP rank keeps whole (the indexer runs on the whole
+    sequence on each): the latent key (kv_lora_rank + qk_rope_dim), the int32 indices of the
+    selected keys (index_topk, at most the sequence), and the indexer's loss gradients the cuDNN
+    backend computes in the forward and keeps (its query's, index_heads x index_head_dim; its key's;
+    the fp32 head weights')."""
+    topk = min(model.index_topk, model.seq_len)
+    return (e * (model.kv_lora_rank + model.qk_rope_dim) + 4 * topk
+            + e * (model.index_heads * model.index_head_dim + model.index_head_dim) + 4 * model.index_heads)
+
+
+def dsa_scores_working(model: ModelSpec, c: Candidates) -> np.ndarray | float:
+    """DSA's indexer scores in flight while a layer runs (its forward, or its recomputed forward in
+    the backward): fp32 scores of this GPU's queries against the whole sequence, computed in row
+    chunks of at most 1 GiB (Megatron-Core's cuDNN backend, _INDEXER_SCORE_CHUNK_MAX_BYTES)."""
+    if not model.dsa:
+        return 0.0
+    return minimum(float(2**30), 4.0 * c.micro_batch * model.seq_len / c.cp * model.seq_len)
 
 
 def _linear_layer_attention(model: ModelSpec, e: float, attention: float, trains) -> float:
@@ -263,7 +294,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
 
     def per_layer(p: Candidates) -> tuple[np.ndarray, np.ndarray]:
         act_layer, working = layer_activations_and_working(model, p, job, sw)
-        return act_layer, working + context_parallel_working(model, p, job, sw)
+        return act_layer, working + context_parallel_working(model, p, job, sw) + dsa_scores_working(model, p)
 
     # What a layer keeps and works in, per micro-batch: once per distinct LAYER_DIMS.
     act_layer, working = per_distinct(c, LAYER_DIMS, per_layer)
@@ -535,6 +566,9 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     dQ, dK, dV accumulated in ``cp_grad_bytes`` and dK/dV concatenated for the send and received
     (4 more local tensors). gather: the gathered K/V and their gradient, both whole-sequence."""
     st, e = sw.stack, ACT_BYTES[job.precision]
+    if model.dsa:  # the gathered latent and indexer keys of the whole sequence, and their gradients
+        width = model.kv_lora_rank + model.qk_rope_dim + model.index_head_dim
+        return where(c.cp > 1, 2 * e * c.micro_batch * model.seq_len * width, 0.0)
     width = attention_kv_width(model, sw)
     local = c.micro_batch * model.seq_len / c.cp / c.tp  # this GPU's tokens, per TP rank's heads
     gathered = 2 * e * local * c.cp * width

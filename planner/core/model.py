@@ -111,6 +111,12 @@ class ModelSpec:
     # each of the two MLP outputs: 3).
     router_scale: bool = False
     moe_norms: int = 0
+    # DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5) on MLA: a lightning indexer of index_heads
+    # heads of index_head_dim scores every earlier token for each query, which attends to its
+    # index_topk best only (0: dense attention).
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
     def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
         return kept_hash(self)
@@ -141,6 +147,7 @@ class ModelSpec:
         self._check_window()
         self._check_global()
         self._check_linear()
+        self._check_sparse()
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
@@ -229,6 +236,23 @@ class ModelSpec:
                 "together are not modelled)")
         require(not self.mla, "kv_lora_rank", self.kv_lora_rank, "0 with linear layers (MLA and linear attention "
                 "together are not modelled)")
+
+    def _check_sparse(self) -> None:
+        fields = ("index_heads", "index_head_dim", "index_topk")
+        for field in fields:
+            value = getattr(self, field)
+            require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**20, field, value,
+                    "a whole number from 0 to 1,048,576 (0: dense attention)")
+        given = [f for f in fields if getattr(self, f)]
+        if not given:
+            return
+        missing = next((f for f in fields if not getattr(self, f)), None)
+        require(missing is None, missing or "", 0, "a positive integer with the other sparse-attention fields "
+                f"({', '.join(given)} set)")
+        require(self.mla, "index_topk", self.index_topk, "0 without MLA (kv_lora_rank > 0): DeepSeek sparse attention "
+                "selects keys of the latent attention")
+        require(not self.window_layers and not self.linear_layers, "index_topk", self.index_topk,
+                "0 with a window or linear layers (not modelled together)")
 
     def _check_moe(self) -> None:
         for field in ("experts", "top_k", "shared_experts", "dense_layers"):
@@ -358,11 +382,28 @@ class ModelSpec:
         MLA caches the latent and the shared RoPE key only (kv_lora_rank + qk_rope_dim; DeepSeek-V2 Sec. 2.1.2)."""
         return self.kv_lora_rank + self.qk_rope_dim if self.mla else self.k_width + self.v_width
 
+    @property
+    def indexer_params(self) -> int:
+        """DSA's lightning indexer in one layer: its query projection from the q latent (wq_b; from the
+        hidden state without one), its key projection and LayerNorm (weight and bias), and the
+        per-head weights' projection (0 without DSA)."""
+        return _counts(self).indexer
+
     @kept_property
     def attn_core_width(self) -> int:
         """heads * (attn_qk_dim + attn_v_dim): forward QK^T plus AV cost 2*s*this FLOPs per token per
-        layer over the full square (4*s*h for standard attention with head_dim = hidden / heads)."""
+        layer over the full square (4*s*h for standard attention with head_dim = hidden / heads). Under
+        DSA the kernel runs MLA absorbed (Megatron-Core's AbsorbedMLASelfAttention, FlashMLA's sparse
+        kernel): every head's q against the one latent key (kv_lora_rank + qk_rope_dim) and the
+        latent as its value (kv_lora_rank), DeepSeek-V3.2's "MQA mode of MLA"."""
+        if self.dsa:
+            return self.heads * (2 * self.kv_lora_rank + self.qk_rope_dim)
         return self.q_width + self.attn_out_width
+
+    @property
+    def dsa(self) -> bool:
+        """DeepSeek sparse attention: each query attends to ``index_topk`` keys its indexer picks."""
+        return self.index_topk > 0
 
     @kept_property
     def attention_span(self) -> float:
@@ -373,18 +414,20 @@ class ModelSpec:
         ((s // w) * w*w + (s % w)^2) / s^2 of it."""
         if self.linear_layers:  # the softmax layers' full triangle; a linear layer has none (no window with them)
             return self.softmax_share
+        if self.dsa:  # query i attends to min(i, index_topk) keys: a window's count of pairs
+            return self._window_share(self.index_topk)
         if not self.window_layers or self.window >= self.seq_len:
             return 1.0
         return 1.0 - self.window_layers * (1.0 - self._window_share()) / self.layers
 
-    def _window_share(self) -> float:
+    def _window_share(self, window: int | None = None) -> float:
         """A windowed layer's share of the causal triangle (``attention_span``); 1 with the window at
-        least the sequence."""
-        s, w = self.seq_len, self.window
+        least the sequence. ``window``: another window than the model's (unchunked)."""
+        s, w = self.seq_len, self.window if window is None else window
         if w >= s:
             return 1.0
         r = w / s
-        return ((s // w) * w * w + (s % w) ** 2) / (s * s) if self.chunked else (2.0 - r) * r
+        return ((s // w) * w * w + (s % w) ** 2) / (s * s) if self.chunked and window is None else (2.0 - r) * r
 
     @kept_property
     def attention_pair_width(self) -> float:
@@ -583,8 +626,9 @@ class ModelSpec:
         if self.linear_layers:
             n = _counts(self)
             linear = self.linear_layers * (n.attention_matmul - n.linear_matmul - n.linear_conv)
+        indexer = self.layers * _counts(self).indexer_matmul  # DSA's indexer projections, every layer
         return ((self.layers - self.moe_layers) * self.dense_layer_matmul_params
-                + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden - linear)
+                + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden - linear + indexer)
 
     def replace(self, **changes: object) -> ModelSpec:
         """A copy with ``changes``; a head_dim that followed hidden / heads follows the new ones; a
@@ -629,6 +673,9 @@ class ModelSpec:
             window = (f", linear attention (Gated DeltaNet, {self.linear_key_heads} key / {self.linear_value_heads} "
                       f"value heads of {self.linear_key_dim} / {self.linear_value_dim}) in {self.linear_layers} of "
                       f"{self.layers} layers")
+        if self.dsa:
+            window += (f", DeepSeek sparse attention (indexer {self.index_heads} heads of {self.index_head_dim}, "
+                       f"top-{self.index_topk} keys)")
         if self.global_layers:
             same = "K as V" if self.global_k_eq_v else ""
             shape = ", ".join(x for x in (f"head_dim {self.global_head_dim}" * bool(self.global_head_dim),
@@ -685,6 +732,8 @@ class _Counts(NamedTuple):
     linear_conv: int  # its depthwise convolution's taps
     global_attention: int  # a full-attention layer's attention block under ``global_*`` (0 without)
     global_attention_matmul: int  # its projections' weights
+    indexer: int  # DSA's lightning indexer in one layer (0 without), inside ``attention``
+    indexer_matmul: int  # its projections' weights (not in ``attention_matmul``: not split by TP)
 
 
 @by_identity  # once per model: every count below reads it (a ModelSpec is frozen)
@@ -712,7 +761,12 @@ def _counts(m: ModelSpec) -> _Counts:
     if mla:
         norms += m.q_lora_rank + m.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
     norm = 2 * h if gpt else h  # LayerNorm: weight and bias; RMSNorm: weight
-    attention = matmul + bias + (2 * norms if gpt else norms)
+    indexer_matmul = indexer = 0
+    if m.index_topk:  # DSA's lightning indexer: wq_b from the q latent, wk and its LayerNorm, weights_proj
+        index_width = m.index_heads * m.index_head_dim
+        indexer_matmul = (m.q_lora_rank or h) * index_width + h * (m.index_head_dim + m.index_heads)
+        indexer = indexer_matmul + 2 * m.index_head_dim
+    attention = matmul + bias + (2 * norms if gpt else norms) + indexer
     full_layers = m.global_layers
     if full_layers:  # the full-attention layers' own shape (Gemma 4; llama-style, no MLA)
         fq, fk, fv, fo = m.attention_widths(True)
@@ -756,4 +810,4 @@ def _counts(m: ModelSpec) -> _Counts:
     head = 0 if m.tied_embeddings else m.vocab * h
     return _Counts(matmul, attention, mlp, moe_layers, expert, router, moe_mlp, dense_layer, moe_layer, all_layers,
                    embedding, all_layers + embedding + norm + head, linear, linear_matmul, conv, full_attention,
-                   full_matmul)
+                   full_matmul, indexer, indexer_matmul)

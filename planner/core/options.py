@@ -177,7 +177,8 @@ _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "ge
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text", "qwen3_next",
-                 "qwen3_5_moe_text", "gemma4_text")  # Gemma 4: dense (31B) or MoE (26B-A4B)
+                 "qwen3_5_moe_text", "gemma4_text",  # Gemma 4: dense (31B) or MoE (26B-A4B)
+                 "deepseek_v32", "glm_moe_dsa")  # DeepSeek sparse attention: DeepSeek-V3.2, GLM-5
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
 # Model types people bring that the planner refuses, and what in them it does not model (the refusal says).
@@ -186,7 +187,6 @@ _HF_UNMODELLED = (
     (("falcon_h1", "nemotron_h", "granitemoehybrid", "jamba", "bamba", "zamba", "zamba2", "lfm2", "lfm2_moe",
       "falcon_mamba", "mamba", "mamba2"), "state-space (Mamba) or convolution layers"),
     (("gemma3n", "gemma3n_text"), "per-layer input embeddings, K/V shared across layers, AltUp and LAuReL"),
-    (("deepseek_v32", "glm_moe_dsa"), "DeepSeek sparse attention's indexer and top-k attention"),
     (("deepseek_v4",), "compressed attention, hyper-connections and a low-rank output projection"),
 )
 # The language model's model_type when its text_config names none.
@@ -210,6 +210,8 @@ _HF_DEFAULTS = {
                     "tie_word_embeddings": True, "num_key_value_heads": 4, "sliding_window": 512,
                     "global_head_dim": 512, "hidden_size_per_layer_input": 256},
     "smollm3": {"tie_word_embeddings": True},
+    "deepseek_v32": {"index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048},
+    "glm_moe_dsa": {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048},
     **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _GDN_DEFAULTS),
     "olmo3": {"sliding_window": 4096},
     "glm4": {"head_dim": 128, "attention_bias": True},

@@ -242,8 +242,9 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     require(not (pins.sequence_parallel is True and pins.tp == 1), "sequence_parallel", True,
             "sequence parallel splits the activations over the tensor-parallel group: it needs tp > 1 "
             "(pinned tp=1); leave it off or pin tp > 1")
-    if model.moe and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
-        raise PlannerError("sequence_parallel", False, "an MoE with tp > 1 runs sequence parallel (Megatron-Core "
+    if (model.moe or model.dsa) and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
+        raise PlannerError("sequence_parallel", False, f"{'an MoE' if model.moe else 'DSA'} with tp > 1 runs "
+                                                       "sequence parallel (Megatron-Core "
                                                        "requires it); leave it on or unpinned")
     if pins.vpp is not None and pins.vpp > 1 and pins.pp is not None:
         require(pins.pp > 1, "vpp", pins.vpp, "interleaving (vpp > 1) needs pp > 1")
@@ -623,8 +624,8 @@ def expert_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray:
 
 def moe_sequence_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray | bool:
     """An MoE with tp > 1 runs sequence parallel (Megatron-Core requires it: the token dispatcher
-    works on the sequence shard)."""
-    return (c.tp == 1) | c.sequence_parallel if model.moe else True
+    works on the sequence shard); so does DSA (its absorbed MLA asserts it)."""
+    return (c.tp == 1) | c.sequence_parallel if model.moe or model.dsa else True
 
 
 def one_of(column: np.ndarray, values) -> np.ndarray:

@@ -20,8 +20,8 @@ import numpy as np
 from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.flops import (Gemm, attention_core_flops, layer_gemms, linear_core_flops, logits_gemm,
-                                op_sac_recomputed_share)
+from planner.core.flops import (Gemm, attention_core_flops, indexer_flops, layer_gemms, linear_core_flops,
+                                logits_gemm, op_sac_recomputed_share)
 from planner.core.layout import (DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct,
                                  recomputed_layers)
 from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master, stage_params
@@ -204,7 +204,11 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     linear = linear_kernel_time(model, hw, job, c) if model.linear_layers else 0.0
     if sw.attention == "standard":
         flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
-        fwd = flops / (half_peak * gemm_efficiency(hw, float(model.head_dim)))
+        rate = half_peak * gemm_efficiency(hw, float(model.head_dim))
+        fwd = flops / rate
+        if model.dsa:  # Megatron-Core's unfused DSA: the dense square masked to the selected keys
+            index_fwd, index_bwd = indexer_times(model, hw, job, c, rate)
+            return fwd + index_fwd, 2 * fwd + index_bwd
         return (fwd, 2 * fwd) if not model.linear_layers else (fwd + linear, 2 * fwd + FLASH_BACKWARD_RATIO * linear)
     kernel = e.fused_attention if sw.attention == "fused" else e.flash_attention
     # A kernel given a dense bias or mask without block skipping (the stack's attention_square =
@@ -213,7 +217,29 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     fwd = attention_core_flops(model, c.micro_batch, c.tp, causal=causal, cp=c.cp) / (half_peak * kernel)
     if model.linear_layers:
         fwd = fwd + linear
+    if model.dsa:
+        index_fwd, index_bwd = indexer_times(model, hw, job, c, half_peak * kernel)
+        return fwd + index_fwd, FLASH_BACKWARD_RATIO * fwd + index_bwd
     return fwd, FLASH_BACKWARD_RATIO * fwd
+
+
+def indexer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
+                  rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """DSA's indexer per layer per micro-batch, forward and backward (Megatron-Core's cuDNN DSA
+    backend), beside the sparse attention core that ``attention_core_flops`` counts: forward, the
+    scores of every causal pair (``indexer_flops``, whole on every TP rank) and their top-k, which
+    writes and reads each query's fp32 scores over the whole key length (8 bytes a pair); backward,
+    the KL loss's over the selected keys (3 x 2 H_I d_I a pair, not split by TP) and its target, the
+    main scores over them again (2 (kv_lora_rank + qk_rope_dim) a head and pair, heads split by TP).
+    Every kernel at ``rate`` (the attention kernel's); not calibrated: no measured DSA run."""
+    s = model.seq_len
+    queries = c.micro_batch * s / c.cp  # this GPU's queries, each against the whole sequence's keys
+    selected = queries * 0.5 * model.attention_span * s  # min(i, index_topk) keys a query
+    index = 2.0 * model.index_heads * model.index_head_dim
+    topk = 8.0 * queries * s / (hw.gpu.hbm_bytes_per_s * hw.efficiency.memory)
+    fwd = indexer_flops(model, c.micro_batch, c.cp) / rate + topk
+    target = 2.0 * model.heads * (model.kv_lora_rank + model.qk_rope_dim) / c.tp
+    return fwd, (3 * index + target) * selected / rate
 
 
 def linear_kernel_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> np.ndarray:
@@ -314,11 +340,21 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     Each of the cp - 1 remote steps merges the partial output in fp32 (forward) and accumulates
     dQ/dK/dV (backward): ``cp_merge_bytes`` / ``cp_accumulate_bytes`` per local output element.
 
+    DSA (Megatron-Core's allgather, the only kind it runs): the latent key and the indexer's key of
+    the whole sequence (kv_lora_rank + qk_rope_dim + index_head_dim a token, every head's, not split
+    by TP) gathered before the attention, their gradients reduce-scattered after its backward, again
+    in a recomputed forward; the queries stay local.
+
     With linear-attention layers the mean layer: the softmax layers' exchange (``attn_fwd`` and
     ``attn_bwd`` are their attention times alone, the mean over all layers), and the linear
     layers' all-to-alls (``linear_all_to_all``)."""
     if not any_(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
         return c.full(0.0)
+    if model.dsa:  # Megatron-Core's DSA runs cp_comm_type allgather only: nothing hides it
+        gathered = (ACT_BYTES[job.precision] * c.micro_batch * model.seq_len
+                    * (model.kv_lora_rank + model.qk_rope_dim + model.index_head_dim))
+        once = comm.group_collective(links, gathered, c.cp, c.tp, 1.0)
+        return where(c.cp > 1, (2 + recomputed_layers(c.recompute)) * once, 0.0)
     if model.linear_layers:
         soft = model.softmax_share
         ring = _ring_exchange(model, job, c, links, sw, attn_fwd / soft, attn_bwd / soft, hbm) if soft else 0.0

@@ -35,7 +35,7 @@ def attention_args(m) -> list:
         if m.q_lora_rank:
             out += ["--q-lora-rank", m.q_lora_rank]
         return out + ["--kv-lora-rank", m.kv_lora_rank, "--qk-head-dim", m.qk_nope_dim,
-                      "--qk-pos-emb-head-dim", m.qk_rope_dim, "--v-head-dim", m.v_head_dim] + window_args(m)
+                      "--qk-pos-emb-head-dim", m.qk_rope_dim, "--v-head-dim", m.v_head_dim] + window_args(m) + dsa_args(m)
     head_dim = getattr(m, "head_dim", None)
     if head_dim and head_dim != m.hidden // m.heads:
         out += ["--kv-channels", head_dim]
@@ -48,6 +48,18 @@ def attention_args(m) -> list:
     if getattr(m, "output_gate", False):
         out.append("--attention-output-gate")  # q's projection twice as wide: the query and a sigmoid gate
     return out + window_args(m) + linear_args(m)
+
+
+def dsa_args(m) -> list:
+    """DeepSeek sparse attention (Megatron-Core's experimental attention variant ``dsa``, flags from
+    TransformerConfig's dsa_* fields): the indexer's heads, width and top-k, its sparse KL loss
+    (the sparse stage of DeepSeek-V3.2's training) at Megatron-Bridge's GLM-5 coefficient 0.001,
+    and the cuDNN backend (FlashMLA's sparse kernel) the planner times."""
+    if not getattr(m, "index_topk", 0):
+        return []
+    return ["--experimental-attention-variant", "dsa", "--dsa-indexer-n-heads", m.index_heads,
+            "--dsa-indexer-head-dim", m.index_head_dim, "--dsa-indexer-topk", m.index_topk,
+            "--dsa-indexer-loss-coeff", "0.001", "--dsa-indexer-use-sparse-loss", "--dsa-kernel-backend", "cudnn"]
 
 
 def linear_args(m) -> list:

@@ -216,7 +216,9 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     if lay.sequence_parallel and lay.tp > 1:
         parallel.append("--sequence-parallel")
     if getattr(lay, "cp", 1) > 1:  # Megatron-Core's context parallelism: ring attention (p2p K/V exchange)
-        parallel += ["--context-parallel-size", lay.cp, "--cp-comm-type", "p2p"]
+        # DSA runs the all-gather kind only (its queries local, the latent keys gathered)
+        parallel += ["--context-parallel-size", lay.cp, "--cp-comm-type",
+                     "allgather" if getattr(m, "index_topk", 0) else "p2p"]
     if getattr(lay, "ep", 1) > 1:  # carved out of the data-parallel (x cp) ranks; experts keep tp
         parallel += ["--expert-model-parallel-size", lay.ep]
     if lay.zero_stage == 1:

@@ -80,13 +80,14 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
                    "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1,
                    "linear_layers": 0, "output_gate": False, "global_head_dim": 0, "global_kv_heads": 0,
-                   "global_k_eq_v": False, "router_scale": False, "moe_norms": 0}
+                   "global_k_eq_v": False, "router_scale": False, "moe_norms": 0, "index_topk": 0}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
     """The reference trainer's model rules: no latent attention or routing bias; QK-norm and MoE
     (reference_trainer/moe.py) with tp = 1."""
-    other = "--format megatron" if getattr(m, "linear_layers", 0) else "--format megatron or torchtitan"
+    other = ("--format megatron" if getattr(m, "linear_layers", 0) or getattr(m, "index_topk", 0)
+             else "--format megatron or torchtitan")
     if _own_shapes(m):
         other = "--format deepspeed (no other export writes Gemma 4's layers)"
     out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use {other}")
@@ -210,6 +211,9 @@ def torchtitan_checks(lay, m, job, hw=None) -> list[PlannerError]:
                                 "model (torchtitan/models/qwen3_5, June 2026) is configured in its Python config "
                                 "registry, not the TOML job config written here (e347b1e5); use --format megatron"))
     out += _gemma4_refusal(m, "torchtitan has no Gemma model")
+    if getattr(m, "index_topk", 0):
+        out.append(PlannerError("index_topk", m.index_topk, "0 for this export: torchtitan's deepseek_v3 model has "
+                                "no DeepSeek sparse attention (indexer and top-k); use --format megatron"))
     if lay.zero_stage in (1, 2):
         out.append(PlannerError("zero_stage", lay.zero_stage, "torchtitan runs DDP (ZeRO-0) or FSDP2 fully_shard "
                                 "(ZeRO-3), no ZeRO-1/2 without FSDP; pin --zero 0 or 3, or use --format deepspeed"))
