@@ -190,3 +190,13 @@ def test_bad_fields_are_one_line(fields, field):
     with pytest.raises(PlannerError) as err:
         ModelSpec(arch="llama", layers=8, hidden=1024, heads=8, **fields)
     assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_the_indexer_s_weights_are_whole_on_every_tensor_parallel_rank():
+    """Megatron-Core's indexer linears are duplicated, not split: at tp 2 each rank holds all 61
+    layers' indexers (16-bit weights, 2 bytes), against half of every other weight."""
+    lay = Layout(dp=1, tp=2, micro_batch=1, global_batch=1, zero_stage=1, sequence_parallel=True)
+    job = Job(stack="megatron-core")
+    sparse = read(V32)
+    weights = [float(evaluate_one(m, lay, job, gpu="h100-80g").memory.weights[0]) for m in (sparse, dense_twin(sparse))]
+    assert weights[0] - weights[1] == pytest.approx(61 * sparse.indexer_params * 2, rel=1e-9)

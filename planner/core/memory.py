@@ -37,7 +37,8 @@ ACT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 # The parameter counts the memory and step-time models read per stage: ModelSpec's properties,
 # which recount the whole model on every read, read once per model (the same numbers).
 Counts = make_dataclass("Counts", [(n, float) for n in ("layer_params", "layer_expert_params", "embedding_params",
-                                                        "norm_params", "head_params")], frozen=True, slots=True)
+                                                        "norm_params", "head_params", "indexer_params")],
+                        frozen=True, slots=True)
 
 
 @by_identity  # the same objects again (an estimate reads it several times): no hashing
@@ -405,6 +406,8 @@ def model_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
         experts = layers * n.layer_expert_params / (tp * c.ep)
         shard = (params - layers * n.layer_expert_params) / tp + experts
+        if n.indexer_params:  # DSA's indexer is whole on every TP rank (Megatron-Core's duplicated linears)
+            shard = shard + layers * n.indexer_params * (1 - 1 / tp)
         ratio = where(shard > 0, experts / where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
 
         def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it
