@@ -263,3 +263,61 @@ def test_a_hub_id_not_in_the_cache_is_one_line_and_a_missing_file_still_says_fil
     with pytest.raises(PlannerError) as error:  # a path that is not there is a path, not a Hub id
         model_from_hf_config("configs/config.json")
     assert "a readable config.json" in str(error.value)
+
+
+# MiniMax-M2's shape: transformers 5.25.0's MiniMaxM2Config defaults (the keys the planner reads).
+MINIMAX_M2 = {"model_type": "minimax_m2", "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+              "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+              "max_position_embeddings": 196608, "tie_word_embeddings": False, "num_experts_per_tok": 8,
+              "num_local_experts": 256}
+
+
+def test_minimax_m2_by_hand_and_as_transformers_builds_it():
+    """Every layer MoE: 256 experts of 1536 (top 8), a router with its routing bias (the
+    e_score_correction_bias buffer, counted as the checkpoint stores it), q and k normalised over
+    their whole projections (6144 and 1024 wide), no biases. transformers 5.25.0 builds
+    228,689,748,992 parameters and 62 x 256 bias entries."""
+    spec, note = model_from_hf_config(json.dumps(MINIMAX_M2).encode())
+    h = 3072
+    attention = h * 6144 + 2 * h * 1024 + 6144 * h + 6144 + 1024
+    layer = attention + 256 * 3 * h * 1536 + (256 * h + 256) + 2 * h
+    assert spec.params == 62 * layer + 2 * 200064 * h + h == 228_689_748_992 + 62 * 256
+    assert spec.active_params == spec.params - 62 * 248 * 3 * h * 1536
+    assert (spec.qk_norm, spec.router_bias, spec.experts, spec.top_k) == ("full", True, 256, 8)
+
+
+@pytest.mark.parametrize("wrapper, text, source, total", [
+    # GLM-4.5V's language model is GLM-4.5-Air's (glm4v_moe_text, read as glm4_moe); Kimi K2.5's is
+    # Kimi K2's (its text_config a kimi_k2 / deepseek_v3 config); Ministral 3 and Devstral 2 (mistral3's
+    # text_config of model_type ministral3) are Mistral's layers. Totals: transformers 5.25.0's
+    # image-and-text model built from the wrapper, its language model and head (plus the routing
+    # bias buffers, as the checkpoint stores them).
+    ("glm4v_moe", "glm4v_moe_text", "GLM-4.5-Air", 106_852_245_504 + 5_760),
+    ("kimi_k25", "kimi_k2", "Kimi-K2-Instruct", 1_026_408_209_408 + 23_040),
+    ("mistral3", "ministral3", "Mistral-Small-3.1-24B-Instruct-2503", 23_572_403_200),
+])
+def test_language_models_in_new_wrappers_and_aliases(wrapper, text, source, total):
+    cfg = json.loads((DATA / f"{source}.config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    spec, note = model_from_hf_config(json.dumps({"model_type": wrapper, "tie_word_embeddings": False,
+                                                  "text_config": {**cfg, "model_type": text}}).encode())
+    assert spec.params == total
+    assert "its language model (text_config" in note
+
+
+def test_kimi_k2_5_keeps_its_head_where_the_wrapper_says_nothing():
+    """transformers 5's Kimi_K25Config ties the wrapper by default (1,025,233,827,328 with the routing
+    biases), while the language model's own key says untied: the text_config's key wins, as for
+    Mistral 3 (vLLM #51063)."""
+    k2 = json.loads((DATA / "Kimi-K2-Instruct.config.json").read_text())
+    spec, _ = model_from_hf_config(json.dumps({"model_type": "kimi_k25", "text_config": k2}).encode())
+    assert spec.params == 1_026_408_232_448 and not spec.tied_embeddings
+
+
+def test_internlm3_reads_as_llama():
+    """InternLM3 is LlamaForCausalLM in transformers: InternLM3Config's defaults build 8,804,241,408."""
+    cfg = {"model_type": "internlm3", "vocab_size": 128512, "hidden_size": 4096, "intermediate_size": 10240,
+           "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+           "max_position_embeddings": 32768, "tie_word_embeddings": False}
+    spec, note = model_from_hf_config(json.dumps(cfg).encode())
+    assert spec.params == 8_804_241_408 and "internlm3 read as llama" in note

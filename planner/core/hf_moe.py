@@ -63,7 +63,7 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields["attention_sinks"] = True
     fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "qwen3_vl_moe_text": "head",
                          "gemma3_text": "head", "gemma4_text": "head", "qwen3_next": "head", "qwen3_5_text": "head", "qwen3_5_moe_text": "head",
-                         "olmoe": "full", "olmo2": "full", "olmo3": "full"}.get(kind, "none")
+                         "olmoe": "full", "olmo2": "full", "olmo3": "full", "minimax_m2": "full"}.get(kind, "none")
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
     fields["post_norms"] = kind in ("gemma2", "gemma3_text", "gemma4_text", "glm4")  # a norm after attention and after the MLP too
@@ -88,6 +88,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields.update(expert_groups=groups, groups_per_token=_int(cfg, "topk_group", where, groups) or groups)
     if kind == "gpt_oss":  # GptOssMLP: a router Linear with its bias, experts with biased gate_up and down
         fields["expert_bias"] = True
+    if kind == "minimax_m2":  # MiniMaxM2TopKRouter: sigmoid scores, the routing bias e_score_correction_bias
+        fields["router_bias"] = True
     if kind == "llama4_text":  # Llama4TextMoe: the routed experts and one shared expert of their width
         fields.update(shared_experts=1, ffn_hidden=_int(cfg, "intermediate_size_mlp", where),
                       moe_every=_llama4_moe_every(cfg, where))

@@ -178,8 +178,14 @@ _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text", "qwen3_next",
                  "qwen3_5_moe_text", "gemma4_text",  # Gemma 4: dense (31B) or MoE (26B-A4B)
-                 "deepseek_v32", "glm_moe_dsa")  # DeepSeek sparse attention: DeepSeek-V3.2, GLM-5
-HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES  # and the image-and-text types of HF_TEXT_CONFIG
+                 "deepseek_v32", "glm_moe_dsa",  # DeepSeek sparse attention: DeepSeek-V3.2, GLM-5
+                 "minimax_m2")  # MiniMax-M2: every layer MoE, QK-norm over the whole q and k, a routing bias
+# Model types whose language model transformers builds with another type's layers (their modeling
+# files): read as that type, the note naming both.
+_HF_ALIASES = {"ministral3": "mistral",  # Ministral 3, Devstral 2 (text_config of mistral3): Mistral's layers
+               "internlm3": "llama",  # InternLM3: LlamaForCausalLM
+               "glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe"}  # GLM-4.1V's, GLM-4.5V's language models
+HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES + tuple(_HF_ALIASES)  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
 # Model types people bring that the planner refuses, and what in them it does not model (the refusal says).
 _HF_UNMODELLED = (
@@ -190,7 +196,8 @@ _HF_UNMODELLED = (
     (("deepseek_v4",), "compressed attention, hyper-connections and a low-rank output projection"),
 )
 # The language model's model_type when its text_config names none.
-HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
+HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text", "kimi_k25": "deepseek_v3",
+                  "glm4v": "glm4v_text", "glm4v_moe": "glm4v_moe_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
                   "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 _HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # Qwen3-Next's and Qwen3.5's configuration classes: the gated attention's head width and the Gated DeltaNet's shape
@@ -267,6 +274,10 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
         cfg, where = {**tie, **text, "model_type": kind}, f"{where} text_config"
         notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
+    if kind in _HF_ALIASES:
+        notes.append(f"{kind} read as {_HF_ALIASES[kind]} (transformers builds it with {_HF_ALIASES[kind]}'s layers)")
+        kind = _HF_ALIASES[kind]
+        cfg = {**cfg, "model_type": kind}
     if kind not in HF_MODEL_TYPES:
         why = next((f"; {kind}: {reason} are not modelled" for kinds, reason in _HF_UNMODELLED if kind in kinds), "")
         raise PlannerError(f"{where} model_type", kind,
