@@ -277,7 +277,7 @@ def test_minimax_m2_by_hand_and_as_transformers_builds_it():
     e_score_correction_bias buffer, counted as the checkpoint stores it), q and k normalised over
     their whole projections (6144 and 1024 wide), no biases. transformers 5.25.0 builds
     228,689,748,992 parameters and 62 x 256 bias entries."""
-    spec, note = model_from_hf_config(json.dumps(MINIMAX_M2).encode())
+    spec, _ = model_from_hf_config(json.dumps(MINIMAX_M2).encode())
     h = 3072
     attention = h * 6144 + 2 * h * 1024 + 6144 * h + 6144 + 1024
     layer = attention + 256 * 3 * h * 1536 + (256 * h + 256) + 2 * h
