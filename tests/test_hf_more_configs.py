@@ -321,3 +321,29 @@ def test_internlm3_reads_as_llama():
            "max_position_embeddings": 32768, "tie_word_embeddings": False}
     spec, note = model_from_hf_config(json.dumps(cfg).encode())
     assert spec.params == 8_804_241_408 and "internlm3 read as llama" in note
+
+
+@pytest.mark.parametrize("kind, keys, total", [
+    # each type's configuration class defaults in transformers 5.25.0, the count it builds
+    ("ernie4_5", {"vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18,
+                  "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128, "tie_word_embeddings": True,
+                  "max_position_embeddings": 131072, "use_bias": False}, 360_748_032),
+    ("helium", {"vocab_size": 48000, "hidden_size": 2560, "intermediate_size": 7040, "num_hidden_layers": 24,
+                "num_attention_heads": 20, "num_key_value_heads": 20, "head_dim": 128, "tie_word_embeddings": False,
+                "max_position_embeddings": 4096}, 2_172_643_840),
+    ("granitemoe", {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                    "num_attention_heads": 32, "num_key_value_heads": 32, "tie_word_embeddings": False,
+                    "max_position_embeddings": 2048, "num_local_experts": 8, "num_experts_per_tok": 2,
+                    "attention_bias": False}, 37_039_116_288),
+])
+def test_types_transformers_builds_with_llama_s_or_mixtral_s_layers(kind, keys, total):
+    spec, note = model_from_hf_config(json.dumps({"model_type": kind, **keys}).encode())
+    assert spec.params == total and f"{kind} read as" in note
+
+
+@pytest.mark.parametrize("kind, key", [("ernie4_5", "use_bias"), ("granitemoe", "attention_bias")])
+def test_an_aliased_type_s_own_biases_are_refused_in_one_line(kind, key):
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(json.dumps({"model_type": kind, "hidden_size": 1024, "num_hidden_layers": 2,
+                                         "num_attention_heads": 8, "vocab_size": 1000, key: True}).encode())
+    assert err.value.field == f"hf_config {key}" and "\n" not in str(err.value)
