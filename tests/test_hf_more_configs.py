@@ -347,3 +347,47 @@ def test_an_aliased_type_s_own_biases_are_refused_in_one_line(kind, key):
         model_from_hf_config(json.dumps({"model_type": kind, "hidden_size": 1024, "num_hidden_layers": 2,
                                          "num_attention_heads": 8, "vocab_size": 1000, key: True}).encode())
     assert err.value.field == f"hf_config {key}" and "\n" not in str(err.value)
+
+
+EXAONE4 = {"model_type": "exaone4", "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "tie_word_embeddings": False,
+           "max_position_embeddings": 2048, "sliding_window": 4096, "sliding_window_pattern": 4}
+ERNIE_MOE = {"model_type": "ernie4_5_moe", "vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288,
+             "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+             "max_position_embeddings": 131072, "tie_word_embeddings": True, "use_bias": False,
+             "moe_intermediate_size": 1536, "moe_k": 6, "moe_num_experts": 64, "moe_num_shared_experts": 2,
+             "moe_layer_start_index": 1, "moe_layer_end_index": 27, "moe_layer_interval": 1}
+
+
+def test_exaone_4_by_hand_and_as_transformers_builds_it():
+    """EXAONE 4.0 (Exaone4Config's defaults): its two norms after attention and after the MLP (none
+    before), per-head QK-norm, three sliding-window layers to one full ("LLLG"). transformers 5.25.0:
+    9,429,069,824."""
+    spec, _ = model_from_hf_config(json.dumps(EXAONE4).encode())
+    h = 4096
+    layer = 4 * h * h + 2 * 128 + 3 * h * 16384 + 2 * h
+    assert spec.params == 32 * layer + 2 * 102400 * h + h == 9_429_069_824
+    assert (spec.window, spec.window_layers, spec.qk_norm) == (4096, 24, "head")
+
+
+def test_ernie_4_5_moe_by_hand_and_as_transformers_builds_it():
+    """ERNIE 4.5 MoE (Ernie4_5_MoeConfig's defaults, the 21B-A3B shape): layer 0 dense (12288 wide),
+    layers 1-27 MoE: 64 experts of 1536, top 6, two shared experts as one MLP of 3072, the router
+    and its routing bias (a weight, moe_statics); tied embeddings. transformers 5.25.0: 21,825,437,888."""
+    spec, _ = model_from_hf_config(json.dumps(ERNIE_MOE).encode())
+    h = 2560
+    attention = h * 2560 + 2 * h * 512 + 2560 * h
+    moe = 64 * 3 * h * 1536 + 3 * h * 3072 + 64 * h + 64
+    assert spec.params == attention * 28 + 3 * h * 12288 + 27 * moe + 56 * h + 103424 * h + h == 21_825_437_888
+    assert (spec.dense_layers, spec.experts, spec.top_k, spec.shared_experts) == (1, 64, 6, 2)
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"moe_layer_end_index": 20}, "moe_layer_end_index"),  # dense layers after the MoE ones
+    ({"moe_layer_interval": 2}, "moe_layer_interval"),
+    ({"use_bias": True}, "use_bias"),
+])
+def test_ernie_4_5_moe_layouts_not_modelled_are_one_line(changes, key):
+    with pytest.raises(PlannerError) as err:
+        model_from_hf_config(json.dumps({**ERNIE_MOE, **changes}).encode())
+    assert err.value.field == f"hf_config {key}" and "\n" not in str(err.value)

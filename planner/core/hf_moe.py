@@ -63,7 +63,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         fields["attention_sinks"] = True
     fields["qk_norm"] = {"qwen3": "head", "qwen3_moe": "head", "qwen3_vl_text": "head", "qwen3_vl_moe_text": "head",
                          "gemma3_text": "head", "gemma4_text": "head", "qwen3_next": "head", "qwen3_5_text": "head", "qwen3_5_moe_text": "head",
-                         "olmoe": "full", "olmo2": "full", "olmo3": "full", "minimax_m2": "full"}.get(kind, "none")
+                         "olmoe": "full", "olmo2": "full", "olmo3": "full", "minimax_m2": "full",
+                         "exaone4": "head"}.get(kind, "none")
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
     fields["post_norms"] = kind in ("gemma2", "gemma3_text", "gemma4_text", "glm4")  # a norm after attention and after the MLP too
@@ -71,6 +72,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
         return {**fields, **hf_gemma4_fields(cfg, where)}
     if kind in _DSA:
         fields.update(_dsa_fields(cfg, where))
+    if kind == "ernie4_5_moe":
+        return {**fields, **_ernie_moe_fields(cfg, where)}
     key = next((k for k in _EXPERTS if cfg.get(k)), None)
     if key is None:
         return fields
@@ -130,6 +133,29 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
         out = _flag(cfg, "attention_out_bias", where) if kind == "seed_oss" else False
         return {"qkv_bias": _flag(cfg, "attention_bias", where), "out_bias": out}
     return {}
+
+
+def _ernie_moe_fields(cfg: dict, where: str) -> dict:
+    """ERNIE 4.5's MoE (Ernie4_5_MoeConfig): ``moe_num_experts`` of ``moe_intermediate_size``, top
+    ``moe_k``, one shared MLP of ``moe_num_shared_experts`` experts' width, a routing bias held as
+    a weight (moe_statics), MoE layers from ``moe_layer_start_index`` to the last (every
+    ``moe_layer_interval``-th: 1 only); the dense layers before them of ``intermediate_size``. One
+    PlannerError for what is not modelled (biases, MoE layers ending before the last, an interval)."""
+    if _flag(cfg, "use_bias", where):
+        raise PlannerError(f"{where} use_bias", True, "false (ERNIE 4.5's biases on every projection, the MLP's "
+                           "and the head's, are not modelled)")
+    layers = _int(cfg, "num_hidden_layers", where)
+    end = cfg.get("moe_layer_end_index")
+    if end not in (None, -1, layers - 1):
+        raise PlannerError(f"{where} moe_layer_end_index", brief(end), f"the last layer ({layers - 1}), -1 or null "
+                           "(dense layers after the MoE ones are not modelled)")
+    if _int(cfg, "moe_layer_interval", where) != 1:
+        raise PlannerError(f"{where} moe_layer_interval", cfg["moe_layer_interval"], "1 (every layer from "
+                           "moe_layer_start_index an MoE layer)")
+    return {"experts": _int(cfg, "moe_num_experts", where), "top_k": _int(cfg, "moe_k", where),
+            "expert_ffn": _int(cfg, "moe_intermediate_size", where),
+            "shared_experts": _int(cfg, "moe_num_shared_experts", where, 0),
+            "dense_layers": _int(cfg, "moe_layer_start_index", where), "router_bias": True}
 
 
 def _dsa_fields(cfg: dict, where: str) -> dict:
@@ -269,7 +295,7 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
         windowed = max(0, layers - _int(cfg, "max_window_layers", where, 0)) if cfg.get("use_sliding_window") else 0
     elif kind in ("gemma2", "gpt_oss"):
         windowed = (layers + 1) // 2  # layers 0, 2, 4, ... (Gemma2Config's and GptOssConfig's layer_types)
-    elif kind == "gemma3_text":
+    elif kind in ("gemma3_text", "exaone4"):  # EXAONE 4: three sliding layers to one full ("LLLG")
         pattern = cfg.get("sliding_window_pattern")
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise PlannerError(f"{where} sliding_window_pattern", pattern, "a positive integer")

@@ -173,13 +173,14 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
             "seq_len": ("max_position_embeddings", "n_positions")}
 # RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU costs the same), RoPE, untied unless the file says so
 _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text",
-             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text", "qwen3_5_text")
+             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text", "qwen3_5_text", "exaone4")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text", "qwen3_next",
                  "qwen3_5_moe_text", "gemma4_text",  # Gemma 4: dense (31B) or MoE (26B-A4B)
                  "deepseek_v32", "glm_moe_dsa",  # DeepSeek sparse attention: DeepSeek-V3.2, GLM-5
-                 "minimax_m2")  # MiniMax-M2: every layer MoE, QK-norm over the whole q and k, a routing bias
+                 "minimax_m2",  # MiniMax-M2: every layer MoE, QK-norm over the whole q and k, a routing bias
+                 "ernie4_5_moe")  # ERNIE 4.5 MoE: moe_* keys, a leading dense layer, shared experts
 # Model types whose language model transformers builds with another type's layers (their modeling
 # files): read as that type, the note naming both.
 _HF_ALIASES = {"ministral3": "mistral",  # Ministral 3, Devstral 2 (text_config of mistral3): Mistral's layers
@@ -205,7 +206,7 @@ _HF_UNMODELLED = (
 HF_TEXT_CONFIG = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text", "kimi_k25": "deepseek_v3",
                   "glm4v": "glm4v_text", "glm4v_moe": "glm4v_moe_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
                   "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
-_HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+_HF_MOE = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "moe_num_experts")
 # Qwen3-Next's and Qwen3.5's configuration classes: the gated attention's head width and the Gated DeltaNet's shape
 _GDN_DEFAULTS = {"head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
                  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
@@ -227,6 +228,8 @@ _HF_DEFAULTS = {
     "glm_moe_dsa": {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048},
     **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _GDN_DEFAULTS),
     "olmo3": {"sliding_window": 4096},
+    "exaone4": {"sliding_window": 4096, "sliding_window_pattern": 4},
+    "ernie4_5_moe": {"moe_layer_start_index": 1, "moe_layer_interval": 1, "moe_num_shared_experts": 0},
     "glm4": {"head_dim": 128, "attention_bias": True},
     "seed_oss": {"head_dim": 128, "attention_bias": True},
     "qwen3_vl_text": {"head_dim": 128},
