@@ -200,3 +200,24 @@ def test_the_indexer_s_weights_are_whole_on_every_tensor_parallel_rank():
     sparse = read(V32)
     weights = [float(evaluate_one(m, lay, job, gpu="h100-80g").memory.weights[0]) for m in (sparse, dense_twin(sparse))]
     assert weights[0] - weights[1] == pytest.approx(61 * sparse.indexer_params * 2, rel=1e-9)
+
+
+def test_under_lora_the_indexer_is_frozen():
+    """LoRA freezes the indexer (its loss off, Megatron-Core runs it under no_grad): its scores
+    forward remain, its loss's backward and target, and the gradients it keeps, go; its projections'
+    weight gradients go as every frozen weight's (2 FLOPs a weight a token)."""
+    s = 8192
+    model = read(V32, seq_len=s)
+    full, lora = Job(precision="bf16", stack="megatron-core"), Job(precision="bf16", stack="megatron-core", mode="lora")
+    selected = (s * 2048 - 2048**2 / 2) / s
+    loss = 61 * (3 * 2 * 64 * 128 + 2 * 128 * 576) * selected + 2 * 61 * (1536 * 8192 + 7168 * 192)
+    weights_and_attention = model_flops_per_token(dense_twin(model), lora) - model_flops_per_token(dense_twin(model), full)
+    assert (model_flops_per_token(model, lora) - model_flops_per_token(model, full)
+            == pytest.approx(weights_and_attention - loss, rel=1e-9))
+    c = Candidates.from_layouts([Layout(dp=8, micro_batch=1, global_batch=8)])
+    gap = float(activation_bytes_per_layer(model, c, full)[0] - activation_bytes_per_layer(model, c, lora)[0])
+    frozen = float(activation_bytes_per_layer(dense_twin(model), c, full)[0]
+                   - activation_bytes_per_layer(dense_twin(model), c, lora)[0])
+    assert gap - frozen == pytest.approx((2 * (64 * 128 + 128) + 4 * 64) * s, rel=1e-9)
+    hw = get_profile("h100-80g")
+    assert float(indexer_times(model, hw, lora, c, 500e12)[1]) == 0.0

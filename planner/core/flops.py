@@ -118,9 +118,10 @@ def indexer_flops(model: ModelSpec, micro_batch: np.ndarray, cp: np.ndarray | in
     return 0.5 * 2.0 * micro_batch * model.seq_len**2 * model.index_heads * model.index_head_dim / cp
 
 
-def indexer_training_flops_per_token(model: ModelSpec) -> float:
+def indexer_training_flops_per_token(model: ModelSpec, trains: bool = True) -> float:
     """What DSA adds to a token's training FLOPs, all layers (0 without DSA): the indexer's scores
-    forward (2 H_I d_I a causal pair: s/2 pairs a token on average); its KL loss's backward over
+    forward (2 H_I d_I a causal pair: s/2 pairs a token on average); where the indexer ``trains``
+    (not under LoRA, which freezes it: its loss coefficient 0, no gradient), its KL loss's backward over
     the selected keys (Megatron-Core's sparse loss: the logits again, dQ and dK, 3 x 2 H_I d_I a
     pair; the indexer's inputs are detached, nothing flows further); and the loss's target, the
     main attention's scores over the selected keys again (QK^T against the latent key, 2 x
@@ -132,7 +133,7 @@ def indexer_training_flops_per_token(model: ModelSpec) -> float:
     selected = 0.5 * model.attention_span * s
     index = 2.0 * model.index_heads * model.index_head_dim
     target = 2.0 * model.heads * (model.kv_lora_rank + model.qk_rope_dim)
-    return model.layers * (index * 0.5 * s + (3 * index + target) * selected)
+    return model.layers * (index * 0.5 * s + (3 * index + target) * selected * trains)
 
 
 def logits_gemm(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: np.ndarray | int = 1) -> Gemm:
@@ -169,7 +170,7 @@ def _model_flops(model: ModelSpec, job: Job | None, causal: bool) -> float:
 
     weights = 2.0 * model.matmul_params_per_token
     attention = attention_flops_per_token(model, causal)
-    indexer = indexer_training_flops_per_token(model)  # DSA's indexer and its loss (0 without)
+    indexer = indexer_training_flops_per_token(model, not (job is not None and job.lora))  # DSA's (0 without)
     if job is not None and job.lora:
         return 2 * weights + 3 * attention + 3 * lora_forward_flops_per_token(model, job) + indexer
     return 3.0 * (weights + attention) + indexer

@@ -209,7 +209,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         scores = model.softmax_share * scores
     whole_sequence = 0.0
     if model.dsa:
-        split, whole_sequence = split - attention + _sparse_attention(model, e, out * out_kept), _indexer_kept(model, e)
+        split, whole_sequence = split - attention + _sparse_attention(model, e, out * out_kept), _indexer_kept(model, e, not job.lora)
     tp = as_float(c.tp)
     per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp + whole_sequence
     if sw.stack.tp_saves_gathered_inputs:
@@ -232,15 +232,15 @@ def _sparse_attention(model: ModelSpec, e: float, out: float) -> float:
     return e * model.heads * (2 * model.kv_lora_rank + model.qk_rope_dim) + e * out
 
 
-def _indexer_kept(model: ModelSpec, e: float) -> float:
+def _indexer_kept(model: ModelSpec, e: float, trains: bool) -> float:
     """DSA's tensors per token that every TP rank keeps whole (the indexer runs on the whole
     sequence on each): the latent key (kv_lora_rank + qk_rope_dim), the int32 indices of the
-    selected keys (index_topk, at most the sequence), and the indexer's loss gradients the cuDNN
-    backend computes in the forward and keeps (its query's, index_heads x index_head_dim; its key's;
-    the fp32 head weights')."""
+    selected keys (index_topk, at most the sequence), and where the indexer ``trains`` (not under
+    LoRA) its loss gradients the cuDNN backend computes in the forward and keeps (its query's,
+    index_heads x index_head_dim; its key's; the fp32 head weights')."""
     topk = min(model.index_topk, model.seq_len)
-    return (e * (model.kv_lora_rank + model.qk_rope_dim) + 4 * topk
-            + e * (model.index_heads * model.index_head_dim + model.index_head_dim) + 4 * model.index_heads)
+    grads = e * (model.index_heads * model.index_head_dim + model.index_head_dim) + 4 * model.index_heads
+    return e * (model.kv_lora_rank + model.qk_rope_dim) + 4 * topk + grads * trains
 
 
 def dsa_scores_working(model: ModelSpec, c: Candidates) -> np.ndarray | float:

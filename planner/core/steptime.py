@@ -230,8 +230,9 @@ def indexer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
     scores of every causal pair (``indexer_flops``, whole on every TP rank) and their top-k, which
     writes and reads each query's fp32 scores over the whole key length (8 bytes a pair); backward,
     the KL loss's over the selected keys (3 x 2 H_I d_I a pair, not split by TP) and its target, the
-    main scores over them again (2 (kv_lora_rank + qk_rope_dim) a head and pair, heads split by TP).
-    Every kernel at ``rate`` (the attention kernel's); not calibrated: no measured DSA run."""
+    main scores over them again (2 (kv_lora_rank + qk_rope_dim) a head and pair, heads split by TP);
+    none under LoRA (the indexer frozen, its loss off). Every kernel at ``rate`` (the attention
+    kernel's); not calibrated: no measured DSA run."""
     s = model.seq_len
     queries = c.micro_batch * s / c.cp  # this GPU's queries, each against the whole sequence's keys
     selected = queries * 0.5 * model.attention_span * s  # min(i, index_topk) keys a query
@@ -239,7 +240,7 @@ def indexer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
     topk = 8.0 * queries * s / (hw.gpu.hbm_bytes_per_s * hw.efficiency.memory)
     fwd = indexer_flops(model, c.micro_batch, c.cp) / rate + topk
     target = 2.0 * model.heads * (model.kv_lora_rank + model.qk_rope_dim) / c.tp
-    return fwd, (3 * index + target) * selected / rate
+    return fwd, (0.0 if job.lora else (3 * index + target) * selected / rate)
 
 
 def linear_kernel_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates) -> np.ndarray:
