@@ -382,7 +382,8 @@ def _check_layout(config: RunConfig) -> None:
 UNBUILT_SPEC = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
                 "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1,
                 "linear_layers": 0, "output_gate": False, "global_head_dim": 0, "global_kv_heads": 0,
-                "global_k_eq_v": False, "router_scale": False, "moe_norms": 0, "index_topk": 0}
+                "global_k_eq_v": False, "router_scale": False, "moe_norms": 0, "index_topk": 0,
+                "parallel_block": False}
 
 
 def _check_moe(config: RunConfig) -> None:

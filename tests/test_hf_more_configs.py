@@ -391,3 +391,41 @@ def test_ernie_4_5_moe_layouts_not_modelled_are_one_line(changes, key):
     with pytest.raises(PlannerError) as err:
         model_from_hf_config(json.dumps({**ERNIE_MOE, **changes}).encode())
     assert err.value.field == f"hf_config {key}" and "\n" not in str(err.value)
+
+
+COHERE2 = {"model_type": "cohere2", "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+           "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 128,
+           "max_position_embeddings": 8192, "tie_word_embeddings": True, "attention_bias": False,
+           "sliding_window": 4096, "sliding_window_pattern": 4}
+
+
+def test_cohere_2_by_hand_and_as_transformers_builds_it():
+    """Cohere 2 (Command R7B, Command A; Cohere2Config's defaults): attention and the MLP side by side
+    after one LayerNorm (its weight only), three sliding-window layers to one full, tied embeddings.
+    transformers 5.25.0: 34,980,831,232."""
+    spec, _ = model_from_hf_config(json.dumps(COHERE2).encode())
+    h = 8192
+    assert spec.params == 40 * (4 * h * h + 3 * h * 22528 + h) + 256000 * h + h == 34_980_831_232
+    assert (spec.parallel_block, spec.layer_norms, spec.window_layers) == (True, 1, 30)
+
+
+def test_a_parallel_block_keeps_one_norm_and_one_input_by_hand(tmp_path, capsys):
+    """Per token and layer (16-bit, megatron-core, tp 1): one norm's input instead of two, and the
+    normalised input both halves read kept once instead of twice: 2 x 2 x h bytes fewer."""
+    from planner.core.layout import Candidates, Job, Layout
+    from planner.core.memory import activation_bytes_per_layer
+
+    spec, _ = model_from_hf_config(json.dumps(COHERE2).encode())
+    job = Job(precision="bf16", stack="megatron-core")
+    c = Candidates.from_layouts([Layout(dp=8, micro_batch=1, global_batch=8)])
+    gap = float(activation_bytes_per_layer(spec.replace(parallel_block=False), c, job)[0]
+                - activation_bytes_per_layer(spec, c, job)[0])
+    assert gap == pytest.approx(2 * 2 * 8192 * 8192, rel=1e-12)
+    path = ["--gpus", "64", "--gpu", "h100", "--seq-len", "8192"]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(COHERE2))
+    assert main(["export", "--hf-config", str(cfg), *path, "--format", "megatron"]) == 2
+    assert "parallel attention and MLP block" in capsys.readouterr().err
+    with pytest.raises(PlannerError) as err:
+        spec.replace(post_norms=True)
+    assert err.value.field == "parallel_block"

@@ -68,6 +68,8 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
     if kind == "glm4_moe" and _flag(cfg, "use_qk_norm", where):
         fields["qk_norm"] = "head"
     fields["post_norms"] = kind in ("gemma2", "gemma3_text", "gemma4_text", "glm4")  # a norm after attention and after the MLP too
+    if kind == "cohere2":  # Cohere2DecoderLayer: attention and the MLP side by side after one LayerNorm
+        fields["parallel_block"] = True
     if kind == "gemma4_text":  # its own keys (hf_gemma4_fields): top_k_experts, enable_moe_block
         return {**fields, **hf_gemma4_fields(cfg, where)}
     if kind in _DSA:
@@ -112,7 +114,7 @@ def hf_variant_fields(cfg: dict, kind: str, where: str = "hf_config") -> dict:
 # attention_bias: the projections a model type's attention biases with it (its modeling file);
 # Seed-OSS biases its output projection with attention_out_bias instead.
 _QKVO_BIAS = ("llama", "granite", "smollm3", "qwen3", "qwen3_vl_text", "olmo2", "olmo3", "gemma", "gemma2",
-              "gemma3_text", "gemma4_text", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss", "qwen3_next",
+              "gemma3_text", "gemma4_text", "cohere2", "qwen3_moe", "qwen3_vl_moe_text", "olmoe", "llama4_text", "gpt_oss", "qwen3_next",
               "qwen3_5_text", "qwen3_5_moe_text")
 _QKV_BIAS = ("glm4", "glm4_moe", "seed_oss")
 # mlp_bias: a bias on every matrix of the dense SwiGLU MLP, not modelled (refused when true)
@@ -295,7 +297,7 @@ def hf_window_fields(cfg: dict, kind: str, layers: int, where: str = "hf_config"
         windowed = max(0, layers - _int(cfg, "max_window_layers", where, 0)) if cfg.get("use_sliding_window") else 0
     elif kind in ("gemma2", "gpt_oss"):
         windowed = (layers + 1) // 2  # layers 0, 2, 4, ... (Gemma2Config's and GptOssConfig's layer_types)
-    elif kind in ("gemma3_text", "exaone4"):  # EXAONE 4: three sliding layers to one full ("LLLG")
+    elif kind in ("gemma3_text", "exaone4", "cohere2"):  # EXAONE 4, Cohere 2: three sliding layers to one full
         pattern = cfg.get("sliding_window_pattern")
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise PlannerError(f"{where} sliding_window_pattern", pattern, "a positive integer")

@@ -167,6 +167,8 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     # Under sequence parallel Megatron keeps its sequence shard and gathers it again in backward
     # (Korthikanti et al. 2022, Sec. 4.2.2); DTensor's autograd keeps the gathered input whole.
     gathered = e * h * trains("q_proj", "k_proj", "v_proj") + e * h * trains("gate_proj", "up_proj")
+    if model.parallel_block:  # one normalised input feeds both halves: kept once
+        gathered = e * h * trains("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
     # Replicated over TP ranks unless sequence parallel.
     # What an eager RMSNorm keeps (the stack's eager_norm; measured: benchmarks/activation_memory.py):
     # one kernel its input (and rstd); op by op also the normalised tensor, for the weight's gradient

@@ -90,6 +90,7 @@ class ModelSpec:
     window_layers: int | None = None  # layers with the window (None: all of them when window > 0)
     chunked: bool = False  # the window is a chunk: windowed layers attend inside aligned blocks of window tokens (Llama 4)
     post_norms: bool = False  # a norm after attention and after the MLP too (Gemma 2/3: 4 norms per layer)
+    parallel_block: bool = False  # attention and the MLP read one norm's output, their outputs summed (Cohere's)
     # Linear attention (Gated DeltaNet: Qwen3-Next, Qwen3.5): linear_layers of the layers replace softmax
     # attention by a gated delta rule over linear_key_heads keys and linear_value_heads values of
     # linear_key_dim / linear_value_dim each, after a depthwise causal convolution of linear_conv taps.
@@ -184,6 +185,9 @@ class ModelSpec:
 
     def _check_window(self) -> None:
         require(isinstance(self.post_norms, bool), "post_norms", self.post_norms, "true or false")
+        require(isinstance(self.parallel_block, bool), "parallel_block", self.parallel_block, "true or false")
+        require(not (self.parallel_block and self.post_norms), "parallel_block", True,
+                "false with post_norms (a parallel block has one norm before both halves)")
         w = self.window
         require(isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= FLAGS["seq_len"].hi, "window", w,
                 f"0 (full attention) or a window of 1 to {FLAGS['seq_len'].hi:,} tokens")
@@ -465,8 +469,8 @@ class ModelSpec:
     @property
     def layer_norms(self) -> int:
         """Norms in a layer's residual path: before attention and before the MLP, and with
-        ``post_norms`` after each too (Gemma 2/3)."""
-        return 4 if self.post_norms else 2
+        ``post_norms`` after each too (Gemma 2/3); one, before both, in a ``parallel_block``."""
+        return 4 if self.post_norms else 1 if self.parallel_block else 2
 
     @property
     def gated_mlp(self) -> bool:
@@ -683,6 +687,8 @@ class ModelSpec:
             window += f"; the {self.global_layers} full-attention layers {shape}"
         if self.output_gate:
             window += ", gated attention output"
+        if self.parallel_block:
+            window += ", attention and MLP in parallel"
         # the dense MLP's width where some layer has one (every layer an MoE layer: the expert ffn says it)
         ffn = f", ffn {self.ffn_hidden}" if self.moe_layers < self.layers else ""
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "
@@ -779,7 +785,7 @@ def _counts(m: ModelSpec) -> _Counts:
                           + full_norms)
     else:
         full_matmul = full_attention = 0
-    layer_norms = (4 if m.post_norms else 2) * norm
+    layer_norms = m.layer_norms * norm
     mlp = _mlp(not gpt, h, m.ffn_hidden)
     dense_layer = attention + mlp + layer_norms
     experts = m.experts

@@ -173,7 +173,8 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
             "seq_len": ("max_position_embeddings", "n_positions")}
 # RMSNorm, gated MLP (SwiGLU; Gemma's GeGLU costs the same), RoPE, untied unless the file says so
 _HF_LLAMA = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3_text",
-             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text", "qwen3_5_text", "exaone4")
+             "granite", "smollm3", "olmo3", "glm4", "seed_oss", "qwen3_vl_text", "qwen3_5_text", "exaone4",
+             "cohere2")
 _HF_GPT = ("gpt2",)  # LayerNorm, GELU, learned positions, biases, tied
 _HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",  # llama-style MoE
                  "kimi_k2", "glm4_moe", "gpt_oss", "llama4_text", "mistral4", "qwen3_vl_moe_text", "qwen3_next",
@@ -229,6 +230,7 @@ _HF_DEFAULTS = {
     **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _GDN_DEFAULTS),
     "olmo3": {"sliding_window": 4096},
     "exaone4": {"sliding_window": 4096, "sliding_window_pattern": 4},
+    "cohere2": {"tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 4},
     "ernie4_5_moe": {"moe_layer_start_index": 1, "moe_layer_interval": 1, "moe_num_shared_experts": 0},
     "glm4": {"head_dim": 128, "attention_bias": True},
     "seed_oss": {"head_dim": 128, "attention_bias": True},

@@ -198,6 +198,7 @@ def _model_json(m: ModelSpec) -> dict:
             **({"global_head_dim": m.global_head_dim or m.head_dim, "global_kv_heads": m.global_kv_heads or m.kv_heads,
                 "global_k_eq_v": m.global_k_eq_v} if m.global_layers else {}),
             **({"router_scale": True} if m.router_scale else {}),
+            **({"parallel_block": True} if m.parallel_block else {}),
             **({"moe_norms": m.moe_norms} if m.moe_norms else {}),
             **({"index_heads": m.index_heads, "index_head_dim": m.index_head_dim, "index_topk": m.index_topk}
                if m.index_topk else {})}

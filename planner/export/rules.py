@@ -80,7 +80,8 @@ def trainer_checks(lay, m, job, hw=None) -> list[PlannerError]:
 TRAINER_UNBUILT = {"router_bias": False, "kv_lora_rank": 0, "q_lora_rank": 0, "window": 0, "post_norms": False,
                    "out_bias": False, "attention_sinks": False, "expert_bias": False, "chunked": False, "moe_every": 1,
                    "linear_layers": 0, "output_gate": False, "global_head_dim": 0, "global_kv_heads": 0,
-                   "global_k_eq_v": False, "router_scale": False, "moe_norms": 0, "index_topk": 0}
+                   "global_k_eq_v": False, "router_scale": False, "moe_norms": 0, "index_topk": 0,
+                   "parallel_block": False}
 
 
 def _trainer_model_checks(lay, m) -> list[PlannerError]:
@@ -89,7 +90,7 @@ def _trainer_model_checks(lay, m) -> list[PlannerError]:
     other = ("--format megatron" if getattr(m, "linear_layers", 0) or getattr(m, "index_topk", 0)
              else "--format megatron or torchtitan")
     if _own_shapes(m):
-        other = "--format deepspeed (no other export writes Gemma 4's layers)"
+        other = "--format deepspeed (no other export writes these layers)"
     out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use {other}")
            for name, default in TRAINER_UNBUILT.items() if getattr(m, name, default) != default]
     if getattr(m, "qk_norm", "none") != "none" and lay.tp > 1:
@@ -103,7 +104,8 @@ def _trainer_model_checks(lay, m) -> list[PlannerError]:
 
 # Gemma 4's variants (planner.core.model: the full-attention layers' own shape, its MoE layer's
 # router scales and norms): neither Megatron-LM nor torchtitan builds them.
-_GEMMA4_FIELDS = ("global_head_dim", "global_kv_heads", "global_k_eq_v", "router_scale", "moe_norms")
+_GEMMA4_FIELDS = ("global_head_dim", "global_kv_heads", "global_k_eq_v", "router_scale", "moe_norms",
+                  "parallel_block")  # and Cohere's parallel block
 
 
 def _own_shapes(m) -> str | None:
@@ -164,7 +166,8 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
         out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
                                 "tensor parallelism together; pin --sequence-parallel"))
     out += _gemma4_refusal(m, "Megatron-LM gives every layer one attention shape (--kv-channels, "
-                              "--num-query-groups) and has no flag for Gemma 4's full-attention layers or MoE block")
+                              "--num-query-groups) and has no flag for Gemma 4's full-attention layers or MoE block, "
+                              "nor for a parallel attention and MLP block")
     return out
 
 
@@ -210,7 +213,7 @@ def torchtitan_checks(lay, m, job, hw=None) -> list[PlannerError]:
         out.append(PlannerError("linear_layers", m.linear_layers, "0 for this export: torchtitan's Gated DeltaNet "
                                 "model (torchtitan/models/qwen3_5, June 2026) is configured in its Python config "
                                 "registry, not the TOML job config written here (e347b1e5); use --format megatron"))
-    out += _gemma4_refusal(m, "torchtitan has no Gemma model")
+    out += _gemma4_refusal(m, "torchtitan has no Gemma or Cohere model")
     if getattr(m, "index_topk", 0):
         out.append(PlannerError("index_topk", m.index_topk, "0 for this export: torchtitan's deepseek_v3 model has "
                                 "no DeepSeek sparse attention (indexer and top-k); use --format megatron"))
