@@ -92,6 +92,7 @@ class Stack:
     cp_merge_bytes: float  # HBM bytes per local attention-output element per CP step, forward (partial merge)
     cp_accumulate_bytes: float  # the same in the backward (dQ/dK/dV accumulation and copies)
     linear_attention_cp: str = "none"  # context parallel over linear-attention layers (LINEAR_CPS)
+    sparse_attention: bool = False  # runs DeepSeek sparse attention (Megatron-Core's dsa variant: indexer, top-k)
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
@@ -179,6 +180,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "cp_merge_bytes": ("cp_merge_bytes", "float", (0.0, 256.0)),
     "cp_accumulate_bytes": ("cp_accumulate_bytes", "float", (0.0, 256.0)),
     "linear_attention_cp": ("linear_attention_cp", "str", LINEAR_CPS),
+    "sparse_attention": ("sparse_attention", "bool", None),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "model_parallel": ("model_parallel", "bool", None),
@@ -219,7 +221,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
 OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype", "reduce_scatter_bytes", "grad_bucket_buffer",
-                 "attention_square", "model_parallel", "gather_cap_params", "linear_attention_cp")
+                 "attention_square", "model_parallel", "gather_cap_params", "linear_attention_cp", "sparse_attention")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

@@ -221,3 +221,35 @@ def test_under_lora_the_indexer_is_frozen():
     assert gap - frozen == pytest.approx((2 * (64 * 128 + 128) + 4 * 64) * s, rel=1e-9)
     hw = get_profile("h100-80g")
     assert float(indexer_times(model, hw, lora, c, 500e12)[1]) == 0.0
+
+
+def test_the_optimizer_steps_the_indexer_whole_on_every_tensor_parallel_rank():
+    """The optimizer step reads and writes every weight a GPU holds (4 + 24 + 2 bytes a parameter:
+    the fp32 gradient, master and moments, the 16-bit copy): at tp 2 all 61 indexers on each rank."""
+    lay = Layout(dp=1, tp=2, micro_batch=1, global_batch=1, zero_stage=0, sequence_parallel=True)
+    job, hw = Job(stack="megatron-core"), get_profile("h100-80g")
+    sparse = read(V32)
+    times = [float(evaluate_one(m, lay, job, gpu="h100-80g").time.optimizer[0]) for m in (sparse, dense_twin(sparse))]
+    hbm = hw.gpu.hbm_bytes_per_s * hw.efficiency.memory
+    assert times[0] - times[1] == pytest.approx(61 * sparse.indexer_params * (4 + 24 + 2) / hbm, rel=1e-6)
+
+
+def test_a_stack_without_sparse_attention_is_refused_in_one_line(capsys):
+    """DSA's time and memory are Megatron-Core's dsa variant's: torchtitan's stacks (the default) do
+    not run it; the refusal names the stacks that do."""
+    model, hw = read(V32), get_profile("h100-80g")
+    with pytest.raises(PlannerError) as err:
+        search(model, hw, Job(stack="fsdp2"), 256, Pins())
+    assert err.value.field == "stack" and "megatron-core" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"index_topk_pattern": 5}, "index_topk_pattern"),
+    ({"indexer_types": [["full"]]}, "indexer_types"),
+    ({"index_topk_freq": 0}, "index_topk_freq"),
+    ({"index_n_heads": 0}, "index_n_heads"),
+])
+def test_malformed_indexer_keys_are_one_line(changes, key):
+    with pytest.raises(PlannerError) as err:
+        read({**GLM5, **changes})
+    assert err.value.field == f"hf_config {key}" and "\n" not in str(err.value)

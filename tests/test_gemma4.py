@@ -169,6 +169,9 @@ def test_without_layer_types_five_sliding_to_one_full_the_last_full(tmp_path):
     ("gemma-4-31B-it", {"attention_k_eq_v": "yes"}, "attention_k_eq_v"),
     ("gemma-4-26B-A4B", {"intermediate_size": 2000}, "intermediate_size"),
     ("gemma-4-26B-A4B", {"top_k_experts": None}, "top_k_experts"),
+    ("gemma-4-26B-A4B", {"moe_intermediate_size": 0}, "moe_intermediate_size"),
+    ("gemma-4-26B-A4B", {"num_global_key_value_heads": 0}, "num_global_key_value_heads"),
+    ("gemma-4-31B-it", {"global_head_dim": 0}, "global_head_dim"),
 ])
 def test_what_is_not_modelled_or_malformed_is_one_line(tmp_path, capsys, file, changes, key):
     cfg = json.loads((DATA / f"{file}.config.json").read_text())

@@ -39,6 +39,14 @@ def _int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
     return value
 
 
+def _positive(cfg: dict, key: str, where: str, default: int | None = None) -> int:
+    """``_int``, and at least 1 (a width or a count of heads)."""
+    value = _int(cfg, key, where, default)
+    if value < 1:
+        raise PlannerError(f"{where} {key}", value, "a positive integer")
+    return value
+
+
 def _flag(cfg: dict, key: str, where: str, default: bool = False) -> bool:
     value = cfg.get(key, default)
     if value is None:
@@ -163,13 +171,22 @@ def _ernie_moe_fields(cfg: dict, where: str) -> dict:
 def _dsa_fields(cfg: dict, where: str) -> dict:
     """DeepSeek sparse attention's indexer on every layer (DeepseekV32Config, GlmMoeDsaConfig); one
     PlannerError for GLM-5's IndexShare (layers reusing an earlier layer's top-k: not modelled)."""
-    shared = cfg.get("index_topk_freq", 1) not in (None, 1) or any(
-        t in ("S", "shared") for t in (cfg.get("index_topk_pattern") or cfg.get("indexer_types") or ()))
-    if shared:
-        key = next(k for k in ("index_topk_freq", "index_topk_pattern", "indexer_types") if cfg.get(k) is not None)
+    freq = _positive(cfg, "index_topk_freq", where, 1)
+    kinds = {"index_topk_pattern": ("F", "S", "full", "shared"), "indexer_types": ("full", "shared")}
+    for key, allowed in kinds.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        letters = isinstance(value, str) and key == "index_topk_pattern"  # "FSSF...": one letter a layer
+        if not (letters or isinstance(value, list)) or any(not isinstance(v, str) or v not in allowed for v in value):
+            raise PlannerError(f"{where} {key}", brief(value), f"a list of {' or '.join(allowed[-2:])} per layer"
+                               + (' (or a string of F and S)' if key == "index_topk_pattern" else ""))
+    reuse = next((k for k in kinds if any(v in ("S", "shared") for v in cfg.get(k) or ())), None)
+    if freq > 1 or reuse:
+        key = reuse or "index_topk_freq"
         raise PlannerError(f"{where} {key}", brief(cfg[key]), "every layer its own indexer (layers reusing an earlier "
-                           "layer's top-k, GLM-5's IndexShare, are not modelled)")
-    return {field: _int(cfg, key, where) for field, key in _DSA_KEYS.items()}
+                           "layer's top-k, GLM-5.x's IndexShare, are not modelled)")
+    return {field: _positive(cfg, key, where) for field, key in _DSA_KEYS.items()}
 
 
 def hf_gemma4_fields(cfg: dict, where: str = "hf_config") -> dict:
@@ -196,12 +213,12 @@ def hf_gemma4_fields(cfg: dict, where: str = "hf_config") -> dict:
         raise PlannerError(f"{where} per_layer_config", brief(cfg["per_layer_config"]), "absent: per-layer attention "
                            "shapes beyond global_head_dim and num_global_key_value_heads are not read")
     k_eq_v = _flag(cfg, "attention_k_eq_v", where)
-    fields: dict = {"global_head_dim": _int(cfg, "global_head_dim", where, 512), "global_k_eq_v": k_eq_v}
+    fields: dict = {"global_head_dim": _positive(cfg, "global_head_dim", where, 512), "global_k_eq_v": k_eq_v}
     if k_eq_v and cfg.get("num_global_key_value_heads") is not None:  # the class reads it only with K as V
-        fields["global_kv_heads"] = _int(cfg, "num_global_key_value_heads", where)
+        fields["global_kv_heads"] = _positive(cfg, "num_global_key_value_heads", where)
     if not _flag(cfg, "enable_moe_block", where):
         return fields
-    width, dense = _int(cfg, "moe_intermediate_size", where), _int(cfg, "intermediate_size", where)
+    width, dense = _positive(cfg, "moe_intermediate_size", where), _positive(cfg, "intermediate_size", where)
     if dense % width:
         raise PlannerError(f"{where} intermediate_size", dense, f"a multiple of moe_intermediate_size={width} (the "
                            "dense MLP beside the experts is planned as shared experts of their width)")

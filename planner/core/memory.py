@@ -48,6 +48,12 @@ def counts(model: ModelSpec) -> Counts:
     return Counts(*(getattr(model, f) for f in Counts.__slots__))
 
 
+def whole_on_tp_ranks(n: Counts, tp: np.ndarray) -> np.ndarray | float:
+    """Per layer, the parameters a TP rank holds beyond its 1/tp share of the layer: DSA's indexer,
+    whole on every rank (Megatron-Core's duplicated linears)."""
+    return n.indexer_params * (1 - 1 / tp)
+
+
 MASTER_BYTES = 4  # an fp32 master weight
 
 
@@ -386,6 +392,8 @@ def model_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # ZeRO-3 gathers a wrapped block's weights and prefetches the next (``gather_layers`` in 16-bit).
     n = counts(model)
     block = (n.layer_params - n.layer_expert_params) / tp + n.layer_expert_params / (tp * c.ep)
+    if n.indexer_params:
+        block = block + whole_on_tp_ranks(n, tp)
     gather_blocks = where(c.zero_stage >= 3, zero3_live_params(model, c, sw, block) * e, 0.0)
     # Its backward also holds a block's gradients for the reduce-scatter (the stack's
     # ``reduce_scatter_bytes`` per parameter; a stage that keeps its gradients unsharded under
@@ -408,8 +416,8 @@ def model_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
         experts = layers * n.layer_expert_params / (tp * c.ep)
         shard = (params - layers * n.layer_expert_params) / tp + experts
-        if n.indexer_params:  # DSA's indexer is whole on every TP rank (Megatron-Core's duplicated linears)
-            shard = shard + layers * n.indexer_params * (1 - 1 / tp)
+        if n.indexer_params:
+            shard = shard + layers * whole_on_tp_ranks(n, tp)
         ratio = where(shard > 0, experts / where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard
 
         def sharded(bytes_: np.ndarray, stage: int) -> np.ndarray:  # ZeRO stage >= ``stage`` shards it

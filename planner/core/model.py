@@ -394,7 +394,7 @@ class ModelSpec:
         return _counts(self).indexer
 
     @kept_property
-    def attn_core_width(self) -> int:
+    def attn_core_width(self) -> int | float:
         """heads * (attn_qk_dim + attn_v_dim): forward QK^T plus AV cost 2*s*this FLOPs per token per
         layer over the full square (4*s*h for standard attention with head_dim = hidden / heads). Under
         DSA the kernel runs MLA absorbed (Megatron-Core's AbsorbedMLASelfAttention, FlashMLA's sparse
@@ -599,7 +599,7 @@ class ModelSpec:
         return _counts(self).linear_matmul
 
     @property
-    def attention_matmul_params(self) -> int:
+    def attention_matmul_params(self) -> int | float:
         """The attention block's weight-matrix entries (no biases, no norms): q, k, v and output
         projections; MLA: q_a, q_b (or q), kv_a (latent + shared RoPE key), kv_b, output. Under
         ``global_*`` the mean over layers (the full-attention layers' their own)."""
@@ -610,11 +610,11 @@ class ModelSpec:
         return ((self.layers - full) * n.attention_matmul + full * n.global_attention_matmul) / self.layers
 
     @kept_property
-    def dense_layer_matmul_params(self) -> int:
+    def dense_layer_matmul_params(self) -> int | float:
         return self.attention_matmul_params + self._mlp_matmul(self.ffn_hidden)
 
     @kept_property
-    def moe_layer_matmul_params(self) -> int:
+    def moe_layer_matmul_params(self) -> int | float:
         """Weights one token multiplies in an MoE layer: attention, router, shared MLP, top_k experts."""
         if not self.moe:
             return 0
@@ -622,7 +622,7 @@ class ModelSpec:
                 + self._mlp_matmul(self.shared_experts * self.expert_ffn) + self.top_k * self._mlp_matmul(self.expert_ffn))
 
     @kept_property
-    def matmul_params_per_token(self) -> int:
+    def matmul_params_per_token(self) -> int | float:
         """Weights that every token multiplies: all layer matmuls plus the output head
         (the head multiplies even when tied); for an MoE, its active experts only.
         Forward FLOPs per token = 2x this plus attention."""

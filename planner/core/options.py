@@ -288,7 +288,9 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     if kind in _HF_ALIASES:
         flag = _HF_ALIAS_FLAGS.get(kind)
         if flag and cfg.get(flag[0]) not in (None, False):
-            raise PlannerError(f"{where} {flag[0]}", cfg[flag[0]], flag[1])
+            from planner.core.hf_moe import brief
+
+            raise PlannerError(f"{where} {flag[0]}", brief(cfg[flag[0]]), flag[1])
         notes.append(f"{kind} read as {_HF_ALIASES[kind]} (transformers builds it with {_HF_ALIASES[kind]}'s layers)")
         kind = _HF_ALIASES[kind]
         cfg = {**cfg, "model_type": kind}

@@ -369,6 +369,11 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``).
     ``as_row``: when the fields allow one layout alone (every one pinned), that layout as
     ``Candidates.one_row`` gives it (its columns Python scalars), built without arrays."""
+    if model.dsa:
+        require(job_stack(job).sparse_attention, "stack", job_stack(job).name,
+                lambda: "one that runs DeepSeek sparse attention, as this model needs (its time and memory are "
+                        "Megatron-Core's dsa variant's): "
+                        + ", ".join(n for n in stack_names() if get_stack(n).sparse_attention))
     if not widen:
         _check_pins(model, gpus, pins, job.global_batch, job_stack(job))
         check_stack_pins(job_stack(job), pins)

@@ -24,7 +24,8 @@ from planner.core.flops import (Gemm, attention_core_flops, indexer_flops, layer
                                 logits_gemm, op_sac_recomputed_share)
 from planner.core.layout import (DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct,
                                  recomputed_layers)
-from planner.core.memory import ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master, stage_params
+from planner.core.memory import (ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master,
+                                 stage_params, whole_on_tp_ranks)
 from planner.core.model import ModelSpec
 from planner.core.pipeline import dualpipe_bubble_ratio, stage_layers
 from planner.hardware import HardwareProfile
@@ -647,9 +648,12 @@ def _stage_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
                                    stage_params(model, pp, first, True, (pp == 1) | v_shape)),
                         stage_params(model, pp, last, pp == 1, not_(v_shape)))
     # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
-    expert_layers = maximum(maximum(fullest, first), last) * counts(model).layer_expert_params
+    n, most = counts(model), maximum(maximum(fullest, first), last)
+    expert_layers = most * n.layer_expert_params
     experts = expert_layers / (c.tp * c.ep)
     shard = (params - expert_layers) / c.tp + experts
+    if n.indexer_params:
+        shard = shard + most * whole_on_tp_ranks(n, as_float(c.tp))
     expert_share = 0.0 if job.lora else experts / shard
     trained = shard if not job.lora else maximum(fullest, first) * lora_params_per_layer(model, job) / c.tp
     coll = _dp_collectives(hw, job, c, sw, links, trained, shard, busy, expert_share)
