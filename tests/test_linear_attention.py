@@ -178,6 +178,11 @@ def test_megatron_core_splits_linear_layers_over_context_parallel_by_whole_heads
     code = main(["estimate", "--hf-config", str(DATA / "Qwen3.5-27B.config.json"), "--gpus", "64", "--gpu", "h100",
                  "--stack", "megatron-core", "--tp", "2", "--cp", "32"])
     assert code == 2 and capsys.readouterr().err.count("\n") == 1
+    # cp implied by the other degrees (64 / 4 = 16): tp*cp = 64 splits no 16 key heads; the line says so
+    code = main(["estimate", "--hf-config", str(DATA / "Qwen3.5-27B.config.json"), "--gpus", "64", "--gpu", "h100",
+                 "--stack", "megatron-core", "--tp", "4", "--pp", "1", "--dp", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "tp*cp dividing linear_key_heads=16" in err
 
 
 def test_context_parallel_splits_the_delta_rule_over_heads():

@@ -385,9 +385,11 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     mesh = (_mesh(model, gpus, Pins(), uneven, pins.vpp, linear_cp) if widen
             else _mesh(model, gpus, pins, uneven, None, linear_cp))
     if not mesh:
+        linear = (f"; tp*cp dividing linear_key_heads={model.linear_key_heads} and linear_value_heads="
+                  f"{model.linear_value_heads}" if model.linear_layers else "")
         return Candidates.empty(), (f"no (dp, tp, pp, vpp, cp) multiplies to gpus={gpus} with tp dividing "
-                                    f"heads={model.heads} and kv_heads={model.kv_heads} and the fields pinned "
-                                    f"({pins.pinned()})")
+                                    f"heads={model.heads} and kv_heads={model.kv_heads}{linear} and the fields "
+                                    f"pinned ({pins.pinned()})")
     # Every other dimension: its pinned value, or the values it declares for the search.
     free = _FREE_DIMS
     values = {d.name: _values(d, job, model, getattr(pins, d.name), widen) for d in free}
