@@ -81,7 +81,7 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
         Gemm(tokens, mlp_in / tp, h),  # MLP in (gate and up when gated)
         Gemm(tokens, h, f / tp),  # MLP out
     ]
-    if model.dsa:  # the indexer's projections, whole on every TP rank (Megatron-Core: duplicated linears)
+    if model.index_topk:  # the indexer's projections, whole on every TP rank (Megatron-Core: duplicated linears)
         gemms[2:2] = [Gemm(tokens, model.index_heads * model.index_head_dim, model.q_lora_rank or h),  # wq_b
                       Gemm(tokens, model.index_head_dim + model.index_heads, h)]  # wk, weights_proj
     return gemms
@@ -127,7 +127,7 @@ def indexer_training_flops_per_token(model: ModelSpec, trains: bool = True) -> f
     main attention's scores over the selected keys again (QK^T against the latent key, 2 x
     (kv_lora_rank + qk_rope_dim) a head and pair; cuDNN's backend, from the forward's log-sum-exp).
     min(i, index_topk) keys for query i: ``attention_span`` x s/2 a token on average."""
-    if not model.dsa:
+    if not model.index_topk:
         return 0.0
     s = model.seq_len
     selected = 0.5 * model.attention_span * s
@@ -206,7 +206,7 @@ def _recompute_flops(model: ModelSpec, selective: str, causal: bool) -> tuple[fl
     """(full, selective) recomputation's extra forward FLOPs per token, read once per model."""
     layer_gemms = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
     attention = attention_flops_per_token(model, causal)
-    if model.dsa:  # a whole layer's forward again scores every causal pair with the indexer again
+    if model.index_topk:  # a whole layer's forward again scores every causal pair with the indexer again
         layer_gemms += model.layers * model.index_heads * model.index_head_dim * model.seq_len
     return (layer_gemms + attention,
             attention if selective == "attention" else op_sac_recomputed_share(model) * layer_gemms)

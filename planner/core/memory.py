@@ -216,7 +216,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
         split = split - attention + _linear_layer_attention(model, e, attention, trains)
         scores = model.softmax_share * scores
     whole_sequence = 0.0
-    if model.dsa:
+    if model.index_topk:
         split, whole_sequence = split - attention + _sparse_attention(model, e, out * out_kept), _indexer_kept(model, e, not job.lora)
     tp = as_float(c.tp)
     per_token = where(c.sequence_parallel, replicated / tp, replicated) + (split + scores) / tp + whole_sequence
@@ -255,7 +255,7 @@ def dsa_scores_working(model: ModelSpec, c: Candidates) -> np.ndarray | float:
     """DSA's indexer scores in flight while a layer runs (its forward, or its recomputed forward in
     the backward): fp32 scores of this GPU's queries against the whole sequence, computed in row
     chunks of at most 1 GiB (Megatron-Core's cuDNN backend, _INDEXER_SCORE_CHUNK_MAX_BYTES)."""
-    if not model.dsa:
+    if not model.index_topk:
         return 0.0
     return minimum(float(2**30), 4.0 * c.micro_batch * model.seq_len / c.cp * model.seq_len)
 
@@ -303,7 +303,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
 
     def per_layer(p: Candidates) -> tuple[np.ndarray, np.ndarray]:
         act_layer, working = layer_activations_and_working(model, p, job, sw)
-        return act_layer, working + context_parallel_working(model, p, job, sw) + dsa_scores_working(model, p)
+        working = working + context_parallel_working(model, p, job, sw)
+        return act_layer, working + dsa_scores_working(model, p) if model.index_topk else working
 
     # What a layer keeps and works in, per micro-batch: once per distinct LAYER_DIMS.
     act_layer, working = per_distinct(c, LAYER_DIMS, per_layer)
@@ -579,7 +580,7 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     dQ, dK, dV accumulated in ``cp_grad_bytes`` and dK/dV concatenated for the send and received
     (4 more local tensors). gather: the gathered K/V and their gradient, both whole-sequence."""
     st, e = sw.stack, ACT_BYTES[job.precision]
-    if model.dsa:  # the gathered latent and indexer keys of the whole sequence, and their gradients
+    if model.index_topk:  # the gathered latent and indexer keys of the whole sequence, and their gradients
         width = model.kv_lora_rank + model.qk_rope_dim + model.index_head_dim
         return where(c.cp > 1, 2 * e * c.micro_batch * model.seq_len * width, 0.0)
     width = attention_kv_width(model, sw)

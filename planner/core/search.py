@@ -242,7 +242,7 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     require(not (pins.sequence_parallel is True and pins.tp == 1), "sequence_parallel", True,
             "sequence parallel splits the activations over the tensor-parallel group: it needs tp > 1 "
             "(pinned tp=1); leave it off or pin tp > 1")
-    if (model.moe or model.dsa) and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
+    if (model.moe or model.index_topk) and pins.tp is not None and pins.tp > 1 and pins.sequence_parallel is False:
         raise PlannerError("sequence_parallel", False, f"{'an MoE' if model.moe else 'DSA'} with tp > 1 runs "
                                                        "sequence parallel (Megatron-Core "
                                                        "requires it); leave it on or unpinned")
@@ -275,7 +275,7 @@ def tp_splits(model: ModelSpec, tp: int) -> bool:
     """Tensor parallel splits whole heads: query, K/V (the full-attention layers' own too, Gemma 4's)
     and, with linear attention, its key and value heads."""
     return (model.heads % tp == 0 and model.kv_heads % tp == 0 and model.global_kv_heads % tp == 0
-            and linear_heads_split(model, tp))
+            and (not model.linear_layers or linear_heads_split(model, tp)))
 
 
 def linear_cp_runs(stack: Stack) -> bool:
@@ -369,7 +369,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``).
     ``as_row``: when the fields allow one layout alone (every one pinned), that layout as
     ``Candidates.one_row`` gives it (its columns Python scalars), built without arrays."""
-    if model.dsa:
+    if model.index_topk:
         require(job_stack(job).sparse_attention, "stack", job_stack(job).name,
                 lambda: "one that runs DeepSeek sparse attention, as this model needs (its time and memory are "
                         "Megatron-Core's dsa variant's): "
@@ -632,7 +632,7 @@ def expert_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray:
 def moe_sequence_parallel_ok(model: ModelSpec, c: Candidates) -> np.ndarray | bool:
     """An MoE with tp > 1 runs sequence parallel (Megatron-Core requires it: the token dispatcher
     works on the sequence shard); so does DSA (its absorbed MLA asserts it)."""
-    return (c.tp == 1) | c.sequence_parallel if model.moe or model.dsa else True
+    return (c.tp == 1) | c.sequence_parallel if model.moe or model.index_topk else True
 
 
 def one_of(column: np.ndarray, values) -> np.ndarray:

@@ -207,7 +207,7 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
         flops = attention_core_flops(model, c.micro_batch, c.tp, causal=False, cp=c.cp)
         rate = half_peak * gemm_efficiency(hw, float(model.head_dim))
         fwd = flops / rate
-        if model.dsa:  # Megatron-Core's unfused DSA: the dense square masked to the selected keys
+        if model.index_topk:  # Megatron-Core's unfused DSA: the dense square masked to the selected keys
             index_fwd, index_bwd = indexer_times(model, hw, job, c, rate)
             return fwd + index_fwd, 2 * fwd + index_bwd
         return (fwd, 2 * fwd) if not model.linear_layers else (fwd + linear, 2 * fwd + FLASH_BACKWARD_RATIO * linear)
@@ -218,7 +218,7 @@ def attention_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidat
     fwd = attention_core_flops(model, c.micro_batch, c.tp, causal=causal, cp=c.cp) / (half_peak * kernel)
     if model.linear_layers:
         fwd = fwd + linear
-    if model.dsa:
+    if model.index_topk:
         index_fwd, index_bwd = indexer_times(model, hw, job, c, half_peak * kernel)
         return fwd + index_fwd, FLASH_BACKWARD_RATIO * fwd + index_bwd
     return fwd, FLASH_BACKWARD_RATIO * fwd
@@ -352,7 +352,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
     layers' all-to-alls (``linear_all_to_all``)."""
     if not any_(c.cp > 1):  # no layout splits the sequence: nothing exchanged (the last line's zeros)
         return c.full(0.0)
-    if model.dsa:  # Megatron-Core's DSA runs cp_comm_type allgather only: nothing hides it
+    if model.index_topk:  # Megatron-Core's DSA runs cp_comm_type allgather only: nothing hides it
         gathered = (ACT_BYTES[job.precision] * c.micro_batch * model.seq_len
                     * (model.kv_lora_rank + model.qk_rope_dim + model.index_head_dim))
         once = comm.group_collective(links, gathered, c.cp, c.tp, 1.0)
