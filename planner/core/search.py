@@ -259,6 +259,25 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
                 lambda: f"must be divisible by dp*micro_batch={pins.dp * pins.micro_batch}")
 
 
+@by_identity  # per model, pins and stack object: the (gpus, global_batch) pairs whose pins passed
+def _pins_passed(model: ModelSpec, pins: Pins, stack: Stack) -> set:
+    return set()
+
+
+def _check_pins_once(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | None, stack: Stack) -> None:
+    """``_check_pins``, once per model, pins, stack, GPU count and batch (an estimate repeated with the
+    same inputs checks them once; a failing check raises every time)."""
+    passed, key = _pins_passed(model, pins, stack), (gpus, global_batch)
+    try:
+        if key in passed:
+            return
+    except TypeError:  # an unhashable count or batch: _check_pins names it
+        key = None
+    _check_pins(model, gpus, pins, global_batch, stack)
+    if key is not None:
+        passed.add(key)
+
+
 UNEVEN_VPP = (2, 3, 4)  # interleaving degrees tried when the layers do not divide pp*vpp
 
 
@@ -375,7 +394,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                         "Megatron-Core's dsa variant's): "
                         + ", ".join(n for n in stack_names() if get_stack(n).sparse_attention))
     if not widen:
-        _check_pins(model, gpus, pins, job.global_batch, job_stack(job))
+        _check_pins_once(model, gpus, pins, job.global_batch, job_stack(job))
         check_stack_pins(job_stack(job), pins)
         if pins.schedule == "dualpipev" and job.compile:
             raise PlannerError("schedule", "dualpipev", "torch's ScheduleDualPipeV does not run compiled stages "
