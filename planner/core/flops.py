@@ -132,7 +132,7 @@ def indexer_training_flops_per_token(model: ModelSpec, trains: bool = True) -> f
     s = model.seq_len
     selected = 0.5 * model.attention_span * s
     index = 2.0 * model.index_heads * model.index_head_dim
-    target = 2.0 * model.heads * (model.kv_lora_rank + model.qk_rope_dim)
+    target = 2.0 * model.heads * model.kv_cache_width
     return model.layers * (index * 0.5 * s + (3 * index + target) * selected * trains)
 
 

@@ -145,6 +145,13 @@ def _biases(cfg: dict, kind: str, where: str) -> dict:
     return {}
 
 
+ERNIE_BIAS = "false (ERNIE 4.5's biases on every projection, the MLP's and the head's, are not modelled)"
+# A type read as another (planner.core.options' aliases): its key that would give it weights the other
+# type lacks, refused when true.
+ALIAS_FLAGS = {"ernie4_5": ("use_bias", ERNIE_BIAS),
+               "granitemoe": ("attention_bias", "false (biases on a Granite MoE's attention are not modelled)")}
+
+
 def _ernie_moe_fields(cfg: dict, where: str) -> dict:
     """ERNIE 4.5's MoE (Ernie4_5_MoeConfig): ``moe_num_experts`` of ``moe_intermediate_size``, top
     ``moe_k``, one shared MLP of ``moe_num_shared_experts`` experts' width, a routing bias held as
@@ -152,8 +159,7 @@ def _ernie_moe_fields(cfg: dict, where: str) -> dict:
     ``moe_layer_interval``-th: 1 only); the dense layers before them of ``intermediate_size``. One
     PlannerError for what is not modelled (biases, MoE layers ending before the last, an interval)."""
     if _flag(cfg, "use_bias", where):
-        raise PlannerError(f"{where} use_bias", True, "false (ERNIE 4.5's biases on every projection, the MLP's "
-                           "and the head's, are not modelled)")
+        raise PlannerError(f"{where} use_bias", True, ERNIE_BIAS)
     layers = _int(cfg, "num_hidden_layers", where)
     end = cfg.get("moe_layer_end_index")
     if end not in (None, -1, layers - 1):

@@ -237,7 +237,7 @@ def _sparse_attention(model: ModelSpec, e: float, out: float) -> float:
     for backward, MLA absorbed (FlashMLA's sparse kernel): every head's query against the latent
     key (kv_lora_rank + qk_rope_dim) and the kernel's latent-wide output (kv_lora_rank), and
     ``out``, the output projection's input (the value heads' up-projection) where kept."""
-    return e * model.heads * (2 * model.kv_lora_rank + model.qk_rope_dim) + e * out
+    return e * model.attn_core_width + e * out  # attn_core_width: heads x (576 + 512) absorbed
 
 
 def _indexer_kept(model: ModelSpec, e: float, trains: bool) -> float:
@@ -248,7 +248,7 @@ def _indexer_kept(model: ModelSpec, e: float, trains: bool) -> float:
     index_heads x index_head_dim; its key's; the fp32 head weights')."""
     topk = min(model.index_topk, model.seq_len)
     grads = e * (model.index_heads * model.index_head_dim + model.index_head_dim) + 4 * model.index_heads
-    return e * (model.kv_lora_rank + model.qk_rope_dim) + 4 * topk + grads * trains
+    return e * model.kv_cache_width + 4 * topk + grads * trains  # kv_cache_width: MLA's latent key
 
 
 def dsa_scores_working(model: ModelSpec, c: Candidates) -> np.ndarray | float:
@@ -581,7 +581,7 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
     (4 more local tensors). gather: the gathered K/V and their gradient, both whole-sequence."""
     st, e = sw.stack, ACT_BYTES[job.precision]
     if model.index_topk:  # the gathered latent and indexer keys of the whole sequence, and their gradients
-        width = model.kv_lora_rank + model.qk_rope_dim + model.index_head_dim
+        width = model.kv_cache_width + model.index_head_dim
         return where(c.cp > 1, 2 * e * c.micro_batch * model.seq_len * width, 0.0)
     width = attention_kv_width(model, sw)
     local = c.micro_batch * model.seq_len / c.cp / c.tp  # this GPU's tokens, per TP rank's heads

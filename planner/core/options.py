@@ -189,10 +189,6 @@ _HF_ALIASES = {"ministral3": "mistral",  # Ministral 3, Devstral 2 (text_config 
                "ernie4_5": "llama", "helium": "llama",  # ERNIE 4.5 (dense), Kyutai's Helium: Llama's weights
                "granitemoe": "mixtral",  # Granite 3 MoE: Mixtral's layers (its multipliers have no weights)
                "glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe"}  # GLM-4.1V's, GLM-4.5V's language models
-# An aliased type's key that would give it weights the other type lacks: refused when true.
-_HF_ALIAS_FLAGS = {"ernie4_5": ("use_bias", ("false (ERNIE 4.5's biases on every projection, the MLP's and the "
-                                             "head's, are not modelled)")),
-                   "granitemoe": ("attention_bias", "false (biases on a Granite MoE's attention are not modelled)")}
 HF_MODEL_TYPES = _HF_LLAMA + _HF_GPT + _HF_MOE_TYPES + tuple(_HF_ALIASES)  # and the image-and-text types of HF_TEXT_CONFIG
 # Image-and-text configs whose language model (text_config) is what trains at scale here.
 # Model types people bring that the planner refuses, and what in them it does not model (the refusal says).
@@ -286,10 +282,10 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
         notes.append("its language model (text_config; the vision tower is not planned)")
     kind = cfg.get("model_type")
     if kind in _HF_ALIASES:
-        flag = _HF_ALIAS_FLAGS.get(kind)
-        if flag and cfg.get(flag[0]) not in (None, False):
-            from planner.core.hf_moe import brief
+        from planner.core.hf_moe import ALIAS_FLAGS, brief
 
+        flag = ALIAS_FLAGS.get(kind)
+        if flag and cfg.get(flag[0]) not in (None, False):
             raise PlannerError(f"{where} {flag[0]}", brief(cfg[flag[0]]), flag[1])
         notes.append(f"{kind} read as {_HF_ALIASES[kind]} (transformers builds it with {_HF_ALIASES[kind]}'s layers)")
         kind = _HF_ALIASES[kind]

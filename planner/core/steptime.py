@@ -240,7 +240,7 @@ def indexer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
     index = 2.0 * model.index_heads * model.index_head_dim
     topk = 8.0 * queries * s / (hw.gpu.hbm_bytes_per_s * hw.efficiency.memory)
     fwd = indexer_flops(model, c.micro_batch, c.cp) / rate + topk
-    target = 2.0 * model.heads * (model.kv_lora_rank + model.qk_rope_dim) / c.tp
+    target = 2.0 * model.heads * model.kv_cache_width / c.tp
     return fwd, (0.0 if job.lora else (3 * index + target) * selected / rate)
 
 
@@ -354,7 +354,7 @@ def context_parallel_exchange(model: ModelSpec, job: Job, c: Candidates, links: 
         return c.full(0.0)
     if model.index_topk:  # Megatron-Core's DSA runs cp_comm_type allgather only: nothing hides it
         gathered = (ACT_BYTES[job.precision] * c.micro_batch * model.seq_len
-                    * (model.kv_lora_rank + model.qk_rope_dim + model.index_head_dim))
+                    * (model.kv_cache_width + model.index_head_dim))
         once = comm.group_collective(links, gathered, c.cp, c.tp, 1.0)
         return where(c.cp > 1, (2 + recomputed_layers(c.recompute)) * once, 0.0)
     if model.linear_layers:

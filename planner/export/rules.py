@@ -89,7 +89,7 @@ def _trainer_model_checks(lay, m) -> list[PlannerError]:
     (reference_trainer/moe.py) with tp = 1."""
     other = ("--format megatron" if getattr(m, "linear_layers", 0) or getattr(m, "index_topk", 0)
              else "--format megatron or torchtitan")
-    if _own_shapes(m):
+    if _unexported_field(m):
         other = "--format deepspeed (no other export writes these layers)"
     out = [PlannerError(name, getattr(m, name), f"the reference trainer does not build this variant; use {other}")
            for name, default in TRAINER_UNBUILT.items() if getattr(m, name, default) != default]
@@ -102,19 +102,19 @@ def _trainer_model_checks(lay, m) -> list[PlannerError]:
     return out
 
 
-# Gemma 4's variants (planner.core.model: the full-attention layers' own shape, its MoE layer's
-# router scales and norms): neither Megatron-LM nor torchtitan builds them.
-_GEMMA4_FIELDS = ("global_head_dim", "global_kv_heads", "global_k_eq_v", "router_scale", "moe_norms",
-                  "parallel_block")  # and Cohere's parallel block
+# Variants neither Megatron-LM nor torchtitan builds (planner.core.model): Gemma 4's full-attention
+# layers of their own shape and its MoE layer's router scales and norms, Cohere's parallel block.
+_UNEXPORTED_FIELDS = ("global_head_dim", "global_kv_heads", "global_k_eq_v", "router_scale", "moe_norms",
+                  "parallel_block")
 
 
-def _own_shapes(m) -> str | None:
-    """The first Gemma 4 variant field set on ``m`` (None: none)."""
-    return next((f for f in _GEMMA4_FIELDS if getattr(m, f, 0)), None)
+def _unexported_field(m) -> str | None:
+    """The first of those variant fields set on ``m`` (None: none)."""
+    return next((f for f in _UNEXPORTED_FIELDS if getattr(m, f, 0)), None)
 
 
-def _gemma4_refusal(m, who: str) -> list[PlannerError]:
-    field = _own_shapes(m)
+def _unexported_refusal(m, who: str) -> list[PlannerError]:
+    field = _unexported_field(m)
     if field is None:
         return []
     return [PlannerError(field, getattr(m, field), f"unset for this export: {who}; --format deepspeed writes a "
@@ -165,7 +165,7 @@ def megatron_checks(lay, m, job, hw=None) -> list[PlannerError]:
     if _experts(m) and lay.tp > 1 and not lay.sequence_parallel:
         out.append(PlannerError("sequence_parallel", False, "Megatron-Core needs --sequence-parallel with expert and "
                                 "tensor parallelism together; pin --sequence-parallel"))
-    out += _gemma4_refusal(m, "Megatron-LM gives every layer one attention shape (--kv-channels, "
+    out += _unexported_refusal(m, "Megatron-LM gives every layer one attention shape (--kv-channels, "
                               "--num-query-groups) and has no flag for Gemma 4's full-attention layers or MoE block, "
                               "nor for a parallel attention and MLP block")
     return out
@@ -213,7 +213,7 @@ def torchtitan_checks(lay, m, job, hw=None) -> list[PlannerError]:
         out.append(PlannerError("linear_layers", m.linear_layers, "0 for this export: torchtitan's Gated DeltaNet "
                                 "model (torchtitan/models/qwen3_5, June 2026) is configured in its Python config "
                                 "registry, not the TOML job config written here (e347b1e5); use --format megatron"))
-    out += _gemma4_refusal(m, "torchtitan has no Gemma or Cohere model")
+    out += _unexported_refusal(m, "torchtitan has no Gemma or Cohere model")
     if getattr(m, "index_topk", 0):
         out.append(PlannerError("index_topk", m.index_topk, "0 for this export: torchtitan's deepseek_v3 model has "
                                 "no DeepSeek sparse attention (indexer and top-k); use --format megatron"))
