@@ -286,7 +286,9 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
 
         flag = ALIAS_FLAGS.get(kind)
         if flag and cfg.get(flag[0]) not in (None, False):
-            raise PlannerError(f"{where} {flag[0]}", brief(cfg[flag[0]]), flag[1])
+            value = cfg[flag[0]]
+            raise PlannerError(f"{where} {flag[0]}", brief(value) if isinstance(value, (str, list, dict)) else value,
+                               flag[1])
         notes.append(f"{kind} read as {_HF_ALIASES[kind]} (transformers builds it with {_HF_ALIASES[kind]}'s layers)")
         kind = _HF_ALIASES[kind]
         cfg = {**cfg, "model_type": kind}
