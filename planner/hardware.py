@@ -161,6 +161,16 @@ class HardwareProfile:
                    if getattr(efficiency, f.name) != getattr(self.efficiency, f.name)}
         return dataclasses.replace(self, efficiency=efficiency, efficiency_keys=self.efficiency_keys | changed)
 
+    def with_factors(self, changes: dict[str, float]) -> HardwareProfile:
+        """``with_efficiency`` of the efficiency with ``changes`` (factor name -> value): only those
+        can differ, so only those are compared."""
+        old = self.efficiency
+        changed = {k for k, v in changes.items() if v != getattr(old, k)}
+        if not changed:
+            return self
+        return dataclasses.replace(self, efficiency=dataclasses.replace(old, **changes),
+                                   efficiency_keys=self.efficiency_keys | changed)
+
 
 def profile_dirs() -> list[Path]:
     """The project's profile folders: built-in, then calibrated."""

@@ -110,17 +110,20 @@ def check_value(value: Any, key: Key, field: str) -> Any:
 
 def check_number(value: Any, key: Key, field: str) -> float | int:
     """A finite int or float in the key's range (bool and text refused; 2.0 accepted as an integer)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PlannerError(field, value, key.allowed())
-    if isinstance(value, float):
-        if math.isnan(value) or (math.isinf(value) and not (key.inf_ok and value > 0)):
+    if type(value) is not int:  # (a plain int, the usual flag, goes straight to its range)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PlannerError(field, value, key.allowed())
-        if key.kind is int:
-            if not value.is_integer():
+        if isinstance(value, float):
+            if math.isnan(value) or (math.isinf(value) and not (key.inf_ok and value > 0)):
                 raise PlannerError(field, value, key.allowed())
-            value = int(value)
-    if (isinstance(value, float) and math.isinf(value)) or (key.zero_ok and value == 0):
-        return value  # (an int is never infinite; a huge one fails the range check below)
+            if key.kind is int:
+                if not value.is_integer():
+                    raise PlannerError(field, value, key.allowed())
+                value = int(value)
+        if isinstance(value, float) and math.isinf(value):
+            return value  # (an int is never infinite; a huge one fails the range check below)
+    if key.zero_ok and value == 0:
+        return value
     lo_bad = key.lo is not None and (value <= key.lo if key.lo_open else value < key.lo)
     hi_bad = key.hi is not None and (value >= key.hi if key.hi_open else value > key.hi)
     if lo_bad or hi_bad:

@@ -459,13 +459,27 @@ def effective(hw, stack: Stack, async_tp: bool = False):
 
 @by_identity  # a search or estimate asks for the same pair each time (15 us a call)
 def _effective(hw, stack: Stack, async_tp: bool):
-    # A key set for this plan (--set) wins over a calibrated profile's own value.
-    given = getattr(hw, "efficiency_keys", frozenset()) - {_KEYS[key.rpartition(".")[2]][0]
-                                                          for key, _ in stack.overrides}
+    given = _profile_sets(hw, stack)
     changes = {f: getattr(stack, f) for f in SHARED_FACTORS if f not in given}
     if async_tp and "tp_overlap" not in given:
         changes["tp_overlap"] = stack.tp_overlap_async
-    return hw.with_efficiency(dataclasses.replace(hw.efficiency, **changes))
+    return hw.with_factors(changes)
+
+
+def _profile_sets(hw, stack: Stack) -> frozenset[str]:
+    """The efficiency factors the profile's own file sets and this stack keeps (a key set for
+    this plan, --set, wins over a calibrated profile's own value)."""
+    given = getattr(hw, "efficiency_keys", frozenset())
+    if not stack.overrides or not given:
+        return given
+    return given - {_KEYS[key.rpartition(".")[2]][0] for key, _ in stack.overrides}
+
+
+def async_tp_overlaps_more(hw, stack: Stack) -> bool:
+    """Whether ``effective(hw, stack, True)`` hides more of TP's collectives than
+    ``effective(hw, stack, False)``: the stack overlaps more with async TP, and the profile does
+    not set the overlap itself."""
+    return "tp_overlap" not in _profile_sets(hw, stack) and stack.tp_overlap_async > stack.tp_overlap
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -173,3 +173,39 @@ def test_clear_all_empties_every_identity_cache():
     before = f(a)
     memo.clear_all()
     assert f(a) is not before
+
+
+def test_with_factors_is_with_efficiency_of_the_replaced_factors():
+    """``HardwareProfile.with_factors`` (only the factors changed compared) against the plain
+    ``with_efficiency(dataclasses.replace(efficiency, **changes))`` it stands for: the same
+    profile, the same factors counted as set by it; with nothing changed, the profile itself."""
+    from planner.hardware import get_profile
+
+    for name in ("h100", "a100-80g", "cpu-2core"):
+        hw = get_profile(name)
+        e = hw.efficiency
+        for changes in ({}, {"tp_overlap": e.tp_overlap}, {"tp_overlap": 0.25, "dp_overlap": e.dp_overlap},
+                        {"layer_overhead_s": 1e-4, "step_overhead_s": 0.0, "dp_overlap": 0.5}):
+            plain = hw.with_efficiency(dataclasses.replace(e, **changes))
+            fast = hw.with_factors(changes)
+            assert fast == plain and fast.efficiency_keys == plain.efficiency_keys, (name, changes)
+        assert hw.with_factors({"tp_overlap": e.tp_overlap}) is hw
+
+
+def test_async_tp_overlaps_more_is_the_comparison_of_the_two_effective_profiles():
+    """``planner.stacks.async_tp_overlaps_more`` (read from the stack and what the profile sets)
+    against comparing ``effective(hw, stack, True)`` with ``effective(hw, stack, False)``, on every
+    stack, a datasheet and a calibrated profile (its file sets tp_overlap), with and without the
+    overlap set for the plan (--set), which wins over the profile's own value."""
+    from planner.hardware import get_profile
+    from planner.stacks import async_tp_overlaps_more, effective, get_stack, stack_names, with_overrides
+
+    seen = set()
+    for name in stack_names():
+        for hw in (get_profile("h100"), get_profile("cpu-2core")):
+            for items in ((), ("overlap.tp_overlap=0.1",), ("overlap.tp_overlap_async=0.9",)):
+                stack = with_overrides(get_stack(name), items) if items else get_stack(name)
+                plain = effective(hw, stack, True).efficiency.tp_overlap > effective(hw, stack, False).efficiency.tp_overlap
+                assert async_tp_overlaps_more(hw, stack) == plain, (name, hw.name, items)
+                seen.add(plain)
+    assert seen == {True, False}  # both answers were checked

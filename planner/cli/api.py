@@ -29,15 +29,19 @@ _LEFT_OUT = ("format", "help")
 class _Spec:
     """One subcommand's keywords: each name -> (its destination, a converter of the value)."""
 
-    __slots__ = ("command", "defaults", "keys")
+    __slots__ = ("command", "defaults", "keys", "pins")
 
     def __init__(self, command: str) -> None:
         from planner.cli.main import SUBCOMMANDS, _Parser
+        from planner.core.layout import PIN_DIMS
+        from planner.core.limits import check_flags
 
         parser = _Parser(prog=f"planner {command}", add_help=False)
         SUBCOMMANDS[command][1](parser)
         self.command = command
         self.defaults = vars(parser.parse_args([]))
+        check_flags(self.defaults)  # once: a call then checks only the values its keywords set
+        self.pins = frozenset(d.name for d in PIN_DIMS)  # the layout's fields: not part of a setup's key
         self.keys: dict[str, tuple[str, Callable[[object], object]]] = {}
         for action in parser._actions:
             if action.dest in _LEFT_OUT:
@@ -49,8 +53,10 @@ class _Spec:
                 self.keys[name] = (action.dest, _converter(action, negated=flips))
             self.keys.setdefault(action.dest, (action.dest, _converter(action, negated=False)))
 
-    def namespace(self, flags: Mapping[str, object]) -> argparse.Namespace:
-        values = dict(self.defaults)
+    def namespace(self, flags: Mapping[str, object]) -> tuple[argparse.Namespace, dict[str, object]]:
+        """The parsed flags, and those of them the keywords set (destination -> value; the rest
+        are the parser's defaults, which ``__init__`` checked)."""
+        given = {}
         for name, value in flags.items():
             try:
                 dest, convert = self.keys[name]
@@ -59,8 +65,11 @@ class _Spec:
                 raise PlannerError(name, value, f"not a keyword of planner.{self.command}"
                                    f"{'; ' + hint if hint else ''} (`planner {self.command} --help` "
                                    "lists the flags; a keyword is a flag with dashes made underscores)") from None
-            values[dest] = convert(value) if value is not None else self.defaults[dest]
-        return argparse.Namespace(**values)
+            given[dest] = convert(value) if value is not None else self.defaults[dest]
+        a = argparse.Namespace()
+        vars(a).update(self.defaults)
+        vars(a).update(given)
+        return a, given
 
 
 def _flips(action: argparse.Action, flag: str) -> bool:
@@ -80,8 +89,11 @@ def _converter(action: argparse.Action, negated: bool) -> Callable[[object], obj
             return not value if negated else value
         return boolean
     kind, choices = action.type, action.choices
+    plain = kind if kind in (int, float) else str if kind in (None, str) else None
 
     def convert(value: object) -> object:
+        if type(value) is plain and (choices is None or value in choices):  # the usual case: as given
+            return value
         if isinstance(value, bool):
             raise PlannerError(field, value, _wanted(kind, choices))
         if kind in (int, float):
@@ -163,30 +175,30 @@ def _prepared(command: str, flags: Mapping[str, object]):
 
 
 def _prepare(command: str, flags: Mapping[str, object]):
-    from planner.core.layout import PIN_DIMS
     from planner.core.limits import check_flags
     from planner.core.options import build_inputs, pins_from
 
     spec = _SPECS.get(command)
     if spec is None:
         spec = _SPECS[command] = _Spec(command)
-    a = spec.namespace(flags)
+    a, given = spec.namespace(flags)
     values = vars(a)
-    pins = {d.name for d in PIN_DIMS}
-    key = None if values.get("hf_config") else tuple(item for item in values.items() if item[0] not in pins)
+    pins = spec.pins
+    # The setup's key: the values the keywords set, less the pins (the rest are the defaults).
+    key = None if values.get("hf_config") else (command, *(i for i in given.items() if i[0] not in pins))
     try:
         setup = _SETUP.get(key) if key is not None else None
     except TypeError:  # an unhashable value (a list): built each time
         key = setup = None
     if setup is None:
-        check_flags(values)  # every number in its documented range, as the CLI checks it
+        check_flags(given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
         x = build_inputs(values)
         if key is not None:
             if len(_SETUP) >= _SETUP_SIZE:
                 _SETUP.clear()
             _SETUP[key] = x
         return a, x
-    check_flags({name: values[name] for name in pins})  # the rest was checked with the setup
+    check_flags({name: v for name, v in given.items() if name in pins})  # the rest was checked with the setup
     import dataclasses
 
     return a, dataclasses.replace(setup, pins=pins_from(values))

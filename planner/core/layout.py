@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
-from planner.errors import require
+from planner.errors import PlannerError, require
 from planner.hardware import PRECISIONS
 from planner.memo import dict_of_slots, kept_hash, slot_filler
 from planner.schema import MAX_TOKENS
@@ -109,6 +109,11 @@ class Dim:
 
     def check(self, value: object) -> None:
         """The dimension's own rule (rules across dimensions live in the search)."""
+        if self.type is int and type(value) is int:  # the usual value: checked without building a text
+            if self.low <= value <= self.high and (not self.choices or value in self.choices):
+                return
+        elif self.type is not int and value in self.choices:
+            return
         choices = lambda: f"one of {', '.join(map(str, self.choices))}"  # the text, on failure only
         if self.type is int:  # within [low, high]: a value past high (10**30) would overflow int64 columns
             require(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
@@ -296,6 +301,14 @@ def options_of(cls: type) -> tuple[Option, ...]:
                  for f in dataclasses.fields(cls) if "option" in f.metadata)
 
 
+# Job.__post_init__'s texts of what is allowed, built once (a job is checked in every estimate).
+_ALLOWED = {"precision": f"one of {', '.join(PRECISIONS)}", "attention": f"one of {', '.join(ATTENTION)}",
+            "kernels": f"one of {', '.join(KERNELS)}", "tokens": f"from 1 to {MAX_TOKENS:g} (planner/schema.py)",
+            "mode": f"one of {', '.join(MODES)}", "eval_tokens": f"from 1 to {MAX_TOKENS:g} tokens",
+            "lora_targets": f"one or more of {', '.join(LORA_TARGETS)}",
+            "lora_target": f"each one of {', '.join(LORA_TARGETS)}"}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Job:
     """The training job: how much, in what precision, at what price. Each field is an option,
@@ -373,42 +386,43 @@ class Job:
         return kept_hash(self)
 
     def __post_init__(self) -> None:
-        require(self.precision in PRECISIONS, "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
-        require(self.attention in ATTENTION, "attention", self.attention, f"one of {', '.join(ATTENTION)}")
-        require(self.kernels in KERNELS, "kernels", self.kernels, f"one of {', '.join(KERNELS)}")
+        require(self.precision in PRECISIONS, "precision", self.precision, _ALLOWED["precision"])
+        require(self.attention in ATTENTION, "attention", self.attention, _ALLOWED["attention"])
+        require(self.kernels in KERNELS, "kernels", self.kernels, _ALLOWED["kernels"])
         require(self.tokens is None or 1 <= self.tokens <= MAX_TOKENS, "tokens", self.tokens,
-                f"from 1 to {MAX_TOKENS:g} (planner/schema.py)")
+                _ALLOWED["tokens"])
         require(self.global_batch is None or self.global_batch >= 1, "global_batch", self.global_batch,
                 "a positive integer (sequences)")
         require(self.price_usd_per_gpu_hour is None or 0 <= self.price_usd_per_gpu_hour <= 1e4,
                 "price_usd_per_gpu_hour", self.price_usd_per_gpu_hour, "from 0 to 10,000 (USD)")
         require(1.0 <= self.pue <= 3.0, "pue", self.pue, "between 1.0 and 3.0")
-        require(self.mode in MODES, "mode", self.mode, f"one of {', '.join(MODES)}")
+        require(self.mode in MODES, "mode", self.mode, _ALLOWED["mode"])
         require(1e-3 <= self.packing_efficiency <= 1, "packing_efficiency", self.packing_efficiency,
                 "in [0.001, 1]: the share of sequence positions holding real tokens")
         require(self.memory_headroom is None or 0.0 <= self.memory_headroom <= 0.5, "memory_headroom", self.memory_headroom,
                 "in [0, 0.5]: the share of each GPU's memory a plan leaves free")
-        every = [f for f in ("eval_every", "eval_every_steps") if getattr(self, f) is not None]
-        require(len(every) < 2, "eval_every_steps", self.eval_every_steps,
+        every = (self.eval_every is not None) + (self.eval_every_steps is not None)  # how many of the two are given
+        require(every < 2, "eval_every_steps", self.eval_every_steps,
                 "give --eval-every (tokens) or --eval-every-steps, not both")
         require(self.eval_every is None or 1 <= self.eval_every <= MAX_TOKENS, "eval_every", self.eval_every,
-                f"from 1 to {MAX_TOKENS:g} tokens")
+                _ALLOWED["eval_tokens"])
         require(self.eval_every_steps is None or (isinstance(self.eval_every_steps, int)
                                                    and self.eval_every_steps >= 1), "eval_every_steps",
                 self.eval_every_steps, "a positive whole number of steps")
         require(self.eval_tokens is None or 1 <= self.eval_tokens <= MAX_TOKENS, "eval_tokens", self.eval_tokens,
-                f"from 1 to {MAX_TOKENS:g} tokens")
-        require(bool(every) == (self.eval_tokens is not None), "eval_tokens" if every else every_name(self),
-                self.eval_tokens if every else "none", "--eval-tokens and one of --eval-every, --eval-every-steps "
-                "go together (how much each evaluation reads, and how often)")
+                _ALLOWED["eval_tokens"])
+        if bool(every) != (self.eval_tokens is not None):
+            raise PlannerError("eval_tokens" if every else every_name(self), self.eval_tokens if every else "none",
+                               "--eval-tokens and one of --eval-every, --eval-every-steps go together (how much "
+                               "each evaluation reads, and how often)")
         if self.mode == "lora":
             require(isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r", self.lora_r, "a positive integer")
             require(self.lora_alpha > 0, "lora_alpha", self.lora_alpha, "greater than zero")
-            require(len(self.lora_targets) > 0, "lora_targets", "", f"one or more of {', '.join(LORA_TARGETS)}")
+            require(len(self.lora_targets) > 0, "lora_targets", "", _ALLOWED["lora_targets"])
         # Checked in every mode: a job is a key of the model's caches, and a target that is no name
         # (a run record's list, say) would make it unhashable.
         for t in self.lora_targets:
-            require(t in LORA_TARGETS, "lora_targets", t, f"each one of {', '.join(LORA_TARGETS)}")
+            require(t in LORA_TARGETS, "lora_targets", t, _ALLOWED["lora_target"])
 
     @property
     def lora(self) -> bool:

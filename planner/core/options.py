@@ -99,7 +99,13 @@ def _value(values: Mapping[str, object], o: Option) -> object:
 
 
 def job_from(values: Mapping[str, object]) -> Job:
-    return Job(**{o.name: _value(values, o) for o in JOB_OPTIONS})
+    return Job(**_values_of(values, JOB_OPTIONS))
+
+
+def _values_of(values: Mapping[str, object], options: tuple[Option, ...]) -> dict[str, object]:
+    """``{o.name: _value(values, o) for o in options}``, an option left at None read as its
+    default without the call."""
+    return {o.name: o.default if values.get(o.name) is None else _value(values, o) for o in options}
 
 
 def pins_from(values: Mapping[str, object]) -> Pins:
@@ -107,25 +113,25 @@ def pins_from(values: Mapping[str, object]) -> Pins:
 
 
 def ops_from(values: Mapping[str, object], gpus_per_host: int) -> Operations:
-    o = OpsOptions(**{opt.name: _value(values, opt) for opt in OPS_OPTIONS})
-    if o.mtbf_gpu_hours is not None and o.mtbf_node_hours is not None:
-        raise PlannerError("mtbf_node_hours", o.mtbf_node_hours, "give --mtbf-gpu-hours or --mtbf-node-hours")
-    mtbf = LLAMA3_MTBF_GPU_HOURS if o.mtbf_gpu_hours is None else o.mtbf_gpu_hours
-    if o.mtbf_node_hours is not None:
-        if not o.mtbf_node_hours > 0:
-            raise PlannerError("mtbf_node_hours", o.mtbf_node_hours, "greater than zero hours (inf: no failures)")
-        mtbf = o.mtbf_node_hours * gpus_per_host  # a node (host) failing stops all its GPUs' work
+    o = _values_of(values, OPS_OPTIONS)  # OpsOptions' fields, by name
+    if o["mtbf_gpu_hours"] is not None and o["mtbf_node_hours"] is not None:
+        raise PlannerError("mtbf_node_hours", o["mtbf_node_hours"], "give --mtbf-gpu-hours or --mtbf-node-hours")
+    mtbf = LLAMA3_MTBF_GPU_HOURS if o["mtbf_gpu_hours"] is None else o["mtbf_gpu_hours"]
+    if o["mtbf_node_hours"] is not None:
+        if not o["mtbf_node_hours"] > 0:
+            raise PlannerError("mtbf_node_hours", o["mtbf_node_hours"], "greater than zero hours (inf: no failures)")
+        mtbf = o["mtbf_node_hours"] * gpus_per_host  # a node (host) failing stops all its GPUs' work
     for name in ("storage_gbps", "storage_write_gbps", "storage_read_gbps"):
-        value = getattr(o, name)
+        value = o[name]
         if value is not None and not value > 0:
             raise PlannerError(name, value, "greater than zero GB/s")
     # A value given is used as given (0 is refused above), never replaced by the default.
-    both = o.storage_gbps if o.storage_gbps is not None else _OPS.storage_write_bytes_per_s / 1e9
-    write = (o.storage_write_gbps if o.storage_write_gbps is not None else both) * 1e9
-    read = (o.storage_read_gbps if o.storage_read_gbps is not None else both) * 1e9
-    return Operations(mtbf_gpu_hours=mtbf, restart_s=o.restart_minutes * 60, storage_write_bytes_per_s=write,
-                      storage_read_bytes_per_s=read, keep_last=o.keep_last,
-                      checkpoint_interval_steps=o.checkpoint_interval, epochs=o.epochs, token_bytes=o.token_bytes)
+    both = o["storage_gbps"] if o["storage_gbps"] is not None else _OPS.storage_write_bytes_per_s / 1e9
+    write = (o["storage_write_gbps"] if o["storage_write_gbps"] is not None else both) * 1e9
+    read = (o["storage_read_gbps"] if o["storage_read_gbps"] is not None else both) * 1e9
+    return Operations(mtbf_gpu_hours=mtbf, restart_s=o["restart_minutes"] * 60, storage_write_bytes_per_s=write,
+                      storage_read_bytes_per_s=read, keep_last=o["keep_last"],
+                      checkpoint_interval_steps=o["checkpoint_interval"], epochs=o["epochs"], token_bytes=o["token_bytes"])
 
 
 def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
@@ -397,14 +403,15 @@ def hardware_from(name: str, gpus_per_node: int | None, overrides: Mapping[str, 
                   precision: str = "bf16") -> tuple[HardwareProfile, str]:
     """The named profile with ``gpus_per_node`` and the ``HW_OVERRIDES`` given (None: the
     profile's own); returns it and a note naming what was overridden ('' if nothing)."""
-    from planner.schema import FLAGS, check_number
-    from planner.units import GB, GIB, TERA
-
     hw = get_profile(name)
     if gpus_per_node is not None:
         hw = hw.with_gpus_per_node(gpus_per_node)
-    given = {k: (overrides or {}).get(k) for k in HW_OVERRIDES}
-    given = {k: float(check_number(v, FLAGS[k], k)) for k, v in given.items() if v is not None}
+    if not overrides or all(overrides.get(k) is None for k in HW_OVERRIDES):
+        return hw, ""
+    from planner.schema import FLAGS, check_number
+    from planner.units import GB, GIB, TERA
+
+    given = {k: float(check_number(v, FLAGS[k], k)) for k in HW_OVERRIDES if (v := overrides.get(k)) is not None}
     gpu, net = hw.gpu, hw.network
     if "gpu_tflops" in given:
         old = gpu.peak_flops.get(precision, 0.0)
@@ -419,8 +426,6 @@ def hardware_from(name: str, gpus_per_node: int | None, overrides: Mapping[str, 
         net = dataclasses.replace(net, intra_bytes_per_s=given["intra_node_gbps"] * GB)
     if "inter_node_gbps" in given:
         net = dataclasses.replace(net, inter_bytes_per_s=given["inter_node_gbps"] * GB)
-    if not given:
-        return hw, ""
     units = {"gpu_tflops": f" TFLOP/s {precision}", "gpu_memory_gib": " GiB", "hbm_gbps": " GB/s HBM",
              "intra_node_gbps": " GB/s intra-node", "inter_node_gbps": " GB/s inter-node per GPU"}
     note = "overridden: " + ", ".join(f"{v:,.4g}{units[k]}" for k, v in given.items())
@@ -478,7 +483,7 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
     gpu = DEFAULT_GPU if values.get("gpu") is None else str(values["gpu"])  # '' is refused, not the default
     hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
     job, job_note = fit_job_to_gpu(job_from(values), hw, job_fields_given(values))
-    hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)
+    hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)  # the overrides at its precision
     for extra in (job_note, hw_note):
         if extra:
             note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"

@@ -16,7 +16,7 @@ from planner.core.step_parts import STEPTIME_FIELDS
 from planner.evidence import FEATURES, FIT_VERDICTS, Evidence, calibration_json, for_stack, memory_band, plan_features
 from planner.hardware import HardwareProfile
 from planner.memo import by_identity, dict_of_slots, fast_init
-from planner.stacks import effective, software
+from planner.stacks import async_tp_overlaps_more, software
 
 
 @fast_init
@@ -303,8 +303,7 @@ def _async_tp_helps(hw: HardwareProfile, job: Job) -> bool:
     more with it, and the profile does not set the overlap itself)."""
     if job.async_tp:
         return False
-    stack = software(job).stack
-    return effective(hw, stack, True).efficiency.tp_overlap > effective(hw, stack, False).efficiency.tp_overlap
+    return async_tp_overlaps_more(hw, software(job).stack)
 
 
 def estimate_at(ev: Evaluation, i: int, model: ModelSpec, hw: HardwareProfile, job: Job,
