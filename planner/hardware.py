@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import PlannerError, closest_names, require
+from planner.memo import fast_init
 from planner.schema import Key, check_table
 from planner.units import GB, GIB, TERA
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GPU:
     model: str
@@ -33,6 +35,7 @@ class GPU:
         return self.peak_flops.get(precision, 0.0) > 0
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Network:
     gpus_per_node: int
@@ -67,6 +70,7 @@ class Network:
         return self.gpus_per_host or self.gpus_per_node
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Efficiency:
     """Named efficiency factors: calibration replaces these, never the formulas.
@@ -125,6 +129,7 @@ EFFICIENCY_UNITS = {"cuda_context_bytes": ("cuda_context_gib", GIB), "comm_buffe
 EFFICIENCY_UNITS_BY_FILE_KEY = {key: attr for attr, (key, _) in EFFICIENCY_UNITS.items()}
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HardwareProfile:
     name: str

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlannerError, closest_names
-from planner.memo import by_identity
+from planner.memo import by_identity, fast_init
 
 ELEMENTWISE = ("fused", "eager")
 ATTENTION_KERNELS = ("flash2", "fused", "standard")  # fused: FlashAttention-3 / cuDNN / TE on Hopper
@@ -482,6 +482,7 @@ def async_tp_overlaps_more(hw, stack: Stack) -> bool:
     return "tp_overlap" not in _profile_sets(hw, stack) and stack.tp_overlap_async > stack.tp_overlap
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Software:
     """What a job's stack does for this job (its options applied): what the formulas read."""

@@ -19,7 +19,7 @@ from planner.core.columns import maximum, minimum, where
 from planner.core.model import ModelSpec
 from planner.errors import PlannerError, require
 from planner.hardware import PRECISIONS
-from planner.memo import dict_of_slots, kept_hash, slot_filler
+from planner.memo import dict_of_slots, fast_init, kept_hash, slot_filler
 from planner.schema import MAX_TOKENS
 from planner.stacks import DEFAULT_STACK
 
@@ -179,6 +179,7 @@ def _searched_ep(job: "Job", model: ModelSpec) -> tuple:
     return EP_DEGREES if model.moe else (1,)
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Layout:
     """One parallel layout. Each field is a dimension, declared here once (see ``Dim``)."""
@@ -277,6 +278,7 @@ class Option:
     name: str = ""
     type: str = ""  # the annotation: "int", "float | None", "tuple[str, ...]", ...
     default: object = None
+    base_type: str = ""  # the annotation's base: "int", "float", "tuple", ... (``options_of`` sets it)
 
     @property
     def cli_flag(self) -> str:
@@ -286,10 +288,6 @@ class Option:
     def optional(self) -> bool:
         return self.type.endswith("| None")
 
-    @property
-    def base_type(self) -> str:
-        return self.type.split("|")[0].split("[")[0].strip()
-
 
 def _opt(default: object, **spec: object):
     return dataclasses.field(default=default, metadata={"option": Option(**spec)})
@@ -297,7 +295,8 @@ def _opt(default: object, **spec: object):
 
 def options_of(cls: type) -> tuple[Option, ...]:
     """The options a dataclass declares with ``_opt``, with their names, types and defaults."""
-    return tuple(dataclasses.replace(f.metadata["option"], name=f.name, type=str(f.type), default=f.default)
+    return tuple(dataclasses.replace(f.metadata["option"], name=f.name, type=str(f.type), default=f.default,
+                                     base_type=str(f.type).split("|")[0].split("[")[0].strip())
                  for f in dataclasses.fields(cls) if "option" in f.metadata)
 
 
@@ -309,6 +308,7 @@ _ALLOWED = {"precision": f"one of {', '.join(PRECISIONS)}", "attention": f"one o
             "lora_target": f"each one of {', '.join(LORA_TARGETS)}"}
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Job:
     """The training job: how much, in what precision, at what price. Each field is an option,

@@ -22,6 +22,7 @@ from planner.core.resilience import LLAMA3_MTBF_GPU_HOURS, Operations
 from planner.core.search import Pins
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile, get_profile
+from planner.memo import fast_init
 from planner.stacks import job_stack
 from planner.units import parse_count
 
@@ -72,6 +73,7 @@ class OpsOptions:
 OPS_OPTIONS: tuple[Option, ...] = options_of(OpsOptions)
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Inputs:
     model: ModelSpec

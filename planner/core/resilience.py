@@ -26,6 +26,7 @@ MAX_SLOWDOWN = 1e3
 _LOG_MAX_FLOAT = math.log(1.7e308)
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Operations:
     """How the job lives on a real cluster: failures, restarts, storage and checkpoints."""

@@ -222,8 +222,11 @@ def _stack_json(job: Job, hw: HardwareProfile, like: tuple[str, ...]) -> dict:
 
 def _copy_plan(value) -> tuple:
     """The keys (indices) of a JSON dict (list) that hold dicts or lists, each with its own plan."""
-    items = value.items() if type(value) is dict else enumerate(value)
-    return tuple((k, _copy_plan(v)) for k, v in items if type(v) is dict or type(v) is list)
+    plan = []
+    for k, v in (value.items() if type(value) is dict else enumerate(value)):
+        if type(v) is dict or type(v) is list:
+            plan.append((k, _copy_plan(v)))
+    return tuple(plan)
 
 
 def _copied(value, plan: tuple):

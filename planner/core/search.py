@@ -76,11 +76,11 @@ def _check_own(self) -> None:
 
 
 # Layout fields the user fixed; None means 'search it'. One optional field per pinnable dimension.
-Pins = dataclasses.make_dataclass(
+Pins = fast_init(dataclasses.make_dataclass(
     "Pins", [(d.name, f"{d.type.__name__} | None", dataclasses.field(default=None)) for d in PIN_DIMS],
     namespace={"pinned": _pinned, "__post_init__": _check_own,
                "__doc__": "Layout fields the user fixed; None means 'search it'."},
-    frozen=True, kw_only=True, slots=True)
+    frozen=True, kw_only=True, slots=True))
 Pins.__module__ = __name__
 
 
