@@ -66,7 +66,8 @@ def test_the_model_flops_by_hand():
     128 heads: q . latent key over 512 + 64, the latent as value over 512: 2 x 1088 FLOPs a pair
     forward); the indexer's scores over every causal pair (2 x 64 x 128 a pair, forward only: its
     inputs are detached), its KL loss's backward (3 x 2 x 64 x 128) and the loss's target (2 x 128
-    x 576) over the selected pairs; the indexer's projections as weights (3 x 2 a parameter)."""
+    x 576) over the selected pairs; the indexer's projections forward and their weights' gradients
+    (2 + 2 a parameter: their inputs are detached, so no input gradients)."""
     s, k = 131072, 2048
     model = read(V32, seq_len=s)
     selected = (s * k - k * k / 2) / s  # a token's mean selected keys
@@ -75,8 +76,37 @@ def test_the_model_flops_by_hand():
     index = 2 * 64 * 128
     dsa = 61 * (index * s / 2 + (3 * index + 2 * 128 * 576) * selected)
     projections = 61 * (1536 * 8192 + 7168 * (128 + 64))
-    weights = 2 * (dense_twin(model).matmul_params_per_token + projections)
-    assert model_flops_per_token(model) == pytest.approx(3 * (weights + 61 * core) + dsa, rel=1e-12)
+    weights = 2 * dense_twin(model).matmul_params_per_token
+    assert model_flops_per_token(model) == pytest.approx(3 * (weights + 61 * core) + 4 * projections + dsa, rel=1e-12)
+
+
+def test_the_indexer_projections_backward_is_their_weights_gradients_alone(monkeypatch):
+    """A layer's backward counts every weight GEMM twice (input and weight gradients) but the
+    indexer's projections once: their inputs are detached. What it leaves out is their forward
+    time, by the roofline by hand: wq_b (8,192 tokens x 1,536 -> 64 x 128) and wk with
+    weights_proj (7,168 -> 128 + 64), whole on the TP rank, each the larger of its bf16 compute
+    (the matmul roof at its smallest side) and its bytes over HBM."""
+    from planner.core import steptime
+    from planner.core.comm import Links
+    from planner.stacks import effective, software
+
+    s = 8192
+    model, hw = read(V32, seq_len=s), get_profile("h100-80g")
+    job = Job(precision="bf16", stack="megatron-core")
+    c = Candidates.from_layouts([Layout(dp=1, tp=2, micro_batch=1, global_batch=1, sequence_parallel=True)]).one_row()
+    sw = software(job)
+    hw_eff = effective(hw, sw.stack, False)
+    bwd = steptime.layer_times(model, hw_eff, job, c, Links.of(hw_eff), sw).backward
+    monkeypatch.setattr(steptime, "indexer_gemms", lambda *a: [])  # as if the inputs took gradients too
+    as_weights = steptime.layer_times(model, hw_eff, job, c, Links.of(hw_eff), sw).backward
+    e = hw_eff.efficiency
+    peak, hbm = hw_eff.gpu.peak_flops["bf16"], hw_eff.gpu.hbm_bytes_per_s * e.memory
+    by_hand = 0.0
+    for m, n, k in ((s, 64 * 128, 1536), (s, 128 + 64, 7168)):
+        d = min(m, n, k)
+        compute = 2 * m * n * k / (peak * e.matmul * d / (d + e.matmul_half_dim))
+        by_hand += max(compute, 2 * (m * k + k * n + m * n) / hbm)
+    assert as_weights - bwd == pytest.approx(by_hand, rel=1e-9)
 
 
 def test_the_indexer_s_time_by_hand():

@@ -205,7 +205,8 @@ def test_async_tp_overlaps_more_is_the_comparison_of_the_two_effective_profiles(
         for hw in (get_profile("h100"), get_profile("cpu-2core")):
             for items in ((), ("overlap.tp_overlap=0.1",), ("overlap.tp_overlap_async=0.9",)):
                 stack = with_overrides(get_stack(name), items) if items else get_stack(name)
-                plain = effective(hw, stack, True).efficiency.tp_overlap > effective(hw, stack, False).efficiency.tp_overlap
+                on, off = effective(hw, stack, True), effective(hw, stack, False)
+                plain = on.efficiency.tp_overlap > off.efficiency.tp_overlap
                 assert async_tp_overlaps_more(hw, stack) == plain, (name, hw.name, items)
                 seen.add(plain)
     assert seen == {True, False}  # both answers were checked

@@ -81,10 +81,19 @@ def layer_gemms(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray, cp: n
         Gemm(tokens, mlp_in / tp, h),  # MLP in (gate and up when gated)
         Gemm(tokens, h, f / tp),  # MLP out
     ]
-    if model.index_topk:  # the indexer's projections, whole on every TP rank (Megatron-Core: duplicated linears)
-        gemms[2:2] = [Gemm(tokens, model.index_heads * model.index_head_dim, model.q_lora_rank or h),  # wq_b
-                      Gemm(tokens, model.index_head_dim + model.index_heads, h)]  # wk, weights_proj
+    if model.index_topk:
+        gemms[2:2] = indexer_gemms(model, micro_batch, cp)
     return gemms
+
+
+def indexer_gemms(model: ModelSpec, micro_batch: np.ndarray, cp: np.ndarray | int = 1) -> list[Gemm]:
+    """DSA's indexer projections in one layer (in ``layer_gemms``), whole on every TP rank
+    (Megatron-Core duplicates its linears): wq_b from the q latent, wk and weights_proj from the
+    hidden state. Their inputs are detached (Megatron-Core's DSAIndexer: ``x.detach()``,
+    ``qr.detach()``), so their backward computes the weights' gradients alone."""
+    tokens, h = micro_batch * model.seq_len / cp, model.hidden
+    return [Gemm(tokens, model.index_heads * model.index_head_dim, model.q_lora_rank or h),  # wq_b
+            Gemm(tokens, model.index_head_dim + model.index_heads, h)]  # wk, weights_proj
 
 
 def attention_core_flops(model: ModelSpec, micro_batch: np.ndarray, tp: np.ndarray,
@@ -171,6 +180,9 @@ def _model_flops(model: ModelSpec, job: Job | None, causal: bool) -> float:
     weights = 2.0 * model.matmul_params_per_token
     attention = attention_flops_per_token(model, causal)
     indexer = indexer_training_flops_per_token(model, not (job is not None and job.lora))  # DSA's (0 without)
+    if model.index_topk:  # DSA's indexer projections, in ``weights``: inputs detached, so no input gradients
+        # (weight gradients only; none under LoRA, which freezes the indexer): 2 FLOPs a weight a token fewer
+        indexer -= 2.0 * model.layers * model.indexer_matmul_params
     if job is not None and job.lora:
         return 2 * weights + 3 * attention + 3 * lora_forward_flops_per_token(model, job) + indexer
     return 3.0 * (weights + attention) + indexer

@@ -393,6 +393,11 @@ class ModelSpec:
         per-head weights' projection (0 without DSA)."""
         return _counts(self).indexer
 
+    @property
+    def indexer_matmul_params(self) -> int:
+        """The projections' weights of ``indexer_params`` (its LayerNorm left out; 0 without DSA)."""
+        return _counts(self).indexer_matmul
+
     @kept_property
     def attn_core_width(self) -> int | float:
         """heads * (attn_qk_dim + attn_v_dim): forward QK^T plus AV cost 2*s*this FLOPs per token per
@@ -630,7 +635,7 @@ class ModelSpec:
         if self.linear_layers:
             n = _counts(self)
             linear = self.linear_layers * (n.attention_matmul - n.linear_matmul - n.linear_conv)
-        indexer = self.layers * _counts(self).indexer_matmul  # DSA's indexer projections, every layer
+        indexer = self.layers * self.indexer_matmul_params  # DSA's indexer projections, every layer
         return ((self.layers - self.moe_layers) * self.dense_layer_matmul_params
                 + self.moe_layers * self.moe_layer_matmul_params + self.vocab * self.hidden - linear + indexer)
 

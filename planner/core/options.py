@@ -133,7 +133,8 @@ def ops_from(values: Mapping[str, object], gpus_per_host: int) -> Operations:
     read = (o["storage_read_gbps"] if o["storage_read_gbps"] is not None else both) * 1e9
     return Operations(mtbf_gpu_hours=mtbf, restart_s=o["restart_minutes"] * 60, storage_write_bytes_per_s=write,
                       storage_read_bytes_per_s=read, keep_last=o["keep_last"],
-                      checkpoint_interval_steps=o["checkpoint_interval"], epochs=o["epochs"], token_bytes=o["token_bytes"])
+                      checkpoint_interval_steps=o["checkpoint_interval"], epochs=o["epochs"],
+                      token_bytes=o["token_bytes"])
 
 
 def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
@@ -485,7 +486,7 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
     gpu = DEFAULT_GPU if values.get("gpu") is None else str(values["gpu"])  # '' is refused, not the default
     hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
     job, job_note = fit_job_to_gpu(job_from(values), hw, job_fields_given(values))
-    hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)  # the overrides at its precision
+    hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)  # overrides at its precision
     for extra in (job_note, hw_note):
         if extra:
             note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"

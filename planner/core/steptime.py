@@ -20,8 +20,8 @@ import numpy as np
 from planner.core import comm
 from planner.core.columns import all_, any_, as_float, maximum, minimum, not_, select, where
 from planner.core.finetune import lora_params_per_layer
-from planner.core.flops import (Gemm, attention_core_flops, indexer_flops, layer_gemms, linear_core_flops,
-                                logits_gemm, op_sac_recomputed_share)
+from planner.core.flops import (Gemm, attention_core_flops, indexer_flops, indexer_gemms, layer_gemms,
+                                linear_core_flops, logits_gemm, op_sac_recomputed_share)
 from planner.core.layout import (DUALPIPEV, LAYER_DIMS, SHARDING, Candidates, Job, is_one_row, per_distinct,
                                  recomputed_layers)
 from planner.core.memory import (ACT_BYTES, GRAD_BYTES, STATE_DIMS, attention_kv_width, counts, param_master,
@@ -289,7 +289,10 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
     weight_grads = 0 if job.lora else 1
     adapter = (lora_params_per_layer(model, job) * 2.0 * tokens / c.tp / (peak * e.matmul) if job.lora else 0.0)
     fwd = gemms + adapter + attn_fwd + (ew_layer + ew_softmax) / hbm + 0.4 * cast
-    bwd = (1 + weight_grads) * gemms + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm + 0.6 * cast
+    # DSA's indexer projections (in ``gemms``): inputs detached, so weight gradients alone, none under LoRA.
+    detached = timed(indexer_gemms(model, c.micro_batch, c.cp)) if model.index_topk else 0.0
+    bwd = ((1 + weight_grads) * gemms - detached + 2 * adapter + attn_bwd + 2 * (ew_layer + ew_softmax) / hbm
+           + 0.6 * cast)
     if sw.stack.selective == "op":  # every second matmul and all element-wise work again
         selective = op_sac_recomputed_share(model) * gemms + ew_layer / hbm + 0.4 * cast
     else:  # the attention core again (Korthikanti et al. 2022); flash attention recomputes it anyway
