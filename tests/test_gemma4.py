@@ -98,6 +98,36 @@ def test_the_activations_take_each_kind_of_layer_s_widths_by_hand():
     assert gap == pytest.approx(2 * (mean - 24576) * 8192, rel=1e-12)
 
 
+def test_the_moe_layer_s_three_norms_keep_their_inputs_and_stream_through_hbm_by_hand():
+    """26B-A4B's MoE layers have three norms beyond the four of a Gemma layer (after the dense MLP,
+    before and after the experts): each fused RMSNorm keeps its 16-bit input for backward (2 bytes
+    x 2,816 a token, split by TP under sequence parallel) and reads and writes it once forward. At
+    4,096 tokens, tp 2: the mean layer, every one of its 30 an MoE layer, keeps 3 x 2 x 2,816 x
+    4,096 / 2 bytes more than without them, and its forward streams 3 x 2 x 2 x 2,816 x 4,096 / 2
+    bytes more through HBM."""
+    from planner.core import steptime
+    from planner.core.comm import Links
+    from planner.core.memory import layer_activation_bytes
+    from planner.stacks import effective, software
+
+    with_norms = spec(G26, seq_len=4096)
+    without = with_norms.replace(moe_norms=0)
+    assert (with_norms.moe_norms, with_norms.moe_layers, with_norms.layers, with_norms.hidden) == (3, 30, 30, 2816)
+    job = Job(kernels="fused")
+    c = Candidates.from_layouts([Layout(dp=4, tp=2, micro_batch=1, global_batch=4, sequence_parallel=True)])
+    for table in (c, c.one_row()):
+        kept = [float(layer_activation_bytes(m, table, job)[0] if table is c else layer_activation_bytes(m, table, job))
+                for m in (with_norms, without)]
+        assert kept[0] - kept[1] == pytest.approx(3 * 2 * 2816 * 4096 / 2, rel=1e-12)
+    hw = get_profile("h100-80g")
+    sw = software(job)
+    hw_eff = effective(hw, sw.stack, False)
+    one = c.one_row()
+    fwd = [steptime.layer_times(m, hw_eff, job, one, Links.of(hw_eff), sw).forward for m in (with_norms, without)]
+    hbm = hw_eff.gpu.hbm_bytes_per_s * hw_eff.efficiency.memory
+    assert fwd[0] - fwd[1] == pytest.approx(3 * 2 * 2 * 2816 * 4096 / 2 / hbm, rel=1e-9)
+
+
 def test_lora_adapts_each_layer_s_own_projections_by_hand():
     """r 8 on q_proj and v_proj: the 50 sliding layers' q (5376 -> 8192) and v (5376 -> 4096), the 10
     full layers' q (5376 -> 16384) and no v (K is used as V)."""

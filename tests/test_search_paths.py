@@ -297,7 +297,21 @@ ONE_ROW_CASES = [
     ("llama2-7b", "h100-80g", 8, Job(stack="megatron-core", mode="full-finetune"), Pins(offload="optimizer")),
     # processes sharing a CPU host's cores (the reference trainer's CPU runs)
     ("llama2-7b", "cpu-2core", 4, Job(stack="reference", precision="fp32"), Pins()),
+    # configs of their own (tests/data): Gemma 4's MoE (its layers' two shapes, its MoE norms) and
+    # Qwen3.5's linear layers over context parallel
+    ("gemma-4-26B-A4B.config.json", "h100-80g", 16, Job(), Pins()),
+    ("Qwen3.5-27B.config.json", "h100-80g", 64, Job(stack="megatron-core"), Pins(cp=4)),
 ]
+
+
+def _model(name: str):
+    """A preset by name, or a Hugging Face config of tests/data."""
+    if not name.endswith(".json"):
+        return get_preset(name)
+    from planner.core.options import model_from_hf_config
+    from tests.test_hf_configs import DATA
+
+    return model_from_hf_config(DATA / name)[0]
 
 
 @pytest.mark.parametrize("name, gpu, gpus, job, pins", ONE_ROW_CASES)
@@ -307,7 +321,7 @@ def test_one_layout_evaluated_alone_is_its_row_of_the_table(name, gpu, gpus, job
     each part of each layout, evaluated alone, equals its row of the table's one pass to the bit."""
     from planner.core.evaluate import evaluate
 
-    model, hw = get_preset(name), get_profile(gpu)
+    model, hw = _model(name), get_profile(gpu)
     c, _ = enumerate_layouts(model, gpus, job, pins, widen=True)
     whole = _columns(evaluate(model, hw, job, c, gpus))
     rows = np.unique(np.linspace(0, len(c) - 1, min(len(c), 120)).astype(int))
@@ -327,7 +341,7 @@ def test_a_search_of_one_pinned_layout_is_its_row_of_the_table(name, gpu, gpus, 
     from planner.core.evaluate import as_table, evaluate
     from planner.core.results import estimate_at
 
-    model, hw = get_preset(name), get_profile(gpu)
+    model, hw = _model(name), get_profile(gpu)
     c, _ = enumerate_layouts(model, gpus, job, pins, widen=True)
     whole = evaluate(model, hw, job, c, gpus)
     columns = _columns(whole)

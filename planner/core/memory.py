@@ -114,14 +114,17 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
     rc = c.recompute if recompute is None else recompute
     # The dense and the MoE layer in one pass: row 0 at the dense MLP's width, row 1 at the routed
     # width (element by element the same arithmetic as two calls; integer widths are exact in float64).
+    # An MoE layer's own norms (``moe_norms``), kept beside the dense layer's.
     if type(rc) is not np.ndarray:  # one layout (Candidates.one_row): the two as scalars
-        dense, routed = (activation_bytes_per_layer(model, c, job, recompute, sw, ffn=float(w))
-                         for w in (model.ffn_hidden, moe.moe_mlp_width(model, job, c)))
+        dense, routed = (activation_bytes_per_layer(model, c, job, recompute, sw, ffn=float(w), extra_norms=n)
+                         for w, n in ((model.ffn_hidden, 0), (moe.moe_mlp_width(model, job, c), model.moe_norms)))
     else:
         width = np.stack([c.full(model.ffn_hidden), moe.moe_mlp_width(model, job, c)])
+        norms = np.array([0, model.moe_norms]).reshape(2, 1) if model.moe_norms else 0
         if np.ndim(rc) > np.ndim(c.dp):  # several recompute columns (rows of rc): each width against each
             width = width[:, None]
-        dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width)
+            norms = norms[:, None] if model.moe_norms else 0
+        dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width, extra_norms=norms)
     tokens = c.micro_batch * model.seq_len / c.cp
     # Kept by the layers not recomputed whole (none under full, half under half, 3/4 under quarter).
     extra = (1 - recomputed_layers(rc)) * moe.activation_extra_per_token(model, job, c, ACT_BYTES[job.precision]) * tokens
@@ -129,7 +132,8 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
 
 
 def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recompute: np.ndarray | None = None,
-                               sw: Software | None = None, ffn: np.ndarray | float | None = None) -> np.ndarray:
+                               sw: Software | None = None, ffn: np.ndarray | float | None = None,
+                               extra_norms: np.ndarray | int = 0) -> np.ndarray:
     """Activations one layer keeps for backward, per micro-batch, per GPU.
 
     Per token, with 16-bit activations (e = 2 bytes) and 1-byte dropout masks:
@@ -146,7 +150,9 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     recompute: per layer, the two weighted by that share (``recomputed_layers``).
     ``recompute`` overrides the candidates' recompute column (0 none, 1 selective, 2 full, 3 half,
     4 quarter; rows of such columns give rows of results);
-    ``ffn`` the MLP width (an MoE layer's routed width per token).
+    ``ffn`` the MLP width (an MoE layer's routed width per token); ``extra_norms``, norms the layer
+    has beyond ``layer_norms`` (an MoE layer's ``moe_norms``: Gemma 4's three), each keeping what
+    the layer's norms keep.
 
     Some of these are kept only for a weight gradient: the inputs of QKV, of the output
     projection, of MLP-in and of MLP-out. Under LoRA a frozen matmul needs no weight gradient, so
@@ -183,7 +189,7 @@ def activation_bytes_per_layer(model: ModelSpec, c: Candidates, job: Job, recomp
     norm = sw.stack.eager_norm if sw.eager and model.arch != "gpt" else "fused"
     norm_in = 4.0 if norm == "upcast" else e
     norm_out = e * (targets is None) if norm != "fused" else 0.0
-    replicated = (model.layer_norms * (norm_in + norm_out) * h  # the two norms (four with post-norms)
+    replicated = ((model.layer_norms + extra_norms) * (norm_in + norm_out) * h  # the two norms (four with post-norms)
                   + (0 if sw.stack.tp_saves_gathered_inputs else gathered)
                   + 2 * h * drop)  # two dropout masks
     # Split by TP: Q, K, V for attention's backward, the projection input, the MLP's inside.

@@ -132,7 +132,7 @@ def _gemms_time_floats(gs: list[Gemm], hw: HardwareProfile, peak: float, elem_by
 
 
 def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
-                       ffn: np.ndarray | float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                       ffn: np.ndarray | float | None = None, extra_norms: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes of the element-wise kernels of one layer's forward per micro-batch per GPU:
     (layer without attention core, attention-core softmax/dropout).
 
@@ -141,7 +141,8 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
     (LayerNorm, GELU and SDPA are single ops), but RMSNorm, RoPE and SwiGLU are several ops each,
     every one reading and writing its operands: RMSNorm ~7h per norm (square, mean, rsqrt, two
     products), RoPE ~9 reads/writes per Q and K element plus Q's copy out of the fused QKV (2h),
-    SwiGLU 5f (SiLU, product). ``ffn``: the MLP width (an MoE layer's routed width per token)."""
+    SwiGLU 5f (SiLU, product). ``ffn``: the MLP width (an MoE layer's routed width per token);
+    ``extra_norms``: norms beyond ``layer_norms`` (an MoE layer's ``moe_norms``)."""
     e = ACT_BYTES[job.precision]
     h, hkv, a, s = model.hidden, model.kv_hidden, model.heads, model.seq_len
     f = model.ffn_hidden if ffn is None else ffn
@@ -149,7 +150,7 @@ def _elementwise_bytes(model: ModelSpec, c: Candidates, job: Job, sw: Software,
     eager = sw.eager and model.gated_mlp
     # Two norms (read + write h each; four with post-norms), two residual adds (read 2h, write h,
     # + 1-byte mask).
-    norms = model.layer_norms * (7 if eager else 2) * h
+    norms = (model.layer_norms + extra_norms) * (7 if eager else 2) * h
     replicated = norms + 2 * (3 * h + 0.5 * h * drop)
     if model.gated_mlp:  # SwiGLU + RoPE
         split = 5 * f + 9 * (h + hkv) + 2 * h if eager else 3 * f + 2 * (h + hkv)
@@ -279,7 +280,8 @@ def layer_times(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, 
         share = model.moe_layers / model.layers
         width = moe.moe_mlp_width(model, job, c)
         mlp = (1 - share) * mlp + share * timed(moe.moe_gemms(model, job, c))
-        ew_moe = _elementwise_bytes(model, c, job, sw, ffn=width)[0] + moe.permute_bytes(model, job, c, act)
+        ew_moe = (_elementwise_bytes(model, c, job, sw, ffn=width, extra_norms=model.moe_norms)[0]
+                  + moe.permute_bytes(model, job, c, act))
         ew_layer = (1 - share) * ew_layer + share * ew_moe
         cast_elements = (1 - share) * cast_elements + share * fp8_cast_elements(model, width)
     gemms = timed(attention_gemms) + mlp
