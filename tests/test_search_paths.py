@@ -404,3 +404,16 @@ def test_a_pinned_interleaving_degree_is_kept_exactly_when_the_list_holds_it():
                         listed += [v for v in sorted(set(S.UNEVEN_VPP) | {vpp}) if v > 1 and pp * v <= layers
                                    and v not in listed]
                     assert S._vpps(model, pp, uneven, vpp, None) == [vpp] * (vpp in listed), (layers, pp, uneven, vpp)
+
+
+def test_divisors_by_hand_either_way_they_are_found():
+    """Below 4,225 (65 x 65) the divisors are found by Python's loop, from there by numpy's arrays:
+    both give every divisor once, ascending, as Python ints."""
+    assert S._divisors(1) == (1,)
+    assert S._divisors(128) == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert S._divisors(4224) == (1, 2, 3, 4, 6, 8, 11, 12, 16, 22, 24, 32, 33, 44, 48, 64, 66, 88, 96, 128, 132,
+                                 176, 192, 264, 352, 384, 528, 704, 1056, 1408, 2112, 4224)  # 2^7 x 3 x 11
+    assert S._divisors(4225) == (1, 5, 13, 25, 65, 169, 325, 845, 4225)  # 5^2 x 13^2
+    big = S._divisors(1_000_000)  # 2^6 x 5^6: 7 x 7 divisors
+    assert len(big) == 49 and big[:4] == (1, 2, 4, 5) and big[-1] == 1_000_000
+    assert all(type(d) is int for d in (*S._divisors(4224), *big))
