@@ -323,3 +323,30 @@ def test_glm_4_5_biases_q_k_v_and_norms_them_per_head_when_asked():
     big = air.replace(hidden=5120, layers=92, ffn_hidden=12288, expert_ffn=1536, experts=160, dense_layers=3,
                       qk_norm="head")
     assert (big.params, big.active_params) == (352_797_829_024, 33_632_266_144)
+
+
+@pytest.mark.parametrize("name, said", [
+    ("DeepSeek-V3.config.json", "num_nextn_predict_layers 1: its multi-token-prediction module is not planned"),
+    ("GLM-4.5-Air.config.json", "num_nextn_predict_layers 1: its multi-token-prediction module is not planned"),
+    ("Qwen3.5-27B.config.json", "mtp_num_hidden_layers 1: its multi-token-prediction module is not planned"),
+    ("Kimi-K2-Instruct.config.json", None),  # num_nextn_predict_layers 0: none to plan
+])
+def test_a_multi_token_prediction_module_the_config_declares_is_said_not_planned(name, said, tmp_path):
+    """The module trains beside the model (one more layer and a pass of the head each) and
+    transformers drops it: the note says the figures are the main model's; the count is the same
+    without the key (two modules: "modules are")."""
+    model, note = model_from_hf_config(DATA / name)
+    if said is None:
+        assert "multi-token" not in note
+        return
+    assert said in note and "these are the main model's figures" in note
+    cfg = json.loads((DATA / name).read_text())
+    key = said.split()[0]
+    where = cfg["text_config"] if key not in cfg and "text_config" in cfg else cfg
+    where[key] = 2
+    (tmp_path / "two.json").write_text(json.dumps(cfg))
+    assert f"{key} 2: its multi-token-prediction modules are not planned" in model_from_hf_config(tmp_path / "two.json")[1]
+    del where[key]
+    (tmp_path / "none.json").write_text(json.dumps(cfg))
+    without, plain = model_from_hf_config(tmp_path / "none.json")
+    assert without.params == model.params and "multi-token" not in plain

@@ -339,6 +339,12 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     name = path.parent.name if path.name == "config.json" else path.name.removesuffix(".json").removesuffix(".config")
     if hub:  # named as on the Hub, not by the snapshot's commit folder
         name, notes = hub.split("/")[1], [f"{hub} from the local Hugging Face cache ({path.parent.name[:12]})", *notes]
+    for key in _HF_MTP_KEYS:  # trained beside the model (DeepSeek-V3, GLM-4.5, Qwen3.5), dropped by transformers
+        mtp = cfg.get(key)
+        if type(mtp) is int and mtp > 0:
+            notes.append(f"{key} {mtp}: its multi-token-prediction module{'s are' if mtp > 1 else ' is'} not planned "
+                         "(one more layer and head pass each); these are the main model's figures")
+            break
     from planner.core.hf_moe import hf_linear_fields, hf_variant_fields, hf_window_fields
 
     shape.update(hf_variant_fields(cfg, kind, where))
@@ -348,6 +354,8 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
     return spec, f"Hugging Face config ({kind})" + "".join(f"; {n}" for n in notes), seq_note
 
 
+# The config keys of a multi-token-prediction module's count (DeepSeek-V3's and GLM's; Qwen3.5's).
+_HF_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # organisation/name, as the Hub spells a model
 
 
