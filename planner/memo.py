@@ -154,8 +154,14 @@ def fast_init(cls: type) -> type:
     init = names["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = dict(cls.__init__.__annotations__)  # the dataclass's: inspect.signature shows them
     cls.__init__ = init
     return cls
 
 
-_FACTORY = object()  # "not given" for a field with a default factory
+class _Factory:
+    def __repr__(self) -> str:
+        return "<factory>"  # as the dataclass's own signature shows it
+
+
+_FACTORY = _Factory()  # "not given" for a field with a default factory

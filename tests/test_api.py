@@ -96,6 +96,26 @@ def test_bad_keywords_raise_one_planner_error(keywords, field, says):
     assert repr(keywords[field]) in str(err.value)
 
 
+def test_of_two_bad_keywords_the_one_the_cli_names_is_named(capsys):
+    """The API checks only the values its keywords set, in the order they came; when two are bad,
+    the error names the one the CLI names (the first in the parser's order), whatever the order of
+    the keywords, in a first call and in one that reuses a setup."""
+    assert main(["estimate", "--preset", "llama3-8b", "--gpus", "8", "--pue", "5", "--gpus-per-node", "0"]) == 2
+    cli = capsys.readouterr().err.strip().removeprefix("planner estimate: ")
+    assert cli.startswith("gpus_per_node=0")
+    for keywords in (dict(preset="llama3-8b", gpus=8, pue=5.0, gpus_per_node=0),
+                     dict(gpus_per_node=0, pue=5.0, preset="llama3-8b", gpus=8)):
+        with pytest.raises(PlannerError) as err:
+            planner.estimate(**keywords)
+        assert str(err.value) == cli
+    planner.estimate(preset="llama3-8b", gpus=8, tp=2)  # a setup kept; the pins alone checked next
+    with pytest.raises(PlannerError) as err:
+        planner.estimate(preset="llama3-8b", gpus=8, tp=3, pp=0)
+    assert err.value.field == "pp"  # out of its range, checked before tp's later rule (it must divide the heads)
+    main(["estimate", "--preset", "llama3-8b", "--gpus", "8", "--tp", "3", "--pp", "0"])
+    assert capsys.readouterr().err.strip().removeprefix("planner estimate: ") == str(err.value)
+
+
 def test_inputs_kept_between_calls_change_nothing(capsys):
     """A sweep over layouts reuses the first call's inputs: each answer is still the CLI's, and a bad
     pin or a changed setting is still seen."""

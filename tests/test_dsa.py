@@ -80,19 +80,38 @@ def test_the_model_flops_by_hand():
     assert model_flops_per_token(model) == pytest.approx(3 * (weights + 61 * core) + 4 * projections + dsa, rel=1e-12)
 
 
-def test_the_indexer_projections_backward_is_their_weights_gradients_alone(monkeypatch):
-    """A layer's backward counts every weight GEMM twice (input and weight gradients) but the
-    indexer's projections once: their inputs are detached. What it leaves out is their forward
-    time, by the roofline by hand: wq_b (8,192 tokens x 1,536 -> 64 x 128) and wk with
-    weights_proj (7,168 -> 128 + 64), whole on the TP rank, each the larger of its bf16 compute
-    (the matmul roof at its smallest side) and its bytes over HBM."""
+def test_under_lora_the_indexer_projections_run_forward_only_by_hand():
+    """LoRA freezes the model and the indexer: a frozen weight takes its input's gradient (2 + 2 a
+    parameter a token), the indexer's projections neither (their inputs are detached): 2 a
+    parameter. Against its dense twin (the same model without the indexer, MLA's dense core) under
+    the same LoRA: the projections' forward, the sparse core instead of the causal dense one (3x
+    each, forward and backward), and the indexer's scores forward (2 x 64 x 128 a causal pair)."""
+    s, k = 8192, 2048
+    model = read(V32, seq_len=s)
+    lora = Job(precision="bf16", stack="megatron-core", mode="lora")
+    selected = (s * k - k * k / 2) / s
+    sparse, dense = 2 * 128 * 1088 * selected, 0.5 * 2 * s * 128 * (192 + 128)
+    projections = 61 * (1536 * 8192 + 7168 * (128 + 64))
+    by_hand = 2 * projections + 3 * 61 * (sparse - dense) + 61 * 2 * 64 * 128 * s / 2
+    assert model_flops_per_token(model, lora) - model_flops_per_token(dense_twin(model), lora) == pytest.approx(
+        by_hand, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["pretrain", "lora"])
+def test_the_indexer_projections_backward_is_their_weights_gradients_alone(monkeypatch, mode):
+    """A layer's backward counts every weight GEMM twice (input and weight gradients; once under
+    LoRA, input gradients alone) but the indexer's projections once less: their inputs are
+    detached (once, their weights' gradients; under LoRA, frozen, nothing). What it leaves out is
+    their forward time, by the roofline by hand: wq_b (8,192 tokens x 1,536 -> 64 x 128) and wk
+    with weights_proj (7,168 -> 128 + 64), whole on the TP rank, each the larger of its bf16
+    compute (the matmul roof at its smallest side) and its bytes over HBM."""
     from planner.core import steptime
     from planner.core.comm import Links
     from planner.stacks import effective, software
 
     s = 8192
     model, hw = read(V32, seq_len=s), get_profile("h100-80g")
-    job = Job(precision="bf16", stack="megatron-core")
+    job = Job(precision="bf16", stack="megatron-core", mode=mode)
     c = Candidates.from_layouts([Layout(dp=1, tp=2, micro_batch=1, global_batch=1, sequence_parallel=True)]).one_row()
     sw = software(job)
     hw_eff = effective(hw, sw.stack, False)

@@ -98,13 +98,19 @@ def test_the_activations_take_each_kind_of_layer_s_widths_by_hand():
     assert gap == pytest.approx(2 * (mean - 24576) * 8192, rel=1e-12)
 
 
-def test_the_moe_layer_s_three_norms_keep_their_inputs_and_stream_through_hbm_by_hand():
+@pytest.mark.parametrize("kernels, kept, streamed", [
+    ("fused", 2, 2),  # one kernel: its 16-bit input kept; the input read and the output written
+    # eager, on a stack whose eager RMSNorm keeps the normalised tensor too (reference's "plain"):
+    # 2 + 2 bytes kept; square, mean, rsqrt and two products read and write 7 values
+    ("eager", 4, 7),
+])
+def test_the_moe_layer_s_three_norms_keep_their_inputs_and_stream_through_hbm_by_hand(kernels, kept, streamed):
     """26B-A4B's MoE layers have three norms beyond the four of a Gemma layer (after the dense MLP,
-    before and after the experts): each fused RMSNorm keeps its 16-bit input for backward (2 bytes
-    x 2,816 a token, split by TP under sequence parallel) and reads and writes it once forward. At
-    4,096 tokens, tp 2: the mean layer, every one of its 30 an MoE layer, keeps 3 x 2 x 2,816 x
-    4,096 / 2 bytes more than without them, and its forward streams 3 x 2 x 2 x 2,816 x 4,096 / 2
-    bytes more through HBM."""
+    before and after the experts), each keeping and streaming what the layer's own norms do: a fused
+    RMSNorm keeps its 16-bit input for backward (2 bytes x 2,816 a token, split by TP under
+    sequence parallel) and reads and writes it once forward. At 4,096 tokens, tp 2: the mean
+    layer, every one of its 30 an MoE layer, keeps 3 x 2 x 2,816 x 4,096 / 2 bytes more than
+    without them, and its forward streams 3 x 2 x 2 x 2,816 x 4,096 / 2 bytes more through HBM."""
     from planner.core import steptime
     from planner.core.comm import Links
     from planner.core.memory import layer_activation_bytes
@@ -113,19 +119,30 @@ def test_the_moe_layer_s_three_norms_keep_their_inputs_and_stream_through_hbm_by
     with_norms = spec(G26, seq_len=4096)
     without = with_norms.replace(moe_norms=0)
     assert (with_norms.moe_norms, with_norms.moe_layers, with_norms.layers, with_norms.hidden) == (3, 30, 30, 2816)
-    job = Job(kernels="fused")
+    job = Job(kernels=kernels, stack="reference" if kernels == "eager" else "fsdp2")
+    assert software(job).stack.eager_norm == ("plain" if kernels == "eager" else "fused")
     c = Candidates.from_layouts([Layout(dp=4, tp=2, micro_batch=1, global_batch=4, sequence_parallel=True)])
     for table in (c, c.one_row()):
-        kept = [float(layer_activation_bytes(m, table, job)[0] if table is c else layer_activation_bytes(m, table, job))
+        held = [float(layer_activation_bytes(m, table, job)[0] if table is c else layer_activation_bytes(m, table, job))
                 for m in (with_norms, without)]
-        assert kept[0] - kept[1] == pytest.approx(3 * 2 * 2816 * 4096 / 2, rel=1e-12)
+        assert held[0] - held[1] == pytest.approx(3 * kept * 2816 * 4096 / 2, rel=1e-12)
+    # Every second layer recomputed whole (it keeps its input alone): half the difference, the table
+    # (its recompute as two rows, with and without) and the one layout alike, to the bit.
+    from planner.core.memory import layer_activations_and_working
+
+    half = Candidates.from_layouts([Layout(dp=4, tp=2, micro_batch=1, global_batch=4, sequence_parallel=True,
+                                           recompute="half")])
+    rows = [layer_activations_and_working(m, half, job, software(job)) for m in (with_norms, without)]
+    ones = [layer_activations_and_working(m, half.one_row(), job, software(job)) for m in (with_norms, without)]
+    assert [float(x[0]) for x in rows[0]] == list(ones[0]) and [float(x[0]) for x in rows[1]] == list(ones[1])
+    assert ones[0][0] - ones[1][0] == pytest.approx(0.5 * 3 * kept * 2816 * 4096 / 2, rel=1e-12)
     hw = get_profile("h100-80g")
     sw = software(job)
     hw_eff = effective(hw, sw.stack, False)
     one = c.one_row()
     fwd = [steptime.layer_times(m, hw_eff, job, one, Links.of(hw_eff), sw).forward for m in (with_norms, without)]
     hbm = hw_eff.gpu.hbm_bytes_per_s * hw_eff.efficiency.memory
-    assert fwd[0] - fwd[1] == pytest.approx(3 * 2 * 2 * 2816 * 4096 / 2 / hbm, rel=1e-9)
+    assert fwd[0] - fwd[1] == pytest.approx(3 * streamed * 2 * 2816 * 4096 / 2 / hbm, rel=1e-9)
 
 
 def test_lora_adapts_each_layer_s_own_projections_by_hand():

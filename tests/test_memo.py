@@ -115,6 +115,9 @@ def test_fast_init_builds_the_same_object(kw_only):
             "b": 2.5, "c": {"default_factory": list}, "d": {"default_factory": list, "init": False, "compare": False},
             "__post_init__": lambda self: posts.append(self.a)}
     plain, fast = _pair({"kw_only": kw_only}, body)
+    import inspect
+
+    assert str(inspect.signature(fast)) == str(inspect.signature(plain))  # annotations and defaults shown alike
     for kwargs in ({"a": 1}, {"a": 1, "b": 3.0}, {"a": 2, "c": [7]}):
         x, y = plain(**kwargs), fast(**kwargs)
         assert (x.a, x.b, x.c, x.d) == (y.a, y.b, y.c, y.d) and repr(x)[1:] == repr(y)[1:]

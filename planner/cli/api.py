@@ -175,7 +175,6 @@ def _prepared(command: str, flags: Mapping[str, object]):
 
 
 def _prepare(command: str, flags: Mapping[str, object]):
-    from planner.core.limits import check_flags
     from planner.core.options import build_inputs, pins_from
 
     spec = _SPECS.get(command)
@@ -191,17 +190,29 @@ def _prepare(command: str, flags: Mapping[str, object]):
     except TypeError:  # an unhashable value (a list): built each time
         key = setup = None
     if setup is None:
-        check_flags(given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
+        _check_given(spec, given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
         x = build_inputs(values)
         if key is not None:
             if len(_SETUP) >= _SETUP_SIZE:
                 _SETUP.clear()
             _SETUP[key] = x
         return a, x
-    check_flags({name: v for name, v in given.items() if name in pins})  # the rest was checked with the setup
+    _check_given(spec, {name: v for name, v in given.items() if name in pins})  # the rest was checked with the setup
     import dataclasses
 
     return a, dataclasses.replace(setup, pins=pins_from(values))
+
+
+def _check_given(spec: _Spec, given: dict[str, object]) -> None:
+    """``check_flags`` of the values the keywords set; when one is refused, the first refused in
+    the parser's order is named, as the CLI names it whatever order the keywords came in."""
+    from planner.core.limits import check_flags
+
+    try:
+        check_flags(given)
+    except PlannerError:
+        check_flags({name: given[name] for name in spec.defaults if name in given})
+        raise
 
 
 def estimate(**flags: object) -> dict:

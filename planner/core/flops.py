@@ -168,7 +168,11 @@ def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bo
     This is what MFU counts.
 
     LoRA: frozen weights need only input gradients in backward (1x their forward, not 2x), the
-    attention core still 2x, and the adapters 3x their forward: 4W + 3A + 3a per token."""
+    attention core still 2x, and the adapters 3x their forward: 4W + 3A + 3a per token.
+
+    DeepSeek sparse attention adds its indexer (``indexer_training_flops_per_token``), and its
+    projections, whose inputs are detached, take no input gradients: 2x their forward (1x under
+    LoRA, which freezes them), not 3x (2x)."""
     return _model_flops(model, job, causal)
 
 

@@ -174,7 +174,9 @@ def _every_row_in_order(rows: np.ndarray, n: int) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _divisors(n: int) -> tuple[int, ...]:
     """Divisors of n in one numpy pass (n <= MAX_GPUS: at most 1,000 candidates), remembered; up to
-    64 candidates (n < 4,225) by Python's loop, cheaper than the arrays it would take."""
+    64 candidates (n < 4,225) by Python's loop, cheaper than the arrays it would take; Python ints
+    either way (a numpy int asked first would otherwise be kept for the equal Python int)."""
+    n = int(n)
     root = math.isqrt(n)
     if root <= 64:
         small = [d for d in range(1, root + 1) if n % d == 0]
