@@ -103,8 +103,8 @@ def test_of_two_bad_keywords_the_one_the_cli_names_is_named(capsys):
     assert main(["estimate", "--preset", "llama3-8b", "--gpus", "8", "--pue", "5", "--gpus-per-node", "0"]) == 2
     cli = capsys.readouterr().err.strip().removeprefix("planner estimate: ")
     assert cli.startswith("gpus_per_node=0")
-    for keywords in (dict(preset="llama3-8b", gpus=8, pue=5.0, gpus_per_node=0),
-                     dict(gpus_per_node=0, pue=5.0, preset="llama3-8b", gpus=8)):
+    for keywords in ({"preset": "llama3-8b", "gpus": 8, "pue": 5.0, "gpus_per_node": 0},
+                     {"gpus_per_node": 0, "pue": 5.0, "preset": "llama3-8b", "gpus": 8}):
         with pytest.raises(PlannerError) as err:
             planner.estimate(**keywords)
         assert str(err.value) == cli
