@@ -160,21 +160,19 @@ class HardwareProfile:
         return dataclasses.replace(self, network=network)
 
     def with_efficiency(self, efficiency: Efficiency) -> HardwareProfile:
-        """The profile with these factors; those that changed count as set by the profile (a
-        software stack no longer replaces them: planner.stacks.effective)."""
-        changed = {f.name for f in dataclasses.fields(Efficiency)
-                   if getattr(efficiency, f.name) != getattr(self.efficiency, f.name)}
-        return dataclasses.replace(self, efficiency=efficiency, efficiency_keys=self.efficiency_keys | changed)
+        """The profile with these factors (``with_factors`` of every one)."""
+        return self.with_factors({f.name: getattr(efficiency, f.name) for f in dataclasses.fields(Efficiency)})
 
     def with_factors(self, changes: dict[str, float]) -> HardwareProfile:
-        """``with_efficiency`` of the efficiency with ``changes`` (factor name -> value): only those
-        can differ, so only those are compared."""
+        """The profile with these factors (name -> value); those that changed count as set by the
+        profile (a software stack no longer replaces them: planner.stacks.effective). Nothing
+        changed: the profile itself."""
         old = self.efficiency
-        changed = {k for k, v in changes.items() if v != getattr(old, k)}
+        changed = {k: v for k, v in changes.items() if v != getattr(old, k)}
         if not changed:
             return self
-        return dataclasses.replace(self, efficiency=dataclasses.replace(old, **changes),
-                                   efficiency_keys=self.efficiency_keys | changed)
+        return dataclasses.replace(self, efficiency=dataclasses.replace(old, **changed),
+                                   efficiency_keys=self.efficiency_keys | frozenset(changed))
 
 
 def profile_dirs() -> list[Path]:

@@ -407,8 +407,8 @@ def test_a_pinned_interleaving_degree_is_kept_exactly_when_the_list_holds_it():
 
 
 def test_divisors_by_hand_either_way_they_are_found():
-    """Below 4,225 (65 x 65) the divisors are found by Python's loop, from there by numpy's arrays:
-    both give every divisor once, ascending, as Python ints."""
+    """Small and large counts (on both sides of 4,225 = 65 x 65, and a million): every divisor
+    once, ascending, as Python ints."""
     assert S._divisors(1) == (1,)
     assert S._divisors(128) == (1, 2, 4, 8, 16, 32, 64, 128)
     assert S._divisors(4224) == (1, 2, 3, 4, 6, 8, 11, 12, 16, 22, 24, 32, 33, 44, 48, 64, 66, 88, 96, 128, 132,

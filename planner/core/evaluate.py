@@ -263,7 +263,7 @@ def _effective(hw: HardwareProfile, job: Job):
     sw = software(job)
     hw_eff = effective(hw, sw.stack, job.async_tp)
     if not job.overlap_grad_reduce:
-        hw_eff = hw_eff.with_efficiency(hw_eff.efficiency.replace(dp_overlap=0.0))
+        hw_eff = hw_eff.with_factors({"dp_overlap": 0.0})
     if job.memory_headroom:
         hw_eff = dataclasses.replace(hw_eff, gpu=dataclasses.replace(hw_eff.gpu, memory_bytes=usable_memory(hw, job)))
     return sw, hw_eff

@@ -120,10 +120,9 @@ def layer_activation_bytes(model: ModelSpec, c: Candidates, job: Job, recompute:
                          for w, n in ((model.ffn_hidden, 0), (moe.moe_mlp_width(model, job, c), model.moe_norms)))
     else:
         width = np.stack([c.full(model.ffn_hidden), moe.moe_mlp_width(model, job, c)])
-        norms = np.array([0, model.moe_norms]).reshape(2, 1) if model.moe_norms else 0
         if np.ndim(rc) > np.ndim(c.dp):  # several recompute columns (rows of rc): each width against each
             width = width[:, None]
-            norms = norms[:, None] if model.moe_norms else 0
+        norms = np.array([0, model.moe_norms]).reshape(2, *[1] * (width.ndim - 1)) if model.moe_norms else 0
         dense, routed = activation_bytes_per_layer(model, c, job, recompute, sw, ffn=width, extra_norms=norms)
     tokens = c.micro_batch * model.seq_len / c.cp
     # Kept by the layers not recomputed whole (none under full, half under half, 3/4 under quarter).

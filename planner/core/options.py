@@ -23,8 +23,9 @@ from planner.core.search import Pins
 from planner.errors import PlannerError
 from planner.hardware import HardwareProfile, get_profile
 from planner.memo import fast_init
+from planner.schema import FLAGS, check_number
 from planner.stacks import job_stack
-from planner.units import parse_count
+from planner.units import GB, GIB, TERA, parse_count
 
 DEFAULT_GPU = "a100-80g"
 DEFAULT_GPUS = 8
@@ -417,12 +418,10 @@ def hardware_from(name: str, gpus_per_node: int | None, overrides: Mapping[str, 
     hw = get_profile(name)
     if gpus_per_node is not None:
         hw = hw.with_gpus_per_node(gpus_per_node)
-    if not overrides or all(overrides.get(k) is None for k in HW_OVERRIDES):
+    given = {k: float(check_number(v, FLAGS[k], k)) for k in HW_OVERRIDES
+             if (v := (overrides or {}).get(k)) is not None}
+    if not given:
         return hw, ""
-    from planner.schema import FLAGS, check_number
-    from planner.units import GB, GIB, TERA
-
-    given = {k: float(check_number(v, FLAGS[k], k)) for k in HW_OVERRIDES if (v := overrides.get(k)) is not None}
     gpu, net = hw.gpu, hw.network
     if "gpu_tflops" in given:
         old = gpu.peak_flops.get(precision, 0.0)

@@ -173,17 +173,11 @@ def _every_row_in_order(rows: np.ndarray, n: int) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _divisors(n: int) -> tuple[int, ...]:
-    """Divisors of n in one numpy pass (n <= MAX_GPUS: at most 1,000 candidates), remembered; up to
-    64 candidates (n < 4,225) by Python's loop, cheaper than the arrays it would take; Python ints
-    either way (a numpy int asked first would otherwise be kept for the equal Python int)."""
+    """Divisors of n (n <= MAX_GPUS: at most 1,000 candidates), remembered, as Python ints (a numpy
+    int asked first would otherwise be kept for the equal Python int)."""
     n = int(n)
-    root = math.isqrt(n)
-    if root <= 64:
-        small = [d for d in range(1, root + 1) if n % d == 0]
-        return tuple(sorted(set(small) | {n // d for d in small}))
-    d = np.arange(1, root + 1, dtype=np.int64)
-    small = d[n % d == 0]
-    return tuple(sorted(set(small.tolist()) | set((n // small).tolist())))
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small) | {n // d for d in small}))
 
 
 _FACTORS_NAME = "*".join(GPU_FACTORS)  # the field named when the pinned degrees do not multiply to the GPUs
