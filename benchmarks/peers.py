@@ -172,14 +172,16 @@ def _medians(samples: list[tuple[float, float]]) -> tuple[float, float]:
 
 def _core_caches() -> list:
     """The inputs the API keeps between calls, and the functools caches of the planner's model
-    (planner.core.*): values it computes, not the files it read (the preset table:
-    ``planner.core.presets._raw`` and ``presets``)."""
+    (planner.core.*): values it computes from what a call asks, not the files it read nor what
+    depends on them alone (the preset table: ``planner.core.presets._raw`` and ``presets``, and
+    ``dense_by_count``, its dense presets' parameter counts)."""
     import types
 
     import planner.cli.api
     import planner.memo
 
-    files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets")}
+    files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets"),
+             ("planner.core.presets", "dense_by_count")}
     return [planner.cli.api._SETUP, planner.cli.api._PREPARED,
             types.SimpleNamespace(cache_clear=planner.memo.clear_all),  # the identity caches, all of them
             *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")

@@ -90,6 +90,27 @@ def test_bad_shapes_name_the_field(changes, field):
     assert err.value.field == field
 
 
+def test_params_resolution_takes_the_nearest_dense_preset_first_in_the_table_of_equals():
+    """The rule written out over the table (every dense preset's count, the first of equal
+    distances): at each preset's own count, at 3% and 9% either side, and between neighbours."""
+    table = [(name, s.params) for name, s in presets().items() if not s.moe]
+    counts = sorted({c for _, c in table})
+    targets = [c * f for c in counts for f in (1.0, 0.97, 1.03, 0.91, 1.09)]
+    targets += [(a + b) / 2 for a, b in zip(counts, counts[1:])]
+    for target in targets:
+        best = None
+        for name, count in table:
+            d = abs(count / target - 1)
+            if best is None or d < best[0]:
+                best = (d, name)
+        spec, note = resolve_params(target)
+        if best[0] <= 0.10:
+            assert (spec.name, "nearest preset" in note) == (best[1], True), target
+        else:
+            assert "scaling rule" in note, target
+    assert resolve_params(6.74e9)[0].name == "llama-7b"  # llama-7b and llama2-7b count alike: the first
+
+
 def test_params_resolution_prefers_a_near_preset_and_documents_the_rule():
     spec, note = resolve_params(33e9)
     assert spec.name == "llama-33b" and "preset" in note

@@ -37,7 +37,16 @@ def get_preset(name: str) -> ModelSpec:
     return table[key]
 
 
-@functools.lru_cache(maxsize=256)  # a pure function of the count: an estimate in a loop resolves it once (60 us)
+@functools.cache
+def dense_by_count() -> tuple[tuple[int, ModelSpec], ...]:
+    """The dense presets with their parameter counts, in the table's order: what '--params N' is
+    matched against. Like the table, it depends on the preset file alone (counted once per process,
+    not once per '--params' value asked: 28 counts cost more than the rest of a pinned estimate's
+    inputs together)."""
+    return tuple((s.params, s) for s in presets().values() if not s.moe)
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of the count: an estimate in a loop resolves it once
 def resolve_params(target: float) -> tuple[ModelSpec, str]:
     """The model for '--params N': the nearest dense preset within 10%, else a LLaMA-style shape.
 
@@ -46,9 +55,8 @@ def resolve_params(target: float) -> tuple[ModelSpec, str]:
     dense 47B model; an MoE is chosen by name (--preset mixtral-8x7b).
     Returns the spec and one sentence saying how it was chosen.
     """
-    dense = {n: s for n, s in presets().items() if not s.moe}
-    _, spec = min(dense.items(), key=lambda kv: abs(kv[1].params / target - 1))
-    if abs(spec.params / target - 1) <= PRESET_MATCH_TOLERANCE:
+    count, spec = min(dense_by_count(), key=lambda cs: abs(cs[0] / target - 1))  # the first of equals, as before
+    if abs(count / target - 1) <= PRESET_MATCH_TOLERANCE:
         return spec, f"nearest preset to {target / 1e9:g}B parameters"
     spec = scaled_llama(target)
     return spec, (f"no preset within {PRESET_MATCH_TOLERANCE:.0%} of {target / 1e9:g}B parameters; "
