@@ -10,8 +10,10 @@ between the two programs, so ``benchmarks/peers.py``'s CPU times stay the figure
 this one says how much work each call does, and whether a change of the code made it less.
 
 Rows: the planner warm (the same call again), with its caches cleared before each call (every
-computed value computed again: peers.py's "caches cleared"), and a sweep (a new layout or global
-batch each call, the model, stack and profile as before), against llm-analysis's ``train()`` warm.
+computed value computed again: peers.py's "caches cleared"; the clearing itself is counted apart,
+in a process that clears and does not call, and taken off, as peers.py's timer leaves it out), and
+a sweep (a new layout or global batch each call, the model, stack and profile as before), against
+llm-analysis's ``train()`` warm.
 OpenBLAS is held to one thread (its idle pool threads would be scheduled by valgrind and counted).
 
     python benchmarks/instructions.py            # about two minutes on 2 cores
@@ -31,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # (the problem, the peer's environment and the planner's caches: one definition)
 
-MODES = {"planner": ("warm", "cleared", "sweep"), "llm-analysis": ("warm",)}
+MODES = {"planner": ("warm", "cleared", "sweep", "clear"), "llm-analysis": ("warm",)}
 
 
 def worker(tool: str, mode: str, calls: int) -> None:
@@ -54,10 +56,11 @@ def worker(tool: str, mode: str, calls: int) -> None:
         planner.estimate(**flags)
     caches = peers._core_caches()
     for i in range(calls):
-        if mode == "cleared":
+        if mode in ("cleared", "clear"):  # ("clear": the clearing alone, taken off "cleared")
             for c in caches:
                 c.clear() if isinstance(c, dict) else c.cache_clear()
-            planner.estimate(**peers.OURS)
+            if mode == "cleared":
+                planner.estimate(**peers.OURS)
         elif mode == "sweep":  # each layout in turn, the global batch new each round
             planner.estimate(**dict(layouts[i % len(layouts)], global_batch=1024 * (2 + i // len(layouts))))
         else:
@@ -96,6 +99,7 @@ def main() -> None:
         totals = dict(zip(jobs, pool.map(lambda j: counted(pythons[j[0]], *j), jobs)))
     per_call = {(tool, mode): (totals[tool, mode, args.calls] - totals[tool, mode, 0]) / args.calls
                 for tool, modes in MODES.items() for mode in modes}
+    per_call["planner", "cleared"] -= per_call.pop(("planner", "clear"))
     peer = per_call["llm-analysis", "warm"]
     print(f"instructions per pinned estimate (valgrind, {args.calls} calls counted per row):")
     for (tool, mode), n in per_call.items():

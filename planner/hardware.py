@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import PlannerError, closest_names, require
-from planner.memo import fast_init
+from planner.memo import fast_init, replace
 from planner.schema import Key, check_table
 from planner.units import GB, GIB, TERA
 
@@ -122,7 +122,7 @@ class Efficiency:
     fragmentation: float = 0.05  # allocator fragmentation, fraction of activations + gradients
 
     def replace(self, **changes: float) -> Efficiency:
-        return dataclasses.replace(self, **changes)
+        return replace(self, **changes)
 
 
 EFFICIENCY_UNITS = {"cuda_context_bytes": ("cuda_context_gib", GIB), "comm_buffer_bytes": ("comm_buffer_gib", GIB)}
@@ -171,8 +171,8 @@ class HardwareProfile:
         changed = {k: v for k, v in changes.items() if v != getattr(old, k)}
         if not changed:
             return self
-        return dataclasses.replace(self, efficiency=dataclasses.replace(old, **changed),
-                                   efficiency_keys=self.efficiency_keys | frozenset(changed))
+        return replace(self, efficiency=replace(old, **changed),
+                       efficiency_keys=self.efficiency_keys | frozenset(changed))
 
 
 def profile_dirs() -> list[Path]:

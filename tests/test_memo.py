@@ -136,6 +136,33 @@ def test_fast_init_builds_the_same_object(kw_only):
         memo.fast_init(_Plain)  # not slotted
 
 
+@pytest.mark.parametrize("kw_only", [False, True])
+def test_replace_is_dataclasses_replace(kw_only):
+    """memo.replace on a fast_init class (its fields read in one display), on a class with a field
+    set in __post_init__, and on a plain dataclass, against dataclasses.replace: the same object,
+    __post_init__ run again, the same errors."""
+    posts = []
+    body = {"__annotations__": {"a": int, "b": float, "c": list}, "b": 2.5, "c": {"default_factory": list},
+            "__post_init__": lambda self: posts.append(self.a)}
+    plain, fast = _pair({"kw_only": kw_only}, body)
+    assert "_replaced" in vars(fast) and "_replaced" not in vars(plain)
+    for cls in (plain, fast):
+        x = cls(a=1, b=3.0, c=[5])
+        for changes in ({}, {"a": 2}, {"b": 4.0, "c": [6]}):
+            posts.clear()
+            y, z = memo.replace(x, **changes), dataclasses.replace(x, **changes)
+            assert type(y) is cls and (y.a, y.b, y.c) == (z.a, z.b, z.c) and posts == [y.a, z.a]
+            assert y.c is x.c or "c" in changes  # fields are not copied, as dataclasses.replace
+        with pytest.raises(TypeError):
+            memo.replace(x, e=1)
+    with_unset = dict(body, d={"default_factory": list, "init": False})
+    with_unset["__annotations__"] = {**body["__annotations__"], "d": list}
+    _, fast_unset = _pair({"kw_only": kw_only}, with_unset)
+    assert "_replaced" not in vars(fast_unset)  # a field outside __init__: dataclasses.replace's own rules
+    with pytest.raises(ValueError):
+        memo.replace(fast_unset(a=1), d=[])
+
+
 def test_dict_of_slots_and_slot_filler_are_the_loops_they_write_out():
     @dataclass(frozen=True, slots=True)
     class P:
@@ -213,3 +240,15 @@ def test_async_tp_overlaps_more_is_the_comparison_of_the_two_effective_profiles(
                 assert async_tp_overlaps_more(hw, stack) == plain, (name, hw.name, items)
                 seen.add(plain)
     assert seen == {True, False}  # both answers were checked
+
+
+def test_the_options_readers_are_the_comprehension_they_write_out():
+    from planner.core.options import _JOB_VALUES, _OPS_VALUES, OPS_OPTIONS, _value
+    from planner.core.layout import JOB_OPTIONS
+
+    cases = [{}, {"precision": "fp8", "tokens": "2T", "lora_targets": "q,v", "set": ["dp_overlap=0.5"],
+                  "keep_last": 3, "storage_gbps": 7.5, "epochs": None, "unrelated": 1}]
+    for values in cases:
+        for read, options in ((_JOB_VALUES, JOB_OPTIONS), (_OPS_VALUES, OPS_OPTIONS)):
+            assert read(values) == {o.name: _value(values, o) for o in options}
+    assert _JOB_VALUES(cases[1])["tokens"] == 2e12 and _OPS_VALUES(cases[1])["keep_last"] == 3

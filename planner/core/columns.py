@@ -35,6 +35,10 @@ def where(cond, a, b):
     """``np.where(cond, a, b)``. For a scalar condition and scalar branches, the chosen branch as
     a Python scalar of np.where's kind: float when either branch is a float, else int when either
     is an int, else bool."""
+    if cond is True or cond is False:  # the usual case: one layout's Python bool, two numbers of one type
+        ta = type(a)
+        if ta is type(b) and (ta is float or ta is int):
+            return a if cond else b
     if type(cond) in _BOOLS:
         ta, tb = type(a), type(b)
         if ta is float or ta is int:  # the common cases: Python's numbers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import tomllib
 from pathlib import Path
@@ -38,12 +39,15 @@ def get_preset(name: str) -> ModelSpec:
 
 
 @functools.cache
-def dense_by_count() -> tuple[tuple[int, ModelSpec], ...]:
-    """The dense presets with their parameter counts, in the table's order: what '--params N' is
-    matched against. Like the table, it depends on the preset file alone (counted once per process,
-    not once per '--params' value asked: 28 counts cost more than the rest of a pinned estimate's
-    inputs together)."""
-    return tuple((s.params, s) for s in presets().values() if not s.moe)
+def dense_by_count() -> tuple[tuple[int, ...], dict[int, tuple[int, ModelSpec]]]:
+    """The dense presets' parameter counts, sorted and each once, and for each count the first
+    preset in the table with it (its place in the table, the spec): what '--params N' is matched
+    against. Like the table, it depends on the preset file alone (counted once per process, not
+    once per '--params' value asked: 28 counts cost more than the rest of an estimate's inputs)."""
+    first: dict[int, tuple[int, ModelSpec]] = {}
+    for i, spec in enumerate(s for s in presets().values() if not s.moe):
+        first.setdefault(spec.params, (i, spec))
+    return tuple(sorted(first)), first
 
 
 @functools.lru_cache(maxsize=256)  # a pure function of the count: an estimate in a loop resolves it once
@@ -55,8 +59,13 @@ def resolve_params(target: float) -> tuple[ModelSpec, str]:
     dense 47B model; an MoE is chosen by name (--preset mixtral-8x7b).
     Returns the spec and one sentence saying how it was chosen.
     """
-    count, spec = min(dense_by_count(), key=lambda cs: abs(cs[0] / target - 1))  # the first of equals, as before
-    if abs(count / target - 1) <= PRESET_MATCH_TOLERANCE:
+    counts, first = dense_by_count()
+    # The nearest by |count / N - 1| is the nearest count below N or above it (the distance grows
+    # with the gap on each side, in floating point too); of equal distances, the first in the table.
+    i = bisect.bisect_left(counts, target)
+    near = [(abs(c / target - 1), first[c][0], first[c][1]) for c in counts[max(i - 1, 0):i + 1]]
+    best, _, spec = min(near)
+    if best <= PRESET_MATCH_TOLERANCE:
         return spec, f"nearest preset to {target / 1e9:g}B parameters"
     spec = scaled_llama(target)
     return spec, (f"no preset within {PRESET_MATCH_TOLERANCE:.0%} of {target / 1e9:g}B parameters; "
