@@ -10,8 +10,10 @@ between the two programs, so ``benchmarks/peers.py``'s CPU times stay the figure
 this one says how much work each call does, and whether a change of the code made it less.
 
 Rows: the planner warm (the same call again), with its caches cleared before each call (every
-computed value computed again: peers.py's "caches cleared"; the clearing itself is counted apart,
-in a process that clears and does not call, and taken off, as peers.py's timer leaves it out), and
+computed value computed again: peers.py's "caches cleared"; the clearing is counted apart, in a
+process that clears and does not call, and taken off: that process's caches are empty when it
+clears them, so freeing the last call's values stays in the row, which peers.py's timer leaves
+out), and
 a sweep (a new layout or global batch each call, the model, stack and profile as before), against
 llm-analysis's ``train()`` warm.
 OpenBLAS is held to one thread (its idle pool threads would be scheduled by valgrind and counted).

@@ -18,8 +18,10 @@ each process reports:
 - warm: the median CPU and wall seconds of ``--calls`` further calls;
 - the planner also with its computed-value caches (``functools`` caches of planner.core, every
   cache of planner.memo, and the inputs ``planner.estimate`` keeps between calls) cleared before
-  each call; the files it read
-  (profiles, stacks, presets) stay loaded, as llm-analysis's do.
+  each call (the clearing not timed); the files it read (profiles, stacks, presets) stay loaded,
+  as llm-analysis's do, and so does what depends on them alone: the dense presets' parameter
+  counts that '--params' is matched against (``dense_by_count``; cleared before 2026-12-07, so
+  that row's earlier figures also counted 28 presets again on every call).
 Both run from byte-compiled modules (a bytecode cache under the peers folder, written by one
 unmeasured process per tool first), as installed packages do. The figures printed are medians over
 rounds, from this run only, and the planner/peer CPU ratios: warm, first call, import + first call,

@@ -155,9 +155,9 @@ class HardwareProfile:
         # A host of a rack-scale domain stays a host where it divides the new node; else the node is one.
         host = self.network.gpus_per_host
         host = host if host and gpus_per_node % host == 0 else None
-        network = dataclasses.replace(self.network, gpus_per_node=gpus_per_node, gpus_per_host=host,
-                                      inter_bytes_per_s=per_node / gpus_per_node)
-        return dataclasses.replace(self, network=network)
+        network = replace(self.network, gpus_per_node=gpus_per_node, gpus_per_host=host,
+                          inter_bytes_per_s=per_node / gpus_per_node)
+        return replace(self, network=network)
 
     def with_efficiency(self, efficiency: Efficiency) -> HardwareProfile:
         """The profile with these factors (``with_factors`` of every one)."""

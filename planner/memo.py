@@ -11,7 +11,8 @@
   a property kept so, ``kept_hash``: a frozen dataclass's hash kept so.
 - ``fast_init``, ``dict_of_slots``, ``slot_filler``: a frozen slotted dataclass's ``__init__``,
   its fields as a dict, and its fields set from a dict, written out field by field (each one
-  attribute load or slot store, not a name looked up on the type per field).
+  attribute load or slot store, not a name looked up on the type per field); ``replace``:
+  ``dataclasses.replace``, a ``fast_init`` class's fields read in one dict display.
 
 None of these changes an answer: tests/test_memo.py checks each against the plain Python it stands
 for, and tests/test_search_paths.py the pinned estimate against its row of a table, to the bit.
@@ -126,6 +127,8 @@ def fast_init(cls: type) -> type:
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not params.frozen or "__slots__" not in cls.__dict__:
         raise TypeError(f"fast_init: {cls.__name__} is not a frozen, slotted dataclass")
+    if any(f._field_type is dataclasses._FIELD_INITVAR for f in cls.__dataclass_fields__.values()):
+        raise TypeError(f"fast_init: {cls.__name__} has an InitVar (its __init__ would not take it)")
     names: dict[str, object] = {"_FACTORY": _FACTORY}
     args, kwonly, body = [], [], []
     for f in dataclasses.fields(cls):
@@ -164,7 +167,7 @@ def fast_init(cls: type) -> type:
     return cls
 
 
-def replace(obj, **changes):
+def replace(obj, /, **changes):
     """``dataclasses.replace(obj, **changes)``: for a ``fast_init`` class, its fields read in one
     dict display (dataclasses.replace reads each field's definition for every call: 4-6 us for a
     profile's thirty factors, which an estimate with its caches empty replaces twice)."""

@@ -12,6 +12,8 @@ import math
 import pytest
 
 from planner.cli.main import main
+from planner.core.layout import JOB_OPTIONS
+from planner.core.options import _JOB_VALUES, _OPS_VALUES, OPS_OPTIONS, _value
 from planner.core.resilience import expected_wall_seconds
 from planner.core.search import _divisors
 from planner.errors import PlannerError
@@ -361,3 +363,18 @@ def test_the_gb300_rack_adds_up_to_its_datasheet():
     assert 72 * hw.gpu.peak_flops["fp8"] == 360e15
     assert 72 * hw.gpu.hbm_bytes_per_s == 576e12
     assert 20e12 <= 72 * hw.gpu.memory_bytes * 1e9 / 2**30 <= 20.2e12  # 72 x 279 GB
+
+
+def test_the_options_readers_are_the_comprehension_they_write_out():
+    """The job's and operations' options read by the written-out dict display, against the
+    comprehension it stands for: defaults, text counts, a list option given as text, a repeated
+    flag's list, numbers, None."""
+    cases = [{}, {"precision": "fp8", "tokens": "2T", "lora_targets": "q_proj,v_proj",
+                  "stack_set": ["dp_overlap=0.5", "zero3_overlap=0.7"], "keep_last": 3, "storage_gbps": 7.5,
+                  "epochs": None, "unrelated": 1}]
+    for values in cases:
+        for read, options in ((_JOB_VALUES, JOB_OPTIONS), (_OPS_VALUES, OPS_OPTIONS)):
+            assert read(values) == {o.name: _value(values, o) for o in options}
+    job, ops = _JOB_VALUES(cases[1]), _OPS_VALUES(cases[1])
+    assert job["tokens"] == 2e12 and job["stack_set"] == ("dp_overlap=0.5", "zero3_overlap=0.7")
+    assert job["lora_targets"] == ("q_proj", "v_proj") and ops["keep_last"] == 3 and ops["epochs"] == 1.0

@@ -138,9 +138,10 @@ def test_fast_init_builds_the_same_object(kw_only):
 
 @pytest.mark.parametrize("kw_only", [False, True])
 def test_replace_is_dataclasses_replace(kw_only):
-    """memo.replace on a fast_init class (its fields read in one display), on a class with a field
-    set in __post_init__, and on a plain dataclass, against dataclasses.replace: the same object,
-    __post_init__ run again, the same errors."""
+    """memo.replace on a fast_init class (its fields read in one display), on a plain dataclass and
+    on a fast_init class with a field outside __init__ (dataclasses.replace's path), against
+    dataclasses.replace: the same fields, __post_init__ run again, an unknown field and a field
+    outside __init__ refused alike; a field named ``obj`` taken like any other."""
     posts = []
     body = {"__annotations__": {"a": int, "b": float, "c": list}, "b": 2.5, "c": {"default_factory": list},
             "__post_init__": lambda self: posts.append(self.a)}
@@ -161,6 +162,21 @@ def test_replace_is_dataclasses_replace(kw_only):
     assert "_replaced" not in vars(fast_unset)  # a field outside __init__: dataclasses.replace's own rules
     with pytest.raises(ValueError):
         memo.replace(fast_unset(a=1), d=[])
+    _, named_obj = _pair({"kw_only": kw_only}, {"__annotations__": {"obj": int}})
+    assert memo.replace(named_obj(obj=1), obj=2).obj == 2 == dataclasses.replace(named_obj(obj=1), obj=2).obj
+
+
+def test_fast_init_refuses_an_initvar():
+    @dataclass(frozen=True, slots=True)
+    class V:
+        a: int
+        b: dataclasses.InitVar[int]
+
+        def __post_init__(self, b):
+            pass
+
+    with pytest.raises(TypeError, match="InitVar"):
+        memo.fast_init(V)
 
 
 def test_dict_of_slots_and_slot_filler_are_the_loops_they_write_out():
@@ -241,14 +257,3 @@ def test_async_tp_overlaps_more_is_the_comparison_of_the_two_effective_profiles(
                 seen.add(plain)
     assert seen == {True, False}  # both answers were checked
 
-
-def test_the_options_readers_are_the_comprehension_they_write_out():
-    from planner.core.options import _JOB_VALUES, _OPS_VALUES, OPS_OPTIONS, _value
-    from planner.core.layout import JOB_OPTIONS
-
-    cases = [{}, {"precision": "fp8", "tokens": "2T", "lora_targets": "q,v", "set": ["dp_overlap=0.5"],
-                  "keep_last": 3, "storage_gbps": 7.5, "epochs": None, "unrelated": 1}]
-    for values in cases:
-        for read, options in ((_JOB_VALUES, JOB_OPTIONS), (_OPS_VALUES, OPS_OPTIONS)):
-            assert read(values) == {o.name: _value(values, o) for o in options}
-    assert _JOB_VALUES(cases[1])["tokens"] == 2e12 and _OPS_VALUES(cases[1])["keep_last"] == 3

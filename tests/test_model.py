@@ -1,12 +1,13 @@
 """Parameter counts against published figures and hand-derived formulas."""
 
 import csv
+import itertools
 from pathlib import Path
 
 import pytest
 
 from planner.core.model import ModelSpec
-from planner.core.presets import get_preset, presets, resolve_params
+from planner.core.presets import PRESET_MATCH_TOLERANCE, get_preset, presets, resolve_params
 from planner.errors import PlannerError
 
 DATA = Path(__file__).parent.parent / "benchmarks" / "data"
@@ -96,7 +97,7 @@ def test_params_resolution_takes_the_nearest_dense_preset_first_in_the_table_of_
     table = [(name, s.params) for name, s in presets().items() if not s.moe]
     counts = sorted({c for _, c in table})
     targets = [c * f for c in counts for f in (1.0, 0.97, 1.03, 0.91, 1.09)]
-    targets += [(a + b) / 2 for a, b in zip(counts, counts[1:])]
+    targets += [(a + b) / 2 for a, b in itertools.pairwise(counts)]
     for target in targets:
         best = None
         for name, count in table:
@@ -104,7 +105,7 @@ def test_params_resolution_takes_the_nearest_dense_preset_first_in_the_table_of_
             if best is None or d < best[0]:
                 best = (d, name)
         spec, note = resolve_params(target)
-        if best[0] <= 0.10:
+        if best[0] <= PRESET_MATCH_TOLERANCE:
             assert (spec.name, "nearest preset" in note) == (best[1], True), target
         else:
             assert "scaling rule" in note, target
