@@ -59,7 +59,7 @@ PLAN_FLAGS = {"--gpus": "gpus", "--gpus-per-node": "int", "--tokens": "count", "
               "--vpp": "int", "--micro-batch": "int", "--zero": "int", "--params": "count", "--layers": "int",
               "--hidden": "int", "--heads": "int", "--kv-heads": "int", "--ffn-hidden": "int", "--vocab": "int",
               "--seq-len": "int", "--cp": "int", "--ep": "int", "--expert-imbalance": "float",
-              "--memory-headroom": "float"}
+              "--memory-headroom": "float", "--mtp-layers": "int"}
 MODEL = ["--preset", "gpt3-1.3b"]
 COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "estimate": (["estimate", *MODEL], {**PLAN_FLAGS, "--top": "int"}),

@@ -186,6 +186,7 @@ FLAGS: dict[str, Key] = {
     "layers": Key(int, 1, 10**4), "hidden": Key(int, 1, 2**18), "heads": Key(int, 1, 2**14),
     "kv_heads": Key(int, 1, 2**14), "ffn_hidden": Key(int, 1, 2**20), "vocab": Key(int, 1, 2**24),
     "seq_len": Key(int, 1, 2**22, unit="tokens"),
+    "mtp_layers": Key(int, 0, 16, unit="modules"),
     "top": Key(int, 0, 10**6),
     "steps": Key(int, 1, 10**12),
     "nprocs": Key(int, 1, 1024),

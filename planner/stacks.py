@@ -93,6 +93,7 @@ class Stack:
     cp_accumulate_bytes: float  # the same in the backward (dQ/dK/dV accumulation and copies)
     linear_attention_cp: str = "none"  # context parallel over linear-attention layers (LINEAR_CPS)
     sparse_attention: bool = False  # runs DeepSeek sparse attention (Megatron-Core's dsa variant: indexer, top-k)
+    multi_token_prediction: bool = False  # trains multi-token-prediction modules (Megatron-Core's --mtp-num-layers)
     # Sharding
     grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
     zero_stages: tuple[int, ...]  # the ZeRO stages it runs
@@ -181,6 +182,7 @@ _KEYS: dict[str, tuple[str, str, object]] = {
     "cp_accumulate_bytes": ("cp_accumulate_bytes", "float", (0.0, 256.0)),
     "linear_attention_cp": ("linear_attention_cp", "str", LINEAR_CPS),
     "sparse_attention": ("sparse_attention", "bool", None),
+    "multi_token_prediction": ("multi_token_prediction", "bool", None),
     "grad_reduce_bytes": ("grad_reduce_bytes", "float", (1.0, 4.0)),
     "zero_stages": ("zero_stages", "ints", (0, 1, 2, 3)),
     "model_parallel": ("model_parallel", "bool", None),
@@ -221,7 +223,8 @@ _KEYS: dict[str, tuple[str, str, object]] = {
 }
 # Keys added after stack files were published: a file without one has the Stack field's default.
 OPTIONAL_KEYS = ("fp8_tp_all_gather", "offload_grads", "grad_dtype", "reduce_scatter_bytes", "grad_bucket_buffer",
-                 "attention_square", "model_parallel", "gather_cap_params", "linear_attention_cp", "sparse_attention")
+                 "attention_square", "model_parallel", "gather_cap_params", "linear_attention_cp", "sparse_attention",
+                 "multi_token_prediction")
 _TABLES = ("kernels", "overlap", "sharding", "pipeline", "overhead", "compile", "fp8", "moe")
 _TOP = ("name", "description", "source", "not_modelled", "aliases", "base", *_TABLES)
 

@@ -301,11 +301,19 @@ ONE_ROW_CASES = [
     # Qwen3.5's linear layers over context parallel
     ("gemma-4-26B-A4B.config.json", "h100-80g", 16, Job(), Pins()),
     ("Qwen3.5-27B.config.json", "h100-80g", 64, Job(stack="megatron-core"), Pins(cp=4)),
+    # multi-token-prediction modules on the last stage (with DualPipeV, the first rank's), the split
+    # balanced around them (megatron-core) or not (hai-llm)
+    ("deepseek-v2-lite+mtp1", "h100-80g", 32, Job(stack="megatron-core"), Pins()),
+    ("llama2-7b+mtp2", "h100-80g", 16, Job(stack="hai-llm"), Pins(schedule="dualpipev")),
 ]
 
 
 def _model(name: str):
-    """A preset by name, or a Hugging Face config of tests/data."""
+    """A preset by name (``+mtpN``: with N multi-token-prediction modules), or a Hugging Face config
+    of tests/data."""
+    if "+mtp" in name:
+        preset, n = name.split("+mtp")
+        return get_preset(preset).replace(mtp_layers=int(n))
     if not name.endswith(".json"):
         return get_preset(name)
     from planner.core.options import model_from_hf_config

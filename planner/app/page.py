@@ -194,6 +194,7 @@ def sidebar() -> dict:
                 if f.group == "shape":
                     widget(f, st)
     widget(fields["seq_len"], sb)
+    widget(fields["mtp_layers"], sb)
 
     def group(name: str) -> None:
         key, label = GROUPS[name]

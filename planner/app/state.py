@@ -133,6 +133,10 @@ def _fields() -> tuple[Field, ...]:
         Field(name="seq_len", label="Sequence length (0: the model's own)", kind="int", default=0, low=0,
               high=1048576, step=1024, group="model",
               help="`--seq-len`: tokens per sequence, for any model; 0: the preset's or config's own (a shape: 2048)"),
+        Field(name="mtp_layers", label="Multi-token-prediction modules (0: none)", kind="int", default=0, low=0,
+              high=16, group="model",
+              help="`--mtp-layers`: modules trained beside the model on the last pipeline stage (DeepSeek-V3: 1), "
+                   "on a stack that trains them (megatron-core, nemo, megatron-fsdp, hai-llm)"),
         Field(name="arch", label="Architecture", kind="choice", default="llama", choices=ARCHS, group="shape"),
         Field(name="layers", label="Layers", kind="int", default=32, low=1, high=1024, group="shape"),
         Field(name="hidden", label="Hidden size", kind="int", default=4096, low=64, high=131072, step=64,
@@ -288,6 +292,8 @@ def mapping_from_state(state: Mapping[str, object]) -> dict[str, object]:
             out["window_layers"] = s["window_layers"]
     if s["seq_len"]:  # any source: a preset's, a count's or a config's own length replaced (--seq-len)
         out["seq_len"] = int(s["seq_len"])
+    if s["mtp_layers"]:  # any source: modules trained beside the model (--mtp-layers)
+        out["mtp_layers"] = int(s["mtp_layers"])
     for f in fields():
         if f.group not in ("model", "shape", "hardware", "hardware_custom") and f.name != "sort":
             value = _declared(f, s[f.name])
@@ -317,6 +323,8 @@ def argv_from_mapping(m: Mapping[str, object]) -> list[str]:
                  if k in m for x in ("--" + k.replace("_", "-"), str(m[k]))]
     if "seq_len" in m:
         argv += ["--seq-len", str(m["seq_len"])]
+    if "mtp_layers" in m:
+        argv += ["--mtp-layers", str(m["mtp_layers"])]
     argv += ["--gpu", str(m["gpu"]), "--gpus", str(m["gpus"])]
     argv += [x for n in HW_OVERRIDES if m.get(n) is not None for x in ("--" + n.replace("_", "-"), f"{m[n]:.10g}")]
     for o in (*JOB_OPTIONS, *OPS_OPTIONS):

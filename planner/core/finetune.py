@@ -61,9 +61,10 @@ def _lora_params(model: ModelSpec, job: Job, full: bool = False) -> tuple[int, i
 
 
 def trainable_params(model: ModelSpec, job: Job) -> int:
-    """Parameters that receive gradients and optimizer states."""
+    """Parameters that receive gradients and optimizer states (the multi-token-prediction modules'
+    too: they train beside the model)."""
     if job.mode != "lora":
-        return model.params
+        return model.params + model.mtp_params
     attention, mlp = _lora_params(model, job)
     full = model.global_layers
     full_attention = _lora_params(model, job, True)[0] if full else 0

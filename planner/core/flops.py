@@ -161,11 +161,18 @@ def attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
     return core + model.linear_layers * model.linear_core_flops if model.linear_layers else core
 
 
+def mtp_attention_flops_per_token(model: ModelSpec, causal: bool = True) -> float:
+    """The multi-token-prediction modules' attention cores, forward, per token: each module's layer
+    as the model's mean layer (every layer's alike in a model of one attention kind)."""
+    return model.mtp_layers * attention_flops_per_token(model, causal) / model.layers
+
+
 def model_flops_per_token(model: ModelSpec, job: "Job | None" = None, causal: bool = True) -> float:
     """Training FLOPs per token without recomputation: 3x forward, where forward is
     2 FLOPs per matmul weight (layers and output head) plus the attention core (causal: 2*s*h
     per layer; ``causal=False``: 4*s*h, Megatron's eq. 3 and torchtitan's count).
-    This is what MFU counts.
+    This is what MFU counts. Multi-token-prediction modules (``mtp_layers``) count too, as
+    Megatron-LM's FLOPs count does: each one's layer, projection and output head pass.
 
     LoRA: frozen weights need only input gradients in backward (1x their forward, not 2x), the
     attention core still 2x, and the adapters 3x their forward: 4W + 3A + 3a per token.
@@ -183,6 +190,9 @@ def _model_flops(model: ModelSpec, job: Job | None, causal: bool) -> float:
 
     weights = 2.0 * model.matmul_params_per_token
     attention = attention_flops_per_token(model, causal)
+    if model.mtp_layers:  # the multi-token-prediction modules train beside the model (not under LoRA: refused)
+        weights += 2.0 * model.mtp_matmul_params_per_token
+        attention += mtp_attention_flops_per_token(model, causal)
     indexer = indexer_training_flops_per_token(model, not (job is not None and job.lora))  # DSA's (0 without)
     if model.index_topk:  # DSA's indexer projections, in ``weights``: inputs detached, so no input gradients
         # (weight gradients only; none under LoRA, which freezes the indexer): 2 FLOPs a weight a token fewer
@@ -222,6 +232,9 @@ def _recompute_flops(model: ModelSpec, selective: str, causal: bool) -> tuple[fl
     """(full, selective) recomputation's extra forward FLOPs per token, read once per model."""
     layer_gemms = 2.0 * (model.matmul_params_per_token - model.vocab * model.hidden)
     attention = attention_flops_per_token(model, causal)
+    if model.mtp_layers:  # the modules' layers and projections are recomputed as the others (not the head)
+        layer_gemms += 2.0 * (model.mtp_matmul_params_per_token - model.mtp_layers * model.vocab * model.hidden)
+        attention += mtp_attention_flops_per_token(model, causal)
     if model.index_topk:  # a whole layer's forward again scores every causal pair with the indexer again
         layer_gemms += model.layers * model.index_heads * model.index_head_dim * model.seq_len
     return (layer_gemms + attention,

@@ -324,6 +324,11 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
     kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
     last_extra = logits + where(pp > 1, kept, 0.0)
+    # Multi-token prediction on the last stage: each module keeps one more layer's activations per
+    # micro-batch in flight there, its own logits at the loss's peak, and its inputs (the two streams
+    # and their normalised concatenation, 4h a token).
+    mtp = model.mtp_layers
+    mtp_extra = mtp * (logits + e * tokens * 4 * model.hidden) if mtp else 0.0
 
     def stage(index, layers, states: tuple) -> Memory:
         """The memory of the stages ``index`` holding ``layers`` layers, their model states
@@ -335,6 +340,8 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         acts = layers * act_layer * flight + working
         acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
         acts = acts + where(is_last, last_extra, 0.0)
+        if mtp:
+            acts = acts + where(is_last, mtp * act_layer * flight + mtp_extra, 0.0)
         other = outside + gather + eff.fragmentation * (acts + grads + gather)
         return Memory.of(weights, grads, optim, acts, other, index, host, gather)
 
@@ -420,8 +427,12 @@ def model_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         params = stage_params(model, pp, layers, is_first, is_last)
         # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
         # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
-        experts = layers * n.layer_expert_params / (tp * c.ep)
-        shard = (params - layers * n.layer_expert_params) / tp + experts
+        layer_experts = layers * n.layer_expert_params
+        if model.mtp_layers:  # the multi-token-prediction modules on the last stage, their experts split alike
+            params = params + where(is_last, model.mtp_params, 0)
+            layer_experts = layer_experts + where(is_last, model.mtp_expert_params, 0)
+        experts = layer_experts / (tp * c.ep)
+        shard = (params - layer_experts) / tp + experts
         if n.indexer_params:
             shard = shard + layers * whole_on_tp_ranks(n, tp)
         ratio = where(shard > 0, experts / where(shard > 0, shard, 1.0), 0.0)  # expert share of the shard

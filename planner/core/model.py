@@ -118,6 +118,12 @@ class ModelSpec:
     index_heads: int = 0
     index_head_dim: int = 0
     index_topk: int = 0
+    # Multi-token prediction (DeepSeek-V3 Sec. 2.2; Megatron-Core --mtp-num-layers): modules trained
+    # beside the model, each predicting one token further from the previous one's hidden states and
+    # the next token's embedding: a transformer layer (the model's MoE layer, else its dense one), a
+    # projection of the two normalised streams (2h -> h) and three norms, and a pass of the shared
+    # output head; they sit on the last pipeline stage. 0: none (not counted in ``params``).
+    mtp_layers: int = 0
 
     def __hash__(self) -> int:  # the dataclass's, kept: a model keys several caches in each estimate
         return kept_hash(self)
@@ -149,6 +155,9 @@ class ModelSpec:
         self._check_global()
         self._check_linear()
         self._check_sparse()
+        require(isinstance(self.mtp_layers, int) and not isinstance(self.mtp_layers, bool)
+                and 0 <= self.mtp_layers <= FLAGS["mtp_layers"].hi, "mtp_layers", self.mtp_layers,
+                FLAGS["mtp_layers"].allowed())
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
@@ -585,6 +594,38 @@ class ModelSpec:
     def params(self) -> int:
         return _counts(self).total
 
+    @property
+    def mtp_layer_params(self) -> int:
+        """One multi-token-prediction module's transformer layer: the model's MoE layer (DeepSeek-V3's
+        is one), else its dense layer."""
+        n = _counts(self)
+        return n.moe_layer if self.moe else n.dense_layer
+
+    @kept_property
+    def mtp_params(self) -> int:
+        """The multi-token-prediction modules (``mtp_layers``; not in ``params``): each its layer, the
+        projection of the hidden state and the next token's embedding, both normalised, from 2h to h (no
+        bias), and three norms (those two and the one before the output head). The embedding and the
+        output head are the main model's, shared."""
+        if not self.mtp_layers:
+            return 0
+        h = self.hidden
+        return self.mtp_layers * (self.mtp_layer_params + 2 * h * h + 3 * self._norm_weights(h))
+
+    @property
+    def mtp_expert_params(self) -> int:
+        """Of ``mtp_params``, the routed experts' weights (split over expert parallel as the layers' are)."""
+        return self.mtp_layers * self.experts * self.expert_params if self.moe else 0
+
+    @kept_property
+    def mtp_matmul_params_per_token(self) -> int | float:
+        """Weights a token multiplies in the multi-token-prediction modules: each one's layer (an MoE
+        layer: top_k experts), its projection, and the output head again."""
+        if not self.mtp_layers:
+            return 0
+        layer = self.moe_layer_matmul_params if self.moe else self.dense_layer_matmul_params
+        return self.mtp_layers * (layer + 2 * self.hidden * self.hidden + self.vocab * self.hidden)
+
     @kept_property
     def active_params(self) -> int:
         """Parameters one token uses: all of a dense model; an MoE's without the routed experts
@@ -694,6 +735,10 @@ class ModelSpec:
             window += ", gated attention output"
         if self.parallel_block:
             window += ", attention and MLP in parallel"
+        if self.mtp_layers:
+            many = "s" if self.mtp_layers > 1 else ""
+            window += (f"; {self.mtp_layers} multi-token-prediction module{many} on the last stage "
+                       f"({fmt_params(self.mtp_params)} more)")
         # the dense MLP's width where some layer has one (every layer an MoE layer: the expert ffn says it)
         ffn = f", ffn {self.ffn_hidden}" if self.moe_layers < self.layers else ""
         return (f"{self.name} ({self.arch}, {fmt_params(self.params)} params{moe}: {self.layers} layers, "

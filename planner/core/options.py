@@ -30,8 +30,10 @@ from planner.units import GB, GIB, TERA, parse_count
 DEFAULT_GPU = "a100-80g"
 DEFAULT_GPUS = 8
 SHAPE_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "window",
-              "window_layers")
-SHAPE_HELP = {"window": "sliding-window attention: keys each query sees, in --window-layers of the layers "
+              "window_layers", "mtp_layers")
+SHAPE_HELP = {"mtp_layers": "multi-token-prediction modules trained beside the model (Megatron-Core's "
+                            "--mtp-num-layers; DeepSeek-V3: 1), on a stack that trains them (0: none)",
+              "window": "sliding-window attention: keys each query sees, in --window-layers of the layers "
                         "(0: full attention; Llama 4's chunked attention: the chunk length)",
               "window_layers": "layers with the sliding window (default: all of them)"}
 _OPS = Operations()  # the operations defaults, converted to the options' units below
@@ -172,6 +174,8 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     else:
         raise PlannerError("model", "none", "give --preset NAME, --params 33B, --hf-config config.json, "
                                             "or --layers, --hidden and --heads")
+    if hf and "mtp_layers" in shape:  # the config's modules planned as given: its note on them is moot
+        note = "; ".join(n for n in note.split("; ") if not n.startswith(_HF_MTP_KEYS))
     # A shape key equal to the model's own value changes nothing (and does not make it custom).
     shape = {k: v for k, v in shape.items() if getattr(spec, k) != v}
     if shape:
@@ -354,7 +358,8 @@ def _hf_spec(source: object) -> tuple[ModelSpec, str, str]:
         mtp = cfg.get(key)
         if type(mtp) is int and mtp > 0:
             notes.append(f"{key} {mtp}: its multi-token-prediction module{'s are' if mtp > 1 else ' is'} not planned "
-                         "(one more layer and head pass each); these are the main model's figures")
+                         f"unless given (--mtp-layers {mtp}, on a stack that trains them: one more layer and head "
+                         "pass each, on the last stage), so these are the main model's figures")
             break
     from planner.core.hf_moe import hf_linear_fields, hf_variant_fields, hf_window_fields
 

@@ -201,7 +201,8 @@ def _model_json(m: ModelSpec) -> dict:
             **({"parallel_block": True} if m.parallel_block else {}),
             **({"moe_norms": m.moe_norms} if m.moe_norms else {}),
             **({"index_heads": m.index_heads, "index_head_dim": m.index_head_dim, "index_topk": m.index_topk}
-               if m.index_topk else {})}
+               if m.index_topk else {}),
+            **({"mtp_layers": m.mtp_layers, "mtp_params": m.mtp_params} if m.mtp_layers else {})}
 
 
 @by_identity  # ``plan_features`` gives one tuple object per combination

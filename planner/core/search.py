@@ -394,6 +394,12 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
                 lambda: "one that runs DeepSeek sparse attention, as this model needs (its time and memory are "
                         "Megatron-Core's dsa variant's): "
                         + ", ".join(n for n in stack_names() if get_stack(n).sparse_attention))
+    if model.mtp_layers:
+        require(job_stack(job).multi_token_prediction, "mtp_layers", model.mtp_layers,
+                lambda: f"0 on the {job_stack(job).name} stack, which trains no multi-token-prediction modules; "
+                        "stacks that do: " + ", ".join(n for n in stack_names() if get_stack(n).multi_token_prediction))
+        require(not job.lora, "mtp_layers", model.mtp_layers,
+                "0 under --mode lora (the modules train beside the model in pretraining and full fine-tuning)")
     if not widen:
         _check_pins_once(model, gpus, pins, job.global_batch, job_stack(job))
         check_stack_pins(job_stack(job), pins)

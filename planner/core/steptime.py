@@ -693,15 +693,23 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     act = ACT_BYTES[job.precision]
     hbm = hw.gpu.hbm_bytes_per_s * e.memory
 
-    def per_micro_batch(p: Candidates) -> tuple[_LayerTimes, np.ndarray, np.ndarray]:
-        """A layer's times, the head's GEMM and the loss's traffic per micro-batch: of LAYER_DIMS alone."""
-        head = gemm_time(logits_gemm(model, p.micro_batch, p.tp, p.cp), hw, reference_peak(hw, job.precision), act)
+    mtp = model.mtp_layers  # multi-token-prediction modules, on the stage with the head
+
+    def per_micro_batch(p: Candidates) -> tuple:
+        """A layer's times, the head's GEMM and the loss's traffic per micro-batch (and with ``mtp``,
+        a module's projection, 2h -> h split by TP, forward): of LAYER_DIMS alone."""
+        peak = reference_peak(hw, job.precision)
+        head = gemm_time(logits_gemm(model, p.micro_batch, p.tp, p.cp), hw, peak, act)
         loss = LOGIT_TRAFFIC_BYTES * p.micro_batch * model.seq_len / p.cp * model.vocab / p.tp / hbm
-        return layer_times(model, hw, job, p, links, sw), head, loss
+        if not mtp:
+            return layer_times(model, hw, job, p, links, sw), head, loss
+        projection = gemm_time(Gemm(p.micro_batch * model.seq_len / p.cp, model.hidden / p.tp, 2 * model.hidden),
+                               hw, peak, act)
+        return layer_times(model, hw, job, p, links, sw), head, loss, projection
 
     # Computed once per distinct (tp, cp, ep, micro-batch, SP, recompute): a table holds 6-60
     # layouts of each (dp, pp, vpp, ZeRO and sharding vary around them).
-    lt, head, loss = per_distinct(c, LAYER_DIMS, per_micro_batch)
+    lt, head, loss, *projection = per_distinct(c, LAYER_DIMS, per_micro_batch)
     slow, busy = _host_sharing(hw, c)
     head_time = ((2 if job.lora else 3) * head + loss) * slow  # forward + backward of the head, and the loss
     # What reads the stage's parameters and the groups alone (STATE_DIMS): the data-parallel
@@ -715,8 +723,12 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # The pace of the pipeline is set by its slowest stage (the one with the head: the last, or
     # under DualPipeV the first).
     headed = where(v_shape, first, last)
-    compute_mb = maximum(fullest * per_layer, headed * per_layer + head_time)
-    layers_pace = where(fullest * per_layer >= headed * per_layer + head_time, fullest, headed)
+    headed_work = headed * per_layer + head_time
+    if mtp:  # each module: one more layer (the model's mean layer's time), its projection and the head again
+        headed_work = headed_work + mtp * (per_layer + head_time + 3 * projection[0] * slow)
+        headed = headed + mtp  # its layers' collectives too, where it sets the pace
+    compute_mb = maximum(fullest * per_layer, headed_work)
+    layers_pace = where(fullest * per_layer >= headed_work, fullest, headed)
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     # That fixed cost is host work on the training thread (DTensor's redistribute and dispatch, the
@@ -767,7 +779,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
         recomputed = recomputed_layers(c.recompute)
         tp_fwd = (2 / (4 + again * recomputed) * lt.tp_comm
                   + 2 / (4 + 2 * recomputed) * lt.tp_calls * e.tp_collective_overhead_s) * busy
-        fwd_mb = (maximum(fullest * fwd_layer, headed * fwd_layer + (head + loss / 3) * slow)
+        fwd_head = (head + loss / 3) * slow
+        if mtp:  # (``headed`` counts the modules' layers already)
+            fwd_head = fwd_head + mtp * (head + loss / 3 + projection[0]) * slow
+        fwd_mb = (maximum(fullest * fwd_layer, headed * fwd_layer + fwd_head)
                   + layers_pace * (tp_fwd + fwd_share * (lt.cp_comm + lt.ep_comm) * busy)
                   + where(p > 1, v * p2p_one, 0.0))
         eval_batch = (m + (p - 1) / v) * fwd_mb

@@ -22,6 +22,8 @@ def megatron_model_args(m, attention: str) -> list:
             out.append("--disable-bias-linear")  # an output projection's bias alone has no flag (render's comment)
     if not m.tied_embeddings:
         out.append("--untie-embeddings-and-output-weights")
+    if getattr(m, "mtp_layers", 0):  # multi-token prediction (TransformerConfig.mtp_num_layers), on the last stage
+        out += ["--mtp-num-layers", m.mtp_layers]
     return out + attention_args(m) + moe_args(m)
 
 
@@ -138,15 +140,17 @@ def moe_args(m) -> list:
     return out
 
 
-def megatron_pipeline_layout(layers: int, pp: int, vpp: int = 1) -> str:
+def megatron_pipeline_layout(layers: int, pp: int, vpp: int = 1, mtp: int = 0) -> str:
     """--pipeline-model-parallel-layout (Megatron-Core, June 2025 on): the planner's split of layers
     into pp x vpp stages (planner.core.pipeline.stage_layer_counts), stages in virtual-stage order
     (stage k on rank k % pp, as Megatron reads the list) separated by "|", "E" the embedding on the
-    first, "t" a transformer layer ("t*n": n of them), "L" the loss on the last."""
+    first, "t" a transformer layer ("t*n": n of them), "m" a multi-token-prediction layer (``mtp`` of
+    them, before the loss), "L" the loss on the last."""
     from planner.core.pipeline import stage_layer_counts
 
     counts = stage_layer_counts(layers, pp * vpp)
-    stages = [("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t") + ("L" if k == len(counts) - 1 else "")
+    last = ("m" * mtp) + "L"
+    stages = [("E" if k == 0 else "") + (f"t*{n}" if n > 1 else "t") + (last if k == len(counts) - 1 else "")
               for k, n in enumerate(counts)]
     return "|".join(stages)
 

@@ -210,7 +210,7 @@ def megatron_args(e: Estimate, steps: int) -> dict[str, list[str]]:
     model = megatron_model_args(m, e.job.attention)
     parallel = ["--tensor-model-parallel-size", lay.tp, "--pipeline-model-parallel-size", lay.pp]
     if m.layers % (lay.pp * lay.vpp):  # the planner's uneven split, stage by stage
-        parallel += ["--pipeline-model-parallel-layout", megatron_pipeline_layout(m.layers, lay.pp, lay.vpp)]
+        parallel += ["--pipeline-model-parallel-layout", megatron_pipeline_layout(m.layers, lay.pp, lay.vpp, m.mtp_layers)]
     elif lay.vpp > 1:  # Megatron counts layers per virtual stage: layers / (pp * vpp)
         parallel += ["--num-layers-per-virtual-pipeline-stage", m.layers // (lay.pp * lay.vpp)]
     if lay.sequence_parallel and lay.tp > 1:

@@ -280,3 +280,23 @@ def test_an_uploaded_qwen3_5_config_plans_its_linear_layers():
     m = view.best.model
     assert (m.params, m.linear_layers, m.output_gate, m.seq_len) == (26_895_998_464, 48, True, 8192)
     assert view.best.layout.cp == 1
+
+
+def test_the_explorer_plans_multi_token_prediction_as_the_flag_does(capsys):
+    """The model's multi-token-prediction field (any source) is `--mtp-layers`: the same plan as the
+    CLI's, and the command the page shows carries the flag; a stack that does not train the modules
+    is the CLI's one-line refusal."""
+    from planner.cli.main import main
+
+    s = {**explore_state.defaults(), "model": "preset", "preset": "deepseek-v3", "gpus": 2048, "gpu": "h800",
+         "stack": "megatron-core", "mtp_layers": 1}
+    m = explore_state.mapping_from_state(s)
+    assert m["mtp_layers"] == 1 and "--mtp-layers 1" in " ".join(explore_state.argv_from_state(s))
+    view = explore.compute(m)
+    assert isinstance(view, explore.View) and view.best.model.mtp_layers == 1
+    assert main(["estimate", *explore_state.argv_from_state(s), "--format", "json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert cli["time"]["step_s"] == view.best.time.step_s and cli["model"]["mtp_params"] == view.best.model.mtp_params
+    assert "mtp_layers" not in explore_state.mapping_from_state({**s, "mtp_layers": 0})
+    refused = explore.compute(explore_state.mapping_from_state({**s, "stack": "fsdp2"}))
+    assert "mtp_layers=1: 0 on the fsdp2 stack" in str(refused)

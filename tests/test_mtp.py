@@ -1,0 +1,162 @@
+"""Multi-token prediction (DeepSeek-V3 Sec. 2.2; Megatron-Core's --mtp-num-layers): each module a
+transformer layer (the model's MoE layer, else its dense one), a projection of the hidden state and
+the next token's embedding, both normalised, from 2h to h, three norms, and a pass of the shared
+output head, on the last pipeline stage. Parameters and FLOPs by hand, the step and the memory
+against the parts they add, the Megatron flags, and what is refused in one line."""
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+from planner.core import pipeline
+from planner.core.flops import Gemm, model_flops_per_token
+from planner.core.layout import Job, Layout
+from planner.core.model import ModelSpec
+from planner.core.presets import get_preset
+from planner.core.steptime import gemm_time, reference_peak
+from planner.hardware import get_profile
+from planner.stacks import effective, software
+from tests.helpers import evaluate_one
+
+V3 = get_preset("deepseek-v3")
+MTP = V3.replace(mtp_layers=1)
+SMALL = ModelSpec(name="small", layers=8, hidden=1024, heads=8, vocab=32000, seq_len=2048)
+MEGATRON = Job(precision="bf16", stack="megatron-core")
+
+
+def test_the_module_counts_as_deepseek_v3_s_checkpoint_holds_it():
+    """DeepSeek-V3's layer 61 (its HF checkpoint's MTP module) less its copies of the embedding and
+    the head: an MoE layer (MLA: q_a 7168 x 1536 and its norm, q_b 1536 x 128 x 192, kv_a 7168 x
+    (512 + 64) and its norm, kv_b 512 x 128 x (128 + 128), o 128 x 128 x 7168; 256 routed experts
+    and one shared, each 3 x 7168 x 2048; the router 256 x 7168 and its bias; two norms), eh_proj
+    2 x 7168 x 7168, and enorm, hnorm and the head's norm."""
+    h = 7168
+    attention = h * 1536 + 1536 + 1536 * 128 * 192 + h * (512 + 64) + 512 + 512 * 128 * 256 + 128 * 128 * h
+    mlp = 257 * 3 * h * 2048 + 256 * h + 256
+    layer = attention + mlp + 2 * h
+    assert MTP.mtp_params == layer + 2 * h * h + 3 * h == 11_610_068_224
+    assert MTP.mtp_expert_params == 256 * 3 * h * 2048
+    assert MTP.params == V3.params and V3.mtp_params == 0  # the main model's count is its own
+    # DeepSeek-V3's 685B checkpoint: 671B main model and the module with its embedding and head copies
+    assert (MTP.params + MTP.mtp_params + 2 * 129280 * h) / 1e9 == pytest.approx(684.5, abs=0.1)
+
+
+def test_the_model_flops_by_hand():
+    """One module a token, forward: the MoE layer's weights a token multiplies (attention, router,
+    the shared and 8 routed experts), eh_proj and the head again (2 FLOPs a weight), and one
+    layer's causal MLA core (s/2 keys, 128 heads x (192 + 128)); 3x for forward and backward."""
+    h, s = 7168, 4096
+    attention = h * 1536 + 1536 * 128 * 192 + h * (512 + 64) + 512 * 128 * 256 + 128 * 128 * h
+    layer = attention + h * 256 + 9 * 3 * h * 2048
+    weights = 2 * (layer + 2 * h * h + 129280 * h)
+    core = 0.5 * 2 * s * 128 * (192 + 128)
+    gap = model_flops_per_token(MTP) - model_flops_per_token(V3)
+    assert gap == pytest.approx(3 * (weights + core), rel=1e-12)
+    assert 0.03 < gap / model_flops_per_token(V3) < 0.06  # a few percent of DeepSeek-V3's training FLOPs
+
+
+def _step(model, layout, job=MEGATRON, gpu="h100-80g"):
+    return evaluate_one(model, layout, job, gpu=gpu)
+
+
+def test_one_stage_runs_one_more_layer_the_head_again_and_the_projection():
+    """One stage, four micro-batches: the module adds, per micro-batch, what a ninth layer adds (the
+    same model with one more layer, its MLP dense as the module's), the head's forward, backward and
+    loss again (what the step holds beyond its eight layers), and eh_proj (2048 tokens x 2048 -> 1024,
+    forward and backward: 3x its GEMM at the roofline the layers' GEMMs use)."""
+    lay = Layout(dp=1, micro_batch=1, global_batch=4, zero_stage=1, recompute="none")
+    base, mtp, deeper = (float(_step(m, lay).time.compute[0]) for m in
+                         (SMALL, SMALL.replace(mtp_layers=1), SMALL.replace(layers=9)))
+    per_layer = (deeper - base) / 4
+    head = base / 4 - 8 * per_layer
+    hw = effective(get_profile("h100-80g"), software(MEGATRON).stack)
+    projection = gemm_time(Gemm(2048, 1024, 2048), hw, reference_peak(hw, "bf16"), 2)
+    assert (mtp - base) / 4 == pytest.approx(per_layer + head + 3 * projection, rel=1e-9)
+
+
+def test_the_last_stage_holds_the_module(monkeypatch):
+    """pp 2 without the split's head balancing (so both splits are the same): the first stage is
+    as before; the last holds the module's weights (16-bit, ZeRO-1 keeps them whole: 2 bytes a
+    parameter, eh_proj and three norms beside its dense layer), one more layer's activations for its
+    one micro-batch in flight, its logits at the loss's peak (6 bytes a logit: 16-bit logits and the
+    fp32 cross-entropy) and its inputs (4h a token in 16-bit)."""
+    monkeypatch.setattr(pipeline, "head_layers", lambda model, sw: 0.0)
+    lay = Layout(dp=1, pp=2, micro_batch=1, global_batch=4, zero_stage=1, recompute="none")
+    model = SMALL.replace(layers=9)  # 4 | 5: the last stage holds the extra layer
+    (first0, _, last0), (first1, _, last1) = (_step(m, lay).stage_memory for m in (model, model.replace(mtp_layers=1)))
+    deeper = _step(model.replace(layers=10), lay).stage_memory  # 5 | 5: one more layer on the first stage
+    assert float(first1.total[0]) == float(first0.total[0])
+    h, tokens = 1024, 2048
+    module = model.replace(mtp_layers=1).mtp_params
+    assert module == model.dense_layer_params + 2 * h * h + 3 * h
+    assert float(last1.weights[0] - last0.weights[0]) == pytest.approx(2 * module, rel=1e-12)
+    # one more layer on the first stage, which holds two micro-batches in flight (1F1B, pp 2)
+    act_layer = float(deeper[0].activations[0] - first0.activations[0]) / 2
+    assert float(last1.activations[0] - last0.activations[0]) == pytest.approx(
+        act_layer + 6 * tokens * 32000 + 2 * tokens * 4 * h, rel=1e-12)
+
+
+def test_the_megatron_flags(capsys):
+    assert main(["export", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--stack", "megatron-core",
+                 "--mtp-layers", "1", "--tp", "2", "--pp", "16", "--vpp", "2", "--ep", "64", "--micro-batch", "1",
+                 "--zero-stage", "1", "--format", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "--mtp-num-layers 1" in out
+    assert "mL'" in out  # the module before the loss on the last stage of the layout
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--stack", "fsdp2"], "mtp_layers=1: 0 on the fsdp2 stack"),
+    (["--stack", "megatron-core", "--mode", "lora"], "mtp_layers=1: 0 under --mode lora"),
+])
+def test_what_is_not_run_is_one_line(capsys, argv, needle):
+    assert main(["estimate", "--preset", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--mtp-layers", "1",
+                 *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["17", "-1", "x"])
+def test_a_bad_count_is_one_line(capsys, value):
+    try:
+        code = main(["estimate", "--preset", "deepseek-v3", "--gpus", "2048", "--mtp-layers", value])
+    except SystemExit as exit_:  # argparse's own refusal (not a number)
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "mtp" in err.replace("-", "_") and len(err.splitlines()) == 1
+
+
+def test_a_hugging_face_config_says_how_to_plan_its_module(tmp_path, capsys):
+    from tests.test_hf_configs import DATA
+
+    path = tmp_path / "config.json"
+    path.write_text((DATA / "DeepSeek-V3.config.json").read_text())
+    assert main(["estimate", "--hf-config", str(path), "--gpus", "2048", "--gpu", "h800", "--format", "json"]) == 0
+    note = json.loads(capsys.readouterr().out)["model_note"]
+    assert "num_nextn_predict_layers 1" in note and "--mtp-layers 1" in note
+    assert main(["estimate", "--hf-config", str(path), "--gpus", "2048", "--gpu", "h800", "--stack", "megatron-core",
+                 "--mtp-layers", "1", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["mtp_layers"] == 1 and out["model"]["mtp_params"] == MTP.mtp_params
+    assert "num_nextn_predict_layers" not in out["model_note"] and "main model's" not in out["model_note"]
+    assert "mtp_layers=1" in out["model_note"]
+
+
+def test_the_pipeline_balance_counts_the_module_as_the_head_is_counted():
+    """Megatron-Core's --account-for-loss-in-pipeline-split lightens the last stage by the head's
+    work in layers (planner.core.pipeline.head_layers); the module adds its layer, projection and
+    head pass to it, in the same units (weights a token multiplies)."""
+    sw = software(MEGATRON)
+    layer = (V3.matmul_params_per_token - V3.vocab * V3.hidden) / V3.layers
+    assert pipeline.head_layers(MTP, sw) - pipeline.head_layers(V3, sw) == pytest.approx(
+        MTP.mtp_matmul_params_per_token / layer, rel=1e-12)
+
+
+def test_the_api_takes_the_flag():
+    import planner
+
+    out = planner.estimate(preset="deepseek-v3", gpus=2048, gpu="h800", stack="hai-llm", mtp_layers=1, tp=2,
+                           pp=16, vpp=2, ep=64, micro_batch=1, zero_stage=1)
+    assert out["model"]["mtp_layers"] == 1 and out["trainable_params"] == MTP.params + MTP.mtp_params
