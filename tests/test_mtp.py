@@ -78,23 +78,109 @@ def test_one_stage_runs_one_more_layer_the_head_again_and_the_projection():
 def test_the_last_stage_holds_the_module(monkeypatch):
     """pp 2 without the split's head balancing (so both splits are the same): the first stage is
     as before; the last holds the module's weights (16-bit, ZeRO-1 keeps them whole: 2 bytes a
-    parameter, eh_proj and three norms beside its dense layer), one more layer's activations for its
-    one micro-batch in flight, its logits at the loss's peak (6 bytes a logit: 16-bit logits and the
-    fp32 cross-entropy) and its inputs (4h a token in 16-bit)."""
+    parameter: its dense layer, eh_proj and three norms) and its own copy of the token embedding
+    (Megatron-Core builds one where the modules look the next tokens up), one more layer's
+    activations (one micro-batch: the last stage's), its logits at the loss's peak (6 bytes a
+    logit: 16-bit logits and the fp32 cross-entropy) and its inputs (4h a token in 16-bit)."""
     monkeypatch.setattr(pipeline, "head_layers", lambda model, sw: 0.0)
     lay = Layout(dp=1, pp=2, micro_batch=1, global_batch=4, zero_stage=1, recompute="none")
     model = SMALL.replace(layers=9)  # 4 | 5: the last stage holds the extra layer
     (first0, _, last0), (first1, _, last1) = (_step(m, lay).stage_memory for m in (model, model.replace(mtp_layers=1)))
     deeper = _step(model.replace(layers=10), lay).stage_memory  # 5 | 5: one more layer on the first stage
     assert float(first1.total[0]) == float(first0.total[0])
-    h, tokens = 1024, 2048
+    h, tokens, vocab = 1024, 2048, 32000
     module = model.replace(mtp_layers=1).mtp_params
     assert module == model.dense_layer_params + 2 * h * h + 3 * h
-    assert float(last1.weights[0] - last0.weights[0]) == pytest.approx(2 * module, rel=1e-12)
+    assert float(last1.weights[0] - last0.weights[0]) == pytest.approx(2 * (module + vocab * h), rel=1e-12)
     # one more layer on the first stage, which holds two micro-batches in flight (1F1B, pp 2)
     act_layer = float(deeper[0].activations[0] - first0.activations[0]) / 2
     assert float(last1.activations[0] - last0.activations[0]) == pytest.approx(
+        act_layer + 6 * tokens * vocab + 2 * tokens * 4 * h, rel=1e-12)
+
+
+def test_under_dualpipev_the_first_rank_holds_the_module_for_one_micro_batch(monkeypatch):
+    """DualPipeV puts the last stage on rank 0, beside the embedding (no second copy of it): the
+    module's weights, and one more layer's activations for the one micro-batch the V's last chunk
+    holds (not the p + 1/2 of the rank's two chunks), its logits and inputs."""
+    monkeypatch.setattr(pipeline, "head_layers", lambda model, sw: 0.0)
+    job = Job(precision="bf16", stack="hai-llm")
+    v = Layout(dp=1, pp=2, vpp=2, schedule="dualpipev", micro_batch=1, global_batch=8, zero_stage=1, recompute="none")
+    base, mtp = (_step(m, v, job).stage_memory[0] for m in (SMALL, SMALL.replace(mtp_layers=1)))
+    line = Layout(dp=1, pp=2, micro_batch=1, global_batch=4, zero_stage=1, recompute="none")
+    first9, first10 = (_step(SMALL.replace(layers=n), line, job).stage_memory[0] for n in (9, 10))
+    act_layer = float(first10.activations[0] - first9.activations[0]) / 2  # 4 -> 5 layers, two in flight
+    h, tokens = 1024, 2048
+    assert float(mtp.weights[0] - base.weights[0]) == pytest.approx(2 * SMALL.replace(mtp_layers=1).mtp_params,
+                                                                    rel=1e-12)
+    assert float(mtp.activations[0] - base.activations[0]) == pytest.approx(
         act_layer + 6 * tokens * 32000 + 2 * tokens * 4 * h, rel=1e-12)
+
+
+def test_experts_split_over_expert_parallel_and_the_rest_over_tensor_parallel():
+    """An MoE module on tp 2, ep 2, pp 2 (ZeRO-1: weights whole, 16-bit): the last stage holds its
+    routed experts' weights over tp x ep, the rest of it (attention, router, eh_proj, norms) and
+    the embedding's copy over tp."""
+    moe = ModelSpec(name="moe", layers=4, hidden=512, heads=8, vocab=32000, seq_len=1024, experts=8, top_k=2,
+                    expert_ffn=256)
+    lay = Layout(dp=2, tp=2, pp=2, ep=2, micro_batch=1, global_batch=8, zero_stage=1, recompute="none",
+                 sequence_parallel=True)
+    job = Job(precision="bf16", stack="megatron-core")
+    base, mtp = (_step(m, lay, job).stage_memory for m in (moe, moe.replace(mtp_layers=1)))
+    module = moe.replace(mtp_layers=1)
+    experts = 8 * 3 * 512 * 256
+    assert module.mtp_expert_params == experts
+    by_hand = 2 * ((module.mtp_params - experts + 32000 * 512) / 2 + experts / 4)
+    assert float(mtp[2].weights[0] - base[2].weights[0]) == pytest.approx(by_hand, rel=1e-12)
+    assert float(mtp[0].total[0]) == float(base[0].total[0])
+
+
+def test_the_optimizer_steps_the_module_and_data_parallel_reduces_it():
+    """One stage, dp 8, ZeRO-1: each rank's optimizer steps an eighth of the module too (its bytes a
+    parameter at the profile's HBM rate), and the gradient reduction carries it."""
+    from planner.core.steptime import optim_bytes_per_param
+
+    lay = Layout(dp=8, micro_batch=1, global_batch=8, zero_stage=1, recompute="none")
+    base, mtp = (_step(m, lay).time for m in (SMALL, SMALL.replace(mtp_layers=1)))
+    hw = effective(get_profile("h100-80g"), software(MEGATRON).stack)
+    module = SMALL.replace(mtp_layers=1).mtp_params
+    by_hand = module / 8 * optim_bytes_per_param(MEGATRON, software(MEGATRON)) / (
+        hw.gpu.hbm_bytes_per_s * hw.efficiency.memory)
+    assert float(mtp.optimizer[0] - base.optimizer[0]) == pytest.approx(by_hand, rel=1e-9)
+    no_overlap = Job(precision="bf16", stack="megatron-core", overlap_grad_reduce=False)  # the whole reduction shown
+    base, mtp = (_step(m, lay, no_overlap).time for m in (SMALL, SMALL.replace(mtp_layers=1)))
+    assert float(mtp.dp_comm[0]) > 1.05 * float(base.dp_comm[0])  # the module: 9% more parameters to reduce
+
+
+def test_the_projection_s_gathers_over_tensor_parallel():
+    """tp 2 with sequence parallel, one stage: beside one more layer's collectives, each micro-batch
+    gathers the projection's input (2h a token) and output (h) over the TP pair, and reduce-scatters
+    them back in the backward: 2 x 3h x 2 bytes x 2048 tokens in one-pass collectives."""
+    from planner.core import comm
+
+    lay = Layout(dp=1, tp=2, micro_batch=1, global_batch=4, zero_stage=1, recompute="none", sequence_parallel=True)
+    base, mtp, deeper = (float(_step(m, lay).time.tp_comm[0]) for m in
+                         (SMALL, SMALL.replace(mtp_layers=1), SMALL.replace(layers=9)))
+    hw = effective(get_profile("h100-80g"), software(MEGATRON).stack)
+    gathers = 2 * comm.tp_collective(comm.Links.of(hw), 2 * 2048 * 3 * 1024, 2, passes=1.0)
+    assert (mtp - base) / 4 == pytest.approx((deeper - base) / 4 + gathers, rel=1e-9)
+
+
+def test_full_recompute_runs_the_module_s_layer_and_projection_again():
+    """HFU's count: under full recompute, the module's layer (its MoE layer's active weights and its
+    causal MLA core) and its projection forward again, not the head."""
+    import numpy as np
+
+    from planner.core.flops import hardware_flops_per_token
+    from planner.core.layout import RECOMPUTE
+
+    h, s = 7168, 4096
+    attention = h * 1536 + 1536 * 128 * 192 + h * (512 + 64) + 512 * 128 * 256 + 128 * 128 * h
+    layer = attention + h * 256 + 9 * 3 * h * 2048
+    core = 0.5 * 2 * s * 128 * (192 + 128)
+    full = np.array(RECOMPUTE.index("full"))
+    gap = (hardware_flops_per_token(MTP, MEGATRON, full) - model_flops_per_token(MTP)
+           - hardware_flops_per_token(V3, MEGATRON, full) + model_flops_per_token(V3))
+    assert float(gap) == pytest.approx(2 * (layer + 2 * h * h) + core, rel=1e-12)
 
 
 def test_the_megatron_flags(capsys):
@@ -144,14 +230,11 @@ def test_a_hugging_face_config_says_how_to_plan_its_module(tmp_path, capsys):
     assert "mtp_layers=1" in out["model_note"]
 
 
-def test_the_pipeline_balance_counts_the_module_as_the_head_is_counted():
-    """Megatron-Core's --account-for-loss-in-pipeline-split lightens the last stage by the head's
-    work in layers (planner.core.pipeline.head_layers); the module adds its layer, projection and
-    head pass to it, in the same units (weights a token multiplies)."""
+def test_the_pipeline_balance_counts_the_head_alone():
+    """Megatron-Core's --account-for-loss-in-pipeline-split reserves room for the loss alone: the
+    planner's balanced split (planner.core.pipeline.head_layers) is the same with the modules."""
     sw = software(MEGATRON)
-    layer = (V3.matmul_params_per_token - V3.vocab * V3.hidden) / V3.layers
-    assert pipeline.head_layers(MTP, sw) - pipeline.head_layers(V3, sw) == pytest.approx(
-        MTP.mtp_matmul_params_per_token / layer, rel=1e-12)
+    assert pipeline.head_layers(MTP, sw) == pipeline.head_layers(V3, sw) > 0
 
 
 def test_the_api_takes_the_flag():

@@ -302,7 +302,7 @@ ONE_ROW_CASES = [
     ("gemma-4-26B-A4B.config.json", "h100-80g", 16, Job(), Pins()),
     ("Qwen3.5-27B.config.json", "h100-80g", 64, Job(stack="megatron-core"), Pins(cp=4)),
     # multi-token-prediction modules on the last stage (with DualPipeV, the first rank's), the split
-    # balanced around them (megatron-core) or not (hai-llm)
+    # balanced for the head (megatron-core) or even (DualPipeV)
     ("deepseek-v2-lite+mtp1", "h100-80g", 32, Job(stack="megatron-core"), Pins()),
     ("llama2-7b+mtp2", "h100-80g", 16, Job(stack="hai-llm"), Pins(schedule="dualpipev")),
 ]

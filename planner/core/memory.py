@@ -324,11 +324,14 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
     # merged return (stage.output_chunks): the 16-bit logits of the m - 1 earlier micro-batches.
     kept = (c.m - 1) * e * tokens * model.vocab / tp if sw.stack.pp_keeps_outputs else 0.0
     last_extra = logits + where(pp > 1, kept, 0.0)
-    # Multi-token prediction on the last stage: each module keeps one more layer's activations per
-    # micro-batch in flight there, its own logits at the loss's peak, and its inputs (the two streams
-    # and their normalised concatenation, 4h a token).
+    # Multi-token prediction on the last stage (the last chunk: one micro-batch in flight, whatever
+    # the stage's other chunks hold): each module keeps one more layer's activations, its own logits
+    # at the loss's peak, and its inputs (the two streams and their normalised concatenation, 4h a
+    # token, split by TP under sequence parallel; 2h when its layer is recomputed whole).
     mtp = model.mtp_layers
-    mtp_extra = mtp * (logits + e * tokens * 4 * model.hidden) if mtp else 0.0
+    if mtp:
+        inputs = (4 - 2 * recomputed_layers(c.recompute)) * model.hidden / where(c.sequence_parallel, tp, 1)
+        mtp_extra = mtp * (act_layer + logits + e * tokens * inputs)
 
     def stage(index, layers, states: tuple) -> Memory:
         """The memory of the stages ``index`` holding ``layers`` layers, their model states
@@ -341,7 +344,7 @@ def memory(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         acts = acts + where(is_first, mask_per_flight * flight / mask_split, 0.0)
         acts = acts + where(is_last, last_extra, 0.0)
         if mtp:
-            acts = acts + where(is_last, mtp * act_layer * flight + mtp_extra, 0.0)
+            acts = acts + where(is_last, mtp_extra, 0.0)
         other = outside + gather + eff.fragmentation * (acts + grads + gather)
         return Memory.of(weights, grads, optim, acts, other, index, host, gather)
 
@@ -428,8 +431,7 @@ def model_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates,
         # Routed experts are split over ep as well, and ZeRO shards them over the dp*cp/ep ranks
         # that hold the same experts (expert data parallel): sharded, a GPU holds 1/(tp*dp*cp) of both.
         layer_experts = layers * n.layer_expert_params
-        if model.mtp_layers:  # the multi-token-prediction modules on the last stage, their experts split alike
-            params = params + where(is_last, model.mtp_params, 0)
+        if model.mtp_layers:  # the multi-token-prediction modules' experts (on the last stage), split alike
             layer_experts = layer_experts + where(is_last, model.mtp_expert_params, 0)
         experts = layer_experts / (tp * c.ep)
         shard = (params - layer_experts) / tp + experts
@@ -617,11 +619,18 @@ def context_parallel_working(model: ModelSpec, c: Candidates, job: Job, sw: Soft
 
 def stage_params(model: ModelSpec, pp: np.ndarray, layers: np.ndarray, is_first, is_last) -> np.ndarray:
     """Parameters of a pipeline stage: its layers, the embedding on the first, the final norm and
-    the head on the last (a tied head is a copy there when pp > 1)."""
+    the head on the last (a tied head is a copy there when pp > 1); and the multi-token-prediction
+    modules on the last, with a copy of the token embedding there when it is not the first
+    (Megatron-Core builds the embedding where the modules are: they look the next tokens up)."""
     n = counts(model)
     head = n.head_params if not model.tied_embeddings else where(pp > 1, model.vocab * model.hidden, 0)
-    return (layers * n.layer_params + where(is_first, n.embedding_params, 0)
-            + where(is_last, n.norm_params + head, 0))
+    out = (layers * n.layer_params + where(is_first, n.embedding_params, 0)
+           + where(is_last, n.norm_params + head, 0))
+    if model.mtp_layers:
+        out = out + where(is_last, model.mtp_params, 0)
+        if not model.tied_embeddings:  # (a tied one is there already: the head)
+            out = out + where(is_last & not_(is_first), model.vocab * model.hidden, 0)
+    return out
 
 
 def allocated_bytes(m: Memory) -> np.ndarray:

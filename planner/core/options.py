@@ -174,7 +174,7 @@ def model_from(values: Mapping[str, object]) -> tuple[ModelSpec, str]:
     else:
         raise PlannerError("model", "none", "give --preset NAME, --params 33B, --hf-config config.json, "
                                             "or --layers, --hidden and --heads")
-    if hf and "mtp_layers" in shape:  # the config's modules planned as given: its note on them is moot
+    if hf and shape.get("mtp_layers"):  # the config's modules planned as given: its note on them is moot
         note = "; ".join(n for n in note.split("; ") if not n.startswith(_HF_MTP_KEYS))
     # A shape key equal to the model's own value changes nothing (and does not make it custom).
     shape = {k: v for k, v in shape.items() if getattr(spec, k) != v}

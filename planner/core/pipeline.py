@@ -61,13 +61,13 @@ def stage_layer_ranges(layers: int, pp: int, vpp: int = 1, schedule: str = "1f1b
 
 def head_layers(model, sw) -> float:
     """The output head and loss in units of one layer's work (their weight FLOPs over a layer's),
-    with the multi-token-prediction modules beside them (each a layer, a projection and the head
-    again), when the stack (``sw``: planner.stacks.Software) balances them in the pipeline split;
-    else 0."""
+    when the stack (``sw``: planner.stacks.Software) balances them in the pipeline split; else 0.
+    Multi-token-prediction modules are not counted: Megatron-Core's split reserves room for the loss
+    alone (a layout placing fewer layers beside them is the user's --pipeline-model-parallel-layout)."""
     if not sw.stack.balance_pipeline:
         return 0.0
     layer = (model.matmul_params_per_token - model.vocab * model.hidden) / model.layers
-    return (model.vocab * model.hidden + model.mtp_matmul_params_per_token) / layer
+    return model.vocab * model.hidden / layer
 
 
 def stage_layers_arrays(layers: int, pp: np.ndarray, head_layers: float = 0.0

@@ -592,7 +592,9 @@ def optimizer_host_time(model: ModelSpec, hw: HardwareProfile, c: Candidates, sw
         dtensor = (c.tp > 1) | ((c.zero_stage >= 1) & (c.shard_group > 1))
         ratio = where(dtensor, sw.stack.dtensor_optimizer_ratio, 1.0)
         out = out + tensors * e.optimizer_tensor_overhead_s * ratio
-    if model.tied_embeddings and any_(c.pp > 1):
+    # The embedding's gradient summed between the first and the last stage: tied to the head, or the
+    # multi-token-prediction modules' copy (Megatron-Core's embedding group).
+    if (model.tied_embeddings or model.mtp_layers) and any_(c.pp > 1):
         tied_bytes = act_grad * model.vocab * model.hidden / c.tp
         tied = comm.group_collective(links, tied_bytes, c.full(2, int), c.gpus // c.pp * (c.pp - 1), 2.0)
         out = out + where(c.pp > 1, tied, 0.0)
@@ -649,12 +651,21 @@ def _stage_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
     v_shape = c.schedule == DUALPIPEV  # DualPipeV: rank 0 holds the first and the last stage (embedding and head)
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
-    params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
-                                   stage_params(model, pp, first, True, (pp == 1) | v_shape)),
-                        stage_params(model, pp, last, pp == 1, not_(v_shape)))
-    # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
     n, most = counts(model), maximum(maximum(fullest, first), last)
-    expert_layers = most * n.layer_expert_params
+    if model.mtp_layers:  # the stage with the modules may hold the most: its own parameters and experts
+        ends = ((fullest, pp == 1, pp == 1), (first, True, (pp == 1) | v_shape), (last, pp == 1, not_(v_shape)))
+        params = expert_layers = None
+        for layers, is_first, is_last in ends:
+            p = stage_params(model, pp, layers, is_first, is_last)
+            e = layers * n.layer_expert_params + where(is_last, model.mtp_expert_params, 0)
+            more = True if params is None else p > params
+            params, expert_layers = (p, e) if params is None else (where(more, p, params), where(more, e, expert_layers))
+    else:
+        params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
+                                 stage_params(model, pp, first, True, (pp == 1) | v_shape)),
+                         stage_params(model, pp, last, pp == 1, not_(v_shape)))
+        # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
+        expert_layers = most * n.layer_expert_params
     experts = expert_layers / (c.tp * c.ep)
     shard = (params - expert_layers) / c.tp + experts
     if n.indexer_params:
@@ -725,7 +736,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     headed = where(v_shape, first, last)
     headed_work = headed * per_layer + head_time
     if mtp:  # each module: one more layer (the model's mean layer's time), its projection and the head again
-        headed_work = headed_work + mtp * (per_layer + head_time + 3 * projection[0] * slow)
+        # (the projection forward, backward twice as long, and again where its layer is recomputed whole)
+        passes = 3 + recomputed_layers(c.recompute)
+        headed_work = headed_work + mtp * (per_layer + head_time + passes * projection[0] * slow)
         headed = headed + mtp  # its layers' collectives too, where it sets the pace
     compute_mb = maximum(fullest * per_layer, headed_work)
     layers_pace = where(fullest * per_layer >= headed_work, fullest, headed)
@@ -736,6 +749,13 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # trace books as compute, not as a wait: it is compute here too; the link time is TP's.
     tp_host = layers_pace * lt.tp_calls * e.tp_collective_overhead_s * busy
     tp_mb = layers_pace * lt.tp_comm * busy
+    if mtp:
+        # Each module's projection gathers its input over TP under sequence parallel (2h a token) and
+        # its output (h) always, reduce-scattered back in the backward: where its stage sets the pace.
+        tokens = c.micro_batch * model.seq_len / c.cp
+        width = model.hidden * (1 + where(c.sequence_parallel, 2, 0))
+        gathers = 2 * comm.tp_collective(links, act * tokens * width, c.tp, passes=1.0)
+        tp_mb = tp_mb + where(fullest * per_layer < headed_work, mtp * gathers * busy, 0.0)
     compute_mb = compute_mb + tp_host
     cp_mb = layers_pace * lt.cp_comm * busy
     ep_mb = layers_pace * lt.ep_comm * busy
