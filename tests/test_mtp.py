@@ -243,3 +243,19 @@ def test_the_api_takes_the_flag():
     out = planner.estimate(preset="deepseek-v3", gpus=2048, gpu="h800", stack="hai-llm", mtp_layers=1, tp=2,
                            pp=16, vpp=2, ep=64, micro_batch=1, zero_stage=1)
     assert out["model"]["mtp_layers"] == 1 and out["trainable_params"] == MTP.params + MTP.mtp_params
+
+
+@pytest.mark.parametrize(("stack", "paces"), [("hai-llm", True), ("megatron-core", False)])
+def test_the_slower_stage_with_its_collectives_sets_the_pace(stack, paces):
+    """DeepSeek-V3, pp 8 (the last stage, balanced for the head, holds 6 layers; the fullest 8), ep 64:
+    with the module the last stage computes more than the fullest but holds fewer layers' all-to-alls.
+    On hai-llm (node-deduplicated all-to-all) it is the slower and sets the pace: the compute grows;
+    on megatron-core the fullest stage's all-to-alls keep it the slower: the compute per micro-batch
+    and the collectives stay the fullest stage's, and the step grows only by the module's states."""
+    job = Job(precision="bf16", stack=stack)
+    lay = Layout(dp=64, tp=4, pp=8, vpp=4, ep=64, micro_batch=1, global_batch=1024, zero_stage=1, recompute="none",
+                 sequence_parallel=True)
+    base, mtp = (_step(m, lay, job, gpu="h800").time for m in (V3, MTP))
+    assert float(mtp.step[0]) > float(base.step[0])
+    assert (float(mtp.compute[0]) > float(base.compute[0])) == paces
+    assert (float(mtp.ep_comm[0]) == float(base.ep_comm[0])) == (not paces)

@@ -735,13 +735,25 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # under DualPipeV the first).
     headed = where(v_shape, first, last)
     headed_work = headed * per_layer + head_time
-    if mtp:  # each module: one more layer (the model's mean layer's time), its projection and the head again
+    if not mtp:
+        compute_mb = maximum(fullest * per_layer, headed_work)
+        layers_pace = where(fullest * per_layer >= headed_work, fullest, headed)
+    else:  # each module: one more layer (the model's mean layer's time), its projection and the head again
         # (the projection forward, backward twice as long, and again where its layer is recomputed whole)
         passes = 3 + recomputed_layers(c.recompute)
         headed_work = headed_work + mtp * (per_layer + head_time + passes * projection[0] * slow)
-        headed = headed + mtp  # its layers' collectives too, where it sets the pace
-    compute_mb = maximum(fullest * per_layer, headed_work)
-    layers_pace = where(fullest * per_layer >= headed_work, fullest, headed)
+        headed = headed + mtp  # its layers' collectives too
+        # The projection gathers its input over TP under sequence parallel (2h a token) and its output
+        # (h) always, reduce-scattered back in the backward.
+        tokens = c.micro_batch * model.seq_len / c.cp
+        width = model.hidden * (1 + where(c.sequence_parallel, 2, 0))
+        gathers = mtp * 2 * comm.tp_collective(links, act * tokens * width, c.tp, passes=1.0) * busy
+        # The slower of the two stages with their layers' collectives: the modules' stage may hold
+        # fewer layers, and so fewer of them, than the fullest (the head's work is not a layer's).
+        per_comm = (lt.tp_comm + lt.cp_comm + lt.ep_comm + lt.tp_calls * e.tp_collective_overhead_s) * busy
+        headed_paces = headed_work + headed * per_comm + gathers > fullest * (per_layer + per_comm)
+        compute_mb = where(headed_paces, headed_work, fullest * per_layer)
+        layers_pace = where(headed_paces, headed, fullest)
     # Each TP collective also pays a fixed software cost, time-sliced when processes share cores.
     # On a CPU host the collectives' copies and reductions run on the shared cores as well.
     # That fixed cost is host work on the training thread (DTensor's redistribute and dispatch, the
@@ -749,13 +761,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates, sw
     # trace books as compute, not as a wait: it is compute here too; the link time is TP's.
     tp_host = layers_pace * lt.tp_calls * e.tp_collective_overhead_s * busy
     tp_mb = layers_pace * lt.tp_comm * busy
-    if mtp:
-        # Each module's projection gathers its input over TP under sequence parallel (2h a token) and
-        # its output (h) always, reduce-scattered back in the backward: where its stage sets the pace.
-        tokens = c.micro_batch * model.seq_len / c.cp
-        width = model.hidden * (1 + where(c.sequence_parallel, 2, 0))
-        gathers = 2 * comm.tp_collective(links, act * tokens * width, c.tp, passes=1.0)
-        tp_mb = tp_mb + where(fullest * per_layer < headed_work, mtp * gathers * busy, 0.0)
+    if mtp:  # the projection's gathers, where the modules' stage sets the pace
+        tp_mb = tp_mb + where(headed_paces, gathers, 0.0)
     compute_mb = compute_mb + tp_host
     cp_mb = layers_pace * lt.cp_comm * busy
     ep_mb = layers_pace * lt.ep_comm * busy
