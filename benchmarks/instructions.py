@@ -59,8 +59,7 @@ def worker(tool: str, mode: str, calls: int) -> None:
     caches = peers._core_caches()
     for i in range(calls):
         if mode in ("cleared", "clear"):  # ("clear": the clearing alone, taken off "cleared")
-            for c in caches:
-                c.clear() if isinstance(c, dict) else c.cache_clear()
+            peers.clear(caches)
             if mode == "cleared":
                 planner.estimate(**peers.OURS)
         elif mode == "sweep":  # each layout in turn, the global batch new each round

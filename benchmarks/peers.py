@@ -120,7 +120,7 @@ def worker(tool: str, calls: int) -> None:
 
         def call() -> dict:
             return train(**THEIRS)
-        clear = None
+        caches_of = None
     elif tool == "calculon":
         import logging
 
@@ -139,7 +139,7 @@ def worker(tool: str, calls: int) -> None:
             m.compile(system, exe)
             m.run(system)
             return m.get_stats_json(False)
-        clear = None
+        caches_of = None
     else:
         import planner
 
@@ -147,22 +147,27 @@ def worker(tool: str, calls: int) -> None:
 
         def call() -> dict:
             return planner.estimate(**OURS)
-        clear = _core_caches
+        caches_of = _core_caches
     start = _clocks()
     out = call()
     first = _since(start)
     warm = [_timed(call) for _ in range(calls)]
     report = {"tool": tool, "import": imported, "first": first, "warm": _medians(warm),
               "answer": _answer(tool, out)}
-    if clear is not None:
-        caches = clear()
+    if caches_of is not None:
+        caches = caches_of()
         report["cleared"] = _medians([_timed(call, caches) for _ in range(calls)])
     print(json.dumps(report), flush=True)
 
 
-def _timed(call, caches=()) -> tuple[float, float]:
+def clear(caches) -> None:
+    """Empty each of ``_core_caches()``: a dict, or a cache with ``cache_clear``."""
     for c in caches:
         c.clear() if isinstance(c, dict) else c.cache_clear()
+
+
+def _timed(call, caches=()) -> tuple[float, float]:
+    clear(caches)
     start = _clocks()
     call()
     return _since(start)

@@ -12,7 +12,7 @@
 - ``fast_init``, ``dict_of_slots``, ``slot_filler``: a frozen slotted dataclass's ``__init__``,
   its fields as a dict, and its fields set from a dict, written out field by field (each one
   attribute load or slot store, not a name looked up on the type per field); ``replace``:
-  ``dataclasses.replace``, a ``fast_init`` class's fields read in one dict display.
+  ``dataclasses.replace``, a ``fast_init`` class's fields read by its ``dict_of_slots``.
 
 None of these changes an answer: tests/test_memo.py checks each against the plain Python it stands
 for, and tests/test_search_paths.py the pinned estimate against its row of a table, to the bit.
@@ -160,16 +160,14 @@ def fast_init(cls: type) -> type:
     init.__annotations__ = dict(cls.__init__.__annotations__)  # the dataclass's: inspect.signature shows them
     cls.__init__ = init
     if all(f.init for f in dataclasses.fields(cls)):  # (a field set in __post_init__: dataclasses.replace)
-        fields = ", ".join(f"{f.name!r}: obj.{f.name}" for f in dataclasses.fields(cls))
-        exec(f"def _replaced(obj, changes):\n    return cls(**{{{fields}, **changes}})\n", names)  # noqa: S102
-        cls._replaced = staticmethod(names["_replaced"])
-    names["cls"] = cls
+        fields_of = dict_of_slots(cls)  # a slotted dataclass's slots are its fields
+        cls._replaced = staticmethod(lambda obj, changes: cls(**{**fields_of(obj), **changes}))
     return cls
 
 
 def replace(obj, /, **changes):
-    """``dataclasses.replace(obj, **changes)``: for a ``fast_init`` class, its fields read in one
-    dict display (dataclasses.replace reads each field's definition for every call: 4-6 us for a
+    """``dataclasses.replace(obj, **changes)``: for a ``fast_init`` class, its fields read by its
+    ``dict_of_slots`` (dataclasses.replace reads each field's definition for every call: 4-6 us for a
     profile's thirty factors, which an estimate with its caches empty replaces twice)."""
     replaced = type(obj).__dict__.get("_replaced")  # the class's own (a subclass's fields differ)
     return dataclasses.replace(obj, **changes) if replaced is None else replaced(obj, changes)

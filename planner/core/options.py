@@ -105,8 +105,9 @@ def _value(values: Mapping[str, object], o: Option) -> object:
 
 def _reader(options: tuple[Option, ...]) -> Callable[[Mapping[str, object]], dict[str, object]]:
     """``lambda values: {o.name: _value(values, o) for o in options}`` written out as one dict
-    display, an option left at None read as its default without the call (an estimate with its caches empty reads the job's and the
-    operations' options: less than half the comprehension's time)."""
+    display, an option left at None read as its default without the call (an estimate with its
+    caches empty reads the job's and the operations' options: less than half the comprehension's
+    time)."""
     names: dict[str, object] = {"_value": _value}
     items = []
     for i, o in enumerate(options):

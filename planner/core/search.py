@@ -13,6 +13,7 @@ import math
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -207,7 +208,7 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
         if model.linear_layers:
             require(linear_cp, "cp", pins.cp, lambda: f"1 for a model with linear-attention layers on the {stack.name} "
                     "stack (torchtitan's Qwen3.5 refuses context parallel); stacks that run it over Gated DeltaNet "
-                    f"by all-to-all: {', '.join(n for n in stack_names() if linear_cp_runs(get_stack(n)))}")
+                    f"by all-to-all: {stacks_with(linear_cp_runs)}")
             split = pins.cp * (pins.tp or 1)
             require(linear_heads_split(model, split), "cp", pins.cp,
                     lambda: f"{'tp*cp' if pins.tp else 'cp'}={split} must divide linear_key_heads="
@@ -389,24 +390,23 @@ def enumerate_layouts(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()
     the hybrid-sharded layouts whose group fits in one node (``without_redundant_hybrid``).
     ``as_row``: when the fields allow one layout alone (every one pinned), that layout as
     ``Candidates.one_row`` gives it (its columns Python scalars), built without arrays."""
+    stack = job_stack(job)
     if model.index_topk:
-        require(job_stack(job).sparse_attention, "stack", job_stack(job).name,
+        require(stack.sparse_attention, "stack", stack.name,
                 lambda: "one that runs DeepSeek sparse attention, as this model needs (its time and memory are "
-                        "Megatron-Core's dsa variant's): "
-                        + ", ".join(n for n in stack_names() if get_stack(n).sparse_attention))
+                        "Megatron-Core's dsa variant's): " + stacks_with(lambda s: s.sparse_attention))
     if model.mtp_layers:
-        require(job_stack(job).multi_token_prediction, "mtp_layers", model.mtp_layers,
-                lambda: f"0 on the {job_stack(job).name} stack, which trains no multi-token-prediction modules; "
-                        "stacks that do: " + ", ".join(n for n in stack_names() if get_stack(n).multi_token_prediction))
+        require(stack.multi_token_prediction, "mtp_layers", model.mtp_layers,
+                lambda: f"0 on the {stack.name} stack, which trains no multi-token-prediction modules; "
+                        "stacks that do: " + stacks_with(lambda s: s.multi_token_prediction))
         require(not job.lora, "mtp_layers", model.mtp_layers,
                 "0 under --mode lora (the modules train beside the model in pretraining and full fine-tuning)")
     if not widen:
-        _check_pins_once(model, gpus, pins, job.global_batch, job_stack(job))
-        check_stack_pins(job_stack(job), pins)
+        _check_pins_once(model, gpus, pins, job.global_batch, stack)
+        check_stack_pins(stack, pins)
         if pins.schedule == "dualpipev" and job.compile:
             raise PlannerError("schedule", "dualpipev", "torch's ScheduleDualPipeV does not run compiled stages "
                                                         "(its split backward); drop --compile or pin --schedule 1f1b")
-    stack = job_stack(job)
     uneven, linear_cp = stack.uneven_interleave, bool(model.linear_layers) and linear_cp_runs(stack)
     mesh = (_mesh(model, gpus, Pins(), uneven, pins.vpp, linear_cp) if widen
             else _mesh(model, gpus, pins, uneven, None, linear_cp))
@@ -701,23 +701,25 @@ def _stack_codes(stack: Stack) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(SCHEDULES.index(s) for s in stack.schedules), tuple(OFFLOAD.index(m) for m in stack.offload)
 
 
+def stacks_with(test: Callable[[Stack], bool]) -> str:
+    """The built-in stacks that pass ``test``, by name: what a refusal offers instead."""
+    return ", ".join(n for n in stack_names() if test(get_stack(n)))
+
+
 def check_stack_pins(stack: Stack, pins: Pins) -> None:
     """A pinned value the stack cannot run: one error naming the stacks that can."""
-    def who(test) -> str:
-        return ", ".join(n for n in stack_names() if test(get_stack(n)))
-
     if pins.zero_stage is not None and pins.zero_stage not in stack.zero_stages:
         raise PlannerError("zero_stage", pins.zero_stage,
                            f"the {stack.name} stack runs ZeRO {', '.join(map(str, stack.zero_stages))}; "
-                           f"stacks with ZeRO-{pins.zero_stage}: {who(lambda s: pins.zero_stage in s.zero_stages)}")
+                           f"stacks with ZeRO-{pins.zero_stage}: {stacks_with(lambda s: pins.zero_stage in s.zero_stages)}")
     if pins.schedule is not None and pins.schedule not in stack.schedules:
         raise PlannerError("schedule", pins.schedule, f"the {stack.name} stack runs {', '.join(stack.schedules)}; "
                                                       f"stacks with {pins.schedule}: "
-                                                      f"{who(lambda s: pins.schedule in s.schedules)}")
+                                                      f"{stacks_with(lambda s: pins.schedule in s.schedules)}")
     if pins.offload is not None and pins.offload not in stack.offload:
         raise PlannerError("offload", pins.offload, f"the {stack.name} stack offloads {', '.join(stack.offload)}; "
                                                     f"stacks with {pins.offload}: "
-                                                    f"{who(lambda s: pins.offload in s.offload)}")
+                                                    f"{stacks_with(lambda s: pins.offload in s.offload)}")
     if pins.offload in ("optimizer", "params") and pins.zero_stage is not None:
         need = 3 if pins.offload == "params" else 1
         require(pins.zero_stage >= need, "zero_stage", pins.zero_stage,
@@ -729,10 +731,10 @@ def check_stack_pins(stack: Stack, pins: Pins) -> None:
         value = getattr(pins, dim, None)
         if not stack.model_parallel and value is not None and value > 1:
             raise PlannerError(dim, value, f"the {stack.name} stack is data parallel only ({dim} 1); stacks with "
-                                           f"model parallelism: {who(lambda s: s.model_parallel)}")
+                                           f"model parallelism: {stacks_with(lambda s: s.model_parallel)}")
     if pins.vpp is not None and pins.vpp > 1 and not stack.interleaved:
         raise PlannerError("vpp", pins.vpp, f"the {stack.name} stack has no interleaved schedule; "
-                                            f"stacks with one: {who(lambda s: s.interleaved)}")
+                                            f"stacks with one: {stacks_with(lambda s: s.interleaved)}")
 
 
 def batch_units(model: ModelSpec, gpus: int, job: Job, pins: Pins = Pins()) -> set[int]:

@@ -652,18 +652,19 @@ def _stage_states(model: ModelSpec, hw: HardwareProfile, job: Job, c: Candidates
     # Data parallel: the stage with the most parameters reduces the most gradient bytes.
     pp = c.pp
     n, most = counts(model), maximum(maximum(fullest, first), last)
-    if model.mtp_layers:  # the stage with the modules may hold the most: its own parameters and experts
-        ends = ((fullest, pp == 1, pp == 1), (first, True, (pp == 1) | v_shape), (last, pp == 1, not_(v_shape)))
-        params = expert_layers = None
-        for layers, is_first, is_last in ends:
-            p = stage_params(model, pp, layers, is_first, is_last)
-            e = layers * n.layer_expert_params + where(is_last, model.mtp_expert_params, 0)
-            more = True if params is None else p > params
-            params, expert_layers = (p, e) if params is None else (where(more, p, params), where(more, e, expert_layers))
+    ends = ((fullest, pp == 1, pp == 1), (first, True, (pp == 1) | v_shape), (last, pp == 1, not_(v_shape)))
+    if model.mtp_layers:  # the stage with the modules may hold the most: the most's own parameters and experts
+        def held(layers, is_first, is_last) -> tuple:
+            return (stage_params(model, pp, layers, is_first, is_last),
+                    layers * n.layer_expert_params + where(is_last, model.mtp_expert_params, 0))
+
+        params, expert_layers = held(*ends[0])
+        for p, e in (held(*end) for end in ends[1:]):
+            more = p > params
+            params, expert_layers = where(more, p, params), where(more, e, expert_layers)
     else:
-        params = maximum(maximum(stage_params(model, pp, fullest, pp == 1, pp == 1),
-                                 stage_params(model, pp, first, True, (pp == 1) | v_shape)),
-                         stage_params(model, pp, last, pp == 1, not_(v_shape)))
+        fullest_params, first_params, last_params = (stage_params(model, pp, *end) for end in ends)
+        params = maximum(maximum(fullest_params, first_params), last_params)
         # Routed experts: split over ep too, reduced over the dp*cp/ep ranks holding the same experts.
         expert_layers = most * n.layer_expert_params
     experts = expert_layers / (c.tp * c.ep)
