@@ -189,7 +189,7 @@ def _core_caches() -> list:
 
     files = {("planner.core.presets", "_raw"), ("planner.core.presets", "presets"),
              ("planner.core.presets", "dense_by_count")}
-    return [planner.cli.api._SETUP, planner.cli.api._PREPARED,
+    return [planner.cli.api._SETUP, planner.cli.api._PARTS, planner.cli.api._PREPARED,
             types.SimpleNamespace(cache_clear=planner.memo.clear_all),  # the identity caches, all of them
             *(f for name, m in list(sys.modules.items()) if name.startswith("planner.core")
               for key, f in vars(m).items() if callable(getattr(f, "cache_clear", None))

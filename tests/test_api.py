@@ -137,6 +137,31 @@ def test_inputs_kept_between_calls_change_nothing(capsys):
     assert other["layout"]["global_batch"] == 2048
 
 
+def test_a_sweep_over_models_keeps_the_job_and_one_over_jobs_the_model(capsys):
+    """The inputs' two parts are kept apart: a new model with the same other flags reuses the kept
+    job and hardware objects (and a new job the kept model), and every answer is still the CLI's;
+    a bad model flag is still refused with the kept job."""
+    from planner.cli import api
+
+    api.clear_cache()
+    base = {"params": "33B", "gpus": 128, "tp": 2, "pp": 2, "global_batch": 1024}
+    flags = ["--params", "33B", "--gpus", "128", "--tp", "2", "--pp", "2", "--global-batch", "1024"]
+    xs = []
+    for vocab in (32000, 32128, 50304):
+        got = planner.estimate(**base, vocab=vocab)
+        assert got == cli_json(["estimate", *flags, "--vocab", str(vocab)], capsys)
+        assert got["model"]["vocab"] == vocab
+        xs.append(api._PREPARED[next(reversed(api._PREPARED))][1])
+    assert len({id(x.model) for x in xs}) == 3
+    assert xs[0].job is xs[1].job is xs[2].job and xs[0].hardware is xs[2].hardware and xs[0].ops is xs[2].ops
+    fp8 = planner.estimate(**base, vocab=32128, gpu="h100-80g", precision="fp8")
+    assert fp8 == cli_json(["estimate", *flags, "--vocab", "32128", "--gpu", "h100-80g", "--precision", "fp8"], capsys)
+    x = api._PREPARED[next(reversed(api._PREPARED))][1]
+    assert x.model is xs[1].model and x.job is not xs[1].job and x.job.precision == "fp8"
+    with pytest.raises(PlannerError, match="vocab=0"):
+        planner.estimate(**base, vocab=0)
+
+
 def test_a_repeated_call_is_answered_anew_and_checked_by_type():
     """The same flags again skip their checks (the prepared inputs are kept), not the plan: each
     answer is a new dict equal to the first, and a value equal to a kept one but of another type

@@ -10,7 +10,8 @@ dict the CLI prints with ``--format json`` (same keys, same numbers: both call
 
 The parser's declarations are read once per process; every call after the first converts its
 keywords with a dict look-up each, and a call whose flags other than the layout's are those of a
-recent call reuses that call's checked inputs (model, hardware, job, operations).
+recent call reuses that call's checked inputs (model, hardware, job, operations); the model is kept
+apart from the rest, so a sweep over models builds the hardware and job once.
 """
 
 from __future__ import annotations
@@ -144,6 +145,9 @@ _SPECS: dict[str, _Spec] = {}
 # calls) or a value that is no key (a list). ``clear_cache()`` empties it.
 _SETUP: dict[tuple, object] = {}
 _SETUP_SIZE = 64
+# A setup's two parts, each kept by the values it is built from: ("model", the model's keywords) ->
+# ``model_from``'s (model, note); (the command, the other keywords) -> ``setup_from``'s Setup.
+_PARTS: dict[tuple, object] = {}
 
 
 # The last calls' flags, exactly as given (each value's type too: True is no 1 here), and what
@@ -154,6 +158,7 @@ _PREPARED: dict[tuple, tuple] = {}
 
 def clear_cache() -> None:
     _SETUP.clear()
+    _PARTS.clear()
     _PREPARED.clear()
 
 
@@ -175,7 +180,7 @@ def _prepared(command: str, flags: Mapping[str, object]):
 
 
 def _prepare(command: str, flags: Mapping[str, object]):
-    from planner.core.options import build_inputs, pins_from
+    from planner.core.options import MODEL_KEYS, inputs_of, model_from, pins_from, setup_from
 
     spec = _SPECS.get(command)
     if spec is None:
@@ -191,11 +196,24 @@ def _prepare(command: str, flags: Mapping[str, object]):
         key = setup = None
     if setup is None:
         _check_given(spec, given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
-        x = build_inputs(values)
-        if key is not None:
-            if len(_SETUP) >= _SETUP_SIZE:
-                _SETUP.clear()
-            _SETUP[key] = x
+        if key is None:
+            return a, inputs_of(model_from(values), setup_from(values), pins_from(values))
+        # Its two parts kept apart too: a sweep over models builds the hardware, job and
+        # operations once (and what is kept for those objects stays found), a sweep over jobs the model.
+        parts = (("model", *(i for i in key[1:] if i[0] in MODEL_KEYS)),
+                 (command, *(i for i in key[1:] if i[0] not in MODEL_KEYS)))
+        model, rest = _PARTS.get(parts[0]), _PARTS.get(parts[1])
+        if model is None:
+            model = model_from(values)
+        if rest is None:
+            rest = setup_from(values)
+        x = inputs_of(model, rest, pins_from(values))
+        if len(_SETUP) >= _SETUP_SIZE:
+            _SETUP.clear()
+        if len(_PARTS) >= 2 * _SETUP_SIZE:
+            _PARTS.clear()
+        _SETUP[key] = x
+        _PARTS[parts[0]], _PARTS[parts[1]] = model, rest
         return a, x
     _check_given(spec, {name: v for name, v in given.items() if name in pins})  # the rest was checked with the setup
     import dataclasses

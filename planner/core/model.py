@@ -39,13 +39,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.errors import PlannerError, require
-from planner.memo import by_identity, kept_hash, kept_property
+from planner.memo import by_identity, fast_init, kept_hash, kept_property
+from planner.memo import replace as _replace
 from planner.schema import FLAGS, MAX_PARAMS
 
 ARCHS = ("gpt", "llama")
 QK_NORMS = ("none", "full", "head")
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     name: str = "custom"
@@ -129,12 +131,12 @@ class ModelSpec:
         return kept_hash(self)
 
     def __post_init__(self) -> None:
-        require(self.arch in ARCHS, "arch", self.arch, f"one of {', '.join(ARCHS)}")
+        require(self.arch in ARCHS, "arch", self.arch, lambda: f"one of {', '.join(ARCHS)}")
         for field in ("layers", "hidden", "heads", "vocab", "seq_len"):
             value = getattr(self, field)
             require(isinstance(value, int) and value > 0, field, value, "a positive integer")
             if field != "layers":  # depth is bounded by the parameter count below (no loop runs over it)
-                require(value <= FLAGS[field].hi, field, value, FLAGS[field].allowed())
+                require(value <= FLAGS[field].hi, field, value, FLAGS[field].allowed)
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
@@ -149,7 +151,7 @@ class ModelSpec:
                 "a positive integer")
         self._check_attention()
         require(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads,
-                f"must divide heads={self.heads} (grouped-query attention)")
+                lambda: f"must divide heads={self.heads} (grouped-query attention)")
         self._check_moe()
         self._check_window()
         self._check_global()
@@ -157,14 +159,14 @@ class ModelSpec:
         self._check_sparse()
         require(isinstance(self.mtp_layers, int) and not isinstance(self.mtp_layers, bool)
                 and 0 <= self.mtp_layers <= FLAGS["mtp_layers"].hi, "mtp_layers", self.mtp_layers,
-                FLAGS["mtp_layers"].allowed())
+                FLAGS["mtp_layers"].allowed)
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
-                f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
+                lambda: f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
     def _check_attention(self) -> None:
         for field in ("qkv_bias", "out_bias", "attention_sinks", "expert_bias", "router_bias", "shared_expert_gate"):
             require(isinstance(getattr(self, field), bool), field, getattr(self, field), "true or false")
-        require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, f"one of {', '.join(QK_NORMS)}")
+        require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, lambda: f"one of {', '.join(QK_NORMS)}")
         mla = ("q_lora_rank", "kv_lora_rank", "qk_rope_dim", "qk_nope_dim", "v_head_dim")
         for field in mla:
             value = getattr(self, field)
@@ -176,7 +178,7 @@ class ModelSpec:
                         "0 unless kv_lora_rank > 0 (multi-head latent attention)")
             if self.head_dim is None:
                 require(self.hidden % self.heads == 0, "heads", self.heads,
-                        f"must divide hidden={self.hidden} (head_dim = hidden / heads), or give head_dim")
+                        lambda: f"must divide hidden={self.hidden} (head_dim = hidden / heads), or give head_dim")
                 object.__setattr__(self, "head_dim", self.hidden // self.heads)
             require(isinstance(self.head_dim, int) and not isinstance(self.head_dim, bool)
                     and 1 <= self.head_dim <= 2**14, "head_dim", self.head_dim, "a whole number from 1 to 16,384")
@@ -185,10 +187,10 @@ class ModelSpec:
             require(getattr(self, field) > 0, field, getattr(self, field), "a positive integer with MLA (kv_lora_rank > 0)")
         qk = self.qk_nope_dim + self.qk_rope_dim
         require(self.head_dim in (None, qk), "head_dim", self.head_dim,
-                f"unset with MLA (it is qk_nope_dim + qk_rope_dim = {qk})")
+                lambda: f"unset with MLA (it is qk_nope_dim + qk_rope_dim = {qk})")
         object.__setattr__(self, "head_dim", qk)
         require(self.kv_heads == self.heads, "kv_heads", self.kv_heads,
-                f"equal to heads={self.heads} with MLA (every head has its own K and V from the latent)")
+                lambda: f"equal to heads={self.heads} with MLA (every head has its own K and V from the latent)")
         require(self.arch == "llama", "arch", self.arch, "llama with MLA (RMSNorm, SwiGLU, RoPE, no biases)")
         require(not self.qkv_bias, "qkv_bias", self.qkv_bias, "false with MLA (its projections have no biases)")
 
@@ -199,12 +201,12 @@ class ModelSpec:
                 "false with post_norms (a parallel block has one norm before both halves)")
         w = self.window
         require(isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= FLAGS["seq_len"].hi, "window", w,
-                f"0 (full attention) or a window of 1 to {FLAGS['seq_len'].hi:,} tokens")
+                lambda: f"0 (full attention) or a window of 1 to {FLAGS['seq_len'].hi:,} tokens")
         if self.window_layers is None:
             object.__setattr__(self, "window_layers", self.layers if w else 0)
         n = self.window_layers
         require(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= self.layers, "window_layers", n,
-                f"a whole number from 0 to layers={self.layers}")
+                lambda: f"a whole number from 0 to layers={self.layers}")
         require(w > 0 or n == 0, "window_layers", n, "0 without a window (window = 0)")
         require(isinstance(self.chunked, bool), "chunked", self.chunked, "true or false")
         require(w > 0 or not self.chunked, "chunked", self.chunked, "false without a window (window = 0)")
@@ -219,20 +221,20 @@ class ModelSpec:
         if given is None:
             return
         require(0 < self.window_layers < self.layers and not self.chunked, given, getattr(self, given),
-                f"unset unless a sliding window covers some layers but not all (window_layers {self.window_layers} of "
+                lambda: f"unset unless a sliding window covers some layers but not all (window_layers {self.window_layers} of "
                 f"{self.layers}{', chunked' if self.chunked else ''}): it shapes the full-attention layers")
         require(self.arch == "llama" and not self.mla, given, getattr(self, given),
                 "unset for arch gpt and with MLA (per-layer attention shapes of those are not modelled)")
         if self.global_kv_heads:
             require(self.heads % self.global_kv_heads == 0, "global_kv_heads", self.global_kv_heads,
-                    f"must divide heads={self.heads} (grouped-query attention)")
+                    lambda: f"must divide heads={self.heads} (grouped-query attention)")
 
     def _check_linear(self) -> None:
         require(isinstance(self.output_gate, bool), "output_gate", self.output_gate, "true or false")
         fields = ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv")
         n = self.linear_layers
         require(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < self.layers, "linear_layers", n,
-                f"a whole number from 0 to layers - 1 = {self.layers - 1} (at least one softmax-attention layer)")
+                lambda: f"a whole number from 0 to layers - 1 = {self.layers - 1} (at least one softmax-attention layer)")
         if not n:
             for field in fields:
                 require(getattr(self, field) == 0, field, getattr(self, field), "0 without linear layers (linear_layers = 0)")
@@ -243,7 +245,7 @@ class ModelSpec:
             require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= top, field, value,
                     f"a whole number from 1 to {top:,} with linear layers")
         require(self.linear_value_heads % self.linear_key_heads == 0, "linear_value_heads", self.linear_value_heads,
-                f"a multiple of linear_key_heads={self.linear_key_heads} (each key head serves a group of value heads)")
+                lambda: f"a multiple of linear_key_heads={self.linear_key_heads} (each key head serves a group of value heads)")
         require(self.arch == "llama", "linear_layers", n, "0 for arch gpt")
         require(not self.window_layers, "window", self.window, "0 with linear layers (a window and linear attention "
                 "together are not modelled)")
@@ -260,7 +262,7 @@ class ModelSpec:
         if not given:
             return
         missing = next((f for f in fields if not getattr(self, f)), None)
-        require(missing is None, missing or "", 0, "a positive integer with the other sparse-attention fields "
+        require(missing is None, missing or "", 0, lambda: "a positive integer with the other sparse-attention fields "
                 f"({', '.join(given)} set)")
         require(self.mla, "index_topk", self.index_topk, "0 without MLA (kv_lora_rank > 0): DeepSeek sparse attention "
                 "selects keys of the latent attention")
@@ -296,18 +298,18 @@ class ModelSpec:
             return
         require(self.experts >= 2 and self.experts <= 65536, "experts", self.experts,
                 "0 (dense) or from 2 to 65,536 routed experts")
-        require(1 <= self.top_k <= self.experts, "top_k", self.top_k, f"from 1 to experts={self.experts}")
+        require(1 <= self.top_k <= self.experts, "top_k", self.top_k, lambda: f"from 1 to experts={self.experts}")
         require(self.experts % self.expert_groups == 0, "expert_groups", self.expert_groups,
-                f"a divisor of experts={self.experts} (equal groups)")
+                lambda: f"a divisor of experts={self.experts} (equal groups)")
         require(self.groups_per_token <= self.expert_groups, "groups_per_token", self.groups_per_token,
-                f"from 1 to expert_groups={self.expert_groups}")
+                lambda: f"from 1 to expert_groups={self.expert_groups}")
         reachable = self.groups_per_token * self.experts // self.expert_groups
         require(self.top_k <= reachable, "groups_per_token", self.groups_per_token,
-                f"enough groups for top_k={self.top_k} experts ({self.experts // self.expert_groups} per group)")
+                lambda: f"enough groups for top_k={self.top_k} experts ({self.experts // self.expert_groups} per group)")
         require(self.dense_layers < self.layers, "dense_layers", self.dense_layers,
-                f"fewer than layers={self.layers} (at least one MoE layer)")
+                lambda: f"fewer than layers={self.layers} (at least one MoE layer)")
         require(every <= self.layers - self.dense_layers, "moe_every", every,
-                f"at most layers - dense_layers = {self.layers - self.dense_layers} (at least one MoE layer)")
+                lambda: f"at most layers - dense_layers = {self.layers - self.dense_layers} (at least one MoE layer)")
         if self.expert_ffn is None:
             object.__setattr__(self, "expert_ffn", self.ffn_hidden)
         require(isinstance(self.expert_ffn, int) and self.expert_ffn > 0, "expert_ffn", self.expert_ffn,
@@ -693,7 +695,7 @@ class ModelSpec:
                 changes = {**changes, "window_layers": None}
         if "window" in changes and not changes["window"] and "chunked" not in changes:
             changes = {**changes, "chunked": False}  # no window, no chunks
-        return dataclasses.replace(self, **changes)
+        return _replace(self, **changes)
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""

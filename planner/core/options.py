@@ -497,11 +497,23 @@ def fit_job_to_gpu(job: Job, hw: HardwareProfile, given: Collection[str] = ()) -
     return job, "; ".join(notes)
 
 
-def build_inputs(values: Mapping[str, object]) -> Inputs:
-    """(model, hardware, job, pins, operations) from one mapping; raises PlannerError naming the field."""
-    from planner.core.finetune import trainable_params
+# The keys ``model_from`` reads: a setup's other parts (``setup_from``) do not depend on them.
+MODEL_KEYS = frozenset(("preset", "params", "hf_config", *SHAPE_KEYS))
 
-    model, note = model_from(values)
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What ``build_inputs`` builds from the values other than the model's (``MODEL_KEYS``) and the
+    layout's pins: a sweep over models keeps one (planner.estimate does)."""
+    gpus: int
+    hardware: HardwareProfile
+    job: Job
+    notes: tuple[str, ...]  # what the GPU changed of the job, what the flags overrode of the hardware
+    ops: Operations
+
+
+def setup_from(values: Mapping[str, object]) -> Setup:
+    """The GPU count, hardware, job and operations of ``values``; raises PlannerError naming the field."""
     gpus = values.get("gpus")
     gpus = DEFAULT_GPUS if gpus is None else gpus
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
@@ -510,10 +522,24 @@ def build_inputs(values: Mapping[str, object]) -> Inputs:
     hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
     job, job_note = fit_job_to_gpu(job_from(values), hw, job_fields_given(values))
     hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)  # overrides at its precision
-    for extra in (job_note, hw_note):
-        if extra:
-            note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"
-    trainable_params(model, job)  # validates LoRA targets and rank against this model
     job_stack(job)  # validates the stack and its --set keys: one line naming the key, the value, what is allowed
-    return Inputs(model=model, model_note=note, hardware=hw, gpus=gpus, job=job, pins=pins_from(values),
-                  ops=ops_from(values, hw.network.host_gpus))
+    return Setup(gpus=gpus, hardware=hw, job=job, notes=tuple(n for n in (job_note, hw_note) if n),
+                 ops=ops_from(values, hw.network.host_gpus))
+
+
+def inputs_of(model: tuple[ModelSpec, str], setup: Setup, pins: Pins) -> Inputs:
+    """``model_from``'s model and note, a ``setup_from`` and the pins as one Inputs (the LoRA
+    targets and rank checked against this model)."""
+    from planner.core.finetune import trainable_params
+
+    (spec, note), hw = model, setup.hardware
+    for extra in setup.notes:
+        note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"
+    trainable_params(spec, setup.job)  # validates LoRA targets and rank against this model
+    return Inputs(model=spec, model_note=note, hardware=hw, gpus=setup.gpus, job=setup.job, pins=pins,
+                  ops=setup.ops)
+
+
+def build_inputs(values: Mapping[str, object]) -> Inputs:
+    """(model, hardware, job, pins, operations) from one mapping; raises PlannerError naming the field."""
+    return inputs_of(model_from(values), setup_from(values), pins_from(values))

@@ -191,13 +191,12 @@ def _check_pins(model: ModelSpec, gpus: int, pins: Pins, global_batch: int | Non
     require(isinstance(gpus, (int, np.integer)) and 1 <= gpus <= MAX_GPUS, "gpus", gpus,
             lambda: f"an integer from 1 to {MAX_GPUS:,}")
     if pins.tp is not None:
-        valid_tp = (t for t in _divisors(gpus) if tp_splits(model, t))
         linear = (f", linear_key_heads={model.linear_key_heads} and linear_value_heads={model.linear_value_heads}"
                   if model.linear_layers else f", global_kv_heads={model.global_kv_heads}" if model.global_kv_heads
                   else "")
         require(tp_splits(model, pins.tp), "tp", pins.tp,
                 lambda: f"must divide heads={model.heads} and kv_heads={model.kv_heads}{linear}; valid on {gpus} "
-                        f"GPUs: {', '.join(map(str, valid_tp))}")
+                        f"GPUs: {', '.join(str(t) for t in _divisors(gpus) if tp_splits(model, t))}")
     for name in GPU_FACTORS:
         value = getattr(pins, name)
         if value is not None:
