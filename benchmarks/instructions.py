@@ -14,8 +14,10 @@ computed value computed again: peers.py's "caches cleared"; the clearing is coun
 process that clears and does not call, and taken off: that process's caches are empty when it
 clears them, so freeing the last call's values stays in the row, which peers.py's timer leaves
 out), and
-a sweep (a new layout or global batch each call, the model, stack and profile as before), against
-llm-analysis's ``train()`` warm.
+a sweep (a new layout or global batch each call, the model, stack and profile as before), a sweep
+over models (a new model each call: the vocabulary 128 tokens larger, so every value that depends
+on the model is computed anew; the stack and profile as before), against llm-analysis's
+``train()`` warm.
 OpenBLAS is held to one thread (its idle pool threads would be scheduled by valgrind and counted).
 
     python benchmarks/instructions.py            # about two minutes on 2 cores
@@ -35,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # (the problem, the peer's environment and the planner's caches: one definition)
 
-MODES = {"planner": ("warm", "cleared", "sweep", "clear"), "llm-analysis": ("warm",)}
+MODES = {"planner": ("warm", "cleared", "sweep", "models", "clear"), "llm-analysis": ("warm",)}
 
 
 def worker(tool: str, mode: str, calls: int) -> None:
@@ -64,6 +66,8 @@ def worker(tool: str, mode: str, calls: int) -> None:
                 planner.estimate(**peers.OURS)
         elif mode == "sweep":  # each layout in turn, the global batch new each round
             planner.estimate(**dict(layouts[i % len(layouts)], global_batch=1024 * (2 + i // len(layouts))))
+        elif mode == "models":  # a new model each call: its vocabulary 128 tokens larger
+            planner.estimate(**dict(peers.OURS, vocab=32128 + 128 * i))
         else:
             planner.estimate(**peers.OURS)
 
