@@ -154,3 +154,31 @@ def test_every_preset_is_valid_and_sourced():
     assert len(presets()) >= 27
     for name in presets():
         assert preset_source(name)
+
+
+def _built(**fields):
+    """The model, or the one-line refusal (its field and text)."""
+    try:
+        return ModelSpec(**{"layers": 4, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 128, **fields})
+    except PlannerError as e:
+        return (e.field, str(e))
+
+
+def test_a_plain_model_is_checked_as_every_model_is(monkeypatch):
+    """A model whose fields past its basic shape are at their defaults skips those fields' checks
+    (they cannot fail): each such model, and each with one of those fields or the basic ones moved
+    (another value, another type: True for 1, 0.0 for 0, None), is built or refused exactly as with
+    every check run."""
+    import planner.core.model as m
+
+    odd = (0, 1, 2, -1, True, False, None, 0.0, 1.0, "x", 3, 64)
+    cases = [{}] + [{f.name: v} for f in m._EXTRA_FIELDS for v in odd]
+    cases += [{k: v} for k in ("window_layers", "head_dim", "kv_heads", "qk_norm", "ffn_hidden", "dropout")
+              for v in (*odd, "full", 16)]
+    cases += [{"hidden": 60}, {"heads": 3}, {"kv_heads": 3}, {"head_dim": 16, "hidden": 60}]
+    fast = [_built(**c) for c in cases]
+    plain = sum(isinstance(x, ModelSpec) for x in fast)
+    monkeypatch.setattr(m, "_EXTRA_DEFAULTS", ("never",))  # every model through every check
+    slow = [_built(**c) for c in cases]
+    assert fast == slow
+    assert plain > 40 and len(cases) - plain > 200  # both outcomes well represented

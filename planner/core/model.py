@@ -35,6 +35,7 @@ chunk. Llama 4 Maverick also interleaves its MoE layers with dense ones (``moe_e
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -145,21 +146,35 @@ class ModelSpec:
             object.__setattr__(self, "tied_embeddings", self.arch == "gpt")
         if self.dropout is None:
             object.__setattr__(self, "dropout", 0.1 if self.arch == "gpt" else 0.0)
-        require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "in [0, 1)")
+        require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
+                and 0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a number in [0, 1)")
         require(isinstance(self.kv_heads, int) and self.kv_heads > 0, "kv_heads", self.kv_heads, "a positive integer")
         require(isinstance(self.ffn_hidden, int) and self.ffn_hidden > 0, "ffn_hidden", self.ffn_hidden,
                 "a positive integer")
-        self._check_attention()
+        # A plain model (every field past the basic shape at its default, each of the default's
+        # type: no experts, MLA, window, biases...) passes the checks of those fields as it is:
+        # only its attention's head width is checked and set (a model built each call, in a
+        # sweep over shapes, skips some ninety checks that cannot fail).
+        extra = _EXTRA(self)
+        plain = (extra == _EXTRA_DEFAULTS and tuple(map(type, extra)) == _EXTRA_TYPES
+                 and (self.window_layers is None or type(self.window_layers) is int and self.window_layers == 0))
+        if plain:
+            require(self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm, lambda: f"one of {', '.join(QK_NORMS)}")
+            self._head_dim()
+            object.__setattr__(self, "window_layers", 0)
+        else:
+            self._check_attention()
         require(self.heads % self.kv_heads == 0, "kv_heads", self.kv_heads,
                 lambda: f"must divide heads={self.heads} (grouped-query attention)")
-        self._check_moe()
-        self._check_window()
-        self._check_global()
-        self._check_linear()
-        self._check_sparse()
-        require(isinstance(self.mtp_layers, int) and not isinstance(self.mtp_layers, bool)
-                and 0 <= self.mtp_layers <= FLAGS["mtp_layers"].hi, "mtp_layers", self.mtp_layers,
-                FLAGS["mtp_layers"].allowed)
+        if not plain:
+            self._check_moe()
+            self._check_window()
+            self._check_global()
+            self._check_linear()
+            self._check_sparse()
+            require(isinstance(self.mtp_layers, int) and not isinstance(self.mtp_layers, bool)
+                    and 0 <= self.mtp_layers <= FLAGS["mtp_layers"].hi, "mtp_layers", self.mtp_layers,
+                    FLAGS["mtp_layers"].allowed)
         require(self.params <= MAX_PARAMS * 1.01, "params", self.params,  # 1%: a scaled shape overshoots
                 lambda: f"at most {MAX_PARAMS:g} parameters (planner/schema.py; keeps int64 and float64 exact)")
 
@@ -176,12 +191,7 @@ class ModelSpec:
             for field in mla:
                 require(getattr(self, field) == 0, field, getattr(self, field),
                         "0 unless kv_lora_rank > 0 (multi-head latent attention)")
-            if self.head_dim is None:
-                require(self.hidden % self.heads == 0, "heads", self.heads,
-                        lambda: f"must divide hidden={self.hidden} (head_dim = hidden / heads), or give head_dim")
-                object.__setattr__(self, "head_dim", self.hidden // self.heads)
-            require(isinstance(self.head_dim, int) and not isinstance(self.head_dim, bool)
-                    and 1 <= self.head_dim <= 2**14, "head_dim", self.head_dim, "a whole number from 1 to 16,384")
+            self._head_dim()
             return
         for field in ("qk_nope_dim", "v_head_dim"):
             require(getattr(self, field) > 0, field, getattr(self, field), "a positive integer with MLA (kv_lora_rank > 0)")
@@ -193,6 +203,15 @@ class ModelSpec:
                 lambda: f"equal to heads={self.heads} with MLA (every head has its own K and V from the latent)")
         require(self.arch == "llama", "arch", self.arch, "llama with MLA (RMSNorm, SwiGLU, RoPE, no biases)")
         require(not self.qkv_bias, "qkv_bias", self.qkv_bias, "false with MLA (its projections have no biases)")
+
+    def _head_dim(self) -> None:
+        """Without MLA: head_dim given, or hidden / heads."""
+        if self.head_dim is None:
+            require(self.hidden % self.heads == 0, "heads", self.heads,
+                    lambda: f"must divide hidden={self.hidden} (head_dim = hidden / heads), or give head_dim")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        require(isinstance(self.head_dim, int) and not isinstance(self.head_dim, bool)
+                and 1 <= self.head_dim <= 2**14, "head_dim", self.head_dim, "a whole number from 1 to 16,384")
 
     def _check_window(self) -> None:
         require(isinstance(self.post_norms, bool), "post_norms", self.post_norms, "true or false")
@@ -793,6 +812,16 @@ class _Counts(NamedTuple):
     indexer: int  # DSA's lightning indexer in one layer (0 without), inside ``attention``
     indexer_matmul: int  # its projections' weights (not in ``attention_matmul``: not split by TP)
 
+
+
+# The fields past a model's basic shape (and its head width, norms and window's layer count, which
+# every model's check reads): at their defaults, ModelSpec.__post_init__'s checks of them pass.
+_BASIC = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "tied_embeddings",
+          "dropout", "head_dim", "qk_norm", "window_layers")
+_EXTRA_FIELDS = tuple(f for f in dataclasses.fields(ModelSpec) if f.name not in _BASIC)
+_EXTRA = operator.attrgetter(*(f.name for f in _EXTRA_FIELDS))
+_EXTRA_DEFAULTS = tuple(f.default for f in _EXTRA_FIELDS)
+_EXTRA_TYPES = tuple(map(type, _EXTRA_DEFAULTS))
 
 @by_identity  # once per model: every count below reads it (a ModelSpec is frozen)
 def _counts(m: ModelSpec) -> _Counts:
