@@ -527,10 +527,35 @@ def records_signature(folder: str) -> tuple:
     return tuple(out)
 
 
+# The Runs tab's default view, built by the page's background warm-up (``warm_runs``) before a
+# visitor opens the tab: (folder, signature) -> its runs; (folder, signature, profile) -> its view.
+# The cached functions below take their value from here once, the first time they are asked.
+_WARMED: dict[tuple, object] = {}
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
     """run_records.load_folder, read again only when a record changes (``signature``)."""
-    return run_records.load_folder(folder)
+    found = _WARMED.pop((folder, signature), None)
+    return found if found is not None else run_records.load_folder(folder)
+
+
+def warm_runs() -> None:
+    """The Runs tab's view of the default folder on its default profile, built ahead (into
+    ``_WARMED``): the first open of the tab then reads no record and predicts no run (30-60 ms).
+    A folder refused, empty or failing is left to the tab, which says why."""
+    from planner.app.explore import profile_names
+
+    folder = default_runs_folder()
+    if run_records.runs_folder_problem(folder):
+        return
+    signature = records_signature(folder)
+    found = run_records.load_folder(folder)
+    _WARMED[folder, signature] = found
+    if found.runs:
+        default = run_records.default_profile(found.runs, list(profile_names()))
+        profile = default if default in profile_names() else None  # the tab's own choice ("as recorded": None)
+        _WARMED[folder, signature, profile] = runs_view(found.runs, profile)
 
 
 def runs_tab(state: dict) -> None:
@@ -593,7 +618,8 @@ def runs_view(runs: tuple, profile: str | None) -> RunsView:
 @st.cache_resource(show_spinner=False, max_entries=32)
 def cached_runs_view(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> RunsView:
     """``runs_view`` once per folder state and profile (``_runs``, not hashed: the signature stands for them)."""
-    return runs_view(_runs, profile)
+    view = _WARMED.pop((folder, signature, profile), None)
+    return view if view is not None else runs_view(_runs, profile)
 
 
 def predicted_vs_measured(runs: tuple, folder: str, profiles: list[str], signature: tuple | None = None) -> None:
@@ -705,8 +731,8 @@ def _settle_heap() -> None:
 def _warm_up() -> None:
     """Once per process, after its first page is drawn: import in a background thread what the
     other tabs need the first time they open (planner.app.serve.warm_up: pandas for the first table,
-    the Runs tab's modules, the profile names), so the visitor's first click on a tab does not pay
-    for it; then freeze what that built, as ``_settle_heap`` does for the first page. Under `planner
+    the Runs tab's modules, the profile names) and the Runs tab's default view (``warm_runs``), so
+    the visitor's first click on a tab does not pay for it; then freeze what that built, as ``_settle_heap`` does for the first page. Under `planner
     app` the server began the same imports at its start (planner.app.serve): what is left is little."""
     import threading
 
@@ -714,6 +740,10 @@ def _warm_up() -> None:
 
     def work() -> None:
         warm_up()
+        try:
+            warm_runs()
+        except Exception:  # noqa: BLE001 (the tab builds the view itself when opened, and shows what failed)
+            _WARMED.clear()
         gc.collect()
         gc.freeze()
 

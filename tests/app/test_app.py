@@ -454,3 +454,29 @@ def test_hardware_views_fill_in_by_runs_of_their_fragment_alone():
         assert timers[-1] == [] and {"a100-80g", "h100-80g"} <= {p.split(" ")[0] for p in drawn[-1]}
     finally:
         lsr.LocalScriptRunner.run = run
+
+
+def test_the_runs_tab_opens_on_the_view_the_warm_up_built(monkeypatch):
+    """The page's background warm-up (after a process's first page) builds the Runs tab's default
+    view: the default folder's runs predicted on their default profile. The tab's first open draws
+    that view without predicting again, and it is the view the tab would have built."""
+    from planner.app import page
+
+    monkeypatch.setattr(page, "_SETTLED", [True])  # no warm-up thread of the page's own in this test
+    page._WARMED.clear()
+    page.cached_runs.clear()
+    page.cached_runs_view.clear()
+    page.warm_runs()
+    [(folder, signature, profile)] = [k for k in page._WARMED if len(k) == 3]
+    assert folder == page.default_runs_folder() and signature == page.records_signature(folder)
+    runs = page._WARMED[folder, signature].runs
+    assert runs and profile == page.run_records.default_profile(runs, list(explore.profile_names()))
+    built = []
+    real = page.runs_view
+    monkeypatch.setattr(page, "runs_view", lambda *a: built.append(a) or real(*a))
+    at = new_app({"tab": "Runs"})
+    assert not built and not page._WARMED  # both taken from the warm-up, once
+    fresh = real(runs, profile)
+    shown = at.dataframe[1].value
+    assert list(shown["predicted"]) == list(fresh.points_table.to_pandas()["predicted"])
+    assert list(shown["measured"]) == list(fresh.points_table.to_pandas()["measured"])
