@@ -542,8 +542,22 @@ def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
 
 def warm_runs() -> None:
     """The Runs tab's view of the default folder on its default profile, built ahead (into
-    ``_WARMED``): the first open of the tab then reads no record and predicts no run (30-60 ms).
-    A folder refused, empty or failing is left to the tab, which says why."""
+    ``_WARMED``), once per process: by `planner app`'s server as it starts (planner.app.serve), else
+    after the first page (``_warm_up``). The first open of the tab then reads no record and predicts
+    no run (30-60 ms). A folder refused, empty or failing is left to the tab, which says why."""
+    if _RUNS_WARMED:
+        return
+    _RUNS_WARMED.append(True)
+    try:
+        _warm_runs()
+    except Exception:  # noqa: BLE001 (the tab builds the view itself when opened, and shows what failed)
+        _WARMED.clear()
+
+
+_RUNS_WARMED: list[bool] = []  # set once ``warm_runs`` has begun in this process
+
+
+def _warm_runs() -> None:
     from planner.app.explore import profile_names
 
     folder = default_runs_folder()
@@ -739,11 +753,8 @@ def _warm_up() -> None:
     from planner.app.serve import warm_up
 
     def work() -> None:
-        warm_up()
-        try:
-            warm_runs()
-        except Exception:  # noqa: BLE001 (the tab builds the view itself when opened, and shows what failed)
-            _WARMED.clear()
+        warm_up()  # (under `planner app`, done as the server started: the Runs tab's view too)
+        warm_runs()
         gc.collect()
         gc.freeze()
 

@@ -463,6 +463,7 @@ def test_the_runs_tab_opens_on_the_view_the_warm_up_built(monkeypatch):
     from planner.app import page
 
     monkeypatch.setattr(page, "_SETTLED", [True])  # no warm-up thread of the page's own in this test
+    monkeypatch.setattr(page, "_RUNS_WARMED", [])  # (once per process: this test's own)
     page._WARMED.clear()
     page.cached_runs.clear()
     page.cached_runs_view.clear()
