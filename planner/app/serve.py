@@ -10,12 +10,13 @@ from __future__ import annotations
 # What the page and its tabs import the first time they draw; pandas first (Streamlit converts every
 # table through it: the first table's click waits for it), then the page's own modules.
 WARM_MODULES = ("pandas", "planner.app.page", "pyarrow.compute", "yaml", "planner.calibration.validate",
-                "planner.app.live", "planner.app.charts", "planner.export.formats", "planner.decisions.pictures")
+                "planner.app.live", "planner.app.charts", "planner.export.formats", "planner.export.render",
+                "planner.decisions.pictures")
 
 
 def warm_up() -> None:
     """Import WARM_MODULES (an optional one missing is left to the tab that needs it, which says so),
-    read the profile names once and build the Runs tab's default view (planner.app.page.warm_runs)."""
+    read the MIME tables and the profile names once and build the Runs tab's default view (planner.app.page.warm_runs)."""
     import importlib
 
     for name in WARM_MODULES:
@@ -23,6 +24,9 @@ def warm_up() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    import mimetypes
+
+    mimetypes.init()  # the system's MIME tables, read at the Export tab's download button's first use (5-7 ms)
     from planner.app import explore
 
     explore.profile_names()
