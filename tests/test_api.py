@@ -153,13 +153,35 @@ def test_a_sweep_over_models_keeps_the_job_and_one_over_jobs_the_model(capsys):
         assert got["model"]["vocab"] == vocab
         xs.append(api._PREPARED[next(reversed(api._PREPARED))][1])
     assert len({id(x.model) for x in xs}) == 3
-    assert xs[0].job is xs[1].job is xs[2].job and xs[0].hardware is xs[2].hardware and xs[0].ops is xs[2].ops
+    assert xs[0].job is xs[1].job is xs[2].job and xs[0].hardware is xs[2].hardware
     fp8 = planner.estimate(**base, vocab=32128, gpu="h100-80g", precision="fp8")
     assert fp8 == cli_json(["estimate", *flags, "--vocab", "32128", "--gpu", "h100-80g", "--precision", "fp8"], capsys)
     x = api._PREPARED[next(reversed(api._PREPARED))][1]
     assert x.model is xs[1].model and x.job is not xs[1].job and x.job.precision == "fp8"
-    with pytest.raises(PlannerError, match="vocab=0"):
-        planner.estimate(**base, vocab=0)
+    with pytest.raises(PlannerError, match="heads=5: must divide hidden=6656"):  # the model's own check
+        planner.estimate(**base, vocab=32128, heads=5)
+
+
+def test_of_two_bad_values_the_same_is_named_whatever_was_kept(capsys):
+    """LoRA targets the model lacks and an unknown stack key: the LoRA targets are named first (as
+    before the inputs were kept in parts), by the CLI, by the API with nothing kept, and with the
+    model kept from an earlier call."""
+    from planner.cli import api
+
+    bad = {"preset": "gpt3-125m", "gpus": 8, "mode": "lora", "lora_targets": "gate_proj", "stack_set": "nokey=1"}
+    main(["estimate", "--preset", "gpt3-125m", "--gpus", "8", "--mode", "lora", "--lora-targets", "gate_proj",
+          "--set", "nokey=1"])
+    cli = capsys.readouterr().err.strip().removeprefix("planner estimate: ")
+    assert cli.startswith("lora_targets='gate_proj'")
+    api.clear_cache()
+    with pytest.raises(PlannerError) as err:
+        planner.estimate(**bad)
+    assert str(err.value) == cli
+    planner.estimate(preset="gpt3-125m", gpus=8)  # the model kept (a setup whose stack is bad is never kept)
+    assert ("model", ("preset", "gpt3-125m")) in api._PARTS
+    with pytest.raises(PlannerError) as err:
+        planner.estimate(**bad)
+    assert str(err.value) == cli
 
 
 def test_a_repeated_call_is_answered_anew_and_checked_by_type():

@@ -13,12 +13,13 @@ import gc
 import json
 import shlex
 import time
-from dataclasses import dataclass
 
 import streamlit as st
 
 from planner.app import explore
+from planner.app import runs as app_runs
 from planner.app import state as explore_state
+from planner.app.runs import RunsView, default_runs_folder, records_signature, runs_view, warm_runs
 from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
 from planner.core.options import HF_MODEL_TYPES, HF_TEXT_CONFIG
@@ -497,79 +498,11 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
                                              "profiles so far..."))
 
 
-def default_runs_folder() -> str:
-    """runs/ where runs were made, else the committed CPU runs (so the tab never starts empty)."""
-    from pathlib import Path
-
-    if Path("runs").is_dir():
-        return "runs"
-    committed = Path(run_records.__file__).resolve().parents[2] / "benchmarks" / "runs" / "cpu-2core"
-    if not committed.is_dir():
-        return "runs"
-    try:
-        return str(committed.relative_to(Path.cwd()))
-    except ValueError:
-        return str(committed)
-
-
-def records_signature(folder: str) -> tuple:
-    """What the runs of a folder depend on: each record's path, size and modification time (a
-    record rewritten or still being written reads again)."""
-    from pathlib import Path
-
-    out = []
-    for path in sorted(Path(folder).rglob("record.json")):
-        try:
-            st_ = path.stat()
-        except OSError:
-            continue
-        out.append((str(path), st_.st_size, st_.st_mtime_ns))
-    return tuple(out)
-
-
-# The Runs tab's default view, built by the page's background warm-up (``warm_runs``) before a
-# visitor opens the tab: (folder, signature) -> its runs; (folder, signature, profile) -> its view.
-# The cached functions below take their value from here once, the first time they are asked.
-_WARMED: dict[tuple, object] = {}
-
-
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
     """run_records.load_folder, read again only when a record changes (``signature``)."""
-    found = _WARMED.pop((folder, signature), None)
+    found = app_runs.WARMED.pop((folder, signature), None)
     return found if found is not None else run_records.load_folder(folder)
-
-
-def warm_runs() -> None:
-    """The Runs tab's view of the default folder on its default profile, built ahead (into
-    ``_WARMED``), once per process: by `planner app`'s server as it starts (planner.app.serve), else
-    after the first page (``_warm_up``). The first open of the tab then reads no record and predicts
-    no run (30-60 ms). A folder refused, empty or failing is left to the tab, which says why."""
-    if _RUNS_WARMED:
-        return
-    _RUNS_WARMED.append(True)
-    try:
-        _warm_runs()
-    except Exception:  # noqa: BLE001 (the tab builds the view itself when opened, and shows what failed)
-        _WARMED.clear()
-
-
-_RUNS_WARMED: list[bool] = []  # set once ``warm_runs`` has begun in this process
-
-
-def _warm_runs() -> None:
-    from planner.app.explore import profile_names
-
-    folder = default_runs_folder()
-    if run_records.runs_folder_problem(folder):
-        return
-    signature = records_signature(folder)
-    found = run_records.load_folder(folder)
-    _WARMED[folder, signature] = found
-    if found.runs:
-        default = run_records.default_profile(found.runs, list(profile_names()))
-        profile = default if default in profile_names() else None  # the tab's own choice ("as recorded": None)
-        _WARMED[folder, signature, profile] = runs_view(found.runs, profile)
 
 
 def runs_tab(state: dict) -> None:
@@ -599,40 +532,10 @@ def runs_tab(state: dict) -> None:
     live.show(folder, refused)
 
 
-@dataclass(frozen=True)
-class RunsView:
-    """What the Runs tab draws for one folder state and profile, built once: the comparison, its
-    tables as Arrow (st.dataframe sends a list of rows through pandas on every run) and its chart
-    with the data as Arrow bytes (a named dataset Streamlit passes on as it is)."""
-
-    compared: object  # run_records.Compared
-    runs_table: object  # pyarrow.Table
-    points_table: object | None
-    chart: dict | None
-
-
-def runs_view(runs: tuple, profile: str | None) -> RunsView:
-    import pyarrow as pa
-
-    from planner.app import charts
-    from streamlit import dataframe_util
-
-    compared = run_records.compare(runs, profile)
-    chart = None
-    if compared.points:
-        spec = charts.predicted_vs_measured(compared.points)
-        rows = spec.pop("data")["values"]
-        chart = {**spec, "data": {"name": "points"},
-                 "datasets": {"points": dataframe_util.convert_anything_to_arrow_bytes(rows)}}
-    return RunsView(compared=compared, runs_table=pa.Table.from_pylist(run_records.run_rows(runs)),
-                    points_table=pa.Table.from_pylist(run_records.point_rows(compared.points))
-                    if compared.points else None, chart=chart)
-
-
 @st.cache_resource(show_spinner=False, max_entries=32)
 def cached_runs_view(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> RunsView:
     """``runs_view`` once per folder state and profile (``_runs``, not hashed: the signature stands for them)."""
-    view = _WARMED.pop((folder, signature, profile), None)
+    view = app_runs.WARMED.pop((folder, signature, profile), None)
     return view if view is not None else runs_view(_runs, profile)
 
 
@@ -812,5 +715,7 @@ def page() -> None:
                 draw[name]()
 
 
-if __name__ == "__main__":  # `streamlit run` executes the page as __main__
-    main()
+if __name__ == "__main__":  # `streamlit run planner/app/page.py`: the imported module's main, whose state
+    from planner.app.page import main as _main  # lives between page runs (planner/app/served.py says why)
+
+    _main()

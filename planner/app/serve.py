@@ -1,5 +1,5 @@
-"""`planner app`'s server: Streamlit's own command line (`python -m planner.app.serve run page.py
-...` is `streamlit run page.py ...`), started after a background thread that imports what the
+"""`planner app`'s server: Streamlit's own command line (`python -m planner.app.serve run served.py
+...` is `streamlit run served.py ...`), started after a background thread that imports what the
 explorer's first page and a visitor's first clicks need (the page's modules, pandas for the first
 table, the other tabs' modules, the profile names, the Runs tab's default view), so the first
 visitor does not wait for them.
@@ -16,7 +16,7 @@ WARM_MODULES = ("pandas", "planner.app.page", "pyarrow.compute", "yaml", "planne
 
 def warm_up() -> None:
     """Import WARM_MODULES (an optional one missing is left to the tab that needs it, which says so),
-    read the MIME tables and the profile names once and build the Runs tab's default view (planner.app.page.warm_runs)."""
+    read the MIME tables and the profile names once and build the Runs tab's default view (planner.app.runs.warm_runs)."""
     import importlib
 
     for name in WARM_MODULES:
@@ -31,9 +31,9 @@ def warm_up() -> None:
 
     explore.profile_names()
     explore._gpu_profile_names()
-    from planner.app import page
+    from planner.app.runs import warm_runs
 
-    page.warm_runs()  # the Runs tab's default view, before a visitor opens the tab
+    warm_runs()  # the Runs tab's default view, before a visitor opens the tab
 
 
 def start_warm_up():

@@ -146,7 +146,8 @@ _SPECS: dict[str, _Spec] = {}
 _SETUP: dict[tuple, object] = {}
 _SETUP_SIZE = 64
 # A setup's two parts, each kept by the values it is built from: ("model", the model's keywords) ->
-# ``model_from``'s (model, note); (the command, the other keywords) -> ``setup_from``'s Setup.
+# ``model_from``'s (model, note); (the command, the other keywords) -> ``setup_from``'s Setup (GPUs,
+# hardware, job; the pins and operations are read again with each setup built).
 _PARTS: dict[tuple, object] = {}
 
 
@@ -197,7 +198,7 @@ def _prepare(command: str, flags: Mapping[str, object]):
     if setup is None:
         _check_given(spec, given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
         if key is None:
-            return a, inputs_of(model_from(values), setup_from(values), pins_from(values))
+            return a, inputs_of(model_from(values), setup_from(values), values)
         # Its two parts kept apart too: a sweep over models builds the hardware, job and
         # operations once (and what is kept for those objects stays found), a sweep over jobs the model.
         parts = (("model", *(i for i in key[1:] if i[0] in MODEL_KEYS)),
@@ -207,7 +208,7 @@ def _prepare(command: str, flags: Mapping[str, object]):
             model = model_from(values)
         if rest is None:
             rest = setup_from(values)
-        x = inputs_of(model, rest, pins_from(values))
+        x = inputs_of(model, rest, values)
         if len(_SETUP) >= _SETUP_SIZE:
             _SETUP.clear()
         if len(_PARTS) >= 2 * _SETUP_SIZE:

@@ -1,4 +1,5 @@
-"""`planner app`: serves the what-if explorer (the page planner/app/page.py, inside the package).
+"""`planner app`: serves the what-if explorer (the page planner/app/page.py, inside the package, through
+planner/app/served.py).
 
 Registered through planner.cli.main.EXTENSIONS; imports nothing heavy until it runs.
 """
@@ -16,8 +17,9 @@ EXIT_BAD_INPUT = 2
 
 
 def app_path() -> Path | None:
-    """The page inside the installed package (works after a plain `pip install .`)."""
-    path = Path(__file__).resolve().parent.parent / "app" / "page.py"
+    """The script that serves the page, inside the installed package (works after a plain `pip
+    install .`): planner/app/served.py, which runs the page's module (planner/app/page.py)."""
+    path = Path(__file__).resolve().parent.parent / "app" / "served.py"
     return path if path.is_file() else None
 
 

@@ -503,17 +503,16 @@ MODEL_KEYS = frozenset(("preset", "params", "hf_config", *SHAPE_KEYS))
 
 @dataclass(frozen=True, slots=True)
 class Setup:
-    """What ``build_inputs`` builds from the values other than the model's (``MODEL_KEYS``) and the
-    layout's pins: a sweep over models keeps one (planner.estimate does)."""
+    """What ``build_inputs`` builds from the values other than the model's (``MODEL_KEYS``), the
+    layout's pins and the operations' options: a sweep over models keeps one (planner.estimate does)."""
     gpus: int
     hardware: HardwareProfile
     job: Job
     notes: tuple[str, ...]  # what the GPU changed of the job, what the flags overrode of the hardware
-    ops: Operations
 
 
 def setup_from(values: Mapping[str, object]) -> Setup:
-    """The GPU count, hardware, job and operations of ``values``; raises PlannerError naming the field."""
+    """The GPU count, hardware and job of ``values``; raises PlannerError naming the field."""
     gpus = values.get("gpus")
     gpus = DEFAULT_GPUS if gpus is None else gpus
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
@@ -522,24 +521,25 @@ def setup_from(values: Mapping[str, object]) -> Setup:
     hw, _ = hardware_from(gpu, values.get("gpus_per_node"))
     job, job_note = fit_job_to_gpu(job_from(values), hw, job_fields_given(values))
     hw, hw_note = hardware_from(gpu, values.get("gpus_per_node"), values, job.precision)  # overrides at its precision
-    job_stack(job)  # validates the stack and its --set keys: one line naming the key, the value, what is allowed
-    return Setup(gpus=gpus, hardware=hw, job=job, notes=tuple(n for n in (job_note, hw_note) if n),
-                 ops=ops_from(values, hw.network.host_gpus))
+    return Setup(gpus=gpus, hardware=hw, job=job, notes=tuple(n for n in (job_note, hw_note) if n))
 
 
-def inputs_of(model: tuple[ModelSpec, str], setup: Setup, pins: Pins) -> Inputs:
-    """``model_from``'s model and note, a ``setup_from`` and the pins as one Inputs (the LoRA
-    targets and rank checked against this model)."""
+def inputs_of(model: tuple[ModelSpec, str], setup: Setup, values: Mapping[str, object]) -> Inputs:
+    """``model_from``'s model and note and a ``setup_from`` as one Inputs, with the pins and the
+    operations of ``values``: the LoRA targets and rank checked against this model, then the stack,
+    the pins and the operations (``build_inputs``'s order: of two bad values, the same one is named
+    whatever was kept)."""
     from planner.core.finetune import trainable_params
 
-    (spec, note), hw = model, setup.hardware
+    (spec, note), hw, job = model, setup.hardware, setup.job
     for extra in setup.notes:
         note = f"{note}; {hw.name}: {extra}" if note else f"{hw.name}: {extra}"
-    trainable_params(spec, setup.job)  # validates LoRA targets and rank against this model
-    return Inputs(model=spec, model_note=note, hardware=hw, gpus=setup.gpus, job=setup.job, pins=pins,
-                  ops=setup.ops)
+    trainable_params(spec, job)  # validates LoRA targets and rank against this model
+    job_stack(job)  # validates the stack and its --set keys: one line naming the key, the value, what is allowed
+    return Inputs(model=spec, model_note=note, hardware=hw, gpus=setup.gpus, job=job, pins=pins_from(values),
+                  ops=ops_from(values, hw.network.host_gpus))
 
 
 def build_inputs(values: Mapping[str, object]) -> Inputs:
     """(model, hardware, job, pins, operations) from one mapping; raises PlannerError naming the field."""
-    return inputs_of(model_from(values), setup_from(values), pins_from(values))
+    return inputs_of(model_from(values), setup_from(values), values)

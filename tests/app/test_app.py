@@ -461,22 +461,23 @@ def test_the_runs_tab_opens_on_the_view_the_warm_up_built(monkeypatch):
     view: the default folder's runs predicted on their default profile. The tab's first open draws
     that view without predicting again, and it is the view the tab would have built."""
     from planner.app import page
+    from planner.app import runs as app_runs
 
     monkeypatch.setattr(page, "_SETTLED", [True])  # no warm-up thread of the page's own in this test
-    monkeypatch.setattr(page, "_RUNS_WARMED", [])  # (once per process: this test's own)
-    page._WARMED.clear()
+    monkeypatch.setattr(app_runs, "_STARTED", [])  # (once per process: this test's own)
+    app_runs.WARMED.clear()
     page.cached_runs.clear()
     page.cached_runs_view.clear()
-    page.warm_runs()
-    [(folder, signature, profile)] = [k for k in page._WARMED if len(k) == 3]
+    app_runs.warm_runs()
+    [(folder, signature, profile)] = [k for k in app_runs.WARMED if len(k) == 3]
     assert folder == page.default_runs_folder() and signature == page.records_signature(folder)
-    runs = page._WARMED[folder, signature].runs
-    assert runs and profile == page.run_records.default_profile(runs, list(explore.profile_names()))
+    runs = app_runs.WARMED[folder, signature].runs
+    assert runs and profile == app_runs.run_records.default_profile(runs, list(explore.profile_names()))
     built = []
     real = page.runs_view
     monkeypatch.setattr(page, "runs_view", lambda *a: built.append(a) or real(*a))
     at = new_app({"tab": "Runs"})
-    assert not built and not page._WARMED  # both taken from the warm-up, once
+    assert not built and not app_runs.WARMED  # both taken from the warm-up, once
     fresh = real(runs, profile)
     shown = at.dataframe[1].value
     assert list(shown["predicted"]) == list(fresh.points_table.to_pandas()["predicted"])

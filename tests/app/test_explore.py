@@ -207,7 +207,7 @@ def test_planner_app_serves_the_packaged_page(tmp_path):
 
     args = build_parser().parse_args(["app", "--port", "8600", "--headless"])
     cmd = app_cli.streamlit_command(args, app_cli.app_path())
-    assert cmd[1:4] == ["-m", "planner.app.serve", "run"] and cmd[4].endswith("page.py")
+    assert cmd[1:4] == ["-m", "planner.app.serve", "run"] and cmd[4].endswith("served.py")
     assert cmd[cmd.index("--server.port") + 1] == "8600" and cmd[cmd.index("--server.headless") + 1] == "true"
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -215,8 +215,29 @@ def test_planner_app_serves_the_packaged_page(tmp_path):
     assert "port=0" in err.getvalue()
 
 
+def test_the_served_script_keeps_the_pages_state_between_runs(monkeypatch):
+    """Streamlit runs the file `planner app` serves anew, as a fresh __main__, on every page run:
+    it runs the page's imported module, so the once-per-process warm-up starts once over several
+    runs (and the Runs tab's view built ahead stays where the tab looks for it)."""
+    from streamlit.testing.v1 import AppTest
+
+    from planner.app import page
+    from planner.cli import app as app_cli
+
+    started = []
+    monkeypatch.setattr(page, "_SETTLED", [])
+    monkeypatch.setattr(page, "_warm_up", lambda: started.append(True))
+    at = AppTest.from_file(str(app_cli.app_path()), default_timeout=60)
+    for gpus in (None, 96, 160):
+        if gpus:
+            at.number_input(key="gpus").set_value(gpus)
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+    assert started == [True] and page._SETTLED == [True]
+
+
 def test_the_server_is_streamlits_command_line_after_a_warm_up_of_the_pages_imports():
-    """`planner app` runs `python -m planner.app.serve run page.py ...`: Streamlit's own command
+    """`planner app` runs `python -m planner.app.serve run served.py ...`: Streamlit's own command
     line with the same arguments; before it, a thread imports what the first page and the first
     clicks need. Every module it names exists (a misspelt one would be skipped without a word)."""
     import importlib.util
