@@ -19,7 +19,7 @@ import streamlit as st
 from planner.app import explore
 from planner.app import runs as app_runs
 from planner.app import state as explore_state
-from planner.app.runs import RunsView, default_runs_folder, records_signature, runs_view, warm_runs
+from planner.app.runs import RunsView, default_runs_folder, records_signature, runs_view
 from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
 from planner.core.options import HF_MODEL_TYPES, HF_TEXT_CONFIG
@@ -647,17 +647,17 @@ def _settle_heap() -> None:
 
 def _warm_up() -> None:
     """Once per process, after its first page is drawn: import in a background thread what the
-    other tabs need the first time they open (planner.app.serve.warm_up: pandas for the first table,
-    the Runs tab's modules, the profile names) and the Runs tab's default view (``warm_runs``), so
-    the visitor's first click on a tab does not pay for it; then freeze what that built, as ``_settle_heap`` does for the first page. Under `planner
-    app` the server began the same imports at its start (planner.app.serve): what is left is little."""
+    other tabs need the first time they open and build the Runs tab's default view
+    (planner.app.serve.warm_up: pandas for the first table, the Runs tab's modules, the profile
+    names, planner.app.runs.warm_runs), so the visitor's first click on a tab does not pay for it;
+    then freeze what that built, as ``_settle_heap`` does for the first page. Under `planner app`
+    the server did the same at its start (planner.app.serve): what is left is little."""
     import threading
 
     from planner.app.serve import warm_up
 
     def work() -> None:
-        warm_up()  # (under `planner app`, done as the server started: the Runs tab's view too)
-        warm_runs()
+        warm_up()
         gc.collect()
         gc.freeze()
 

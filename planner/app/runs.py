@@ -48,9 +48,9 @@ WARMED: dict[tuple, object] = {}
 
 def warm_runs() -> None:
     """The Runs tab's view of the default folder on its default profile, built ahead (into
-    ``WARMED``), once per process: by `planner app`'s server as it starts (planner.app.serve), else
-    after the first page (planner.app.page._warm_up). The first open of the tab then reads no record and predicts
-    no run (30-60 ms). A folder refused, empty or failing is left to the tab, which says why."""
+    ``WARMED``), once per process (planner.app.serve.warm_up: as `planner app`'s server starts, else
+    after the page's first run). The first open of the tab then reads no record and predicts no run
+    (30-60 ms). A folder refused, empty or failing is left to the tab, which says why."""
     if _STARTED:
         return
     _STARTED.append(True)
@@ -73,8 +73,9 @@ def _warm_runs() -> None:
     found = run_records.load_folder(folder)
     WARMED[folder, signature] = found
     if found.runs:
-        default = run_records.default_profile(found.runs, list(profile_names()))
-        profile = default if default in profile_names() else None  # the tab's own choice ("as recorded": None)
+        profiles = list(profile_names())
+        default = run_records.default_profile(found.runs, profiles)
+        profile = default if default in profiles else None  # the tab's own choice ("as recorded": None)
         WARMED[folder, signature, profile] = runs_view(found.runs, profile)
 
 

@@ -16,7 +16,8 @@ WARM_MODULES = ("pandas", "planner.app.page", "pyarrow.compute", "yaml", "planne
 
 def warm_up() -> None:
     """Import WARM_MODULES (an optional one missing is left to the tab that needs it, which says so),
-    read the MIME tables and the profile names once and build the Runs tab's default view (planner.app.runs.warm_runs)."""
+    read the MIME tables and the profile names once, and build the Runs tab's default view
+    (planner.app.runs.warm_runs)."""
     import importlib
 
     for name in WARM_MODULES:

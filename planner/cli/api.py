@@ -181,7 +181,7 @@ def _prepared(command: str, flags: Mapping[str, object]):
 
 
 def _prepare(command: str, flags: Mapping[str, object]):
-    from planner.core.options import MODEL_KEYS, inputs_of, model_from, pins_from, setup_from
+    from planner.core.options import MODEL_KEYS, build_inputs, inputs_of, model_from, pins_from, setup_from
 
     spec = _SPECS.get(command)
     if spec is None:
@@ -198,7 +198,7 @@ def _prepare(command: str, flags: Mapping[str, object]):
     if setup is None:
         _check_given(spec, given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
         if key is None:
-            return a, inputs_of(model_from(values), setup_from(values), values)
+            return a, build_inputs(values)
         # Its two parts kept apart too: a sweep over models builds the hardware, job and
         # operations once (and what is kept for those objects stays found), a sweep over jobs the model.
         parts = (("model", *(i for i in key[1:] if i[0] in MODEL_KEYS)),
