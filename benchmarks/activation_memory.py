@@ -47,21 +47,36 @@ MODES = ("none", "op", "full")
 
 
 # A CPU without bf16 instructions (AVX2 only) runs torch's bf16 matmuls 7-80x slower than fp32 ones
-# (a 2048 x 1024 x 3584 product: 0.2 s in fp32, 1-15 s in bf16, by the operands' layout). What is
-# counted here is storages, not values: a bf16 product is computed in fp32 and rounded to bf16, the
-# same shape, dtype and a new storage as the bf16 kernel returns (the fp32 operands are this
-# handler's own temporaries, made while the mode is off, and are not counted).
+# (a 2048 x 1024 x 3584 product: 0.2 s in fp32, 1-15 s in bf16, by the operands' layout), and the
+# backward of its CPU flash attention 6x slower (0.52 s against 0.08 s, 8 heads of 128 over 1024
+# tokens). What is counted here is storages, not values: such an op is computed in fp32 and its
+# results rounded to bf16, the same shapes, strides, dtype and new storages as the bf16 kernel
+# returns (the fp32 operands and results are this handler's own temporaries, made while the mode is
+# off, and are not counted).
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
             torch.ops.aten.baddbmm.default}
+_SDPA_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+_IN_FP32 = _MATMULS | {_SDPA_BACKWARD}
 
 
-def _bf16_matmul_in_fp32(func, args, kwargs):
-    """``func(*args, **kwargs)`` for a matmul of bf16 CPU tensors, computed in fp32 and rounded to
-    bf16; None for any other call (other dtypes or devices, an ``out=``)."""
+def _bf16_in_fp32(func, args, kwargs):
+    """``func(*args, **kwargs)`` for a matmul of bf16 CPU tensors, or the attention's backward on
+    them (its logsumexp is fp32 already), computed in fp32 and rounded to bf16; None for any other
+    call (other dtypes or devices, a matmul's ``out=``, an attention mask)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if kwargs or not tensors or any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+    if func is _SDPA_BACKWARD:
+        if (kwargs or {}).get("attn_mask") is not None:
+            return None
+        tensors = tensors[:5]  # grad_out, query, key, value, out (then the fp32 logsumexp)
+    elif kwargs:
         return None
-    return func(*[a.float() if isinstance(a, torch.Tensor) else a for a in args]).to(torch.bfloat16)
+    if not tensors or any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+        return None
+    up = [a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args]
+    out = func(*up, **(kwargs or {}))
+    if isinstance(out, torch.Tensor):
+        return out.to(torch.bfloat16)
+    return tuple(o.to(torch.bfloat16) for o in out)
 
 
 class LiveBytes(TorchDispatchMode):
@@ -78,7 +93,7 @@ class LiveBytes(TorchDispatchMode):
         self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = _bf16_matmul_in_fp32(func, args, kwargs) if func in _MATMULS else None
+        out = _bf16_in_fp32(func, args, kwargs) if func in _IN_FP32 else None
         if out is None:
             out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
@@ -262,8 +277,12 @@ def _status_bytes(key: str) -> int:
     return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) * 1024
 
 
-def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2) -> tuple[float, float]:
-    """(kept per layer, working) in bytes of resident memory, torchtitan's blocks compiled."""
+def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2, working: bool = True) -> tuple[float, float | None]:
+    """(kept per layer, working) in bytes of resident memory, torchtitan's blocks compiled; working
+    None where not asked for: then no backward runs at all. What the forward keeps is fixed when it
+    is compiled (AOTAutograd partitions the joint graph then, the input requiring a gradient), and on
+    a CPU without native bf16 the backward's bf16 matmuls take nine tenths of the time: with and
+    without backwards the kept bytes measured the same to the byte (1 and 3 sequences, 512 tokens)."""
     import gc
 
     module, run, _ = torchtitan_layers(*dims, seq, mode, layers, compiled=True)
@@ -272,7 +291,8 @@ def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2) -> tuple[f
     x0 = torch.randn(batch, seq, dims[0], dtype=torch.bfloat16, requires_grad=True)
     for _ in range(2):  # compile, and reach the steady state of the allocator
         y = run(x0 * 1.0, mode)
-        y.backward(torch.randn_like(y))
+        if working:
+            y.backward(torch.randn_like(y))
         del y
     gc.collect()
     x = x0 * 1.0
@@ -280,17 +300,21 @@ def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2) -> tuple[f
     y = run(x, mode)
     del x
     after = _status_bytes("VmRSS")
+    if not working:
+        return (after - before) / layers, None
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here
     y.backward(torch.randn_like(y))
     return (after - before) / layers, _status_bytes("VmHWM") - after
 
 
-def compiled_per_token(dims, seq: int, mode: str, batches: tuple[int, int] = (1, 2)) -> tuple[float, float] | None:
+def compiled_per_token(dims, seq: int, mode: str, batches: tuple[int, int] = (1, 2),
+                       working: bool = True) -> tuple[float, float | None] | None:
     """(kept per layer, working) in bytes per token of torchtitan's blocks under torch.compile, the
-    slope between ``batches`` sequences, or None where that cannot be measured here (not Linux: no
-    /proc/self/clear_refs; no C++ compiler). Resident memory also moves with the process's own heap,
-    in steps of 128 KiB at a time: over one sequence of 512 tokens a step is 0.7% of a layer's kept
-    bytes; a slope over two sequences halves it."""
+    slope between ``batches`` sequences (working None unless asked for: ``rss_bytes``), or None
+    where that cannot be measured here (not Linux: no /proc/self/clear_refs; no C++ compiler).
+    Resident memory also moves with the process's own heap, in steps of 128 KiB at a time: over one
+    sequence of 512 tokens a step is 0.7% of a layer's kept bytes; a slope over two sequences
+    halves it."""
     import json
     import os
     import shutil
@@ -299,13 +323,14 @@ def compiled_per_token(dims, seq: int, mode: str, batches: tuple[int, int] = (1,
     if not Path("/proc/self/clear_refs").exists() or not (shutil.which("g++") or shutil.which("c++")):
         return None  # torch.compile on the CPU needs a C++ compiler
     low, high = batches
-    args = [sys.executable, __file__, "--rss-child", mode, str(seq), str(low), str(high), *map(str, dims)]
+    args = [sys.executable, __file__, "--rss-child", "both" if working else "kept", mode, str(seq), str(low), str(high),
+            *map(str, dims)]
     out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **RSS_ENV}, timeout=900, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"activation_memory --rss-child: {out.stderr.strip().splitlines()[-1:]}")
     one, two = json.loads(out.stdout.strip().splitlines()[-1])
     tokens = (high - low) * seq
-    return (two[0] - one[0]) / tokens, (two[1] - one[1]) / tokens
+    return (two[0] - one[0]) / tokens, (two[1] - one[1]) / tokens if working else None
 
 
 def _rss_child(argv: list[str]) -> int:
@@ -313,9 +338,9 @@ def _rss_child(argv: list[str]) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")  # inductor's notes on complex operators (RoPE), not the figures
-    mode, seq, low, high, *dims = argv
+    parts, mode, seq, low, high, *dims = argv
     dims = tuple(int(d) for d in dims)
-    print(json.dumps([rss_bytes(dims, int(b), int(seq), mode) for b in (low, high)]))
+    print(json.dumps([rss_bytes(dims, int(b), int(seq), mode, working=parts == "both") for b in (low, high)]))
     return 0
 
 
