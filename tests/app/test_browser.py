@@ -48,9 +48,12 @@ def healthy(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def server(tmp_path):
-    """The app served headless on 127.0.0.1:<free port>; always stopped, whatever the test did."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app served headless on 127.0.0.1:<free port>, one server for the module's tests (each
+    test opens its own browser: a new page is a new Streamlit session, with its own state); always
+    stopped, whatever the tests did. Starting one costs 3-6 s of the two cores a test shares."""
+    tmp_path = tmp_path_factory.mktemp("server")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "streamlit.log"
