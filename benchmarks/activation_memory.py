@@ -281,8 +281,9 @@ def rss_bytes(dims, batch: int, seq: int, mode: str, layers: int = 2, working: b
     """(kept per layer, working) in bytes of resident memory, torchtitan's blocks compiled; working
     None where not asked for: then no backward runs at all. What the forward keeps is fixed when it
     is compiled (AOTAutograd partitions the joint graph then, the input requiring a gradient), and on
-    a CPU without native bf16 the backward's bf16 matmuls take nine tenths of the time: with and
-    without backwards the kept bytes measured the same to the byte (1 and 3 sequences, 512 tokens)."""
+    a CPU without native bf16 the backward's bf16 matmuls take nine tenths of the time. With and
+    without backwards the kept bytes read the same (1 and 3 sequences of 512 tokens, two runs each
+    way: at 3 sequences one reading, at 1 the same two readings a 128 KiB heap step apart)."""
     import gc
 
     module, run, _ = torchtitan_layers(*dims, seq, mode, layers, compiled=True)
