@@ -17,9 +17,8 @@ import time
 import streamlit as st
 
 from planner.app import explore
-from planner.app import runs as app_runs
 from planner.app import state as explore_state
-from planner.app.runs import RunsView, default_runs_folder, records_signature, runs_view
+from planner.app.runs import WARMED, RunsView, default_runs_folder, records_signature, runs_view
 from planner.calibration import run_records
 from planner.core.checks import BUBBLE_LIMIT
 from planner.core.options import HF_MODEL_TYPES, HF_TEXT_CONFIG
@@ -501,7 +500,7 @@ def hardware_views(comparison: explore.InProgress, sweep: explore.InProgress, to
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cached_runs(folder: str, signature: tuple) -> run_records.Loaded:
     """run_records.load_folder, read again only when a record changes (``signature``)."""
-    found = app_runs.WARMED.pop((folder, signature), None)
+    found = WARMED.pop((folder, signature), None)
     return found if found is not None else run_records.load_folder(folder)
 
 
@@ -535,7 +534,7 @@ def runs_tab(state: dict) -> None:
 @st.cache_resource(show_spinner=False, max_entries=32)
 def cached_runs_view(folder: str, signature: tuple, profile: str | None, _runs: tuple) -> RunsView:
     """``runs_view`` once per folder state and profile (``_runs``, not hashed: the signature stands for them)."""
-    view = app_runs.WARMED.pop((folder, signature, profile), None)
+    view = WARMED.pop((folder, signature, profile), None)
     return view if view is not None else runs_view(_runs, profile)
 
 

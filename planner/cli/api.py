@@ -199,8 +199,8 @@ def _prepare(command: str, flags: Mapping[str, object]):
         _check_given(spec, given)  # every number in its documented range, as the CLI checks it (defaults: _Spec)
         if key is None:
             return a, build_inputs(values)
-        # Its two parts kept apart too: a sweep over models builds the hardware, job and
-        # operations once (and what is kept for those objects stays found), a sweep over jobs the model.
+        # Its two parts kept apart too: a sweep over models builds the hardware and job once (and
+        # what is kept for those objects stays found), a sweep over jobs the model.
         parts = (("model", *(i for i in key[1:] if i[0] in MODEL_KEYS)),
                  (command, *(i for i in key[1:] if i[0] not in MODEL_KEYS)))
         model, rest = _PARTS.get(parts[0]), _PARTS.get(parts[1])
